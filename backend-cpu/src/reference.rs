@@ -1,0 +1,74 @@
+//! The f64 reference as a backend: gathers each input into logical f64 values, runs
+//! `tessera_ops::reference`, scatters the result into the output's layout (rounding to its dtype).
+//! Slow and obviously right; test-ops judges the CPU backend against it.
+
+use smallvec::SmallVec;
+use tessera_graph::{Backend, BackendError, BufferId, Task, check_range};
+use tessera_ops::reference::{self, RefTensor};
+use tessera_ops::{Op, TensorMeta, host};
+
+use crate::buffers::HostBuffers;
+
+/// Computes every op in f64 with plain loops.
+pub struct ReferenceBackend {
+    buffers: HostBuffers,
+}
+
+impl Default for ReferenceBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReferenceBackend {
+    pub fn new() -> Self {
+        ReferenceBackend { buffers: HostBuffers::new("ref") }
+    }
+}
+
+impl Backend for ReferenceBackend {
+    fn name(&self) -> &str {
+        "ref"
+    }
+
+    fn supports(&self, op: &Op, _inputs: &[TensorMeta]) -> bool {
+        !op.is_view()
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<BufferId, BackendError> {
+        self.buffers.alloc(bytes)
+    }
+
+    fn free(&mut self, buffer: BufferId) {
+        self.buffers.free(buffer)
+    }
+
+    fn size(&self, buffer: BufferId) -> Result<usize, BackendError> {
+        Ok(self.buffers.get(buffer)?.len())
+    }
+
+    fn write(&mut self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.buffers.write(buffer, offset, data)
+    }
+
+    fn read(&mut self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.buffers.read(buffer, offset, out)
+    }
+
+    fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
+        for task in tasks {
+            let inputs: SmallVec<[RefTensor; 4]> = task
+                .inputs
+                .iter()
+                .map(|r| Ok(RefTensor::new(r.meta.ne, host::gather_f64(self.buffers.tensor_bytes(r)?, 0, &r.meta))))
+                .collect::<Result<_, BackendError>>()?;
+            let result = reference::compute(task.op, &inputs, &task.output.meta)?;
+            let out = &task.output;
+            let span = out.meta.span_bytes();
+            let buf = self.buffers.get_mut(out.buffer)?;
+            check_range("ref", out.buffer, buf.len(), out.offset, span)?;
+            host::scatter_f64(&result.data, &mut buf.bytes_mut()[out.offset..out.offset + span], 0, &out.meta);
+        }
+        Ok(())
+    }
+}

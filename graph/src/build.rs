@@ -1,0 +1,169 @@
+//! Typed builders: one method per op, each a thin wrapper over [`Graph::op`].
+
+use tessera_ops::{BinaryOp, DType, Op, RmsNormParams, ScaleParams, SoftmaxParams, UnaryOp, ViewParams};
+
+use crate::{Graph, GraphError, Tensor};
+
+type R = Result<Tensor, GraphError>;
+
+/// Pads a shape of 1 to 4 dims with trailing 1s (`[n]` -> `[n, 1, 1, 1]`).
+pub fn shape4(dims: &[usize]) -> Result<[usize; 4], GraphError> {
+    if dims.is_empty() || dims.len() > 4 {
+        return Err(GraphError::Op(tessera_ops::OpError::InvalidParam {
+            op: "shape",
+            why: format!("a shape has 1 to 4 dimensions, got {}", dims.len()),
+        }));
+    }
+    let mut ne = [1; 4];
+    ne[..dims.len()].copy_from_slice(dims);
+    Ok(ne)
+}
+
+impl Graph {
+    // ---- data movement ----
+
+    /// Rows `ids` of `src`: `src [ne0, nr, ne2, ne3]`, `ids` i32 `[n, ne2, ne3]` -> `[ne0, n, ne2, ne3]`.
+    pub fn get_rows(&mut self, src: Tensor, ids: Tensor) -> R {
+        self.op(Op::GetRows, &[src, ids])
+    }
+
+    /// Writes the rows of `src` into rows `ids` of `dst` in place; returns `dst`.
+    pub fn set_rows(&mut self, dst: Tensor, src: Tensor, ids: Tensor) -> R {
+        self.op(Op::SetRows, &[dst, src, ids])
+    }
+
+    /// Copies `src` into `dst` (same element count, any layouts, converting dtype); returns `dst`.
+    pub fn cpy(&mut self, src: Tensor, dst: Tensor) -> R {
+        self.op(Op::Cpy, &[src, dst])
+    }
+
+    /// A new contiguous tensor of dtype `to`.
+    pub fn cast(&mut self, x: Tensor, to: DType) -> R {
+        self.op(Op::Cast(to), &[x])
+    }
+
+    /// A contiguous copy.
+    pub fn cont(&mut self, x: Tensor) -> R {
+        self.op(Op::Cont, &[x])
+    }
+
+    pub fn concat(&mut self, a: Tensor, b: Tensor, dim: usize) -> R {
+        self.op(Op::Concat { dim }, &[a, b])
+    }
+
+    /// Tiles `x` to shape `dims` (1 to 4 dims, each a multiple of `x`'s).
+    pub fn repeat(&mut self, x: Tensor, dims: &[usize]) -> R {
+        let ne = shape4(dims)?;
+        self.op(Op::Repeat { ne }, &[x])
+    }
+
+    // ---- views ----
+
+    /// A strided window: shape `ne`, byte strides `nb`, starting `offset` bytes into `x`.
+    pub fn view(&mut self, x: Tensor, ne: [usize; 4], nb: [usize; 4], offset: usize) -> R {
+        self.op(Op::View(ViewParams { ne, nb, offset }), &[x])
+    }
+
+    /// Same data, new shape (1 to 4 dims); `x` must be contiguous.
+    pub fn reshape(&mut self, x: Tensor, dims: &[usize]) -> R {
+        let ne = shape4(dims)?;
+        self.op(Op::Reshape { ne }, &[x])
+    }
+
+    /// Dimension `i` of `x` becomes dimension `axes[i]` (ggml's rule).
+    pub fn permute(&mut self, x: Tensor, axes: [usize; 4]) -> R {
+        self.op(Op::Permute { axes }, &[x])
+    }
+
+    /// Swaps dimensions 0 and 1.
+    pub fn transpose(&mut self, x: Tensor) -> R {
+        self.op(Op::Transpose, &[x])
+    }
+
+    // ---- elementwise ----
+
+    pub fn unary(&mut self, op: UnaryOp, x: Tensor) -> R {
+        self.op(Op::Unary(op), &[x])
+    }
+    pub fn neg(&mut self, x: Tensor) -> R {
+        self.unary(UnaryOp::Neg, x)
+    }
+    pub fn exp(&mut self, x: Tensor) -> R {
+        self.unary(UnaryOp::Exp, x)
+    }
+    pub fn silu(&mut self, x: Tensor) -> R {
+        self.unary(UnaryOp::Silu, x)
+    }
+    pub fn sigmoid(&mut self, x: Tensor) -> R {
+        self.unary(UnaryOp::Sigmoid, x)
+    }
+    pub fn softplus(&mut self, x: Tensor) -> R {
+        self.unary(UnaryOp::Softplus, x)
+    }
+
+    /// `a op b`, `b` broadcast to `a`'s shape.
+    pub fn binary(&mut self, op: BinaryOp, a: Tensor, b: Tensor) -> R {
+        self.op(Op::Binary(op), &[a, b])
+    }
+    pub fn add(&mut self, a: Tensor, b: Tensor) -> R {
+        self.binary(BinaryOp::Add, a, b)
+    }
+    pub fn sub(&mut self, a: Tensor, b: Tensor) -> R {
+        self.binary(BinaryOp::Sub, a, b)
+    }
+    pub fn mul(&mut self, a: Tensor, b: Tensor) -> R {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+    pub fn div(&mut self, a: Tensor, b: Tensor) -> R {
+        self.binary(BinaryOp::Div, a, b)
+    }
+
+    /// `x * scale`.
+    pub fn scale(&mut self, x: Tensor, scale: f32) -> R {
+        self.op(Op::Scale(ScaleParams { scale, bias: 0.0 }), &[x])
+    }
+
+    /// `x * scale + bias`.
+    pub fn scale_bias(&mut self, x: Tensor, scale: f32, bias: f32) -> R {
+        self.op(Op::Scale(ScaleParams { scale, bias }), &[x])
+    }
+
+    /// `silu(gate) * up`.
+    pub fn swiglu(&mut self, gate: Tensor, up: Tensor) -> R {
+        self.op(Op::Swiglu, &[gate, up])
+    }
+
+    /// `silu(x[..n]) * x[n..]` per row of `2n` values (a fused gate+up projection).
+    pub fn swiglu_fused(&mut self, x: Tensor) -> R {
+        self.op(Op::Swiglu, &[x])
+    }
+
+    // ---- normalisation and reductions ----
+
+    pub fn rms_norm(&mut self, x: Tensor, eps: f32) -> R {
+        self.op(Op::RmsNorm(RmsNormParams { eps }), &[x])
+    }
+
+    pub fn sum_rows(&mut self, x: Tensor) -> R {
+        self.op(Op::SumRows, &[x])
+    }
+
+    /// `softmax(x * scale + mask)` over `ne[0]`.
+    pub fn softmax(&mut self, x: Tensor, scale: f32, mask: Option<Tensor>) -> R {
+        match mask {
+            Some(m) => self.op(Op::Softmax(SoftmaxParams { scale }), &[x, m]),
+            None => self.op(Op::Softmax(SoftmaxParams { scale }), &[x]),
+        }
+    }
+
+    pub fn argmax(&mut self, x: Tensor) -> R {
+        self.op(Op::Argmax, &[x])
+    }
+
+    // ---- matmul ----
+
+    /// `a [K, M, ..]` (weights) times `b [K, N, ..]` (f32 activations) -> f32 `[M, N, ..]`.
+    pub fn mul_mat(&mut self, a: Tensor, b: Tensor) -> R {
+        self.op(Op::MulMat, &[a, b])
+    }
+}

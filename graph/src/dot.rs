@@ -1,0 +1,40 @@
+//! Graphviz DOT export: one box per node with its op, shape and dtype.
+
+use std::fmt::Write;
+
+use crate::{Graph, NodeKind};
+
+impl Graph {
+    /// The graph in Graphviz DOT. Leaves are ellipses, views dashed, outputs bold.
+    pub fn to_dot(&self) -> String {
+        let mut s = String::from("digraph tessera {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
+        for (i, n) in self.nodes().iter().enumerate() {
+            let what = match &n.kind {
+                NodeKind::Op(op) => op.to_string(),
+                NodeKind::Leaf(k) => k.name().to_string(),
+            };
+            let name = n.name.as_deref().map(|s| format!("{s}\\n")).unwrap_or_default();
+            let ne = n.meta.ne;
+            let mut style = Vec::new();
+            match &n.kind {
+                NodeKind::Leaf(_) => style.push("shape=ellipse"),
+                NodeKind::Op(op) if op.is_view() => style.push("style=dashed"),
+                NodeKind::Op(_) => {}
+            }
+            if self.outputs().iter().any(|o| o.index() == i) {
+                style.push("penwidth=2");
+            }
+            let label = format!("#{i} {}{}\\n[{}, {}, {}, {}] {}", name, escape(&what), ne[0], ne[1], ne[2], ne[3], n.meta.dtype);
+            let _ = writeln!(s, "  n{i} [label=\"{label}\"{}{}];", if style.is_empty() { "" } else { ", " }, style.join(", "));
+            for (slot, inp) in n.inputs.iter().enumerate() {
+                let _ = writeln!(s, "  n{} -> n{i} [label=\"{slot}\"];", inp.index());
+            }
+        }
+        s.push_str("}\n");
+        s
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}

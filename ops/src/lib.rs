@@ -1,0 +1,23 @@
+//! # tessera-ops: the op vocabulary
+//!
+//! Everything a backend and a graph agree on: element types ([`DType`]), tensor descriptors in
+//! **ggml dimension order** ([`TensorMeta`]: `ne[0]` is the innermost, contiguous dimension), the
+//! [`Op`] enum with typed parameters, pure shape/dtype inference ([`infer`]) with errors that name
+//! the op and the shapes ([`OpError`]), a cost model ([`cost`]), host element access ([`host`]),
+//! and the plain f64 reference implementation of every op ([`reference`]).
+
+mod dtype;
+mod error;
+pub mod host;
+mod kernel_error;
+mod meta;
+mod op;
+pub mod reference;
+mod rules;
+
+pub use dtype::DType;
+pub use error::OpError;
+pub use kernel_error::KernelError;
+pub use meta::{MAX_DIMS, TensorMeta};
+pub use op::{BinaryOp, Op, RmsNormParams, ScaleParams, SoftmaxParams, UnaryOp, ViewParams};
+pub use rules::{Cost, cost, infer};
