@@ -58,7 +58,7 @@ impl DType {
     /// Bytes of one row of `ne0` elements, or `None` when `ne0` is not a whole number of blocks or
     /// the size overflows.
     pub fn row_bytes(self, ne0: usize) -> Option<usize> {
-        if ne0 % self.block_size() != 0 {
+        if !ne0.is_multiple_of(self.block_size()) {
             return None;
         }
         (ne0 / self.block_size()).checked_mul(self.block_bytes())

@@ -31,7 +31,7 @@ impl TensorMeta {
         if ne.contains(&0) {
             return Err(OpError::InvalidShape { op, shape: ne, why: "every dimension must be at least 1".into() });
         }
-        if ne[0] % dtype.block_size() != 0 {
+        if !ne[0].is_multiple_of(dtype.block_size()) {
             return Err(OpError::InvalidShape {
                 op,
                 shape: ne,
@@ -124,7 +124,7 @@ impl TensorMeta {
             if stride < span {
                 return false;
             }
-            span = stride * (n - 1) + span;
+            span += stride * (n - 1);
         }
         true
     }

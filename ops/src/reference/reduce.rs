@@ -56,7 +56,8 @@ fn argmax(row: &[f64]) -> f64 {
 /// `y = exp(z - max z) / sum exp(z - max z)`.
 ///
 /// The mask may have more rows than `x` (ggml pads it); row `i1` of it is used. A row whose every
-/// `z` is `-inf` (fully masked) comes out as **all zeros**, not NaN.
+/// `z` is `-inf` (fully masked) comes out as **all zeros**, not NaN. A `+inf` or NaN `z` makes
+/// its row NaN, as in ggml: that is a bug upstream, and the oracle should show it.
 fn softmax(x: &RefTensor, mask: Option<&RefTensor>, scale: f64, out: &TensorMeta) -> RefTensor {
     let ne = x.ne;
     let mut y = RefTensor::zeros(out.ne);

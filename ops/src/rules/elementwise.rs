@@ -37,7 +37,7 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             1 => {
                 let x = inputs[0];
                 expect_float(op, 0, x)?;
-                if x.ne[0] % 2 != 0 {
+                if !x.ne[0].is_multiple_of(2) {
                     return Err(OpError::InvalidShape {
                         op: op.name(),
                         shape: x.ne,

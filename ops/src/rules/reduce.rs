@@ -44,8 +44,8 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
                 }
                 let fits = mask.ne[0] == x.ne[0]
                     && mask.ne[1] >= x.ne[1]
-                    && x.ne[2] % mask.ne[2] == 0
-                    && x.ne[3] % mask.ne[3] == 0;
+                    && x.ne[2].is_multiple_of(mask.ne[2])
+                    && x.ne[3].is_multiple_of(mask.ne[3]);
                 if !fits {
                     return Err(OpError::ShapeMismatch {
                         op: name,
