@@ -12,6 +12,7 @@ pub mod host;
 mod kernel_error;
 mod meta;
 mod op;
+pub mod quant;
 pub mod reference;
 mod rules;
 
