@@ -4,7 +4,9 @@
 //! against); [`ReferenceBackend`] runs the plain f64 reference (the judge of the CPU backend).
 
 mod buffers;
+mod cpu;
 mod reference;
 
 pub use buffers::{HostBuffer, HostBuffers};
+pub use cpu::CpuBackend;
 pub use reference::ReferenceBackend;

@@ -3,7 +3,7 @@
 //! Slow and obviously right; test-ops judges the CPU backend against it.
 
 use smallvec::SmallVec;
-use tessera_graph::{Backend, BackendError, BufferId, Task, check_range};
+use tessera_graph::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
 use tessera_ops::reference::{self, RefTensor};
 use tessera_ops::{Op, TensorMeta, host};
 
@@ -62,13 +62,29 @@ impl Backend for ReferenceBackend {
                 .iter()
                 .map(|r| Ok(RefTensor::new(r.meta.ne, host::gather_f64(self.buffers.tensor_bytes(r)?, 0, &r.meta))))
                 .collect::<Result<_, BackendError>>()?;
-            let result = reference::compute(task.op, &inputs, &task.output.meta)?;
-            let out = &task.output;
-            let span = out.meta.span_bytes();
-            let buf = self.buffers.get_mut(out.buffer)?;
-            check_range("ref", out.buffer, buf.len(), out.offset, span)?;
-            host::scatter_f64(&result.data, &mut buf.bytes_mut()[out.offset..out.offset + span], 0, &out.meta);
+            match task.op.updates_input() {
+                None => {
+                    let result = reference::compute(task.op, &inputs, &task.output.meta)?;
+                    self.store(&task.output, &result)?;
+                }
+                Some(u) => {
+                    let (result, state) = reference::compute_updating(task.op, &inputs, &task.output.meta)?;
+                    self.store(&task.output, &result)?;
+                    self.store(&task.inputs[u], &state)?;
+                }
+            }
         }
+        Ok(())
+    }
+}
+
+impl ReferenceBackend {
+    /// Writes logical values into a placed tensor, rounding to its dtype.
+    fn store(&mut self, at: &TensorRef, values: &RefTensor) -> Result<(), BackendError> {
+        let span = at.meta.span_bytes();
+        let buf = self.buffers.get_mut(at.buffer)?;
+        check_range("ref", at.buffer, buf.len(), at.offset, span)?;
+        host::scatter_f64(&values.data, &mut buf.bytes_mut()[at.offset..at.offset + span], 0, &at.meta);
         Ok(())
     }
 }

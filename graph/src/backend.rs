@@ -25,7 +25,8 @@ pub struct TensorRef {
 
 /// One op to compute. `output` may share memory with an input only where the op writes that
 /// input in place (`Op::writes_input`); the executor guarantees no other overlap between the
-/// output and the inputs.
+/// output and the inputs. An op that updates an input as a side effect (`Op::updates_input`,
+/// recurrent state) may write that input; no other input overlaps it, and the output is separate.
 #[derive(Debug, Clone)]
 pub struct Task<'g> {
     pub node: NodeId,
@@ -85,7 +86,13 @@ pub trait Backend {
 }
 
 /// Checks that `[offset, offset + len)` lies within a buffer of `size` bytes; shared by backends.
-pub fn check_range(backend: &str, buffer: BufferId, size: usize, offset: usize, len: usize) -> Result<(), BackendError> {
+pub fn check_range(
+    backend: &str,
+    buffer: BufferId,
+    size: usize,
+    offset: usize,
+    len: usize,
+) -> Result<(), BackendError> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(BackendError::OutOfBounds { backend: backend.to_string(), buffer, offset, len, size }),

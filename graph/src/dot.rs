@@ -13,7 +13,7 @@ impl Graph {
                 NodeKind::Op(op) => op.to_string(),
                 NodeKind::Leaf(k) => k.name().to_string(),
             };
-            let name = n.name.as_deref().map(|s| format!("{s}\\n")).unwrap_or_default();
+            let name = n.name.as_deref().map(|s| format!("{}\\n", escape(s))).unwrap_or_default();
             let ne = n.meta.ne;
             let mut style = Vec::new();
             match &n.kind {
@@ -24,8 +24,22 @@ impl Graph {
             if self.outputs().iter().any(|o| o.index() == i) {
                 style.push("penwidth=2");
             }
-            let label = format!("#{i} {}{}\\n[{}, {}, {}, {}] {}", name, escape(&what), ne[0], ne[1], ne[2], ne[3], n.meta.dtype);
-            let _ = writeln!(s, "  n{i} [label=\"{label}\"{}{}];", if style.is_empty() { "" } else { ", " }, style.join(", "));
+            let label = format!(
+                "#{i} {}{}\\n[{}, {}, {}, {}] {}",
+                name,
+                escape(&what),
+                ne[0],
+                ne[1],
+                ne[2],
+                ne[3],
+                n.meta.dtype
+            );
+            let _ = writeln!(
+                s,
+                "  n{i} [label=\"{label}\"{}{}];",
+                if style.is_empty() { "" } else { ", " },
+                style.join(", ")
+            );
             for (slot, inp) in n.inputs.iter().enumerate() {
                 let _ = writeln!(s, "  n{} -> n{i} [label=\"{slot}\"];", inp.index());
             }

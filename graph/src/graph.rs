@@ -167,11 +167,14 @@ impl Graph {
         Tensor { graph: self.id, id, meta }
     }
 
+    /// A handle belongs here when it names an existing node of this graph with that node's
+    /// descriptor. Comparing the descriptor catches handles from a clone that has since grown
+    /// differently (clones share the graph's identity, so the index alone is not enough).
     fn check(&self, t: &Tensor) -> Result<(), GraphError> {
-        if t.graph != self.id || t.id.index() >= self.nodes.len() {
-            return Err(GraphError::ForeignTensor { id: t.id });
+        match self.nodes.get(t.id.index()) {
+            Some(n) if t.graph == self.id && n.meta == t.meta => Ok(()),
+            _ => Err(GraphError::ForeignTensor { id: t.id }),
         }
-        Ok(())
     }
 
     /// Names a node (shown in DOT dumps and errors).
@@ -216,15 +219,15 @@ impl Graph {
     }
 
     /// Nodes that must run, in execution (build) order: everything the outputs depend on, plus
-    /// every op that writes a tensor in place (a state update is a result even when nothing
-    /// reads it), plus what those depend on.
+    /// every op that writes a tensor in place (`Op::writes_input`, `Op::updates_input`: a state
+    /// update is a result even when nothing reads it), plus what those depend on.
     pub fn live_nodes(&self) -> Vec<NodeId> {
         let mut live = vec![false; self.nodes.len()];
         for id in &self.outputs {
             live[id.index()] = true;
         }
         for (i, n) in self.nodes.iter().enumerate() {
-            if n.op().is_some_and(|op| op.writes_input().is_some()) {
+            if n.op().is_some_and(|op| op.writes_input().is_some() || op.updates_input().is_some()) {
                 live[i] = true;
             }
         }

@@ -76,7 +76,11 @@ impl<'g, 'b> Session<'g, 'b> {
         Self::with_options(graph, backend, SessionOptions::default())
     }
 
-    pub fn with_options(graph: &'g Graph, backend: &'b mut dyn Backend, opts: SessionOptions) -> Result<Self, ExecError> {
+    pub fn with_options(
+        graph: &'g Graph,
+        backend: &'b mut dyn Backend,
+        opts: SessionOptions,
+    ) -> Result<Self, ExecError> {
         let mut s = Session {
             graph,
             backend,
@@ -204,6 +208,13 @@ impl<'g, 'b> Session<'g, 'b> {
                     return Err(ExecError::AliasedInPlace { node: id, op: op.name() });
                 }
             }
+            if let Some(u) = op.updates_input() {
+                let state = &inputs[u];
+                let overlaps = inputs.iter().enumerate().any(|(i, r)| i != u && overlap(r, state));
+                if overlaps {
+                    return Err(ExecError::AliasedInPlace { node: id, op: op.name() });
+                }
+            }
             tasks.push(Task { node: id, op, inputs, output });
         }
         self.backend.compute(&tasks)?;
@@ -239,7 +250,7 @@ impl<'g, 'b> Session<'g, 'b> {
         }
         let step = meta.dtype.block_bytes();
         let mut out = Vec::with_capacity(meta.nbytes_contiguous());
-        host::for_each_offset(&meta, |at| out.extend_from_slice(&raw[at..at + step]));
+        host::for_each_block(&meta, |at| out.extend_from_slice(&raw[at..at + step]));
         Ok(out)
     }
 

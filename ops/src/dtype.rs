@@ -14,13 +14,21 @@ use std::fmt;
 pub enum DType {
     F32 = 0,
     F16 = 1,
+    /// 32 values as an f16 scale and 32 i8 quants (34 bytes), as in GGUF.
+    Q8_0 = 8,
     I32 = 26,
     BF16 = 30,
+    /// 64 values as 4 sub-blocks of 16, one UE4M3 scale byte each, then packed E2M1 nibbles
+    /// (36 bytes), as in GGUF (ggml type 40). See [`crate::quant`].
+    NvFp4 = 40,
 }
 
 impl DType {
     /// Every dtype, in a stable order (used by test-ops and property tests).
-    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
+    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Q8_0, DType::NvFp4];
+
+    /// The dtypes of one element per block.
+    pub const PLAIN: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
 
     /// Stable lower-case name, as ggml spells it.
     pub const fn name(self) -> &'static str {
@@ -29,12 +37,18 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
+            DType::Q8_0 => "q8_0",
+            DType::NvFp4 => "nvfp4",
         }
     }
 
     /// Logical elements per block (1 for plain types).
     pub const fn block_size(self) -> usize {
-        1
+        match self {
+            DType::Q8_0 => crate::quant::Q8_0_BLOCK,
+            DType::NvFp4 => crate::quant::NVFP4_BLOCK,
+            _ => 1,
+        }
     }
 
     /// Bytes per block.
@@ -42,6 +56,8 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 => crate::quant::Q8_0_BLOCK_BYTES,
+            DType::NvFp4 => crate::quant::NVFP4_BLOCK_BYTES,
         }
     }
 
@@ -76,12 +92,15 @@ impl DType {
 
     /// Rounds an f64 to the nearest value this dtype can hold (ties to even for floats, saturating
     /// for integers). The f64 reference stores through this so it models the output's precision.
+    /// Block-quantized values depend on their whole block, so they pass through unchanged here
+    /// (storing them through [`crate::host::scatter_f64`] quantizes).
     pub fn round(self, x: f64) -> f64 {
         match self {
             DType::F32 => x as f32 as f64,
             DType::F16 => half::f16::from_f64(x).to_f64(),
             DType::BF16 => half::bf16::from_f64(x).to_f64(),
             DType::I32 => x.round().clamp(i32::MIN as f64, i32::MAX as f64),
+            DType::Q8_0 | DType::NvFp4 => x,
         }
     }
 }
@@ -101,7 +120,10 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_ggml_id(d.ggml_id()), Some(d));
         }
-        assert_eq!(DType::from_ggml_id(8), None, "q8_0 is not supported yet");
+        assert_eq!(DType::from_ggml_id(2), None, "q4_0 is not supported");
+        assert_eq!(DType::Q8_0.row_bytes(64), Some(68));
+        assert_eq!(DType::NvFp4.row_bytes(128), Some(72));
+        assert_eq!(DType::NvFp4.row_bytes(32), None);
     }
 
     #[test]

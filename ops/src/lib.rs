@@ -20,5 +20,8 @@ pub use dtype::DType;
 pub use error::OpError;
 pub use kernel_error::KernelError;
 pub use meta::{MAX_DIMS, TensorMeta};
-pub use op::{BinaryOp, Op, RmsNormParams, ScaleParams, SoftmaxParams, UnaryOp, ViewParams};
+pub use op::{
+    BinaryOp, DeltaNetAlgo, FlashAttnParams, GatedDeltaNetParams, HeadMap, Op, RmsNormParams, RopePairing, RopeParams,
+    ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
+};
 pub use rules::{Cost, cost, infer};

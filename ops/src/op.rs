@@ -85,6 +85,76 @@ pub struct SoftmaxParams {
     pub scale: f32,
 }
 
+/// How rotary dimensions are paired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RopePairing {
+    /// `(x[i], x[i + n_rot/2])`: split halves (GPT-NeoX; what Qwen3.5 uses).
+    Neox,
+    /// `(x[2i], x[2i + 1])`: adjacent pairs (original GPT-J / ggml "normal" mode).
+    Adjacent,
+}
+
+/// Rotary position embedding over the first `n_rot` dims of each head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    /// Rotated dims per head (even, at most `ne[0]`); the rest pass through.
+    pub n_rot: usize,
+    /// `theta_p = pos * freq_base^(-2p / n_rot)` for pair `p`.
+    pub freq_base: f32,
+    pub pairing: RopePairing,
+    /// `None`: one position per token (`positions` i32 `[n_tokens]`). `Some(sections)`:
+    /// interleaved multi-section rope (Qwen3.5 "imrope"): `positions` i32 `[4 * n_tokens]`,
+    /// stream-major (t, h, w, e), and pair `p` takes its position from the stream chosen by
+    /// `p mod sum(sections)` (see docs/OPS.md).
+    pub sections: Option<[usize; 4]>,
+}
+
+/// Attention: `softmax(scale * q k^T + mask) v` with optional logit softcapping.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlashAttnParams {
+    pub scale: f32,
+    /// When > 0, logits become `softcap * tanh(logit / softcap)` (after `scale`, before the mask).
+    pub softcap: f32,
+    /// A mask input follows `v`.
+    pub mask: bool,
+    /// A block-table input comes last: K/V are read through it from a shared paged cache.
+    pub paged: bool,
+}
+
+/// Sort direction of `argsort`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SortOrder {
+    Ascending,
+    Descending,
+}
+
+/// Which key head serves value head `h` when there are more value heads than key heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HeadMap {
+    /// Key head `h mod H_k` (llama.cpp's GGUF layout for qwen35/qwen35moe).
+    Tiled,
+    /// Key head `h / (H_v / H_k)` (the HF checkpoint layout, `repeat_interleave`).
+    Grouped,
+}
+
+/// How `gated_delta_net` walks the tokens; both give the same result within rounding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeltaNetAlgo {
+    /// One token at a time: the recurrence as written.
+    Serial,
+    /// Chunks of `chunk` tokens in the WY / UT-transform form (prefill).
+    Chunked { chunk: usize },
+}
+
+/// The gated delta rule (Qwen3.5 linear attention).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GatedDeltaNetParams {
+    /// Multiplies `q` (typically `1/sqrt(S_k)`).
+    pub scale: f32,
+    pub head_map: HeadMap,
+    pub algo: DeltaNetAlgo,
+}
+
 /// One operation in a graph. Inputs are positional; each variant documents them.
 /// Semantics, shapes and tolerances of every op are in `docs/OPS.md`.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,7 +209,54 @@ pub enum Op {
     /// `[1, ne1, ne2, ne3]`.
     Argmax,
 
+    /// `[x]`: `x / max(||x||_2, eps)` per row.
+    L2Norm { eps: f32 },
+    /// `[x]`: i32 indices of the `k` largest elements of each row, largest first (ties: lower
+    /// index first); output `[k, ne1, ne2, ne3]`.
+    TopK { k: usize },
+    /// `[x]`: i32 indices that sort each row (ties: lower index first).
+    Argsort(SortOrder),
+
+    // ---- quantization ----
+    /// `[x]` f32: the same values as a contiguous block-quantized tensor (q8_0 or nvfp4).
+    Quantize(DType),
+    /// `[x]` quantized: a contiguous f32 tensor of its values.
+    Dequantize,
+
+    // ---- attention ----
+    /// `[x, positions]`: `x [head_dim, n_head, n_tokens, 1]`; see [`RopeParams`].
+    RopeMulti(RopeParams),
+    /// `[q, k, v]` + `[mask]` if `mask` + `[block_table]` if `paged`:
+    /// `q [d_k, n_tokens, n_head, n_seq]` f32; `k [d_k, n_kv, n_head_kv, n_seq]`,
+    /// `v [d_v, n_kv, n_head_kv, n_seq]` (f32/f16/bf16); `mask [n_kv, >= n_tokens, 1, 1 or n_seq]`
+    /// (f32/f16, added to the logits); with `paged`, `k`/`v` are a shared cache
+    /// `[d, n_cells, n_head_kv, 1]` and `block_table` i32 `[n_kv, n_seq]` names the cell of each
+    /// logical position. Output f32 `[d_v, n_head, n_tokens, n_seq]`. Query head `h` reads kv head
+    /// `h / (n_head / n_head_kv)`.
+    FlashAttnExt(FlashAttnParams),
+
+    // ---- recurrent (gated DeltaNet) ----
+    /// `[sx, kernel]`: causal depthwise conv; `sx [d_conv - 1 + n_t, channels, n_seq]`,
+    /// `kernel [d_conv, channels]` -> `[channels, n_t, n_seq]`,
+    /// `out[c, t, s] = sum_i sx[t + i, c, s] * kernel[i, c]`.
+    SsmConv,
+    /// `[x, state, kernel, slots]`: one conv step per sequence, updating the conv state in place.
+    /// `x [channels, n_t, n_seq]`, `state [d_conv - 1, channels, n_slots]` f32, `kernel
+    /// [d_conv, channels]`, `slots` i32 `[n_seq]`. Equals `ssm_conv(concat(state[slot], x^T))`
+    /// (then SiLU if `silu`); afterwards `state[slot]` holds the last `d_conv - 1` inputs.
+    SsmConvUpdate { silu: bool },
+    /// `[q, k, v, g, beta, state, slots]`: `q, k [S_k, H_k, n_t, n_seq]`, `v [S_v, H_v, n_t,
+    /// n_seq]`, `g` (log decay), `beta [1, H_v, n_t, n_seq]`, `state [S_k, S_v, H_v, n_slots]` f32,
+    /// `slots` i32 `[n_seq]`. Per head and token: `S <- exp(g) S; u = S^T k;
+    /// S <- S + k (beta (v - u))^T; o = S^T (scale q)`. Output f32 `[S_v, H_v, n_t, n_seq]`; each
+    /// sequence's final state is written back to its slot in place.
+    GatedDeltaNet(GatedDeltaNetParams),
+
     // ---- matrix multiplication ----
+    /// `[as, b, ids]`: expert weights `as [K, N, n_expert]`, activations `b [K, n_b, n_tokens]`
+    /// (`n_b` is `n_used` or 1, then broadcast), routed ids i32 `[n_used, n_tokens]`; output f32
+    /// `[N, n_used, n_tokens]` with `out[:, u, t] = as[:, :, ids[u, t]] * b[:, u mod n_b, t]`.
+    MulMatId,
     /// `[a, b]`: `a [K, M, A2, A3]` (weights) times `b [K, N, B2, B3]` (activations, f32) gives f32
     /// `[M, N, B2, B3]`: `out[m, n] = sum_k a[k, m] * b[k, n]`; `a` broadcasts over dims 2 and 3.
     MulMat,
@@ -169,6 +286,17 @@ impl Op {
             Op::Softmax(_) => "softmax",
             Op::Argmax => "argmax",
             Op::MulMat => "mul_mat",
+            Op::MulMatId => "mul_mat_id",
+            Op::L2Norm { .. } => "l2_norm",
+            Op::TopK { .. } => "top_k",
+            Op::Argsort(_) => "argsort",
+            Op::Quantize(_) => "quantize",
+            Op::Dequantize => "dequantize",
+            Op::RopeMulti(_) => "rope_multi",
+            Op::FlashAttnExt(_) => "flash_attn_ext",
+            Op::SsmConv => "ssm_conv",
+            Op::SsmConvUpdate { .. } => "ssm_conv_update_inplace",
+            Op::GatedDeltaNet(_) => "gated_delta_net",
         }
     }
 
@@ -187,6 +315,16 @@ impl Op {
             _ => None,
         }
     }
+
+    /// The input this op updates in place as a side effect while producing a separate output
+    /// (recurrent state). Such ops run even when nothing reads their output.
+    pub fn updates_input(&self) -> Option<usize> {
+        match self {
+            Op::SsmConvUpdate { .. } => Some(1),
+            Op::GatedDeltaNet(_) => Some(5),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Op {
@@ -201,6 +339,14 @@ impl fmt::Display for Op {
             Op::Scale(p) => write!(f, "scale(x{}, +{})", p.scale, p.bias),
             Op::RmsNorm(p) => write!(f, "rms_norm(eps={})", p.eps),
             Op::Softmax(p) => write!(f, "softmax(scale={})", p.scale),
+            Op::L2Norm { eps } => write!(f, "l2_norm(eps={eps})"),
+            Op::TopK { k } => write!(f, "top_k({k})"),
+            Op::Argsort(o) => write!(f, "argsort({o:?})"),
+            Op::Quantize(d) => write!(f, "quantize({d})"),
+            Op::RopeMulti(p) => write!(f, "rope_multi(n_rot={}, base={}, {:?}, sections={:?})", p.n_rot, p.freq_base, p.pairing, p.sections),
+            Op::FlashAttnExt(p) => write!(f, "flash_attn_ext(scale={}, softcap={}, mask={}, paged={})", p.scale, p.softcap, p.mask, p.paged),
+            Op::SsmConvUpdate { silu } => write!(f, "ssm_conv_update_inplace(silu={silu})"),
+            Op::GatedDeltaNet(p) => write!(f, "gated_delta_net(scale={}, {:?}, {:?})", p.scale, p.head_map, p.algo),
             other => f.write_str(other.name()),
         }
     }

@@ -1,14 +1,22 @@
-//! Reference mul_mat.
+//! Reference mul_mat and mul_mat_id.
 
 use super::RefTensor;
-use crate::TensorMeta;
+use crate::{KernelError, Op, TensorMeta};
+
+pub(super) fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
+    match op {
+        Op::MulMat => Ok(mul_mat(inputs, out)),
+        Op::MulMatId => todo!("mul_mat_id reference"),
+        _ => unreachable!("reference matmul::compute called for {op}"),
+    }
+}
 
 /// `a [K, M, A2, A3]` times `b [K, N, B2, B3]` gives `out [M, N, B2, B3]` with
 /// `out[m, n, i2, i3] = sum_k a[k, m, i2 / (B2 / A2), i3 / (B3 / A3)] * b[k, n, i2, i3]`.
 ///
 /// This is ggml's batch broadcast: each weight matrix serves `B2 / A2` consecutive activation
 /// batches (as grouped-query attention needs), not every `A2`-th one.
-pub(super) fn compute(inputs: &[RefTensor], out: &TensorMeta) -> RefTensor {
+fn mul_mat(inputs: &[RefTensor], out: &TensorMeta) -> RefTensor {
     let (a, b) = (&inputs[0], &inputs[1]);
     let k_len = a.ne[0];
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);

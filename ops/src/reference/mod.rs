@@ -3,10 +3,15 @@
 //! in test-ops. Views never reach it: callers gather strided inputs into [`RefTensor`]s first and
 //! scatter the result into the output's layout (which also rounds it to the output dtype).
 
+mod attention;
+mod conv;
 mod data;
+mod delta_net;
 mod elementwise;
 mod matmul;
+mod quant;
 mod reduce;
+mod rope;
 
 use crate::{KernelError, Op, TensorMeta};
 
@@ -55,7 +60,8 @@ impl RefTensor {
 }
 
 /// Computes `op` on logical `inputs` producing a tensor of shape `out.ne`. For in-place ops
-/// (`set_rows`, `cpy`) the result is the new value of the written input. Views are not computed
+/// (`set_rows`, `cpy`) the result is the new value of the written input. Ops that update an input
+/// as a side effect (`Op::updates_input`) go through [`compute_updating`]. Views are not computed
 /// here (see the module doc).
 pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
     match op {
@@ -63,11 +69,38 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
             data::compute(op, inputs, out)
         }
         Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Ok(elementwise::compute(op, inputs, out)),
-        Op::RmsNorm(_) | Op::SumRows | Op::Softmax(_) | Op::Argmax => Ok(reduce::compute(op, inputs, out)),
-        Op::MulMat => Ok(matmul::compute(inputs, out)),
-        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => Err(KernelError::Unsupported {
+        Op::RmsNorm(_)
+        | Op::L2Norm { .. }
+        | Op::SumRows
+        | Op::Softmax(_)
+        | Op::Argmax
+        | Op::TopK { .. }
+        | Op::Argsort(_) => Ok(reduce::compute(op, inputs, out)),
+        Op::MulMat | Op::MulMatId => matmul::compute(op, inputs, out),
+        Op::Quantize(_) | Op::Dequantize => Ok(quant::compute(op, inputs, out)),
+        Op::RopeMulti(_) => rope::compute(op, inputs, out),
+        Op::FlashAttnExt(_) => attention::compute(op, inputs, out),
+        Op::SsmConv => conv::compute(op, inputs, out),
+        Op::SsmConvUpdate { .. } | Op::GatedDeltaNet(_) => Err(KernelError::Unsupported {
             op: op.name(),
-            why: "views are resolved by the executor, not computed".into(),
+            why: "it updates an input in place: use reference::compute_updating".into(),
         }),
+        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => {
+            Err(KernelError::Unsupported { op: op.name(), why: "views are resolved by the executor, not computed".into() })
+        }
+    }
+}
+
+/// For ops that update an input in place (`Op::updates_input`): returns the output and the new
+/// value of the updated input (the whole tensor, all slots).
+pub fn compute_updating(
+    op: &Op,
+    inputs: &[RefTensor],
+    out: &TensorMeta,
+) -> Result<(RefTensor, RefTensor), KernelError> {
+    match op {
+        Op::SsmConvUpdate { silu } => conv::update(*silu, inputs, out),
+        Op::GatedDeltaNet(p) => delta_net::compute(p, inputs, out),
+        _ => Err(KernelError::Unsupported { op: op.name(), why: "it does not update an input".into() }),
     }
 }

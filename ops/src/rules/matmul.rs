@@ -32,5 +32,9 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
 }
 
 pub(super) fn flops(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
-    2 * inputs[0].ne[0] as u64 * out.nelements() as u64
+    (2 * inputs[0].ne[0] as u64).saturating_mul(out.nelements() as u64)
+}
+
+pub(super) fn mul_mat_id_bytes(_inputs: &[&TensorMeta], _out: &TensorMeta) -> u64 {
+    todo!("mul_mat_id cost")
 }

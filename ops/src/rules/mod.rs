@@ -1,10 +1,15 @@
 //! Shape/dtype inference and cost, one file per op family. [`infer`] is pure: it sees only the
 //! op and its inputs' descriptors and either returns the output descriptor or says what is wrong.
 
+mod attention;
+mod conv;
 mod data;
+mod delta_net;
 mod elementwise;
 mod matmul;
+mod quant;
 mod reduce;
+mod rope;
 mod view;
 
 use crate::{DType, Op, OpError, TensorMeta};
@@ -28,40 +33,69 @@ pub fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
         }
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => view::infer(op, inputs),
         Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => elementwise::infer(op, inputs),
-        Op::RmsNorm(_) | Op::SumRows | Op::Softmax(_) | Op::Argmax => reduce::infer(op, inputs),
-        Op::MulMat => matmul::infer(op, inputs),
+        Op::RmsNorm(_)
+        | Op::L2Norm { .. }
+        | Op::SumRows
+        | Op::Softmax(_)
+        | Op::Argmax
+        | Op::TopK { .. }
+        | Op::Argsort(_) => reduce::infer(op, inputs),
+        Op::MulMat | Op::MulMatId => matmul::infer(op, inputs),
+        Op::Quantize(_) | Op::Dequantize => quant::infer(op, inputs),
+        Op::RopeMulti(_) => rope::infer(op, inputs),
+        Op::FlashAttnExt(_) => attention::infer(op, inputs),
+        Op::SsmConv | Op::SsmConvUpdate { .. } => conv::infer(op, inputs),
+        Op::GatedDeltaNet(_) => delta_net::infer(op, inputs),
     }
 }
 
-/// The cost of `op` on `inputs` producing `out` (as returned by [`infer`]).
+/// The cost of `op` on `inputs` producing `out` (as returned by [`infer`]). Counts saturate at
+/// `u64::MAX` rather than overflow: every tensor fits in memory, but a product of three such
+/// sizes (a matmul's flops) or a sum of three (bytes moved) need not fit in 64 bits.
 pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
     if op.is_view() {
         return Cost::default();
     }
-    let bytes_in: usize = inputs.iter().map(|m| m.nbytes_contiguous()).sum();
-    let mut bytes = bytes_in + out.nbytes_contiguous();
-    let n = out.nelements() as u64;
+    let size = |m: &TensorMeta| m.nbytes_contiguous() as u64;
+    let count = |m: &TensorMeta| m.nelements() as u64;
+    let bytes_in = inputs.iter().fold(0u64, |acc, m| acc.saturating_add(size(m)));
+    let mut bytes = bytes_in.saturating_add(size(out));
+    let n = count(out);
     let flops = match op {
-        Op::MulMat => matmul::flops(inputs, out),
-        Op::Unary(u) => n * elementwise::unary_flops(*u),
+        Op::MulMat | Op::MulMatId => matmul::flops(inputs, out),
+        Op::RopeMulti(_) => n.saturating_mul(6),
+        Op::FlashAttnExt(_) => attention::flops(inputs, out),
+        Op::SsmConv | Op::SsmConvUpdate { .. } => conv::flops(inputs, out),
+        Op::GatedDeltaNet(_) => delta_net::flops(inputs, out),
+        Op::L2Norm { .. } => count(inputs[0]).saturating_mul(3),
+        Op::TopK { .. } | Op::Argsort(_) => count(inputs[0]).saturating_mul(8),
+        Op::Quantize(_) | Op::Dequantize => count(inputs[0]).saturating_mul(2),
+        Op::Unary(u) => n.saturating_mul(elementwise::unary_flops(*u)),
         Op::Binary(_) => n,
-        Op::Scale(_) => 2 * n,
-        Op::Swiglu => 6 * n,
-        Op::RmsNorm(_) => 3 * inputs[0].nelements() as u64,
-        Op::SumRows => inputs[0].nelements() as u64,
-        Op::Softmax(_) => 5 * inputs[0].nelements() as u64,
-        Op::Argmax => inputs[0].nelements() as u64,
+        Op::Scale(_) => n.saturating_mul(2),
+        Op::Swiglu => n.saturating_mul(6),
+        Op::RmsNorm(_) => count(inputs[0]).saturating_mul(3),
+        Op::SumRows => count(inputs[0]),
+        Op::Softmax(_) => count(inputs[0]).saturating_mul(5),
+        Op::Argmax => count(inputs[0]),
         _ => 0,
     };
     match op {
         // Only the gathered rows of the source are read.
-        Op::GetRows => bytes = inputs[1].nbytes_contiguous() + 2 * out.nbytes_contiguous(),
+        Op::GetRows => bytes = size(inputs[1]).saturating_add(size(out).saturating_mul(2)),
         // Only the written rows of the destination are touched.
-        Op::SetRows => bytes = 2 * inputs[1].nbytes_contiguous() + inputs[2].nbytes_contiguous(),
-        Op::Cpy => bytes = inputs[0].nbytes_contiguous() + inputs[1].nbytes_contiguous(),
+        Op::SetRows => bytes = size(inputs[1]).saturating_mul(2).saturating_add(size(inputs[2])),
+        Op::Cpy => bytes = size(inputs[0]).saturating_add(size(inputs[1])),
+        // Only the routed experts' weights are read.
+        Op::MulMatId => bytes = matmul::mul_mat_id_bytes(inputs, out),
+        // K/V are read once per kv head; a paged cache is read only where the table points.
+        Op::FlashAttnExt(_) => bytes = attention::bytes(inputs, out),
+        // The conv/recurrent state of the named slots is read and written, not all slots.
+        Op::SsmConvUpdate { .. } => bytes = conv::update_bytes(inputs, out),
+        Op::GatedDeltaNet(_) => bytes = delta_net::bytes(inputs, out),
         _ => {}
     }
-    Cost { flops, bytes: bytes as u64 }
+    Cost { flops, bytes }
 }
 
 // ---- helpers shared by the family files ----

@@ -1,0 +1,380 @@
+//! mul_mat: `a [K, M, A2, A3]` (weights: f32, f16 or bf16, dense rows, any outer strides) times
+//! `b [K, N, B2, B3]` (f32 activations, any strides) gives f32 `out [M, N, B2, B3]` with
+//! `out[m, n, i2, i3] = sum_k a[k, m, i2 / (B2 / A2), i3 / (B3 / A3)] * b[k, n, i2, i3]`.
+//!
+//! Two paths:
+//! - **GEMV** (`N <= GEMV_MAX_N`, decode): one dot product per output, parallel over weight rows.
+//!   Each weight row is read from memory once for all `N` columns; the dots
+//!   ([`super::sum::dot_weights`]) convert f16/bf16 weights in registers, so nothing is converted
+//!   to memory first.
+//! - **GEMM**: `matrixmultiply::sgemm` (single-threaded, packed, AVX2/FMA/AVX-512 kernels picked at
+//!   run time) on tiles of the output, run in parallel by rayon. sgemm takes arbitrary element
+//!   strides, so f32 weights and activations are passed in place (`a` as the transposed
+//!   `M x K` matrix); f16/bf16 weights are converted tile by tile (a bounded block of rows per
+//!   task) into f32 scratch first.
+
+use rayon::prelude::*;
+use tessera_ops::{DType, KernelError, TensorMeta};
+
+use super::strided::{Dst, SendPtr, Src, cast_f32, cast_f32_mut, row_coords};
+use super::sum::dot_weights;
+
+/// Largest `N` that takes the dot-product path.
+const GEMV_MAX_N: usize = 4;
+/// Weight elements a GEMV task should at least read.
+const GEMV_GRAIN: usize = 1 << 16;
+/// f32 elements of converted weights one GEMM tile may hold (4 MiB), bounding scratch memory.
+const CONVERT_ELEMS: usize = 1 << 20;
+/// Output rows (`m`) per GEMM tile are a multiple of this: 16 f32 = one 64-byte cache line, so
+/// tiles of the same columns do not share lines.
+const M_ALIGN: usize = 16;
+
+/// Sizes of one mul_mat.
+struct Dims {
+    k: usize,
+    m: usize,
+    n: usize,
+    a_ne: [usize; 4],
+    b_ne: [usize; 4],
+}
+
+impl Dims {
+    fn of(a: &Src<'_>, b: &Src<'_>) -> Self {
+        let (a_ne, b_ne) = (a.ne(), b.ne());
+        Dims { k: a_ne[0], m: a_ne[1], n: b_ne[1], a_ne, b_ne }
+    }
+
+    fn batches(&self) -> usize {
+        self.b_ne[2] * self.b_ne[3]
+    }
+
+    /// `(i2, i3)` of activation batch `batch`, and the weight batch `(a2, a3)` serving it: ggml's
+    /// broadcast, each weight matrix serving `B2 / A2` consecutive activation batches.
+    fn batch(&self, batch: usize) -> ([usize; 2], [usize; 2]) {
+        let (i2, i3) = (batch % self.b_ne[2], batch / self.b_ne[2]);
+        let (r2, r3) = (self.b_ne[2] / self.a_ne[2], self.b_ne[3] / self.a_ne[3]);
+        ([i2, i3], [i2 / r2, i3 / r3])
+    }
+}
+
+/// Writes `a * b` into `out` (the output span, f32 `[M, N, B2, B3]`). The shape rules have
+/// checked the operands; an output that is not contiguous, aligned f32 (only hand-built tasks)
+/// is computed into scratch first.
+pub(super) fn mul_mat(a: Src<'_>, b: Src<'_>, out: &mut [u8], out_meta: &TensorMeta) -> Result<(), KernelError> {
+    let count = out_meta.nelements();
+    if out_meta.dtype == DType::F32
+        && out_meta.is_contiguous()
+        && let Some(c) = out.get_mut(..count * 4).and_then(cast_f32_mut)
+    {
+        compute(&a, &b, c);
+        return Ok(());
+    }
+    let mut tmp = vec![0f32; count];
+    compute(&a, &b, &mut tmp);
+    let mut dst = Dst::new(out, *out_meta)?;
+    let m = out_meta.ne[0];
+    dst.for_each_row(m, || (), |_, r, mut row| row.store(&tmp[r * m..(r + 1) * m]));
+    Ok(())
+}
+
+fn compute(a: &Src<'_>, b: &Src<'_>, c: &mut [f32]) {
+    let d = Dims::of(a, b);
+    if d.n <= GEMV_MAX_N { gemv(a, b, &d, c) } else { gemm(a, b, &d, c) }
+}
+
+/// A tensor's data as f32 values with element strides (0 for dimensions of extent 1, whose byte
+/// stride is never used and may be anything).
+struct F32Layout<'a> {
+    data: &'a [f32],
+    strides: [usize; 4],
+}
+
+impl<'a> F32Layout<'a> {
+    /// `src` in place, when it is f32, aligned, and every used stride is a whole number of
+    /// elements.
+    fn of(src: &Src<'a>) -> Option<Self> {
+        let m = &src.meta;
+        if m.dtype != DType::F32 || (0..4).any(|d| m.ne[d] > 1 && !m.nb[d].is_multiple_of(4)) {
+            return None;
+        }
+        let strides = std::array::from_fn(|d| if m.ne[d] > 1 { m.nb[d] / 4 } else { 0 });
+        let data = cast_f32(src.bytes().get(..src.bytes().len() / 4 * 4)?)?;
+        Some(F32Layout { data, strides })
+    }
+
+    /// Element offset of `(0, i1, i2, i3)`.
+    fn offset(&self, i1: usize, i2: usize, i3: usize) -> usize {
+        i1 * self.strides[1] + i2 * self.strides[2] + i3 * self.strides[3]
+    }
+}
+
+/// `src`'s rows decoded into one contiguous f32 buffer, in flat row order.
+fn pack_rows(src: &Src<'_>) -> Vec<f32> {
+    let (ne, k) = (src.ne(), src.ne()[0]);
+    let mut packed = vec![0f32; src.meta.nelements()];
+    packed.par_chunks_mut(k).enumerate().for_each(|(r, row)| src.load_row(row_coords(ne, r), row));
+    packed
+}
+
+/// Dot-product path for small `N`: parallel over blocks of weight rows per batch.
+fn gemv(a: &Src<'_>, b: &Src<'_>, d: &Dims, c: &mut [f32]) {
+    let (k, m_len, n_len) = (d.k, d.m, d.n);
+    // Activation rows (columns of b), contiguous f32: row (n, i2, i3) at flat index n + N * batch.
+    let b_rows = pack_rows(b);
+    let rows_per_task = (GEMV_GRAIN / k).clamp(1, m_len);
+    let m_tasks = m_len.div_ceil(rows_per_task);
+    let results: Vec<Vec<f32>> = (0..d.batches() * m_tasks)
+        .into_par_iter()
+        .map_init(<(Vec<f32>, Vec<f32>)>::default, |(row, conv), t| {
+            let (batch, m0) = (t / m_tasks, t % m_tasks * rows_per_task);
+            let m1 = (m0 + rows_per_task).min(m_len);
+            let (_, [a2, a3]) = d.batch(batch);
+            let cols = &b_rows[batch * n_len * k..(batch + 1) * n_len * k];
+            // res[n * len + (m - m0)]: this task's part of each output column.
+            let len = m1 - m0;
+            let mut res = vec![0f32; len * n_len];
+            for m in m0..m1 {
+                // Weight rows are dense (shape rules); read them as raw bytes of their dtype.
+                let c = [m, a2, a3];
+                let (dtype, w): (DType, &[u8]) = match a.row_raw(c) {
+                    Some(raw) => (a.dtype(), raw),
+                    None => {
+                        row.resize(k, 0.0);
+                        a.load_row(c, row);
+                        (DType::F32, bytemuck::cast_slice(row))
+                    }
+                };
+                for (n, col) in cols.chunks_exact(k).enumerate() {
+                    res[n * len + m - m0] = dot_weights(dtype, w, col, conv);
+                }
+            }
+            res
+        })
+        .collect();
+    for (t, res) in results.iter().enumerate() {
+        let (batch, m0) = (t / m_tasks, t % m_tasks * rows_per_task);
+        let len = res.len() / n_len;
+        for (n, part) in res.chunks_exact(len).enumerate() {
+            let at = batch * m_len * n_len + n * m_len + m0;
+            c[at..at + len].copy_from_slice(part);
+        }
+    }
+}
+
+/// One GEMM task: output rows `m0..m1`, columns `n0..n1` of activation batch `batch`.
+#[derive(Clone, Copy)]
+struct Tile {
+    batch: usize,
+    m0: usize,
+    m1: usize,
+    n0: usize,
+    n1: usize,
+}
+
+/// Splits the output into about `4 x threads` tiles: rows first (weights are then converted or
+/// packed once per tile), columns only when there are too few row blocks.
+fn plan_tiles(d: &Dims, threads: usize, converted: bool) -> Vec<Tile> {
+    let target = if threads <= 1 { 1 } else { 4 * threads };
+    let per_batch = target.div_ceil(d.batches()).max(1);
+    let mut mc = d.m.div_ceil(per_batch).next_multiple_of(M_ALIGN).max(4 * M_ALIGN);
+    if converted {
+        mc = mc.min((CONVERT_ELEMS / d.k / M_ALIGN * M_ALIGN).max(M_ALIGN));
+    }
+    let mc = mc.min(d.m);
+    let m_tiles = d.m.div_ceil(mc);
+    let n_split = per_batch.div_ceil(m_tiles);
+    let nc = if n_split <= 1 { d.n } else { d.n.div_ceil(n_split).max(64).min(d.n) };
+    let mut tiles = Vec::new();
+    for batch in 0..d.batches() {
+        for m0 in (0..d.m).step_by(mc) {
+            for n0 in (0..d.n).step_by(nc) {
+                tiles.push(Tile { batch, m0, m1: (m0 + mc).min(d.m), n0, n1: (n0 + nc).min(d.n) });
+            }
+        }
+    }
+    tiles
+}
+
+/// sgemm path: tiles of the output in parallel.
+fn gemm(a: &Src<'_>, b: &Src<'_>, d: &Dims, c: &mut [f32]) {
+    let packed_b;
+    let b_layout = match F32Layout::of(b) {
+        Some(l) => l,
+        None => {
+            packed_b = pack_rows(b);
+            let (k, n, b2) = (d.k, d.n, d.b_ne[2]);
+            F32Layout { data: &packed_b, strides: [1, k, k * n, k * n * b2] }
+        }
+    };
+    let a_layout = F32Layout::of(a);
+    let tiles = plan_tiles(d, rayon::current_num_threads(), a_layout.is_none());
+    let (c_len, c_ptr) = (c.len(), SendPtr(c.as_mut_ptr()));
+    let (k, m_len, n_len) = (d.k, d.m, d.n);
+    tiles.par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
+        let ([i2, i3], [a2, a3]) = d.batch(t.batch);
+        let rows = t.m1 - t.m0;
+        // The weights of rows m0..m1 as an (m x k) matrix: in place, or converted into scratch.
+        let (a_rows, rsa, csa): (&[f32], usize, usize) = match &a_layout {
+            Some(l) => (&l.data[l.offset(t.m0, a2, a3)..], l.strides[1], l.strides[0]),
+            None => {
+                scratch.resize(rows * k, 0.0);
+                for (i, row) in scratch.chunks_exact_mut(k).enumerate() {
+                    a.load_row([t.m0 + i, a2, a3], row);
+                }
+                (&scratch[..], k, 1)
+            }
+        };
+        let bs = b_layout.strides;
+        let b_cols = &b_layout.data[b_layout.offset(t.n0, i2, i3)..];
+        let c_off = t.batch * m_len * n_len + t.n0 * m_len + t.m0;
+        // The last element this tile writes must lie in `c`.
+        assert!(c_off + (rows - 1) + (t.n1 - t.n0 - 1) * m_len < c_len, "mul_mat tile outside the output");
+        // SAFETY: `a_rows` holds `rows` rows of `k` elements at strides (rsa, csa): the rows of a
+        // validated weight span (the span check covers every (k, m) element) or of the scratch
+        // sized `rows * k`. `b_cols` likewise covers `k x (n1 - n0)` elements of the validated
+        // activation span or of the packed copy. The C block (rows x cols at strides 1 and M)
+        // lies inside `c` (asserted above), and tiles cover disjoint (batch, m, n) ranges, so no
+        // two tasks write the same element; `c` is borrowed mutably for the whole call. beta = 0,
+        // so C is written without being read.
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                k,
+                t.n1 - t.n0,
+                1.0,
+                a_rows.as_ptr(),
+                rsa as isize,
+                csa as isize,
+                b_cols.as_ptr(),
+                bs[0] as isize,
+                bs[1] as isize,
+                0.0,
+                c_ptr.get().add(c_off),
+                1,
+                m_len as isize,
+            );
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tessera_graph::{Graph, Session};
+    use tessera_ops::DType;
+
+    use crate::CpuBackend;
+    use crate::cpu::testutil::{F32, FLOATS, check};
+
+    /// f32 accumulation over K terms: allow a little more than rounding noise.
+    const BOUND: f64 = 1e-11;
+
+    #[test]
+    fn gemm_and_gemv_of_each_weight_dtype_on_odd_sizes() {
+        for dt in FLOATS {
+            for n in [1, 2, 3, 4, 5, 9, 33] {
+                check(40 + n as u64, BOUND, |g, l| {
+                    let a = l.random(g.parameter("w", dt, [37, 19, 1, 1])?);
+                    let b = l.random(g.input("x", F32, [37, n, 1, 1])?);
+                    Ok(vec![g.mul_mat(a, b)?])
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn batches_broadcast_weights_over_dims_2_and_3() {
+        for (dt, n) in [(F32, 6), (DType::F16, 6), (F32, 2), (DType::BF16, 1)] {
+            check(50, BOUND, |g, l| {
+                let a = l.random(g.parameter("w", dt, [16, 8, 2, 1])?);
+                let b = l.random(g.input("x", F32, [16, n, 4, 3])?);
+                let a3 = l.random(g.parameter("w3", dt, [16, 8, 2, 3])?);
+                Ok(vec![g.mul_mat(a, b)?, g.mul_mat(a3, b)?])
+            });
+        }
+    }
+
+    #[test]
+    fn strided_activations_and_weights() {
+        for n in [3, 11] {
+            check(51, BOUND, |g, l| {
+                // weights: rows of 20 inside rows of 24, batch dims swapped by a permute
+                let base = l.random(g.parameter("w", F32, [24, 7, 2, 3])?);
+                let a = g.view(base, [20, 7, 2, 3], [4, 96, 672, 1344], 8)?;
+                let a = g.permute(a, [0, 1, 3, 2])?; // [20, 7, 3, 2]
+                // activations: transposed (nb[0] = n elements) and permuted batches
+                let x = l.random(g.input("x", F32, [n, 20, 3, 2])?);
+                let b = g.transpose(x)?; // [20, n, 3, 2]
+                let h = l.random(g.parameter("h", DType::F16, [20, 7, 3, 2])?);
+                Ok(vec![g.mul_mat(a, b)?, g.mul_mat(h, b)?])
+            });
+        }
+    }
+
+    #[test]
+    fn large_tiles_split_over_rows_and_columns() {
+        // Enough work for several tiles per thread; M not a multiple of the tile alignment.
+        for (dt, m, n) in [(F32, 300, 70), (DType::F16, 300, 70), (F32, 40, 700)] {
+            check(52, BOUND, |g, l| {
+                let a = l.random(g.parameter("w", dt, [129, m, 1, 1])?);
+                let b = l.random(g.input("x", F32, [129, n, 1, 1])?);
+                Ok(vec![g.mul_mat(a, b)?])
+            });
+        }
+    }
+
+    #[test]
+    fn long_dot_products_keep_precision() {
+        for n in [2, 8] {
+            check(53, 1e-12, |g, l| {
+                let a = l.random(g.parameter("w", F32, [20_000, 3, 1, 1])?);
+                let b = l.random_in(g.input("x", F32, [20_000, n, 1, 1])?, 0.0, 1.0);
+                Ok(vec![g.mul_mat(a, b)?])
+            });
+        }
+    }
+
+    /// GFLOP/s of `a [k, m] (dtype) x b [k, n]` on `backend`, best of `reps` runs.
+    fn gflops(backend: &mut CpuBackend, dtype: DType, k: usize, m: usize, n: usize, reps: usize) -> f64 {
+        let mut g = Graph::new();
+        let a = g.parameter("w", dtype, [k, m, 1, 1]).unwrap();
+        let b = g.input("x", F32, [k, n, 1, 1]).unwrap();
+        let y = g.mul_mat(a, b).unwrap();
+        g.mark_output(y).unwrap();
+        let mut s = Session::new(&g, backend).unwrap();
+        let wa: Vec<f32> = (0..k * m).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+        let wb: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 1000) as f32 / 1000.0 - 0.5).collect();
+        s.set_f32(a, &wa).unwrap();
+        s.set_f32(b, &wb).unwrap();
+        s.run().unwrap(); // warm up
+        let mut best = f64::INFINITY;
+        for _ in 0..reps {
+            let t = Instant::now();
+            s.run().unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        2.0 * (k * m * n) as f64 / best / 1e9
+    }
+
+    #[test]
+    #[ignore = "timing, run by hand with --release"]
+    fn timing_mul_mat() {
+        let mut cpu = CpuBackend::new();
+        println!("threads: {}", cpu.num_threads());
+        for (dt, k, m, n) in [
+            (F32, 1024, 1024, 1024),
+            (DType::F16, 1024, 1024, 1024),
+            (DType::BF16, 1024, 1024, 1024),
+            (F32, 4096, 4096, 1),
+            (DType::F16, 4096, 4096, 1),
+            (DType::F16, 4096, 4096, 4),
+            (DType::BF16, 4096, 4096, 1),
+            (F32, 4096, 4096, 64),
+            (DType::F16, 4096, 4096, 64),
+        ] {
+            let gf = gflops(&mut cpu, dt, k, m, n, 10);
+            println!("mul_mat {dt} K={k} M={m} N={n}: {gf:.1} GFLOP/s");
+        }
+    }
+}

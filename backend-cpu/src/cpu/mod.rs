@@ -1,0 +1,320 @@
+//! [`CpuBackend`]: every op in f32 with rayon, the oracle other backends are checked against.
+//!
+//! # How a task runs
+//!
+//! 1. Its descriptors are validated: every dimension non-zero, spans computable without overflow,
+//!    and `tessera_ops::infer` must accept the inputs and agree with the output's shape and dtype.
+//!    Kernels may then rely on the shape rules (a hand-built bad task is an error, not a panic).
+//! 2. The output buffer is taken out of the buffer table ([`HostBuffers::take`]), so it can be
+//!    written while the inputs are borrowed from the table.
+//! 3. The input an in-place op writes (`Op::writes_input`) is read from the output bytes themselves
+//!    when its placement is the output's (the executor's contract). Other inputs in the output's
+//!    buffer are read in place when their bytes are disjoint from the output's (an arena holding
+//!    many tensors), and copied out first when they overlap (only hand-built tasks do that), so
+//!    every task computes as if its inputs were read before its output is written.
+//! 4. The kernel of the op family writes the output (`data`, `elementwise`, `reduce`, `matmul`),
+//!    parallel over rows or tiles; the buffer is put back even when the kernel fails.
+//!
+//! Data-dependent failures (row ids out of range) are `BackendError::Kernel` and are detected
+//! before anything is written.
+
+mod data;
+mod elementwise;
+mod math;
+mod matmul;
+mod reduce;
+mod strided;
+mod sum;
+#[cfg(test)]
+mod testutil;
+
+use smallvec::SmallVec;
+use tessera_graph::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
+use tessera_ops::{KernelError, Op, TensorMeta};
+
+use crate::buffers::{HostBuffer, HostBuffers};
+use strided::{Dst, Src, checked_span};
+
+const NAME: &str = "cpu";
+
+/// The fast CPU backend: f32 compute with f32 accumulation in precision-keeping summation order,
+/// parallel with rayon.
+pub struct CpuBackend {
+    buffers: HostBuffers,
+    /// Our own thread pool, or `None` for rayon's global one.
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// A backend running on rayon's global thread pool.
+    pub fn new() -> Self {
+        CpuBackend { buffers: HostBuffers::new(NAME), pool: None }
+    }
+
+    /// A backend with its own pool of `threads` threads (at least 1).
+    pub fn with_threads(threads: usize) -> Result<Self, BackendError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("tessera-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::Device { backend: NAME.into(), detail: e.to_string() })?;
+        Ok(CpuBackend { buffers: HostBuffers::new(NAME), pool: Some(pool) })
+    }
+
+    /// Threads the kernels run on.
+    pub fn num_threads(&self) -> usize {
+        self.pool.as_ref().map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+    }
+
+    /// Bytes currently allocated.
+    pub fn allocated(&self) -> usize {
+        self.buffers.allocated
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    /// Every op with a kernel (all but the views) whose inputs the shape rules accept, on plain
+    /// (not block-quantized) dtypes.
+    fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> bool {
+        let refs: SmallVec<[&TensorMeta; 4]> = inputs.iter().collect();
+        has_kernel(op)
+            && inputs.iter().all(|m| !m.dtype.is_quantized() && checked_span(m).is_some())
+            && tessera_ops::infer(op, &refs).is_ok()
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<BufferId, BackendError> {
+        self.buffers.alloc(bytes)
+    }
+
+    fn free(&mut self, buffer: BufferId) {
+        self.buffers.free(buffer)
+    }
+
+    fn size(&self, buffer: BufferId) -> Result<usize, BackendError> {
+        Ok(self.buffers.get(buffer)?.len())
+    }
+
+    fn write(&mut self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.buffers.write(buffer, offset, data)
+    }
+
+    fn read(&mut self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.buffers.read(buffer, offset, out)
+    }
+
+    fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
+        let buffers = &mut self.buffers;
+        match &self.pool {
+            Some(pool) => pool.install(|| tasks.iter().try_for_each(|t| run_task(buffers, t))),
+            None => tasks.iter().try_for_each(|t| run_task(buffers, t)),
+        }
+    }
+}
+
+/// Ops this backend has kernels for: data movement, elementwise, row reductions and mul_mat.
+/// Views never reach a backend; ops added to the vocabulary later are refused (`supports` is
+/// false) until a kernel is written for them.
+fn has_kernel(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::GetRows
+            | Op::SetRows
+            | Op::Cpy
+            | Op::Cast(_)
+            | Op::Cont
+            | Op::Concat { .. }
+            | Op::Repeat { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Scale(_)
+            | Op::Swiglu
+            | Op::RmsNorm(_)
+            | Op::SumRows
+            | Op::Softmax(_)
+            | Op::Argmax
+            | Op::MulMat
+    )
+}
+
+fn unsupported(op: &Op, why: String) -> BackendError {
+    BackendError::Unsupported { backend: NAME.into(), op: op.name(), why }
+}
+
+/// Validates `task`, then runs its kernel with the output buffer taken out of the table.
+fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendError> {
+    let op = task.op;
+    if op.is_view() {
+        return Err(unsupported(op, "views are resolved by the executor, not computed".into()));
+    }
+    if !has_kernel(op) {
+        return Err(unsupported(op, "no CPU kernel for this op yet".into()));
+    }
+    for r in task.inputs.iter().chain([&task.output]) {
+        if r.meta.dtype.is_quantized() {
+            return Err(unsupported(op, format!("block-quantized {} data has no CPU kernel yet", r.meta.dtype)));
+        }
+        if checked_span(&r.meta).is_none() {
+            let why = format!("descriptor ne {:?} nb {:?} has an empty dimension or overflows", r.meta.ne, r.meta.nb);
+            return Err(unsupported(op, why));
+        }
+    }
+    let metas: SmallVec<[&TensorMeta; 4]> = task.inputs.iter().map(|r| &r.meta).collect();
+    let inferred = tessera_ops::infer(op, &metas).map_err(|e| unsupported(op, e.to_string()))?;
+    let out = &task.output;
+    if inferred.ne != out.meta.ne || inferred.dtype != out.meta.dtype {
+        let why = format!(
+            "output is {} {:?}, but the inputs give {} {:?}",
+            out.meta.dtype, out.meta.ne, inferred.dtype, inferred.ne
+        );
+        return Err(unsupported(op, why));
+    }
+    // The written input is read in place only when it is exactly the output's placement.
+    let in_place = op.writes_input().filter(|&w| task.inputs.get(w) == Some(out));
+    let mut out_buf = buffers.take(out.buffer)?;
+    let result = run_with_output(buffers, &mut out_buf, task, in_place);
+    buffers.restore(out.buffer, out_buf);
+    result
+}
+
+/// 8-byte aligned owned bytes, so copied-out inputs keep the aligned fast paths.
+struct AlignedCopy(Vec<u64>, usize);
+
+impl AlignedCopy {
+    fn new(bytes: &[u8]) -> Self {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        AlignedCopy(words, bytes.len())
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.0)[..self.1]
+    }
+}
+
+fn run_with_output(
+    buffers: &HostBuffers,
+    out_buf: &mut HostBuffer,
+    task: &Task<'_>,
+    in_place: Option<usize>,
+) -> Result<(), BackendError> {
+    let out = &task.output;
+    let span = out.meta.span_bytes();
+    check_range(NAME, out.buffer, out_buf.len(), out.offset, span)?;
+    // Where each input in the output's buffer lies; inputs whose bytes overlap the output's
+    // (only hand-built tasks do that) are copied before anything is written.
+    let mut same_buffer: SmallVec<[Option<(usize, usize)>; 4]> = SmallVec::new();
+    let mut copies: SmallVec<[Option<AlignedCopy>; 4]> = SmallVec::new();
+    for (i, r) in task.inputs.iter().enumerate() {
+        let (mut range, mut copy) = (None, None);
+        if Some(i) != in_place && r.buffer == out.buffer {
+            let len = r.meta.span_bytes();
+            check_range(NAME, r.buffer, out_buf.len(), r.offset, len)?;
+            if r.offset < out.offset + span && out.offset < r.offset + len {
+                copy = Some(AlignedCopy::new(&out_buf.bytes()[r.offset..r.offset + len]));
+            } else {
+                range = Some((r.offset, len));
+            }
+        }
+        same_buffer.push(range);
+        copies.push(copy);
+    }
+    // The output's bytes, and the rest of its buffer (readable by inputs that lie there).
+    let (before, rest) = out_buf.bytes_mut().split_at_mut(out.offset);
+    let (out_bytes, after) = rest.split_at_mut(span);
+    let (before, after): (&[u8], &[u8]) = (before, after);
+    let mut srcs: SmallVec<[Option<Src<'_>>; 4]> = SmallVec::new();
+    for (i, r) in task.inputs.iter().enumerate() {
+        if Some(i) == in_place {
+            srcs.push(None);
+            continue;
+        }
+        let bytes = match (&copies[i], same_buffer[i]) {
+            (Some(c), _) => c.bytes(),
+            // Disjoint from the output: wholly before it or wholly after it.
+            (None, Some((at, len))) if at < out.offset => &before[at..at + len],
+            (None, Some((at, len))) => &after[at - out.offset - span..][..len],
+            (None, None) => buffers.tensor_bytes(r)?,
+        };
+        srcs.push(Some(src(task.op, bytes, r)?));
+    }
+    dispatch(task.op, &srcs, out_bytes, &out.meta).map_err(BackendError::from)
+}
+
+fn src<'a>(op: &Op, bytes: &'a [u8], r: &TensorRef) -> Result<Src<'a>, BackendError> {
+    Src::new(bytes, r.meta).ok_or_else(|| unsupported(op, format!("input span of {:?} does not fit", r.meta.ne)))
+}
+
+/// Runs the kernel of `op`. `srcs[i]` is `None` only for the input written in place, whose
+/// current contents are the output bytes.
+fn dispatch(op: &Op, srcs: &[Option<Src<'_>>], out: &mut [u8], out_meta: &TensorMeta) -> Result<(), KernelError> {
+    let input = |i: usize| {
+        srcs.get(i).copied().flatten().ok_or_else(|| KernelError::Unsupported {
+            op: op.name(),
+            why: format!("input {i} is missing or is the in-place output"),
+        })
+    };
+    if let Op::MulMat = op {
+        return matmul::mul_mat(input(0)?, input(1)?, out, out_meta);
+    }
+    let mut dst = Dst::new(out, *out_meta)?;
+    match op {
+        Op::GetRows => data::get_rows(input(0)?, input(1)?, &mut dst),
+        Op::SetRows => data::set_rows(srcs.first().copied().flatten(), input(1)?, input(2)?, &mut dst),
+        // The destination input of cpy is only a placement: its old values are never read.
+        Op::Cpy | Op::Cast(_) | Op::Cont => {
+            data::copy(input(0)?, &mut dst);
+            Ok(())
+        }
+        Op::Concat { dim } => data::concat(input(0)?, input(1)?, *dim, &mut dst),
+        Op::Repeat { .. } => {
+            data::repeat(input(0)?, &mut dst);
+            Ok(())
+        }
+        Op::Unary(u) => {
+            elementwise::unary(*u, input(0)?, &mut dst);
+            Ok(())
+        }
+        Op::Binary(b) => {
+            elementwise::binary(*b, input(0)?, input(1)?, &mut dst);
+            Ok(())
+        }
+        Op::Scale(p) => {
+            elementwise::scale(*p, input(0)?, &mut dst);
+            Ok(())
+        }
+        Op::Swiglu => {
+            elementwise::swiglu(input(0)?, srcs.get(1).copied().flatten(), &mut dst);
+            Ok(())
+        }
+        Op::RmsNorm(p) => {
+            reduce::rms_norm(p.eps, input(0)?, &mut dst);
+            Ok(())
+        }
+        Op::SumRows => {
+            reduce::sum_rows(input(0)?, &mut dst);
+            Ok(())
+        }
+        Op::Softmax(p) => {
+            reduce::softmax(p.scale, input(0)?, srcs.get(1).copied().flatten(), &mut dst);
+            Ok(())
+        }
+        Op::Argmax => {
+            reduce::argmax(input(0)?, &mut dst);
+            Ok(())
+        }
+        _ => Err(KernelError::Unsupported { op: op.name(), why: "not computed by a row kernel".into() }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,51 @@
+//! The catalogue: every eval case and every perf case, one file per op family.
+//!
+//! Shapes are in ggml order (`ne[0]` innermost). Eval cases mix tiny and odd sizes (1, 7, 33,
+//! 67: not multiples of any SIMD width) with slices of the Qwen3.6 model sizes (n_embd 2048 and
+//! 5120, head dim 128 and 256), and exercise non-contiguous inputs through [`Layout`]s. Each eval
+//! case stays small enough that the whole catalogue, judged by the slow f64 reference, runs in
+//! seconds; the perf catalogue ([`perf_catalogue`]) has the full model-sized shapes.
+//!
+//! NMSE bounds: [`crate::NMSE_F32`] (1e-7) when everything is f32, [`crate::NMSE_HALF`] (1e-5)
+//! when an input or output is f16/bf16 (see [`crate::default_bound`]); integer outputs (argmax,
+//! i32 data movement) are compared exactly. No case overrides these today.
+
+mod data;
+mod elementwise;
+mod matmul;
+mod perf;
+mod reduce;
+mod view;
+
+use tessera_ops::DType;
+
+use crate::case::{Case, Shape};
+
+pub(crate) const F32: DType = DType::F32;
+pub(crate) const F16: DType = DType::F16;
+pub(crate) const BF16: DType = DType::BF16;
+pub(crate) const I32: DType = DType::I32;
+
+/// The float dtypes, f32 first.
+pub(crate) const FLOATS: [DType; 3] = [F32, F16, BF16];
+
+/// Shorthand for a shape in a label: `[a,b,c,d]`.
+pub(crate) fn sh(ne: [usize; 4]) -> Shape {
+    Shape(ne)
+}
+
+/// Every eval case, grouped by op family.
+pub fn catalogue() -> Vec<Case> {
+    let mut cases = Vec::new();
+    data::cases(&mut cases);
+    view::cases(&mut cases);
+    elementwise::cases(&mut cases);
+    reduce::cases(&mut cases);
+    matmul::cases(&mut cases);
+    cases
+}
+
+/// Model-sized cases for perf mode (too big to judge with the f64 reference in reasonable time).
+pub fn perf_catalogue() -> Vec<Case> {
+    perf::cases()
+}
