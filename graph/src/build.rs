@@ -1,6 +1,9 @@
 //! Typed builders: one method per op, each a thin wrapper over [`Graph::op`].
 
-use tessera_ops::{BinaryOp, DType, Op, RmsNormParams, ScaleParams, SoftmaxParams, UnaryOp, ViewParams};
+use tessera_ops::{
+    BinaryOp, DType, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormParams, RopeParams, ScaleParams, SoftmaxParams,
+    SortOrder, UnaryOp, ViewParams,
+};
 
 use crate::{Graph, GraphError, Tensor};
 
@@ -165,5 +168,93 @@ impl Graph {
     /// `a [K, M, ..]` (weights) times `b [K, N, ..]` (f32 activations) -> f32 `[M, N, ..]`.
     pub fn mul_mat(&mut self, a: Tensor, b: Tensor) -> R {
         self.op(Op::MulMat, &[a, b])
+    }
+
+    /// Routed experts: `experts [K, N, n_expert]`, `b [K, n_used or 1, n_tokens]` f32, `ids` i32
+    /// `[n_used, n_tokens]` -> f32 `[N, n_used, n_tokens]`.
+    pub fn mul_mat_id(&mut self, experts: Tensor, b: Tensor, ids: Tensor) -> R {
+        self.op(Op::MulMatId, &[experts, b, ids])
+    }
+
+    // ---- more reductions ----
+
+    /// `x / max(||x||_2, eps)` per row.
+    pub fn l2_norm(&mut self, x: Tensor, eps: f32) -> R {
+        self.op(Op::L2Norm { eps }, &[x])
+    }
+
+    /// i32 indices of the `k` largest elements of each row, largest first.
+    pub fn top_k(&mut self, x: Tensor, k: usize) -> R {
+        self.op(Op::TopK { k }, &[x])
+    }
+
+    /// i32 indices that sort each row.
+    pub fn argsort(&mut self, x: Tensor, order: SortOrder) -> R {
+        self.op(Op::Argsort(order), &[x])
+    }
+
+    // ---- quantization ----
+
+    /// f32 `x` as a block-quantized tensor of dtype `to` (q8_0 or nvfp4).
+    pub fn quantize(&mut self, x: Tensor, to: DType) -> R {
+        self.op(Op::Quantize(to), &[x])
+    }
+
+    /// A block-quantized tensor's values as f32.
+    pub fn dequantize(&mut self, x: Tensor) -> R {
+        self.op(Op::Dequantize, &[x])
+    }
+
+    // ---- attention ----
+
+    /// Rotary embedding of `x [head_dim, n_head, n_tokens]` at i32 `positions`.
+    pub fn rope_multi(&mut self, x: Tensor, positions: Tensor, params: RopeParams) -> R {
+        self.op(Op::RopeMulti(params), &[x, positions])
+    }
+
+    /// `softmax(scale * q k^T (+ mask)) v`, optionally reading K/V through a block table
+    /// (see `Op::FlashAttnExt` for layouts).
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_ext(
+        &mut self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<Tensor>,
+        block_table: Option<Tensor>,
+        scale: f32,
+        softcap: f32,
+    ) -> R {
+        let params = FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some() };
+        let inputs: Vec<Tensor> = [Some(q), Some(k), Some(v), mask, block_table].into_iter().flatten().collect();
+        self.op(Op::FlashAttnExt(params), &inputs)
+    }
+
+    // ---- recurrent ----
+
+    /// Causal depthwise conv of `sx [d_conv - 1 + n_t, channels, n_seq]` with `kernel [d_conv, channels]`.
+    pub fn ssm_conv(&mut self, sx: Tensor, kernel: Tensor) -> R {
+        self.op(Op::SsmConv, &[sx, kernel])
+    }
+
+    /// One decode-time conv step per sequence, updating each sequence's slot of `state` in place.
+    pub fn ssm_conv_update_inplace(&mut self, x: Tensor, state: Tensor, kernel: Tensor, slots: Tensor, silu: bool) -> R {
+        self.op(Op::SsmConvUpdate { silu }, &[x, state, kernel, slots])
+    }
+
+    /// The gated delta rule, reading and writing each sequence's state slot in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net(
+        &mut self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        state: Tensor,
+        slots: Tensor,
+        params: GatedDeltaNetParams,
+    ) -> R {
+        self.op(Op::GatedDeltaNet(params), &[q, k, v, g, beta, state, slots])
     }
 }

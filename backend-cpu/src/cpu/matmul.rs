@@ -378,3 +378,13 @@ mod tests {
         }
     }
 }
+
+pub(super) fn mul_mat_id(
+    _experts: Src<'_>,
+    _b: Src<'_>,
+    _ids: Src<'_>,
+    _out: &mut [u8],
+    _out_meta: &TensorMeta,
+) -> Result<(), KernelError> {
+    todo!("mul_mat_id cpu")
+}

@@ -18,11 +18,16 @@
 //! Data-dependent failures (row ids out of range) are `BackendError::Kernel` and are detected
 //! before anything is written.
 
+mod attention;
+mod conv;
 mod data;
+mod delta_net;
 mod elementwise;
 mod math;
 mod matmul;
+mod quant;
 mod reduce;
+mod rope;
 mod strided;
 mod sum;
 #[cfg(test)]
@@ -143,6 +148,17 @@ fn has_kernel(op: &Op) -> bool {
             | Op::Softmax(_)
             | Op::Argmax
             | Op::MulMat
+            | Op::MulMatId
+            | Op::L2Norm { .. }
+            | Op::TopK { .. }
+            | Op::Argsort(_)
+            | Op::Quantize(_)
+            | Op::Dequantize
+            | Op::RopeMulti(_)
+            | Op::FlashAttnExt(_)
+            | Op::SsmConv
+            | Op::SsmConvUpdate { .. }
+            | Op::GatedDeltaNet(_)
     )
 }
 
@@ -180,9 +196,34 @@ fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendErr
     }
     // The written input is read in place only when it is exactly the output's placement.
     let in_place = op.writes_input().filter(|&w| task.inputs.get(w) == Some(out));
-    let mut out_buf = buffers.take(out.buffer)?;
-    let result = run_with_output(buffers, &mut out_buf, task, in_place);
+    // State an op updates as a side effect is taken out of the table too, so it can be written
+    // while the other inputs are read. It must not share the output's buffer (the executor gives
+    // outputs their own); other inputs in its buffer are not readable meanwhile (an error).
+    let updated = op.updates_input().and_then(|u| task.inputs.get(u).copied());
+    if let Some(state) = &updated
+        && state.buffer == out.buffer
+    {
+        return Err(unsupported(op, "the updated state shares the output's buffer".into()));
+    }
+    let mut state_buf = updated.map(|s| buffers.take(s.buffer)).transpose()?;
+    let mut out_buf = match buffers.take(out.buffer) {
+        Ok(b) => b,
+        Err(e) => {
+            if let (Some(s), Some(b)) = (&updated, state_buf.take()) {
+                buffers.restore(s.buffer, b);
+            }
+            return Err(e);
+        }
+    };
+    let state = match (&updated, state_buf.as_mut()) {
+        (Some(s), Some(b)) => Some((s, b)),
+        _ => None,
+    };
+    let result = run_with_output(buffers, &mut out_buf, task, in_place, state);
     buffers.restore(out.buffer, out_buf);
+    if let (Some(s), Some(b)) = (&updated, state_buf) {
+        buffers.restore(s.buffer, b);
+    }
     result
 }
 
@@ -206,10 +247,20 @@ fn run_with_output(
     out_buf: &mut HostBuffer,
     task: &Task<'_>,
     in_place: Option<usize>,
+    state: Option<(&TensorRef, &mut HostBuffer)>,
 ) -> Result<(), BackendError> {
     let out = &task.output;
     let span = out.meta.span_bytes();
     check_range(NAME, out.buffer, out_buf.len(), out.offset, span)?;
+    let state = match state {
+        Some((r, buf)) => {
+            let len = r.meta.span_bytes();
+            check_range(NAME, r.buffer, buf.len(), r.offset, len)?;
+            Some(StateMut { bytes: &mut buf.bytes_mut()[r.offset..r.offset + len], meta: r.meta })
+        }
+        None => None,
+    };
+    let updated = task.op.updates_input();
     // Where each input in the output's buffer lies; inputs whose bytes overlap the output's
     // (only hand-built tasks do that) are copied before anything is written.
     let mut same_buffer: SmallVec<[Option<(usize, usize)>; 4]> = SmallVec::new();
@@ -234,7 +285,7 @@ fn run_with_output(
     let (before, after): (&[u8], &[u8]) = (before, after);
     let mut srcs: SmallVec<[Option<Src<'_>>; 4]> = SmallVec::new();
     for (i, r) in task.inputs.iter().enumerate() {
-        if Some(i) == in_place {
+        if Some(i) == in_place || Some(i) == updated {
             srcs.push(None);
             continue;
         }
@@ -247,27 +298,59 @@ fn run_with_output(
         };
         srcs.push(Some(src(task.op, bytes, r)?));
     }
-    dispatch(task.op, &srcs, out_bytes, &out.meta).map_err(BackendError::from)
+    dispatch(task.op, &srcs, state, out_bytes, &out.meta).map_err(BackendError::from)
 }
 
 fn src<'a>(op: &Op, bytes: &'a [u8], r: &TensorRef) -> Result<Src<'a>, BackendError> {
     Src::new(bytes, r.meta).ok_or_else(|| unsupported(op, format!("input span of {:?} does not fit", r.meta.ne)))
 }
 
-/// Runs the kernel of `op`. `srcs[i]` is `None` only for the input written in place, whose
-/// current contents are the output bytes.
-fn dispatch(op: &Op, srcs: &[Option<Src<'_>>], out: &mut [u8], out_meta: &TensorMeta) -> Result<(), KernelError> {
+/// State an op updates in place (`Op::updates_input`): the bytes of its span and its descriptor.
+pub(crate) struct StateMut<'a> {
+    pub bytes: &'a mut [u8],
+    pub meta: TensorMeta,
+}
+
+/// Runs the kernel of `op`. `srcs[i]` is `None` only for the input written in place (whose current
+/// contents are the output bytes) and for the state the op updates (passed as `state`).
+fn dispatch(
+    op: &Op,
+    srcs: &[Option<Src<'_>>],
+    state: Option<StateMut<'_>>,
+    out: &mut [u8],
+    out_meta: &TensorMeta,
+) -> Result<(), KernelError> {
     let input = |i: usize| {
         srcs.get(i).copied().flatten().ok_or_else(|| KernelError::Unsupported {
             op: op.name(),
             why: format!("input {i} is missing or is the in-place output"),
         })
     };
-    if let Op::MulMat = op {
-        return matmul::mul_mat(input(0)?, input(1)?, out, out_meta);
+    let optional = |i: usize| srcs.get(i).copied().flatten();
+    let state = || state.ok_or_else(|| KernelError::Unsupported { op: op.name(), why: "its state input is missing".into() });
+    match op {
+        Op::MulMat => return matmul::mul_mat(input(0)?, input(1)?, out, out_meta),
+        Op::MulMatId => return matmul::mul_mat_id(input(0)?, input(1)?, input(2)?, out, out_meta),
+        _ => {}
     }
     let mut dst = Dst::new(out, *out_meta)?;
     match op {
+        Op::L2Norm { eps } => reduce::l2_norm(*eps, input(0)?, &mut dst),
+        Op::TopK { k } => reduce::top_k(*k, input(0)?, &mut dst),
+        Op::Argsort(order) => reduce::argsort(*order, input(0)?, &mut dst),
+        Op::Quantize(_) | Op::Dequantize => quant::convert(input(0)?, &mut dst),
+        Op::RopeMulti(p) => rope::rope_multi(p, input(0)?, input(1)?, &mut dst),
+        Op::FlashAttnExt(p) => {
+            let mask = if p.mask { Some(input(3)?) } else { None };
+            let table = if p.paged { Some(input(3 + usize::from(p.mask))?) } else { None };
+            attention::flash_attn_ext(p, input(0)?, input(1)?, input(2)?, mask, table, &mut dst)
+        }
+        Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
+        Op::SsmConvUpdate { silu } => conv::ssm_conv_update(*silu, input(0)?, state()?, input(2)?, input(3)?, &mut dst),
+        Op::GatedDeltaNet(p) => {
+            let qkvgb = [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?];
+            delta_net::gated_delta_net(p, qkvgb, state()?, input(6)?, &mut dst)
+        }
         Op::GetRows => data::get_rows(input(0)?, input(1)?, &mut dst),
         Op::SetRows => data::set_rows(srcs.first().copied().flatten(), input(1)?, input(2)?, &mut dst),
         // The destination input of cpy is only a placement: its old values are never read.
@@ -305,7 +388,7 @@ fn dispatch(op: &Op, srcs: &[Option<Src<'_>>], out: &mut [u8], out_meta: &Tensor
             Ok(())
         }
         Op::Softmax(p) => {
-            reduce::softmax(p.scale, input(0)?, srcs.get(1).copied().flatten(), &mut dst);
+            reduce::softmax(p.scale, input(0)?, optional(1), &mut dst);
             Ok(())
         }
         Op::Argmax => {

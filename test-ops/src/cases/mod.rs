@@ -10,11 +10,16 @@
 //! when an input or output is f16/bf16 (see [`crate::default_bound`]); integer outputs (argmax,
 //! i32 data movement) are compared exactly. No case overrides these today.
 
+mod attention;
+mod conv;
 mod data;
+mod delta_net;
 mod elementwise;
 mod matmul;
 mod perf;
+mod quant;
 mod reduce;
+mod rope;
 mod view;
 
 use tessera_ops::DType;
@@ -42,6 +47,11 @@ pub fn catalogue() -> Vec<Case> {
     elementwise::cases(&mut cases);
     reduce::cases(&mut cases);
     matmul::cases(&mut cases);
+    quant::cases(&mut cases);
+    rope::cases(&mut cases);
+    attention::cases(&mut cases);
+    conv::cases(&mut cases);
+    delta_net::cases(&mut cases);
     cases
 }
 
