@@ -238,7 +238,14 @@ impl Graph {
     }
 
     /// One decode-time conv step per sequence, updating each sequence's slot of `state` in place.
-    pub fn ssm_conv_update_inplace(&mut self, x: Tensor, state: Tensor, kernel: Tensor, slots: Tensor, silu: bool) -> R {
+    pub fn ssm_conv_update_inplace(
+        &mut self,
+        x: Tensor,
+        state: Tensor,
+        kernel: Tensor,
+        slots: Tensor,
+        silu: bool,
+    ) -> R {
         self.op(Op::SsmConvUpdate { silu }, &[x, state, kernel, slots])
     }
 

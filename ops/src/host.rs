@@ -172,7 +172,8 @@ mod tests {
             let worst = v.iter().zip(&back).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(worst <= tol, "{d}: worst error {worst}");
             // gather/scatter through a strided (row-padded) layout agree with encode/decode
-            let meta = TensorMeta { dtype: d, ne: [64, 2, 1, 1], nb: [d.block_bytes(), 2 * d.row_bytes(64).unwrap(), 0, 0] };
+            let meta =
+                TensorMeta { dtype: d, ne: [64, 2, 1, 1], nb: [d.block_bytes(), 2 * d.row_bytes(64).unwrap(), 0, 0] };
             let meta = TensorMeta { nb: [meta.nb[0], meta.nb[1], 2 * meta.nb[1], 2 * meta.nb[1]], ..meta };
             let mut buf = vec![0u8; meta.span_bytes()];
             scatter_f64(&v, &mut buf, 0, &meta);

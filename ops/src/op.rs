@@ -103,9 +103,11 @@ pub struct RopeParams {
     pub freq_base: f32,
     pub pairing: RopePairing,
     /// `None`: one position per token (`positions` i32 `[n_tokens]`). `Some(sections)`:
-    /// interleaved multi-section rope (Qwen3.5 "imrope"): `positions` i32 `[4 * n_tokens]`,
-    /// stream-major (t, h, w, e), and pair `p` takes its position from the stream chosen by
-    /// `p mod sum(sections)` (see docs/OPS.md).
+    /// interleaved multi-section rope (Qwen3.5 "imrope", ggml's `GGML_ROPE_TYPE_IMROPE`):
+    /// `positions` i32 `[4 * n_tokens]`, stream-major (t, h, w, e), and pair `p` takes its
+    /// position from the stream chosen by `s = p mod sum(sections)`: h if `s % 3 == 1` and
+    /// `s < 3 s1`, else w if `s % 3 == 2` and `s < 3 s2`, else t if `s % 3 == 0` and `s < 3 s0`,
+    /// else e (see docs/OPS.md). The sum must be positive.
     pub sections: Option<[usize; 4]>,
 }
 
@@ -209,18 +211,21 @@ pub enum Op {
     /// `[1, ne1, ne2, ne3]`.
     Argmax,
 
-    /// `[x]`: `x / max(||x||_2, eps)` per row.
+    /// `[x]`: `x / max(||x||_2, eps)` per row (ggml's definition); output f32.
     L2Norm { eps: f32 },
-    /// `[x]`: i32 indices of the `k` largest elements of each row, largest first (ties: lower
-    /// index first); output `[k, ne1, ne2, ne3]`.
+    /// `[x]`: i32 indices of the `k` largest elements of each row (`1 <= k <= ne0`), largest
+    /// first (ties: lower index first; `-0.0 == 0.0`; NaN below every number); output
+    /// `[k, ne1, ne2, ne3]`. Equals the first `k` of `Argsort(Descending)`.
     TopK { k: usize },
-    /// `[x]`: i32 indices that sort each row (ties: lower index first).
+    /// `[x]`: i32 indices that sort each row, stable in both orders (ties: lower index first;
+    /// `-0.0 == 0.0`; NaN below every number, so first ascending and last descending).
     Argsort(SortOrder),
 
     // ---- quantization ----
-    /// `[x]` f32: the same values as a contiguous block-quantized tensor (q8_0 or nvfp4).
+    /// `[x]` f32 (dense rows, `ne[0]` whole blocks): the same values as a contiguous
+    /// block-quantized tensor (q8_0 or nvfp4), byte for byte what `crate::quant` writes.
     Quantize(DType),
-    /// `[x]` quantized: a contiguous f32 tensor of its values.
+    /// `[x]` quantized (dense rows): a contiguous f32 tensor of its values.
     Dequantize,
 
     // ---- attention ----
@@ -232,7 +237,10 @@ pub enum Op {
     /// (f32/f16, added to the logits); with `paged`, `k`/`v` are a shared cache
     /// `[d, n_cells, n_head_kv, 1]` and `block_table` i32 `[n_kv, n_seq]` names the cell of each
     /// logical position. Output f32 `[d_v, n_head, n_tokens, n_seq]`. Query head `h` reads kv head
-    /// `h / (n_head / n_head_kv)`.
+    /// `h / (n_head / n_head_kv)`. Logit `j` is `scale * q.k_j` (or `softcap * tanh(scale * q.k_j /
+    /// softcap)` when `softcap > 0`) plus `mask[j, t, 0, s % mask.ne3]`; `-inf` positions are
+    /// skipped and a row whose every logit is `-inf` is all zeros. q may have any strides, k/v need
+    /// dense rows; a block-table entry outside `0..n_cells` is `KernelError::IndexOutOfRange`.
     FlashAttnExt(FlashAttnParams),
 
     // ---- recurrent (gated DeltaNet) ----
@@ -241,23 +249,30 @@ pub enum Op {
     /// `out[c, t, s] = sum_i sx[t + i, c, s] * kernel[i, c]`.
     SsmConv,
     /// `[x, state, kernel, slots]`: one conv step per sequence, updating the conv state in place.
-    /// `x [channels, n_t, n_seq]`, `state [d_conv - 1, channels, n_slots]` f32, `kernel
-    /// [d_conv, channels]`, `slots` i32 `[n_seq]`. Equals `ssm_conv(concat(state[slot], x^T))`
-    /// (then SiLU if `silu`); afterwards `state[slot]` holds the last `d_conv - 1` inputs.
+    /// `x [channels, n_t, n_seq]`, `state [d_conv - 1, channels, n_slots]` f32 contiguous, `kernel
+    /// [d_conv, channels]`, `slots` i32 `[n_seq]` (distinct). Equals
+    /// `ssm_conv(concat(state[slot], x^T))` (then SiLU if `silu`); afterwards `state[slot]` holds
+    /// the last `d_conv - 1` samples of that window, for any `n_t >= 1`. An out-of-range or
+    /// repeated slot fails the run before anything is written.
     SsmConvUpdate { silu: bool },
     /// `[q, k, v, g, beta, state, slots]`: `q, k [S_k, H_k, n_t, n_seq]`, `v [S_v, H_v, n_t,
     /// n_seq]`, `g` (log decay), `beta [1, H_v, n_t, n_seq]`, `state [S_k, S_v, H_v, n_slots]` f32,
     /// `slots` i32 `[n_seq]`. Per head and token: `S <- exp(g) S; u = S^T k;
     /// S <- S + k (beta (v - u))^T; o = S^T (scale q)`. Output f32 `[S_v, H_v, n_t, n_seq]`; each
-    /// sequence's final state is written back to its slot in place.
+    /// sequence's final state is written back to its slot in place. `state[i, j, h, slot]` is
+    /// `S[k = i][v = j]` (ggml layout); value head `h` reads key head per [`HeadMap`]; slots must
+    /// be distinct and in range (checked before anything is written). q/k are not normalised.
     GatedDeltaNet(GatedDeltaNetParams),
 
     // ---- matrix multiplication ----
-    /// `[as, b, ids]`: expert weights `as [K, N, n_expert]`, activations `b [K, n_b, n_tokens]`
-    /// (`n_b` is `n_used` or 1, then broadcast), routed ids i32 `[n_used, n_tokens]`; output f32
-    /// `[N, n_used, n_tokens]` with `out[:, u, t] = as[:, :, ids[u, t]] * b[:, u mod n_b, t]`.
+    /// `[as, b, ids]`: expert weights `as [K, N, n_expert]` (any weight dtype, quantized too;
+    /// dense rows), f32 activations `b [K, n_b, n_tokens]` (`n_b` divides `n_used`: in practice
+    /// `n_used`, one row per slot, or 1, broadcast), routed ids i32 `[n_used, n_tokens]`; output
+    /// f32 `[N, n_used, n_tokens]` with `out[:, u, t] = as[:, :, ids[u, t]]^T b[:, u mod n_b, t]`
+    /// (ggml's `mul_mat_id`). An id outside `0..n_expert` is a `KernelError::IndexOutOfRange`.
     MulMatId,
-    /// `[a, b]`: `a [K, M, A2, A3]` (weights) times `b [K, N, B2, B3]` (activations, f32) gives f32
+    /// `[a, b]`: `a [K, M, A2, A3]` (weights: f32, f16, bf16, q8_0 or nvfp4, dense rows) times
+    /// `b [K, N, B2, B3]` (activations, f32) gives f32
     /// `[M, N, B2, B3]`: `out[m, n] = sum_k a[k, m] * b[k, n]`; `a` broadcasts over dims 2 and 3.
     MulMat,
 }
@@ -343,8 +358,16 @@ impl fmt::Display for Op {
             Op::TopK { k } => write!(f, "top_k({k})"),
             Op::Argsort(o) => write!(f, "argsort({o:?})"),
             Op::Quantize(d) => write!(f, "quantize({d})"),
-            Op::RopeMulti(p) => write!(f, "rope_multi(n_rot={}, base={}, {:?}, sections={:?})", p.n_rot, p.freq_base, p.pairing, p.sections),
-            Op::FlashAttnExt(p) => write!(f, "flash_attn_ext(scale={}, softcap={}, mask={}, paged={})", p.scale, p.softcap, p.mask, p.paged),
+            Op::RopeMulti(p) => write!(
+                f,
+                "rope_multi(n_rot={}, base={}, {:?}, sections={:?})",
+                p.n_rot, p.freq_base, p.pairing, p.sections
+            ),
+            Op::FlashAttnExt(p) => write!(
+                f,
+                "flash_attn_ext(scale={}, softcap={}, mask={}, paged={})",
+                p.scale, p.softcap, p.mask, p.paged
+            ),
             Op::SsmConvUpdate { silu } => write!(f, "ssm_conv_update_inplace(silu={silu})"),
             Op::GatedDeltaNet(p) => write!(f, "gated_delta_net(scale={}, {:?}, {:?})", p.scale, p.head_map, p.algo),
             other => f.write_str(other.name()),

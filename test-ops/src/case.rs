@@ -9,7 +9,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tessera_graph::{Graph, GraphError, NodeKind, Tensor};
+use tessera_graph::{Graph, GraphError, NodeId, NodeKind, Tensor};
 use tessera_ops::{Cost, DType, TensorMeta, cost};
 
 use crate::inputs;
@@ -119,12 +119,21 @@ pub struct InputSpec {
     pub ne: [usize; 4],
     pub layout: Layout,
     pub init: Init,
+    /// The leaf is persistent state ([`Graph::state`]) rather than a per-step input
+    /// ([`Graph::input`]); set it for inputs an op updates in place.
+    pub state: bool,
 }
 
 impl InputSpec {
     /// A contiguous input of uniform values in `[-1, 1)` (for i32: see [`Init::Uniform`]).
     pub fn new(name: &'static str, dtype: DType, ne: [usize; 4]) -> Self {
-        InputSpec { name, dtype, ne, layout: Layout::Contiguous, init: Init::SIGNED }
+        InputSpec { name, dtype, ne, layout: Layout::Contiguous, init: Init::SIGNED, state: false }
+    }
+
+    /// Makes the leaf a state leaf (recurrent state, a cache) instead of an input.
+    pub fn state(mut self) -> Self {
+        self.state = true;
+        self
     }
 
     pub fn layout(mut self, layout: Layout) -> Self {
@@ -153,6 +162,9 @@ pub struct Built {
     pub output: Tensor,
     /// Every node whose value is compared: each live computing node (views and leaves excluded).
     pub checked: Vec<Tensor>,
+    /// Every leaf some live op writes in place ([`tessera_ops::Op::updates_input`] or [`tessera_ops::Op::writes_input`],
+    /// directly or through views), in leaf order: its final contents are compared too.
+    pub updated: Vec<Tensor>,
 }
 
 /// One test case. The label (`vars()`) is `op(params)` plus the layout of every non-contiguous
@@ -219,7 +231,12 @@ impl Case {
         let mut leaves = Vec::with_capacity(self.inputs.len());
         let mut inputs = Vec::with_capacity(self.inputs.len());
         for spec in &self.inputs {
-            let leaf = graph.input(spec.name, spec.dtype, spec.layout.leaf_shape(spec.ne))?;
+            let shape = spec.layout.leaf_shape(spec.ne);
+            let leaf = if spec.state {
+                graph.state(spec.name, spec.dtype, shape)?
+            } else {
+                graph.input(spec.name, spec.dtype, shape)?
+            };
             leaves.push(leaf);
             inputs.push(spec.layout.apply(&mut graph, leaf, spec.ne)?);
         }
@@ -232,7 +249,8 @@ impl Case {
             .filter(|&id| matches!(&graph.node(id).kind, NodeKind::Op(op) if !op.is_view()))
             .filter_map(|id| graph.tensor(id))
             .collect();
-        Ok(Built { graph, leaves, inputs, output, checked })
+        let updated = updated_leaves(&graph);
+        Ok(Built { graph, leaves, inputs, output, checked, updated })
     }
 
     /// The bytes of every leaf of `built` (which must come from [`Case::build`] of this case),
@@ -281,6 +299,32 @@ impl Case {
     pub fn input_elements(&self) -> usize {
         self.inputs.iter().map(|i| i.ne.iter().product::<usize>()).sum()
     }
+}
+
+/// The leaves that live ops write in place, found by following each written input back through
+/// views to its leaf; sorted and deduplicated. A written input that is the result of another op
+/// is already among the compared nodes.
+fn updated_leaves(graph: &Graph) -> Vec<Tensor> {
+    let mut ids: Vec<NodeId> = Vec::new();
+    for id in graph.live_nodes() {
+        let node = graph.node(id);
+        let Some(op) = node.op() else { continue };
+        for i in [op.updates_input(), op.writes_input()].into_iter().flatten() {
+            let Some(&(mut at)) = node.inputs.get(i) else { continue };
+            while let NodeKind::Op(view) = &graph.node(at).kind {
+                if !view.is_view() {
+                    break;
+                }
+                at = graph.node(at).inputs[0];
+            }
+            if matches!(graph.node(at).kind, NodeKind::Leaf(_)) {
+                ids.push(at);
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids.into_iter().filter_map(|id| graph.tensor(id)).collect()
 }
 
 /// A stable 64-bit seed from a label (FNV-1a), so a case's data does not depend on its position

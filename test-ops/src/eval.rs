@@ -1,5 +1,6 @@
 //! Eval mode: run one case on a backend and on its judge, with guard bytes around every buffer,
-//! and compare every computed node.
+//! and compare every computed node, plus the final contents of every leaf an op updates in place
+//! (recurrent state, caches).
 
 use tessera_graph::{Backend, ExecError, Session, SessionOptions, Tensor};
 use tessera_ops::DType;
@@ -11,10 +12,11 @@ use crate::check::{Comparison, compare_exact, compare_float};
 /// `ExecError::GuardOverwritten` when a kernel wrote into them.
 pub const GUARD_BYTES: usize = 64;
 
-/// The comparison of one computed node.
+/// The comparison of one computed node, or of a leaf updated in place.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutputCheck {
-    /// The node's op as displayed (`mul_mat`, `cont`, ...) with its index in the graph.
+    /// The node's op as displayed (`mul_mat`, `cont`, ...) with its index in the graph; for a
+    /// leaf updated in place, `state:<leaf name>#index` (its contents after the run).
     pub node: String,
     pub dtype: DType,
     /// The bound applied (0 for exact integer comparison).
@@ -74,7 +76,8 @@ impl CaseResult {
 }
 
 /// Runs `case` on `backend` and on `judge` (fresh sessions with guard bytes) and compares every
-/// computed node: integers exactly, floats by NaN/Inf agreement and NMSE against the case's bound.
+/// computed node and, after the run, every leaf updated in place ([`Built::updated`]): integers
+/// exactly, floats by NaN/Inf agreement and NMSE against the case's bound.
 pub fn eval_case(case: &Case, backend: &mut dyn Backend, judge: &mut dyn Backend) -> CaseResult {
     let mut result = CaseResult {
         label: case.vars().to_string(),
@@ -111,7 +114,8 @@ pub fn eval_case(case: &Case, backend: &mut dyn Backend, judge: &mut dyn Backend
         }
     };
     let mut reasons = Vec::new();
-    for ((t, got), want) in built.checked.iter().zip(&got).zip(&want) {
+    let compared = built.checked.iter().chain(&built.updated);
+    for ((t, got), want) in compared.zip(&got).zip(&want) {
         let dtype = t.dtype();
         let (bound, comparison) = if dtype.is_float() {
             let bound = case.nmse_bound(dtype);
@@ -129,18 +133,153 @@ pub fn eval_case(case: &Case, backend: &mut dyn Backend, judge: &mut dyn Backend
     result
 }
 
-/// `op#index`, e.g. `cont#2`.
+/// `op#index`, e.g. `cont#2`; `state:name#index` for a leaf updated in place.
 fn node_label(built: &Built, t: &Tensor) -> String {
-    format!("{}#{}", built.graph.node(t.id()).label(), t.id().index())
+    let node = built.graph.node(t.id());
+    match node.op() {
+        Some(_) => format!("{}#{}", node.label(), t.id().index()),
+        None => format!("state:{}#{}", node.name.as_deref().unwrap_or(node.label()), t.id().index()),
+    }
 }
 
 /// Places the case's graph on `backend` with guards, sets its leaves, runs it once and reads
-/// every checked node as f64 in logical order.
+/// every checked node, then every updated leaf, as f64 in logical order.
 fn run_and_read(backend: &mut dyn Backend, built: &Built, data: &[Vec<u8>]) -> Result<Vec<Vec<f64>>, ExecError> {
     let mut session = Session::with_options(&built.graph, backend, SessionOptions { guard_bytes: GUARD_BYTES })?;
     for (leaf, bytes) in built.leaves.iter().zip(data) {
         session.set(*leaf, bytes)?;
     }
     session.run()?;
-    built.checked.iter().map(|t| session.get_f64(*t)).collect()
+    built.checked.iter().chain(&built.updated).map(|t| session.get_f64(*t)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_graph::{BackendError, BufferId, Task};
+    use tessera_ops::{Op, TensorMeta};
+
+    use super::*;
+    use crate::backends;
+    use crate::case::{Init, InputSpec, Layout};
+
+    /// set_rows into a windowed state leaf: the op's output is the window, the leaf is larger.
+    fn set_rows_into_state() -> Case {
+        let dst = InputSpec::new("dst", DType::F32, [8, 6, 1, 1]).layout(Layout::WINDOW).state();
+        let src = InputSpec::new("src", DType::F32, [8, 3, 1, 1]);
+        let ids = InputSpec::new("ids", DType::I32, [3, 1, 1, 1]).init(Init::Ids { rows: 6, unique: true });
+        Case::new("set_rows", "state", vec![dst, src, ids], |g, t| g.set_rows(t[0], t[1], t[2]))
+    }
+
+    /// How [`BadState`] gets state wrong.
+    #[derive(Clone, Copy, PartialEq)]
+    enum StateFault {
+        /// Writes 4 bytes just before each in-place target's view: inside the leaf when the view
+        /// starts past the leaf's first byte, outside both the op's output and every guard.
+        Scribble,
+        /// Puts the state an op updates (`Op::updates_input`) back as it was before the run:
+        /// right outputs, forgotten state.
+        Forget,
+    }
+
+    /// The CPU backend with a [`StateFault`].
+    struct BadState(Box<dyn Backend>, StateFault);
+
+    impl Backend for BadState {
+        fn name(&self) -> &str {
+            "bad-state"
+        }
+        fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> bool {
+            self.0.supports(op, inputs)
+        }
+        fn alloc(&mut self, bytes: usize) -> Result<BufferId, BackendError> {
+            self.0.alloc(bytes)
+        }
+        fn free(&mut self, buffer: BufferId) {
+            self.0.free(buffer)
+        }
+        fn size(&self, buffer: BufferId) -> Result<usize, BackendError> {
+            self.0.size(buffer)
+        }
+        fn write(&mut self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+            self.0.write(buffer, offset, data)
+        }
+        fn read(&mut self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+            self.0.read(buffer, offset, out)
+        }
+        fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
+            let mut saved = Vec::new();
+            for task in tasks {
+                if let Some(u) = task.op.updates_input() {
+                    let r = task.inputs[u];
+                    let mut bytes = vec![0; r.meta.span_bytes()];
+                    self.0.read(r.buffer, r.offset, &mut bytes)?;
+                    saved.push((r, bytes));
+                }
+            }
+            self.0.compute(tasks)?;
+            match self.1 {
+                StateFault::Forget => {
+                    for (r, bytes) in saved {
+                        self.0.write(r.buffer, r.offset, &bytes)?;
+                    }
+                }
+                StateFault::Scribble => {
+                    for task in tasks {
+                        if let Some(i) = task.op.writes_input().or(task.op.updates_input()) {
+                            let target = &task.inputs[i];
+                            self.0.write(target.buffer, target.offset - 4, &1e3f32.to_le_bytes())?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn catalogue_case(op: &str, label_part: &str) -> Case {
+        crate::catalogue()
+            .into_iter()
+            .find(|c| c.op() == op && c.vars().contains(label_part))
+            .unwrap_or_else(|| panic!("no {op} case with {label_part}"))
+    }
+
+    #[test]
+    fn wrong_or_forgotten_state_updates_fail() {
+        let mut judge = backends::make("ref").unwrap();
+        let sliced = catalogue_case("ssm_conv_update_inplace", "state=view");
+        let plain = catalogue_case("ssm_conv_update_inplace", "channels=67");
+        for case in [&sliced, &plain] {
+            let mut cpu = backends::make("cpu").unwrap();
+            let r = eval_case(case, cpu.as_mut(), judge.as_mut());
+            assert!(r.passed(), "{}: {}", case.vars(), r.reason());
+            assert!(r.checks.iter().any(|c| c.node.starts_with("state:state")), "{:?}", r.checks);
+            let mut forgets = BadState(backends::make("cpu").unwrap(), StateFault::Forget);
+            let r = eval_case(case, &mut forgets, judge.as_mut());
+            assert!(r.failed() && r.reason().starts_with("state:state"), "{}: {}", case.vars(), r.reason());
+        }
+        // Slot 0 of the larger leaf is outside the op's view: only the leaf comparison sees it.
+        let mut scribbles = BadState(backends::make("cpu").unwrap(), StateFault::Scribble);
+        let r = eval_case(&sliced, &mut scribbles, judge.as_mut());
+        assert!(r.failed() && r.reason().starts_with("state:state"), "{}", r.reason());
+    }
+
+    #[test]
+    fn a_leaf_updated_in_place_is_compared_after_the_run() {
+        let case = set_rows_into_state();
+        let built = case.build().unwrap();
+        assert_eq!(built.updated, vec![built.leaves[0]]);
+        assert!(
+            matches!(built.graph.node(built.leaves[0].id()).kind, tessera_graph::NodeKind::Leaf(k) if k.name() == "state")
+        );
+        let mut cpu = backends::make("cpu").unwrap();
+        let mut judge = backends::make("ref").unwrap();
+        let r = eval_case(&case, cpu.as_mut(), judge.as_mut());
+        assert!(r.passed(), "{}", r.reason());
+        assert!(r.checks.iter().any(|c| c.node.starts_with("state:dst")), "{:?}", r.checks);
+
+        let mut bad = BadState(backends::make("cpu").unwrap(), StateFault::Scribble);
+        let r = eval_case(&case, &mut bad, judge.as_mut());
+        assert!(r.failed());
+        assert!(r.reason().starts_with("state:dst"), "{}", r.reason());
+    }
 }

@@ -1,16 +1,275 @@
-//! flash_attn_ext on the CPU.
+//! flash_attn_ext on the CPU: online-softmax attention in f32.
+//!
+//! Work is split over (sequence, kv head, block of tokens, block of the kv head's query
+//! heads); each task keeps its query rows, a running maximum `m`, a running sum `l` and an f32
+//! accumulator per query row, and walks the kv positions in chunks of [`CHUNK`]. Per chunk it
+//! computes the logits of every query row against the chunk's K rows (f32/f16/bf16 rows are read straight from their bytes by the SIMD
+//! dot of [`super::sum`]), scales, softcaps and masks them, rescales the accumulator by
+//! `exp(m_old - m_new)` when the maximum grows, and adds `exp(l_j - m) * v_j` (V rows decoded once
+//! per chunk, shared by the task's rows). Query head `h` reads kv head `h / (n_head /
+//! n_head_kv)`: a task holds heads of one group, which read the same K/V rows (GQA sharing). Head
+//! blocks shrink only when there are too few tasks for the threads.
+//!
+//! A paged cache is read through the block table: logical position `j` of sequence `s` is cell
+//! `table[j, s]`. The table is validated before anything is computed; the arithmetic does not
+//! depend on where a row lives, so paged and contiguous K/V holding the same rows give bit-identical
+//! results. A row whose every logit is `-inf` comes out as zeros (the reference's rule).
+//!
+//! Results go to a scratch buffer laid out per task, then into the output's rows
+//! (`[d_v, n_head, n_tokens, n_seq]`).
+
+use rayon::prelude::*;
 use tessera_ops::{FlashAttnParams, KernelError};
 
-use super::strided::{Dst, Src};
+use super::math::{exp, map_in_place, zip_in_place};
+use super::strided::{Dst, Src, decode, row_coords};
+use super::sum::dot_weights;
 
+const OP: &str = "flash_attn_ext";
+/// Query rows (heads times tokens) a task aims for: they share every K/V row the task reads, and
+/// their accumulators should stay in L1/L2.
+const ROWS: usize = 32;
+/// Kv positions per online-softmax step.
+const CHUNK: usize = 64;
+
+/// Per-task scratch.
+#[derive(Default)]
+struct Scratch {
+    /// The block's query rows, `d_k` each.
+    q: Vec<f32>,
+    /// Logits, then weights, of the current chunk: `CHUNK` per query row.
+    s: Vec<f32>,
+    /// One mask run of the current chunk.
+    mask: Vec<f32>,
+    /// One decoded V row.
+    v: Vec<f32>,
+    /// The portable dot's conversion buffer.
+    dot: Vec<f32>,
+    /// Running maximum and sum per query row.
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+/// The k/v row of every logical position of every sequence (`n_kv` per sequence), checking the
+/// block table's entries against the cache's `n_cells` rows.
+fn cells(table: Option<Src<'_>>, n_rows: usize, n_seq: usize) -> Result<Vec<usize>, KernelError> {
+    let Some(t) = table else {
+        return Ok((0..n_seq).flat_map(|_| 0..n_rows).collect());
+    };
+    let n_kv = t.ne()[0];
+    let mut out = Vec::with_capacity(n_kv * n_seq);
+    for s in 0..n_seq {
+        for j in 0..n_kv {
+            let c = t.elem_i32([j, s, 0, 0]);
+            match usize::try_from(c) {
+                Ok(c) if c < n_rows => out.push(c),
+                _ => {
+                    return Err(KernelError::IndexOutOfRange {
+                        op: OP,
+                        index: i64::from(c),
+                        limit: n_rows,
+                        what: "block table entry (k/v cell)",
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `out[:, h, t, s] = softmax_j(logit(q[:, t, h, s], k_j) + mask[j, t, 0, s]) . v_j` (see the
+/// module doc and `Op::FlashAttnExt`).
 pub(super) fn flash_attn_ext(
-    _p: &FlashAttnParams,
-    _q: Src<'_>,
-    _k: Src<'_>,
-    _v: Src<'_>,
-    _mask: Option<Src<'_>>,
-    _table: Option<Src<'_>>,
-    _dst: &mut Dst<'_>,
+    p: &FlashAttnParams,
+    q: Src<'_>,
+    k: Src<'_>,
+    v: Src<'_>,
+    mask: Option<Src<'_>>,
+    table: Option<Src<'_>>,
+    dst: &mut Dst<'_>,
 ) -> Result<(), KernelError> {
-    todo!("flash_attn_ext cpu")
+    let [d_k, n_tokens, n_head, n_seq] = q.ne();
+    let (d_v, n_rows, n_head_kv) = (v.ne()[0], k.ne()[1], k.ne()[2]);
+    if !k.dense_rows() || !v.dense_rows() {
+        return Err(KernelError::Unsupported { op: OP, why: "k and v rows must be dense".into() });
+    }
+    let paged = table.is_some();
+    let cells = cells(table, n_rows, n_seq)?;
+    let n_kv = cells.len() / n_seq;
+    let group = n_head / n_head_kv;
+    let (scale, softcap) = (p.scale, p.softcap);
+
+    // Task shape: `tb` tokens times `hb` heads of one kv group of one sequence. Every query row's
+    // arithmetic is the same whatever rows share its task, so the shape only trades K/V reuse
+    // (more heads and tokens per task) against parallelism; it never changes the results.
+    let tb = (ROWS / group).clamp(1, n_tokens);
+    let t_blocks = n_tokens.div_ceil(tb);
+    let base_tasks = n_seq * n_head_kv * t_blocks;
+    let splits = (2 * rayon::current_num_threads()).div_ceil(base_tasks).clamp(1, group);
+    let hb = group.div_ceil(splits);
+    let h_blocks = group.div_ceil(hb);
+    let slot = tb * hb * d_v;
+
+    // Results per task slot: row (hj, tj) of task (s, hk, t block, h block) at `(hj * tb' + tj) *
+    // d_v`, where tb' is that block's token count.
+    let mut tmp = vec![0f32; base_tasks * h_blocks * slot];
+    tmp.par_chunks_mut(slot).enumerate().for_each_init(Scratch::default, |sc, (task, acc)| {
+        let hbi = task % h_blocks;
+        let tbi = (task / h_blocks) % t_blocks;
+        let hk = (task / (h_blocks * t_blocks)) % n_head_kv;
+        let s = task / (h_blocks * t_blocks * n_head_kv);
+        let ks = if paged { 0 } else { s };
+        let (t0, h0) = (tbi * tb, hk * group + hbi * hb);
+        let (tn, hn) = (tb.min(n_tokens - t0), hb.min(group - hbi * hb));
+        let rows = tn * hn;
+        let acc = &mut acc[..rows * d_v];
+        let cells = &cells[s * n_kv..(s + 1) * n_kv];
+        // query row i is (head h0 + i / tn, token t0 + i % tn)
+        let coords = |i: usize| (h0 + i / tn, t0 + i % tn);
+        sc.q.resize(rows * d_k, 0.0);
+        for (i, qrow) in sc.q.chunks_exact_mut(d_k).enumerate() {
+            let (h, t) = coords(i);
+            q.load_row([t, h, s], qrow);
+        }
+        sc.s.resize(rows * CHUNK, 0.0);
+        sc.m.clear();
+        sc.m.resize(rows, f32::NEG_INFINITY);
+        sc.l.clear();
+        sc.l.resize(rows, 0.0);
+        for j0 in (0..n_kv).step_by(CHUNK) {
+            let cn = CHUNK.min(n_kv - j0);
+            // Raw dot products of the chunk.
+            for (c, &cell) in cells[j0..j0 + cn].iter().enumerate() {
+                let krow = k.row_raw([cell, hk, ks]).expect("k rows are dense (checked above)");
+                for (i, qrow) in sc.q.chunks_exact(d_k).enumerate() {
+                    sc.s[i * CHUNK + c] = dot_weights(k.dtype(), krow, qrow, &mut sc.dot);
+                }
+            }
+            // Logits, online-softmax update, weights.
+            for i in 0..rows {
+                let row = &mut sc.s[i * CHUNK..i * CHUNK + cn];
+                if softcap > 0.0 {
+                    let inner = scale / softcap;
+                    row.iter_mut().for_each(|x| *x = softcap * (*x * inner).tanh());
+                } else {
+                    map_in_place(row, |x| x * scale);
+                }
+                if let Some(m) = &mask {
+                    let start = m.row_start([coords(i).1, 0, s % m.ne()[3]]) + j0 * m.meta.nb[0];
+                    sc.mask.resize(cn, 0.0);
+                    decode(m.dtype(), &m.bytes()[start..], m.meta.nb[0], &mut sc.mask);
+                    zip_in_place(row, &sc.mask, |x, mv| x + mv);
+                }
+                let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let m_old = sc.m[i];
+                let m_new = m_old.max(chunk_max);
+                if m_new == f32::NEG_INFINITY {
+                    row.fill(0.0); // everything masked so far
+                    continue;
+                }
+                if m_old != m_new && m_old != f32::NEG_INFINITY {
+                    let alpha = exp(m_old - m_new);
+                    map_in_place(&mut acc[i * d_v..(i + 1) * d_v], |a| a * alpha);
+                    sc.l[i] *= alpha;
+                }
+                sc.m[i] = m_new;
+                map_in_place(row, |x| exp(x - m_new));
+                sc.l[i] += row.iter().sum::<f32>();
+            }
+            // Weighted V rows, each decoded once for all the task's rows.
+            for (c, &cell) in cells[j0..j0 + cn].iter().enumerate() {
+                let vc = [cell, hk, ks];
+                let vrow: &[f32] = match v.row_f32(vc) {
+                    Some(r) => r,
+                    None => {
+                        sc.v.resize(d_v, 0.0);
+                        v.load_row(vc, &mut sc.v);
+                        &sc.v
+                    }
+                };
+                for (i, a) in acc.chunks_exact_mut(d_v).enumerate() {
+                    let w = sc.s[i * CHUNK + c];
+                    if w != 0.0 {
+                        zip_in_place(a, vrow, |a, x| a + w * x);
+                    }
+                }
+            }
+        }
+        for (i, a) in acc.chunks_exact_mut(d_v).enumerate() {
+            if sc.m[i] != f32::NEG_INFINITY {
+                let l = sc.l[i];
+                map_in_place(a, |x| x / l);
+            }
+        }
+    });
+
+    let ne = dst.ne();
+    dst.for_each_row(d_v, Vec::new, |scratch, r, mut row| {
+        let [h, t, s] = row_coords(ne, r);
+        let (hk, hi) = (h / group, h % group);
+        let (hbi, hj, tbi, tj) = (hi / hb, hi % hb, t / tb, t % tb);
+        let tn = tb.min(n_tokens - tbi * tb);
+        let task = ((s * n_head_kv + hk) * t_blocks + tbi) * h_blocks + hbi;
+        let start = task * slot + (hj * tn + tj) * d_v;
+        row.fill_f32(scratch, |out| out.copy_from_slice(&tmp[start..start + d_v]));
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::testutil::{BF16, F16, F32, I32, check, check_error};
+    use tessera_graph::{BackendError, ExecError};
+    use tessera_ops::KernelError;
+
+    #[test]
+    fn matches_the_reference_across_dtypes_masks_and_views() {
+        for kv in [F32, F16, BF16] {
+            check(60, 1e-10, |g, l| {
+                // q viewed as [d, n_tokens, n_head] from a [d, n_head, n_tokens] projection
+                let q = l.random(g.input("q", F32, [40, 6, 11, 2])?);
+                let q = g.permute(q, [0, 2, 1, 3])?;
+                let k = l.random(g.input("k", kv, [40, 131, 3, 2])?);
+                let v = l.random(g.input("v", kv, [24, 131, 3, 2])?);
+                let mvals = (0..131 * 13 * 2)
+                    .map(|i| if i % 5 == 2 && i % 131 != 0 { f64::NEG_INFINITY } else { (i % 7) as f64 * 0.1 })
+                    .collect();
+                let m = l.values(g.input("m", F16, [131, 13, 1, 2])?, mvals);
+                Ok(vec![
+                    g.flash_attn_ext(q, k, v, None, None, 0.2, 0.0)?,
+                    g.flash_attn_ext(q, k, v, Some(m), None, 0.2, 0.0)?,
+                    g.flash_attn_ext(q, k, v, Some(m), None, 0.7, 3.0)?,
+                ])
+            });
+        }
+    }
+
+    #[test]
+    fn paged_matches_the_reference() {
+        check(61, 1e-10, |g, l| {
+            let q = l.random(g.input("q", F32, [32, 3, 4, 3])?);
+            let k = l.random(g.input("k", F16, [32, 200, 2, 1])?);
+            let v = l.random(g.input("v", F16, [16, 200, 2, 1])?);
+            let t = l.ids(g.input("t", I32, [150, 3, 1, 1])?, 200);
+            let m = l.random(g.input("m", F32, [150, 3, 1, 3])?);
+            Ok(vec![g.flash_attn_ext(q, k, v, Some(m), Some(t), 0.25, 0.0)?])
+        });
+    }
+
+    #[test]
+    fn out_of_range_table_entries_fail_like_the_reference() {
+        for bad in [-1.0, 50.0] {
+            let e = check_error(|g, l| {
+                let q = l.random(g.input("q", F32, [8, 1, 2, 2])?);
+                let k = l.random(g.input("k", F32, [8, 50, 1, 1])?);
+                let v = l.random(g.input("v", F32, [8, 50, 1, 1])?);
+                let t = l.values(g.input("t", I32, [3, 2, 1, 1])?, vec![0.0, 1.0, 2.0, 3.0, bad, 5.0]);
+                Ok(vec![g.flash_attn_ext(q, k, v, None, Some(t), 1.0, 0.0)?])
+            });
+            let ExecError::Backend(BackendError::Kernel(KernelError::IndexOutOfRange { index, limit, .. })) = e else {
+                panic!("unexpected error {e:?}")
+            };
+            assert_eq!((index, limit), (bad as i64, 50));
+        }
+    }
 }

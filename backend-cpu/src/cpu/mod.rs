@@ -88,12 +88,15 @@ impl Backend for CpuBackend {
         NAME
     }
 
-    /// Every op with a kernel (all but the views) whose inputs the shape rules accept, on plain
-    /// (not block-quantized) dtypes.
+    /// Every op with a kernel (all but the views) whose inputs the shape rules accept; a
+    /// block-quantized input only where the kernel reads it by whole rows (`reads_quantized`).
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> bool {
         let refs: SmallVec<[&TensorMeta; 4]> = inputs.iter().collect();
         has_kernel(op)
-            && inputs.iter().all(|m| !m.dtype.is_quantized() && checked_span(m).is_some())
+            && inputs
+                .iter()
+                .enumerate()
+                .all(|(i, m)| (!m.dtype.is_quantized() || reads_quantized(op, i)) && checked_span(m).is_some())
             && tessera_ops::infer(op, &refs).is_ok()
     }
 
@@ -162,6 +165,19 @@ fn has_kernel(op: &Op) -> bool {
     )
 }
 
+/// True when input `input` of `op` may be block-quantized on this backend: the kernels that read
+/// whole dense rows of blocks (get_rows and set_rows sources, mul_mat / mul_mat_id weights,
+/// dequantize). The shape rules decide the rest (e.g. they refuse quantized elementwise inputs);
+/// this list keeps a kernel that reads elements one by one from ever seeing blocks.
+fn reads_quantized(op: &Op, input: usize) -> bool {
+    matches!((op, input), (Op::GetRows | Op::MulMat | Op::MulMatId | Op::Dequantize, 0) | (Op::SetRows, 1))
+}
+
+/// True when `op` may write a block-quantized output (quantize; whole rows of blocks).
+fn writes_quantized(op: &Op) -> bool {
+    matches!(op, Op::Quantize(_))
+}
+
 fn unsupported(op: &Op, why: String) -> BackendError {
     BackendError::Unsupported { backend: NAME.into(), op: op.name(), why }
 }
@@ -175,9 +191,12 @@ fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendErr
     if !has_kernel(op) {
         return Err(unsupported(op, "no CPU kernel for this op yet".into()));
     }
-    for r in task.inputs.iter().chain([&task.output]) {
-        if r.meta.dtype.is_quantized() {
-            return Err(unsupported(op, format!("block-quantized {} data has no CPU kernel yet", r.meta.dtype)));
+    let n_inputs = task.inputs.len();
+    for (i, r) in task.inputs.iter().chain([&task.output]).enumerate() {
+        let allowed = if i < n_inputs { reads_quantized(op, i) } else { writes_quantized(op) };
+        if r.meta.dtype.is_quantized() && !allowed {
+            let which = if i < n_inputs { format!("input {i}") } else { "the output".into() };
+            return Err(unsupported(op, format!("block-quantized {} as {which} has no CPU kernel", r.meta.dtype)));
         }
         if checked_span(&r.meta).is_none() {
             let why = format!("descriptor ne {:?} nb {:?} has an empty dimension or overflows", r.meta.ne, r.meta.nb);
@@ -327,7 +346,8 @@ fn dispatch(
         })
     };
     let optional = |i: usize| srcs.get(i).copied().flatten();
-    let state = || state.ok_or_else(|| KernelError::Unsupported { op: op.name(), why: "its state input is missing".into() });
+    let state =
+        || state.ok_or_else(|| KernelError::Unsupported { op: op.name(), why: "its state input is missing".into() });
     match op {
         Op::MulMat => return matmul::mul_mat(input(0)?, input(1)?, out, out_meta),
         Op::MulMatId => return matmul::mul_mat_id(input(0)?, input(1)?, input(2)?, out, out_meta),

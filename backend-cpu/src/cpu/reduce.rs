@@ -1,7 +1,10 @@
-//! Row-wise ops over `ne[0]`: rms_norm, sum_rows, softmax (optional f32/f16 mask), argmax.
+//! Row-wise ops over `ne[0]`: rms_norm, l2_norm, sum_rows, softmax (optional f32/f16 mask),
+//! argmax, top_k, argsort.
 //!
 //! Rows are independent, so tasks split over rows. Each row's sums use the blocked pairwise
 //! summation of [`super::sum`], which keeps f32 accuracy on rows of 100k elements and more.
+
+use tessera_ops::{KernelError, SortOrder};
 
 use super::math::{exp, map_in_place, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
@@ -108,8 +111,144 @@ pub(super) fn softmax(scale: f32, x: Src<'_>, mask: Option<Src<'_>>, dst: &mut D
     });
 }
 
+/// `y = x / max(||x||_2, eps)` per row (ggml's l2_norm; f32 output). A zero row with `eps = 0`
+/// gives NaN (0/0), as in ggml and the reference.
+pub(super) fn l2_norm(eps: f32, x: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
+    let ne = dst.ne();
+    dst.for_each_row(2 * ne[0], Vec::new, |scratch, r, mut row| {
+        let c = row_coords(ne, r);
+        row.fill_f32(scratch, |out| {
+            x.load_row(c, out);
+            let squares = sum_squares(out);
+            let norm = if squares >= f32::MIN_POSITIVE && squares.is_finite() {
+                squares.sqrt()
+            } else {
+                // The squares overflowed or underflowed f32 (or the row is zero or has a NaN),
+                // although the norm itself may be representable: redo it in f64.
+                out.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt() as f32
+            };
+            let inv = 1.0 / norm.max(eps);
+            map_in_place(out, |v| v * inv);
+        });
+    });
+    Ok(())
+}
+
+/// An order-preserving integer key of an f32 for sorting: `key(a) < key(b)` iff `a < b`, with
+/// `-0.0` and `0.0` equal and every NaN below every number (key 0), the reference's total order.
+/// `Descending` complements the key, so that smaller keys always come first. Branch-free, so a
+/// row's keys compute in SIMD.
+#[inline(always)]
+fn sort_key(order: SortOrder, v: f32) -> u32 {
+    let bits = (v + 0.0).to_bits(); // -0.0 + 0.0 is +0.0
+    // Negative floats order by descending magnitude: flip all bits; positives go above them.
+    let key = bits ^ (((bits as i32) >> 31) as u32 | 0x8000_0000);
+    let key = if v.is_nan() { 0 } else { key };
+    if order == SortOrder::Descending { !key } else { key }
+}
+
+/// Element `i` of a row with key `key` as a `u64` whose ascending order is the sort order: the
+/// key in the high half and the index in the low half, so equal values keep index order in both
+/// directions and the ranks of a row are distinct.
+#[inline(always)]
+fn rank(key: u32, i: usize) -> u64 {
+    (u64::from(key) << 32) | i as u64
+}
+
+/// The row index a rank carries (its low half; rows are at most `i32::MAX` long, the shape
+/// rules check it).
+#[inline]
+fn rank_index(r: u64) -> i32 {
+    (r & 0xFFFF_FFFF) as i32
+}
+
+/// At most this `k` (or `ne0 / 1024`, for top-k sampling over a vocabulary row) selects with a
+/// sorted insertion buffer: a MoE router's top 8 of 256 compares each element once against the
+/// worst kept key, and random rows insert only about `k ln(ne0 / k)` times. Larger `k`
+/// partitions and sorts the head.
+const SMALL_K: usize = 32;
+
+/// True when the insertion buffer is the faster way to select `k` of `n`.
+fn select_by_insertion(k: usize, n: usize) -> bool {
+    k <= SMALL_K.max(n / 1024)
+}
+
+/// Per-task scratch of the sorting kernels.
+#[derive(Default)]
+struct SortScratch {
+    x: Vec<f32>,
+    keys: Vec<u32>,
+    ranks: Vec<u64>,
+    out: Vec<i32>,
+}
+
+/// Writes into `best` the `k` smallest ranks of the row whose keys are `keys`, in ascending
+/// order: the first `k` elements of the row in the sort order.
+fn select_first(keys: &[u32], best: &mut Vec<u64>, k: usize) {
+    best.clear();
+    if select_by_insertion(k, keys.len()) {
+        best.extend(keys[..k].iter().enumerate().map(|(i, &key)| rank(key, i)));
+        best.sort_unstable();
+        // Indices only grow, so an element with the worst kept key ranks after it: only a
+        // strictly smaller key gets in, and most elements are rejected by one compare.
+        let mut worst_key = (best[k - 1] >> 32) as u32;
+        for (i, &key) in keys.iter().enumerate().skip(k) {
+            if key < worst_key {
+                let r = rank(key, i);
+                // Shift the worse ones up and drop the last: `best` stays sorted.
+                let at = best.partition_point(|&b| b < r);
+                best.copy_within(at..k - 1, at + 1);
+                best[at] = r;
+                worst_key = (best[k - 1] >> 32) as u32;
+            }
+        }
+    } else {
+        best.extend(keys.iter().enumerate().map(|(i, &key)| rank(key, i)));
+        if k < best.len() {
+            best.select_nth_unstable(k - 1);
+            best.truncate(k);
+        }
+        best.sort_unstable();
+    }
+}
+
+/// Runs the selection on every row: output row `r` holds the first `k` (the output's `ne0`)
+/// indices of input row `r` in `order`.
+fn sorted_indices(order: SortOrder, k: usize, x: Src<'_>, dst: &mut Dst<'_>) {
+    let ne = x.ne();
+    debug_assert!(k == dst.ne()[0] && (1..=ne[0]).contains(&k), "the shape rules fix k");
+    let work = ne[0] * if select_by_insertion(k, ne[0]) { 2 } else { 8 };
+    dst.for_each_row(work, SortScratch::default, |s, r, mut row| {
+        let SortScratch { x: xrow, keys, ranks, out } = s;
+        with_row(&x, row_coords(ne, r), xrow, |xs| {
+            keys.clear();
+            keys.extend(xs.iter().map(|&v| sort_key(order, v)));
+        });
+        select_first(keys, ranks, k);
+        out.clear();
+        out.extend(ranks.iter().map(|&r| rank_index(r)));
+        row.store_i32(out);
+    });
+}
+
+/// i32 indices of the `k` largest elements of each row, largest first; equal values by lower
+/// index first, NaN below every number. Output `[k, ne1, ne2, ne3]`.
+pub(super) fn top_k(k: usize, x: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
+    sorted_indices(SortOrder::Descending, k, x, dst);
+    Ok(())
+}
+
+/// i32 indices that sort each row in `order`, stable (equal values keep index order), NaN below
+/// every number. Output the shape of `x`.
+pub(super) fn argsort(order: SortOrder, x: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
+    sorted_indices(order, x.ne()[0], x, dst);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    use tessera_ops::SortOrder;
+
     use crate::cpu::testutil::{BF16, F16, F32, FLOATS, check};
 
     #[test]
@@ -214,20 +353,89 @@ mod tests {
             Ok(vec![g.argmax(x)?, g.argmax(t)?, g.argmax(h)?])
         });
     }
-}
 
-pub(super) fn l2_norm(_eps: f32, _x: Src<'_>, _dst: &mut Dst<'_>) -> Result<(), tessera_ops::KernelError> {
-    todo!("l2_norm cpu")
-}
+    #[test]
+    fn l2_norm_of_each_dtype_and_layout() {
+        for dt in FLOATS {
+            check(40, 1e-12, |g, l| {
+                let x = l.random(g.input("x", dt, [128, 5, 2, 1])?);
+                let t = l.random(g.input("t", dt, [5, 37, 1, 1])?);
+                let t = g.transpose(t)?;
+                // eps above the norm of the small rows: they are divided by eps instead
+                let s = l.random_in(g.input("s", dt, [8, 3, 1, 1])?, -0.01, 0.01);
+                Ok(vec![g.l2_norm(x, 1e-6)?, g.l2_norm(t, 0.0)?, g.l2_norm(s, 0.5)?])
+            });
+        }
+    }
 
-pub(super) fn top_k(_k: usize, _x: Src<'_>, _dst: &mut Dst<'_>) -> Result<(), tessera_ops::KernelError> {
-    todo!("top_k cpu")
-}
+    #[test]
+    fn l2_norm_zero_rows_and_huge_values() {
+        check(41, 1e-12, |g, l| {
+            let x = l.values(g.input("x", F32, [3, 3, 1, 1])?, vec![0., 0., 0., 3e30, 4e30, 0., 1e-30, 0., 0.]);
+            Ok(vec![g.l2_norm(x, 0.0)?, g.l2_norm(x, 1e-6)?])
+        });
+    }
 
-pub(super) fn argsort(
-    _order: tessera_ops::SortOrder,
-    _x: Src<'_>,
-    _dst: &mut Dst<'_>,
-) -> Result<(), tessera_ops::KernelError> {
-    todo!("argsort cpu")
+    #[test]
+    fn top_k_small_and_large_k_match_the_reference_exactly() {
+        for k in [1, 2, 8, 16, 32, 33, 100, 256] {
+            check(42, 0.0, |g, l| {
+                let x = l.random(g.input("x", F32, [256, 9, 2, 1])?);
+                Ok(vec![g.top_k(x, k)?])
+            });
+        }
+    }
+
+    #[test]
+    fn top_k_of_long_rows_by_insertion_and_by_partition() {
+        // rows of 65536: k up to 64 selects by insertion, above by partition
+        for k in [50, 64, 65, 300] {
+            check(46, 0.0, |g, l| {
+                let x = l.random(g.input("x", F32, [65_536, 2, 1, 1])?);
+                Ok(vec![g.top_k(x, k)?])
+            });
+        }
+    }
+
+    #[test]
+    fn top_k_and_argsort_break_ties_by_index_on_strided_half_rows() {
+        // bf16 values in [-1, 1) from a few levels: many exact ties per row
+        for k in [3, 40] {
+            check(43, 0.0, |g, l| {
+                let v: Vec<f64> = (0..64 * 6).map(|_| (l.rng.below(9) as f64 - 4.0) / 4.0).collect();
+                let x = l.values(g.input("x", BF16, [6, 64, 1, 1])?, v);
+                let t = g.transpose(x)?; // rows of 64 with nb[0] = 6 elements
+                Ok(vec![g.top_k(t, k)?, g.argsort(t, SortOrder::Ascending)?, g.argsort(t, SortOrder::Descending)?])
+            });
+        }
+    }
+
+    #[test]
+    fn sorting_puts_nan_below_everything_and_equates_signed_zeros() {
+        check(44, 0.0, |g, l| {
+            let (nan, inf) = (f64::NAN, f64::INFINITY);
+            let v = vec![nan, 1., -inf, -0.0, 0.0, nan, inf, -1e30, 2., -0.0, 1., nan];
+            let x = l.values(g.input("x", F32, [12, 1, 1, 1])?, v);
+            let f = l.random(g.input("f", F16, [67, 3, 1, 1])?);
+            Ok(vec![
+                g.argsort(x, SortOrder::Ascending)?,
+                g.argsort(x, SortOrder::Descending)?,
+                g.top_k(x, 5)?,
+                g.top_k(x, 12)?,
+                g.argsort(f, SortOrder::Descending)?,
+            ])
+        });
+    }
+
+    #[test]
+    fn insertion_selection_handles_worst_case_orders() {
+        // Increasing rows make every element an insertion for top_k (largest first).
+        check(45, 0.0, |g, l| {
+            let up: Vec<f64> = (0..512).map(f64::from).collect();
+            let x = l.values(g.input("x", F32, [256, 2, 1, 1])?, up);
+            let down: Vec<f64> = (0..512).rev().map(f64::from).collect();
+            let y = l.values(g.input("y", F32, [256, 2, 1, 1])?, down);
+            Ok(vec![g.top_k(x, 16)?, g.top_k(y, 16)?, g.argsort(x, SortOrder::Descending)?])
+        });
+    }
 }

@@ -226,7 +226,8 @@ impl<'a> Src<'a> {
     /// The raw bytes of row `c`, when its elements are dense.
     pub fn row_raw(&self, c: [usize; 3]) -> Option<&'a [u8]> {
         let start = self.row_start(c);
-        self.dense_rows().then(|| &self.bytes[start..start + self.meta.ne[0] * self.eb()])
+        // `row_bytes` counts whole blocks, so quantized rows get their real length.
+        self.dense_rows().then(|| &self.bytes[start..start + self.meta.row_bytes()])
     }
 
     /// Row `c` borrowed as f32 values, when the tensor is f32 with dense, aligned rows.
@@ -430,15 +431,20 @@ impl DstRow<'_> {
         self.dtype.block_bytes()
     }
 
+    /// Bytes of the row's elements when dense: whole blocks for block-quantized dtypes.
+    fn dense_len(&self) -> usize {
+        self.ne0 / self.dtype.block_size() * self.eb()
+    }
+
     /// The row's bytes when its elements are dense.
     pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         if self.stride != self.eb() {
             return None;
         }
-        // SAFETY: with dense elements the row's `ne0 * eb` bytes are exactly its elements: inside
-        // the buffer (span checked by `Dst::new`) and owned by this row alone (injective layout,
-        // each row handed out once).
-        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.ne0 * self.eb()) })
+        // SAFETY: with dense elements the row's `dense_len()` bytes (whole blocks) are exactly its
+        // elements: inside the buffer (span checked by `Dst::new`) and owned by this row alone
+        // (injective layout, each row handed out once).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.dense_len()) })
     }
 
     /// The row as f32 values, when it is f32, dense and aligned.
@@ -483,7 +489,7 @@ impl DstRow<'_> {
     /// Stores dense raw elements of the row's own dtype (the whole row).
     pub fn store_raw(&mut self, raw: &[u8]) {
         let eb = self.eb();
-        assert_eq!(raw.len(), self.ne0 * eb, "DstRow::store_raw: row length");
+        assert_eq!(raw.len(), self.dense_len(), "DstRow::store_raw: row length");
         if let Some(b) = self.bytes_mut() {
             return b.copy_from_slice(raw);
         }
@@ -509,7 +515,7 @@ impl DstRow<'_> {
         if let Some(out) = self.bytes_mut() {
             return f(out);
         }
-        scratch.resize(self.ne0 * self.eb(), 0);
+        scratch.resize(self.dense_len(), 0);
         f(scratch);
         self.store_raw(scratch);
     }

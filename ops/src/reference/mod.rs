@@ -85,9 +85,10 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
             op: op.name(),
             why: "it updates an input in place: use reference::compute_updating".into(),
         }),
-        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => {
-            Err(KernelError::Unsupported { op: op.name(), why: "views are resolved by the executor, not computed".into() })
-        }
+        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => Err(KernelError::Unsupported {
+            op: op.name(),
+            why: "views are resolved by the executor, not computed".into(),
+        }),
     }
 }
 

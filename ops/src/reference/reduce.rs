@@ -1,9 +1,12 @@
-//! Reference row-wise ops over `ne[0]`: rms_norm, sum_rows, softmax, argmax.
+//! Reference row-wise ops over `ne[0]`: rms_norm, l2_norm, sum_rows, softmax, argmax, top_k,
+//! argsort.
 //!
 //! Sums are plain left-to-right f64 sums: this is the oracle, not a fast path.
 
 use super::RefTensor;
-use crate::{Op, TensorMeta};
+use std::cmp::Ordering;
+
+use crate::{Op, SortOrder, TensorMeta};
 
 pub(super) fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> RefTensor {
     let x = &inputs[0];
@@ -12,6 +15,9 @@ pub(super) fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> RefTen
         Op::SumRows => per_row(x, out, |row| row.iter().sum()),
         Op::Softmax(p) => softmax(x, inputs.get(1), f64::from(p.scale), out),
         Op::Argmax => per_row(x, out, argmax),
+        Op::L2Norm { eps } => l2_norm(x, f64::from(*eps), out),
+        Op::TopK { k } => sorted_indices(x, SortOrder::Descending, *k, out),
+        Op::Argsort(order) => sorted_indices(x, *order, x.ne[0], out),
         _ => unreachable!("reference reduce::compute called for {op}"),
     }
 }
@@ -33,6 +39,44 @@ fn rms_norm(x: &RefTensor, eps: f64, out: &TensorMeta) -> RefTensor {
         let mean_sq = row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64;
         let inv = 1.0 / (mean_sq + eps).sqrt();
         data.extend(row.iter().map(|v| v * inv));
+    }
+    RefTensor::new(out.ne, data)
+}
+
+/// `y = x / max(||x||_2, eps)` per row (ggml's definition). A zero row with `eps = 0` gives NaN
+/// (0/0), as in ggml.
+fn l2_norm(x: &RefTensor, eps: f64, out: &TensorMeta) -> RefTensor {
+    let mut data = Vec::with_capacity(x.data.len());
+    for row in rows(x) {
+        let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let denom = norm.max(eps);
+        data.extend(row.iter().map(|v| v / denom));
+    }
+    RefTensor::new(out.ne, data)
+}
+
+/// Compares the elements `(i, a)` and `(j, b)` of a row: the one that comes first in `order`
+/// is `Less`. NaN counts as smaller than every number (so it comes first ascending, last
+/// descending), `-0.0 == 0.0`, and equal values keep index order in both directions (stable).
+fn sort_cmp(order: SortOrder, (i, a): (usize, f64), (j, b): (usize, f64)) -> Ordering {
+    let by_value = match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+        (false, false) => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+    };
+    let by_value = if order == SortOrder::Descending { by_value.reverse() } else { by_value };
+    by_value.then(i.cmp(&j))
+}
+
+/// Per row, the indices of the first `k` elements in `order` (see [`sort_cmp`]); `k = ne0` is a
+/// full argsort. Output `[k, ne1, ne2, ne3]` holding the indices as f64.
+fn sorted_indices(x: &RefTensor, order: SortOrder, k: usize, out: &TensorMeta) -> RefTensor {
+    let mut data = Vec::with_capacity(out.nelements());
+    for row in rows(x) {
+        let mut idx: Vec<usize> = (0..row.len()).collect();
+        idx.sort_by(|&i, &j| sort_cmp(order, (i, row[i]), (j, row[j])));
+        data.extend(idx[..k].iter().map(|&i| i as f64));
     }
     RefTensor::new(out.ne, data)
 }
@@ -90,7 +134,7 @@ fn softmax(x: &RefTensor, mask: Option<&RefTensor>, scale: f64, out: &TensorMeta
 #[cfg(test)]
 mod tests {
     use crate::reference::{RefTensor, compute};
-    use crate::{DType, Op, RmsNormParams, SoftmaxParams, TensorMeta, infer};
+    use crate::{DType, Op, RmsNormParams, SoftmaxParams, SortOrder, TensorMeta, infer};
 
     fn run(op: &Op, inputs: &[([usize; 4], Vec<f64>)]) -> RefTensor {
         let metas: Vec<TensorMeta> =
@@ -185,5 +229,47 @@ mod tests {
         assert_eq!(y.data, vec![2., 0., 0.]);
         let y = run(&Op::Argmax, &[([3, 1, 1, 1], vec![NEG_INF, nan, NEG_INF])]);
         assert_eq!(y.data, vec![0.]);
+    }
+
+    #[test]
+    fn l2_norm_divides_by_the_norm_or_eps() {
+        // row 0: [3, 4] -> norm 5; row 1: [0.3, 0.4] -> norm 0.5 < eps 2 -> divide by 2
+        let y = run(&Op::L2Norm { eps: 2.0 }, &[([2, 2, 1, 1], vec![3., 4., 0.3, 0.4])]);
+        assert_close(&y.data, &[0.6, 0.8, 0.15, 0.2]);
+        let y = run(&Op::L2Norm { eps: 0.0 }, &[([3, 1, 1, 1], vec![1., -2., 2.])]);
+        assert_close(&y.data, &[1. / 3., -2. / 3., 2. / 3.]);
+        // a zero row with eps 0 is 0/0, as in ggml
+        let y = run(&Op::L2Norm { eps: 0.0 }, &[([2, 1, 1, 1], vec![0., 0.])]);
+        assert!(y.data.iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
+    fn top_k_is_largest_first_with_lower_index_on_ties() {
+        let y = run(&Op::TopK { k: 3 }, &[([5, 2, 1, 1], vec![0.1, 0.5, -1., 0.5, 0.3, 2., 2., 2., 1., 3.])]);
+        assert_eq!(y.ne, [3, 2, 1, 1]);
+        assert_eq!(y.data, vec![1., 3., 4., 4., 0., 1.]);
+        let y = run(&Op::TopK { k: 1 }, &[([3, 1, 1, 1], vec![-0.0, 0.0, -1.])]);
+        assert_eq!(y.data, vec![0.], "-0 and +0 tie: the lower index wins");
+    }
+
+    #[test]
+    fn argsort_is_stable_in_both_orders() {
+        let x = vec![2., 1., 2., 0., 1.];
+        let y = run(&Op::Argsort(SortOrder::Ascending), &[([5, 1, 1, 1], x.clone())]);
+        assert_eq!(y.data, vec![3., 1., 4., 0., 2.]);
+        let y = run(&Op::Argsort(SortOrder::Descending), &[([5, 1, 1, 1], x)]);
+        assert_eq!(y.data, vec![0., 2., 1., 4., 3.]);
+    }
+
+    #[test]
+    fn nan_sorts_as_the_smallest_value() {
+        let nan = f64::NAN;
+        let x = vec![nan, 1., f64::NEG_INFINITY, nan, f64::INFINITY];
+        let y = run(&Op::Argsort(SortOrder::Ascending), &[([5, 1, 1, 1], x.clone())]);
+        assert_eq!(y.data, vec![0., 3., 2., 1., 4.]);
+        let y = run(&Op::Argsort(SortOrder::Descending), &[([5, 1, 1, 1], x.clone())]);
+        assert_eq!(y.data, vec![4., 1., 2., 0., 3.]);
+        let y = run(&Op::TopK { k: 4 }, &[([5, 1, 1, 1], x)]);
+        assert_eq!(y.data, vec![4., 1., 2., 0.]);
     }
 }

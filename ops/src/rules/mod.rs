@@ -63,7 +63,8 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
     let n = count(out);
     let flops = match op {
         Op::MulMat | Op::MulMatId => matmul::flops(inputs, out),
-        Op::RopeMulti(_) => n.saturating_mul(6),
+        // 6 flops per rotated element; the dims past n_rot are copied.
+        Op::RopeMulti(p) => n.saturating_mul(6).saturating_mul(p.n_rot as u64) / out.ne[0].max(1) as u64,
         Op::FlashAttnExt(_) => attention::flops(inputs, out),
         Op::SsmConv | Op::SsmConvUpdate { .. } => conv::flops(inputs, out),
         Op::GatedDeltaNet(_) => delta_net::flops(inputs, out),
@@ -109,8 +110,10 @@ pub(crate) fn expect_arity(op: &Op, inputs: &[&TensorMeta], n: usize) -> Result<
 
 const ARITY_NAMES: [&str; 4] = ["0", "1", "2", "3"];
 
+/// A plain float type. Block-quantized tensors are refused too: they are weights, read only by the
+/// ops that take them explicitly (get_rows, mul_mat, mul_mat_id, dequantize).
 pub(crate) fn expect_float(op: &Op, input: usize, m: &TensorMeta) -> Result<(), OpError> {
-    if !m.dtype.is_float() {
+    if !m.dtype.is_float() || m.dtype.is_quantized() {
         return Err(OpError::DType { op: op.name(), input, dtype: m.dtype, expected: "a float type (f32, f16, bf16)" });
     }
     Ok(())

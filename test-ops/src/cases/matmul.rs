@@ -1,10 +1,15 @@
-//! mul_mat: f32/f16/bf16 weights, odd and model-slice sizes, batch broadcast (grouped-query
-//! attention), and non-contiguous activations and weights.
+//! mul_mat: f32/f16/bf16 and q8_0/nvfp4 weights, odd and model-slice sizes, batch broadcast
+//! (grouped-query attention), and non-contiguous activations and weights; mul_mat_id (routed
+//! experts) over every weight dtype, with per-slot and broadcast activations.
+//!
+//! Quantized weights are judged by the reference reading the same quantized bytes, so they take
+//! the f32 bound.
 
 use tessera_ops::DType;
 
-use super::{F16, F32, FLOATS};
-use crate::case::{Case, InputSpec as In, Layout};
+use super::quant::{BLOCK_WINDOW, QUANTS};
+use super::{BF16, F16, F32, FLOATS, I32, sh};
+use crate::case::{Case, Init, InputSpec as In, Layout};
 
 /// One mul_mat case: `a [k, m, bs_a]` (weights) times `b [k, n, bs_b]` (f32 activations).
 #[derive(Debug, Clone, Copy)]
@@ -95,6 +100,125 @@ pub(super) fn cases(out: &mut Vec<Case>) {
     }
     out.push(MulMat::new(F32, 8, 3, 64).batched([2, 1], [4, 1]).layouts(Layout::SWAP12, Layout::SWAP12).case());
     out.push(MulMat::new(F16, 8, 3, 64).batched([2, 1], [2, 1]).layouts(Layout::WINDOW, Layout::SWAP12).case());
+    quantized(out);
+    mul_mat_id(out);
+}
+
+/// q8_0 / nvfp4 weights: odd sizes, slices of the 2048- and 5120-wide projections at 1, 2, 5
+/// and 17 tokens (GEMV and GEMM paths), batch broadcast, windowed weights, strided activations.
+fn quantized(out: &mut Vec<Case>) {
+    for type_a in QUANTS {
+        for (m, n, k) in [(1, 1, 64), (7, 3, 64), (33, 7, 128), (19, 4, 192), (5, 9, 320)] {
+            out.push(MulMat::new(type_a, m, n, k).case());
+        }
+        for n in [1, 2, 5, 17] {
+            out.push(MulMat::new(type_a, 96, n, 5120).case());
+            out.push(MulMat::new(type_a, 160, n, 2048).case());
+        }
+        out.push(MulMat::new(type_a, 16, 5, 128).batched([2, 1], [4, 1]).case());
+        out.push(MulMat::new(type_a, 16, 2, 128).batched([1, 2], [3, 2]).case());
+        out.push(MulMat::new(type_a, 9, 6, 128).layouts(BLOCK_WINDOW, Layout::TRANSPOSED).case());
+        out.push(MulMat::new(type_a, 9, 2, 128).layouts(BLOCK_WINDOW, Layout::WINDOW).case());
+    }
+}
+
+/// One mul_mat_id case: experts `[k, n, n_expert]` of `type_a`, activations `[k, n_b, n_tokens]`,
+/// `n_used` distinct experts per token.
+#[derive(Debug, Clone, Copy)]
+struct MulMatId {
+    type_a: DType,
+    n_expert: usize,
+    n_used: usize,
+    n_b: usize,
+    n: usize,
+    k: usize,
+    n_tokens: usize,
+    layout_a: Layout,
+    layout_b: Layout,
+}
+
+impl MulMatId {
+    fn new(type_a: DType, n_expert: usize, n_used: usize, n_b: usize, n: usize, k: usize, n_tokens: usize) -> Self {
+        MulMatId {
+            type_a,
+            n_expert,
+            n_used,
+            n_b,
+            n,
+            k,
+            n_tokens,
+            layout_a: Layout::Contiguous,
+            layout_b: Layout::Contiguous,
+        }
+    }
+
+    fn layouts(self, layout_a: Layout, layout_b: Layout) -> Self {
+        MulMatId { layout_a, layout_b, ..self }
+    }
+
+    /// Labelled like ggml's `mul_mat_id(type_a=..,n_mats=..,n_used=..,b=..,m=..,n=..,k=..)`.
+    fn case(self) -> Case {
+        let MulMatId { type_a, n_expert, n_used, n_b, n, k, n_tokens, .. } = self;
+        Case::new(
+            "mul_mat_id",
+            format_args!(
+                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={n},n={n_tokens},k={k}",
+                sh([k, n_b, n_tokens, 1])
+            ),
+            vec![
+                In::new("as", type_a, [k, n, n_expert, 1]).layout(self.layout_a),
+                In::new("b", F32, [k, n_b, n_tokens, 1]).layout(self.layout_b),
+                In::new("ids", I32, [n_used, n_tokens, 1, 1]).init(Init::Ids { rows: n_expert, unique: true }),
+            ],
+            |g, x| g.mul_mat_id(x[0], x[1], x[2]),
+        )
+    }
+}
+
+/// Perf cases for quantized weights and routed experts (register them in `perf.rs`): decode
+/// GEMVs through the 27B FFN weights (17408 x 5120) and a 512-token prefill of the 2048-wide QKV
+/// projection in q8_0 / nvfp4; the MoE expert FFN (2048 -> 512 gate/up, 512 -> 2048 down, top-8)
+/// at decode and a 512-token prefill. 64 of the 256 experts keep the input data in memory
+/// bounds (decode reads only the 8 routed ones anyway).
+pub(crate) fn perf_cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for type_a in QUANTS {
+        out.push(MulMat::new(type_a, 17408, 1, 5120).case());
+        out.push(MulMat::new(type_a, 17408, 4, 5120).case());
+        out.push(MulMat::new(type_a, 5120, 1, 17408).case());
+        out.push(MulMat::new(type_a, 6144, 512, 2048).case());
+        for n_tokens in [1, 512] {
+            out.push(MulMatId::new(type_a, 64, 8, 1, 512, 2048, n_tokens).case());
+            out.push(MulMatId::new(type_a, 64, 8, 8, 2048, 512, n_tokens).case());
+        }
+    }
+    out
+}
+
+fn mul_mat_id(out: &mut Vec<Case>) {
+    // (n_expert, n_used, n_tokens): decode and short prefill, 8..32 experts, top-2..8.
+    let routes = [(8, 2, 1), (8, 4, 3), (16, 8, 2), (32, 4, 5), (32, 8, 1)];
+    for type_a in [F32, F16, BF16, QUANTS[0], QUANTS[1]] {
+        for (n_expert, n_used, n_tokens) in routes {
+            // one activation row per slot (a down projection) and one broadcast row (gate / up)
+            out.push(MulMatId::new(type_a, n_expert, n_used, n_used, 24, 128, n_tokens).case());
+            out.push(MulMatId::new(type_a, n_expert, n_used, 1, 33, 64, n_tokens).case());
+        }
+        // Enough tokens that the popular experts take the GEMM path.
+        out.push(MulMatId::new(type_a, 8, 4, 1, 40, 128, 9).case());
+    }
+    // Non-contiguous: windowed experts (dense rows), permuted activations.
+    for type_a in [F32, F16, QUANTS[0], QUANTS[1]] {
+        out.push(MulMatId::new(type_a, 8, 2, 2, 16, 128, 3).layouts(BLOCK_WINDOW, Layout::SWAP12).case());
+    }
+    out.push(MulMatId::new(F32, 8, 4, 4, 16, 96, 2).layouts(Layout::Contiguous, Layout::WINDOW).case());
+    // Qwen3.6 MoE 35B-A3B shapes, 16 of its 256 experts, top-8, 3 tokens: gate/up (2048 -> 512,
+    // one broadcast activation row) and down (512 -> 2048, one row per slot).
+    for type_a in QUANTS {
+        out.push(MulMatId::new(type_a, 16, 8, 1, 512, 2048, 3).case());
+        out.push(MulMatId::new(type_a, 16, 8, 8, 2048, 512, 3).case());
+    }
+    out.push(MulMatId::new(F16, 16, 8, 1, 512, 2048, 1).case());
 }
 
 /// Attention-shaped products with grouped-query broadcast: `kq = k^T q` with q permuted from
@@ -111,5 +235,19 @@ fn attention(out: &mut Vec<Case>) {
         // v^T: [n_kv, head_dim, n_head_kv] weights over the attention weights [n_kv, n_tokens, n_head].
         let kqv = MulMat::new(F16, head_dim, n_tokens, n_kv).batched([n_head_kv, 1], [n_head, 1]);
         out.push(kqv.case());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quantized_perf_cases_build_and_cost_only_routed_experts() {
+        let eval: std::collections::HashSet<String> =
+            crate::cases::catalogue().iter().map(|c| c.vars().to_string()).collect();
+        for case in super::perf_cases() {
+            let cost = case.cost().unwrap_or_else(|e| panic!("{}: {e}", case.vars()));
+            assert!(cost.flops > 0 && cost.bytes > 0, "{}", case.vars());
+            assert!(!eval.contains(case.vars()), "perf label {} is also an eval label", case.vars());
+        }
     }
 }

@@ -13,6 +13,13 @@ pub(super) fn cases() -> Vec<Case> {
     mul_mat(&mut out);
     rows_and_elementwise(&mut out);
     data(&mut out);
+    // The hybrid-model families keep their model-sized cases next to their eval cases.
+    out.extend(super::matmul::perf_cases());
+    out.extend(super::reduce::perf_cases());
+    out.extend(super::rope::perf_cases());
+    out.extend(super::attention::perf_cases());
+    out.extend(super::conv::perf_cases());
+    out.extend(super::delta_net::perf_cases());
     out
 }
 
