@@ -211,11 +211,12 @@ fn eval(select: &Select, verbose: bool) -> Result<ExitCode, CliError> {
             }
         }
         writeln!(out, "-- {} per op: passed/total, worst nmse", entry.name)?;
+        let width = tally.keys().map(|op| op.len()).max().unwrap_or(0);
         for (op, t) in &tally {
             let total = t.passed + t.failed + t.unsupported;
             let extra = if t.unsupported > 0 { format!(", {} not supported", t.unsupported) } else { String::new() };
             let status = if t.failed > 0 { "FAIL" } else { "ok" };
-            writeln!(out, "  {op:<10} {:>4}/{total:<4} {:>9.2e}  {status}{extra}", t.passed, t.worst_nmse)?;
+            writeln!(out, "  {op:<width$} {:>4}/{total:<4} {:>9.2e}  {status}{extra}", t.passed, t.worst_nmse)?;
             passed += t.passed;
             failed += t.failed;
             unsupported += t.unsupported;

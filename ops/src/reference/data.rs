@@ -100,20 +100,8 @@ fn repeat(src: &RefTensor, out: &TensorMeta) -> RefTensor {
 
 #[cfg(test)]
 mod tests {
-    use crate::reference::{RefTensor, compute};
-    use crate::{DType, KernelError, Op, TensorMeta, infer};
-
-    /// Infers the output of `op` on `(dtype, ne, values)` inputs and runs the reference on them.
-    fn run(op: &Op, inputs: &[(DType, [usize; 4], Vec<f64>)]) -> Result<RefTensor, KernelError> {
-        let metas: Vec<TensorMeta> =
-            inputs.iter().map(|(d, ne, _)| TensorMeta::contiguous("t", *d, *ne).unwrap()).collect();
-        let meta_refs: Vec<&TensorMeta> = metas.iter().collect();
-        let out = infer(op, &meta_refs).unwrap();
-        let tensors: Vec<RefTensor> = inputs.iter().map(|(_, ne, v)| RefTensor::new(*ne, v.clone())).collect();
-        let y = compute(op, &tensors, &out)?;
-        assert_eq!(y.ne, out.ne, "result shape must be the inferred one");
-        Ok(y)
-    }
+    use crate::reference::testutil::run_typed as run;
+    use crate::{DType, KernelError, Op};
 
     const F32: DType = DType::F32;
     const I32: DType = DType::I32;

@@ -88,26 +88,8 @@ fn swiglu_fused(x: &RefTensor, out: &TensorMeta) -> RefTensor {
 
 #[cfg(test)]
 mod tests {
-    use crate::reference::{RefTensor, compute};
-    use crate::{BinaryOp, DType, Op, ScaleParams, TensorMeta, UnaryOp, infer};
-
-    fn run(op: &Op, inputs: &[([usize; 4], Vec<f64>)]) -> RefTensor {
-        let metas: Vec<TensorMeta> =
-            inputs.iter().map(|(ne, _)| TensorMeta::contiguous("t", DType::F32, *ne).unwrap()).collect();
-        let meta_refs: Vec<&TensorMeta> = metas.iter().collect();
-        let out = infer(op, &meta_refs).unwrap();
-        let tensors: Vec<RefTensor> = inputs.iter().map(|(ne, v)| RefTensor::new(*ne, v.clone())).collect();
-        let y = compute(op, &tensors, &out).unwrap();
-        assert_eq!(y.ne, out.ne, "result shape must be the inferred one");
-        y
-    }
-
-    fn assert_close(got: &[f64], want: &[f64]) {
-        assert_eq!(got.len(), want.len());
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= 1e-12 * w.abs().max(1.0), "element {i}: got {g}, want {w}");
-        }
-    }
+    use crate::reference::testutil::{assert_close, run};
+    use crate::{BinaryOp, Op, ScaleParams, UnaryOp};
 
     fn unary(u: UnaryOp, xs: &[f64]) -> Vec<f64> {
         run(&Op::Unary(u), &[([xs.len(), 1, 1, 1], xs.to_vec())]).data

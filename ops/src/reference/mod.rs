@@ -12,6 +12,8 @@ mod matmul;
 mod quant;
 mod reduce;
 mod rope;
+#[cfg(test)]
+mod testutil;
 
 use crate::{KernelError, Op, TensorMeta};
 

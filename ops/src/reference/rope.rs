@@ -62,6 +62,7 @@ fn position_stream(sections: Option<[usize; 4]>, pair: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::position_stream;
+    use crate::reference::testutil::assert_close;
     use crate::reference::{RefTensor, compute};
     use crate::{DType, Op, RopePairing, RopeParams, TensorMeta, infer};
 
@@ -72,13 +73,6 @@ mod tests {
         let out = infer(&op, &[&xm, &pm]).unwrap();
         let inputs = [RefTensor::new(x.0, x.1), RefTensor::new(pm.ne, pos)];
         compute(&op, &inputs, &out).unwrap().data
-    }
-
-    fn assert_close(got: &[f64], want: &[f64]) {
-        assert_eq!(got.len(), want.len());
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= 1e-12, "element {i}: got {g}, want {w}");
-        }
     }
 
     fn params(n_rot: usize, freq_base: f32, pairing: RopePairing, sections: Option<[usize; 4]>) -> RopeParams {
