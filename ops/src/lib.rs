@@ -4,7 +4,7 @@
 //! **ggml dimension order** ([`TensorMeta`]: `ne[0]` is the innermost, contiguous dimension), the
 //! [`Op`] enum with typed parameters, pure shape/dtype inference ([`infer`]) with errors that name
 //! the op and the shapes ([`OpError`]), a cost model ([`cost`]), host element access ([`host`]),
-//! and the plain f64 reference implementation of every op ([`reference`]).
+//! and the plain f64 reference implementation of every op ([`reference`](mod@reference)).
 
 mod dtype;
 mod error;
