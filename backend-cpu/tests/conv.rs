@@ -9,31 +9,15 @@
 //! 4. bad inputs are refused when the graph is built, bad slot values when it runs, and a failed
 //!    run leaves the state untouched.
 
-use tessera_cpu::{CpuBackend, ReferenceBackend};
-use tessera_graph::{Backend, BackendError, ExecError, Graph, GraphError, Session, Tensor};
+mod common;
+
+use common::{backends, values};
+
+use tessera_graph::{BackendError, ExecError, Graph, GraphError, Session, Tensor};
 use tessera_ops::{DType, KernelError, OpError, UnaryOp};
 
 const F32: DType = DType::F32;
 const I32: DType = DType::I32;
-
-/// Both backends, each with a name for messages.
-fn backends() -> Vec<(&'static str, Box<dyn Backend>)> {
-    vec![("cpu", Box::new(CpuBackend::new())), ("ref", Box::new(ReferenceBackend::new()))]
-}
-
-/// Deterministic values in `[-1, 1)` (xorshift), exactly representable in f32.
-fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let u = (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-            2.0 * u - 1.0
-        })
-        .collect()
-}
 
 fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
@@ -58,8 +42,8 @@ fn st(keep: usize, channels: usize, j: usize, c: usize, k: usize) -> usize {
 fn decoding_token_by_token_equals_one_conv_over_the_sequence() {
     let (channels, d_conv, n_steps, n_slots, slot) = (67, 4, 9, 3, 2);
     let keep = d_conv - 1;
-    let xs = values(1, channels * n_steps); // token t: xs[t * channels ..][..channels]
-    let kernel = values(2, d_conv * channels);
+    let xs = values(channels * n_steps, 1); // token t: xs[t * channels ..][..channels]
+    let kernel = values(d_conv * channels, 2);
     for (name, mut backend) in backends() {
         // One decode step: x [channels, 1, 1], the state kept by the session across runs.
         let mut g = Graph::new();
@@ -151,9 +135,9 @@ fn one_step_equals_the_composed_graph_for_any_token_count() {
     let slot_ids = [3usize, 1];
     for n_t in [1, 2, 3, 5, 17] {
         let n_seq = slot_ids.len();
-        let x_vals = values(10 + n_t as u64, channels * n_t * n_seq);
-        let state_vals = values(20 + n_t as u64, keep * channels * n_slots);
-        let kernel = values(30, d_conv * channels);
+        let x_vals = values(channels * n_t * n_seq, 10 + n_t as u64);
+        let state_vals = values(keep * channels * n_slots, 20 + n_t as u64);
+        let kernel = values(d_conv * channels, 30);
         for (name, mut backend) in backends() {
             let mut g = Graph::new();
             let x = g.input("x", F32, [channels, n_t, n_seq, 1]).unwrap();
@@ -193,9 +177,9 @@ fn sequences_touch_only_their_own_slots() {
     let keep = d_conv - 1;
     let slot_ids = [5usize, 0, 6];
     let n_seq = slot_ids.len();
-    let x_vals = values(40, channels * n_t * n_seq);
-    let state_vals = values(41, keep * channels * n_slots);
-    let kernel = values(42, d_conv * channels);
+    let x_vals = values(channels * n_t * n_seq, 40);
+    let state_vals = values(keep * channels * n_slots, 41);
+    let kernel = values(d_conv * channels, 42);
     for (name, mut backend) in backends() {
         let mut g = Graph::new();
         let x = g.input("x", F32, [channels, n_t, n_seq, 1]).unwrap();
@@ -286,7 +270,7 @@ fn bad_descriptors_are_refused_when_building() {
 #[test]
 fn bad_slot_values_fail_at_run_time_and_leave_the_state_untouched() {
     let (channels, keep, n_slots) = (300, 3, 4);
-    let state_vals = values(50, keep * channels * n_slots);
+    let state_vals = values(keep * channels * n_slots, 50);
     for (bad, want_range) in [([1, 4], true), ([-1, 0], true), ([2, 2], false), ([0, 3], true)] {
         let ok = bad == [0, 3];
         for (name, mut backend) in backends() {
@@ -298,9 +282,9 @@ fn bad_slot_values_fail_at_run_time_and_leave_the_state_untouched() {
             let y = g.ssm_conv_update_inplace(x, state, k, slots, true).unwrap();
             g.mark_output(y).unwrap();
             let mut sess = Session::new(&g, backend.as_mut()).unwrap();
-            sess.set_f32(x, &values(51, channels * 4)).unwrap();
+            sess.set_f32(x, &values(channels * 4, 51)).unwrap();
             sess.set_f32(state, &state_vals).unwrap();
-            sess.set_f32(k, &values(52, (keep + 1) * channels)).unwrap();
+            sess.set_f32(k, &values((keep + 1) * channels, 52)).unwrap();
             sess.set_i32(slots, &bad).unwrap();
             let r = sess.run();
             let after = sess.get_f32(state).unwrap();

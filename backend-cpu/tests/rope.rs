@@ -10,26 +10,16 @@
 //!   cover every pair), recovered from the output angles;
 //! - bad position lengths and bad `n_rot` are build errors.
 
+mod common;
+
+use common::values;
+
 use tessera_cpu::{CpuBackend, ReferenceBackend};
 use tessera_graph::{Backend, Graph, GraphError, Session, Tensor};
 use tessera_ops::{DType, OpError, RopePairing, RopeParams};
 
 const F32: DType = DType::F32;
 const I32: DType = DType::I32;
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let u = (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-            2.0 * u - 1.0
-        })
-        .collect()
-}
 
 /// Builds `rope_multi(x, positions)` for contiguous `x` and returns the output on `backend`.
 fn rope(backend: &mut dyn Backend, x_ne: [usize; 4], x: &[f32], pos: &[i32], p: RopeParams) -> Vec<f32> {

@@ -6,25 +6,15 @@
 //! - `l2_norm`: unit rows, scale invariance, ggml's `max(norm, eps)` rule against HF/FLA's
 //!   `rsqrt(sum x^2 + eps)`.
 
+mod common;
+
+use common::values;
+
 use tessera_cpu::{CpuBackend, ReferenceBackend};
 use tessera_graph::{Backend, Graph, Session, Tensor};
 use tessera_ops::{DType, SortOrder};
 
 const F32: DType = DType::F32;
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let u = (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-            2.0 * u - 1.0
-        })
-        .collect()
-}
 
 /// Builds a graph from one f32 input `[ne]` holding `x`, runs it on `backend` and returns every
 /// output as f64.

@@ -10,6 +10,7 @@
 use tessera_ops::{DType, KernelError, quant};
 
 use super::strided::{Dst, Src, row_coords};
+use super::sum::{BLOCK, Cascade};
 
 /// `quantize` (f32 -> q8_0 / nvfp4) and `dequantize` (q8_0 / nvfp4 -> f32), row by row: each row is
 /// decoded to f32 and stored in the output's dtype (whole blocks through `tessera_ops::quant`).
@@ -35,44 +36,8 @@ pub(super) fn convert(x: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> 
     Ok(())
 }
 
-/// Values per partial sum before the pairwise combination (as in `sum.rs`).
-const CHUNK: usize = 256;
-
-/// Pairwise combination of partial sums (a binary counter): the error bound grows with the log
-/// of the number of partials, not linearly.
-struct Pairwise {
-    stack: [f32; usize::BITS as usize],
-    depth: usize,
-    count: usize,
-}
-
-impl Pairwise {
-    fn new() -> Self {
-        Pairwise { stack: [0.0; usize::BITS as usize], depth: 0, count: 0 }
-    }
-
-    #[inline(always)]
-    fn push(&mut self, mut s: f32) {
-        self.count += 1;
-        let mut c = self.count;
-        while c & 1 == 0 {
-            self.depth -= 1;
-            s += self.stack[self.depth];
-            c >>= 1;
-        }
-        self.stack[self.depth] = s;
-        self.depth += 1;
-    }
-
-    fn finish(mut self) -> f32 {
-        let mut total = 0.0;
-        while self.depth > 0 {
-            self.depth -= 1;
-            total += self.stack[self.depth];
-        }
-        total
-    }
-}
+/// Values per partial sum before the pairwise combination.
+const CHUNK: usize = BLOCK;
 
 /// Most activation columns one pass over a weight row serves (the GEMV path has at most 4).
 pub(super) const MAX_COLS: usize = 4;
@@ -138,7 +103,7 @@ fn dot_portable<const NC: usize, const B: usize, const BB: usize>(
     x: [&[f32]; NC],
     decode: impl Fn(&[u8; BB], &mut [f32; B]),
 ) -> [f32; NC] {
-    let mut totals: [Pairwise; NC] = std::array::from_fn(|_| Pairwise::new());
+    let mut totals: [Cascade; NC] = std::array::from_fn(|_| Cascade::new());
     let mut block = [0f32; B];
     let per_chunk = (CHUNK / B).max(1);
     let (wb, _) = w.as_chunks::<BB>();
@@ -159,7 +124,7 @@ fn dot_portable<const NC: usize, const B: usize, const BB: usize>(
             t.push(((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])));
         }
     }
-    totals.map(Pairwise::finish)
+    totals.map(Cascade::finish)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -171,7 +136,7 @@ mod x86 {
 
     use tessera_ops::quant::{E2M1_HALVES, NVFP4_BLOCK, NVFP4_BLOCK_BYTES, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 
-    use super::{CHUNK, Pairwise};
+    use super::{CHUNK, Cascade};
 
     #[target_feature(enable = "avx2,fma")]
     fn hsum(v: __m256) -> f32 {
@@ -235,7 +200,7 @@ mod x86 {
                 // SAFETY: `table` is 16 readable bytes; the load is unaligned.
                 let $lut = unsafe { _mm_loadu_si128(table.as_ptr().cast()) };
                 let _ = $lut;
-                let mut totals: [Pairwise; NC] = std::array::from_fn(|_| Pairwise::new());
+                let mut totals: [Cascade; NC] = std::array::from_fn(|_| Cascade::new());
                 let per_chunk = CHUNK / $bs;
                 for (ci, ws) in wb.chunks(per_chunk).enumerate() {
                     let mut acc = [_mm256_setzero_ps(); NC];
@@ -255,7 +220,7 @@ mod x86 {
                         t.push(hsum(a));
                     }
                 }
-                totals.map(Pairwise::finish)
+                totals.map(Cascade::finish)
             }
         };
     }

@@ -16,13 +16,13 @@ use tessera_ops::DType;
 use super::strided::decode;
 
 /// Elements per leaf block.
-const BLOCK: usize = 256;
+pub(super) const BLOCK: usize = 256;
 /// Independent accumulators inside a block.
 const LANES: usize = 16;
 
 /// Pairwise combination of block sums: after each push, equal-sized partial sums merge as the
 /// trailing one-bits of the block count carry, exactly like a binary counter.
-struct Cascade {
+pub(super) struct Cascade {
     stack: [f32; usize::BITS as usize],
     depth: usize,
     count: usize,
@@ -30,12 +30,12 @@ struct Cascade {
 
 impl Cascade {
     #[inline(always)]
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Cascade { stack: [0.0; usize::BITS as usize], depth: 0, count: 0 }
     }
 
     #[inline(always)]
-    fn push(&mut self, mut s: f32) {
+    pub(super) fn push(&mut self, mut s: f32) {
         self.count += 1;
         let mut c = self.count;
         while c & 1 == 0 {
@@ -49,7 +49,7 @@ impl Cascade {
 
     /// The total: the remaining partials, smallest (latest) first.
     #[inline(always)]
-    fn finish(mut self) -> f32 {
+    pub(super) fn finish(mut self) -> f32 {
         let mut total = 0.0;
         while self.depth > 0 {
             self.depth -= 1;
