@@ -65,6 +65,11 @@ impl RefTensor {
 /// (`set_rows`, `cpy`) the result is the new value of the written input. Ops that update an input
 /// as a side effect (`Op::updates_input`) go through [`compute_updating`]. Views are not computed
 /// here (see the module doc).
+///
+/// Precondition: `inputs` are the values of tensors whose descriptors [`crate::infer`] accepted
+/// for `op`, and `out` is what it returned (`ReferenceBackend` and the executor guarantee this;
+/// the session never hands an unvalidated task to a backend). Data-dependent problems (ids out of
+/// range) are errors, not panics.
 pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
     match op {
         Op::GetRows | Op::SetRows | Op::Cpy | Op::Cast(_) | Op::Cont | Op::Concat { .. } | Op::Repeat { .. } => {
