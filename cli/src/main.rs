@@ -1,0 +1,136 @@
+//! `tessera`: the Tessera command line.
+//!
+//! - `tessera synth --preset NAME [--dtype f16] [--seed 1] [--set key=value]... -o FILE` writes a
+//!   synthetic `qwen35` / `qwen35moe` GGUF (see `tessera_models::synth`) with a progress bar over
+//!   the tensor bytes written. `--set` overrides a metadata key of the preset, named without the
+//!   `{arch}.` prefix (`block_count=8`, `attention.head_count=4`, `rope.dimension_sections=4,2,2,0`,
+//!   `tied_embeddings=true`).
+//! - `tessera inspect FILE` prints the header, every metadata kv (long arrays summarised), a tensor
+//!   table, the parsed model config and whether the tensors match it.
+//!
+//! Exit status: 0 on success; 1 when the file cannot be read or written, when the config is not a
+//! valid qwen35 / qwen35moe config, or when its tensors do not match; 2 for usage errors (clap).
+
+mod inspect;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use tessera_models::config::ModelConfig;
+use tessera_models::synth::{SynthProgress, synthesize};
+use tessera_ops::DType;
+
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, about = "Tessera: qwen35 / qwen35moe GGUF tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write a GGUF with a preset's metadata and seeded random weights.
+    Synth {
+        /// tiny, tiny-moe, qwen35-27b or qwen35moe-35b-a3b.
+        #[arg(long)]
+        preset: String,
+        /// Dtype of the weight matrices (norms and small vectors stay f32).
+        #[arg(long, value_enum, default_value_t = WeightDType::F16)]
+        dtype: WeightDType,
+        /// Seed of the weights: the same seed gives the same file.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Override a metadata key, without the arch prefix (repeatable): block_count=8.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Output file.
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
+        /// No progress bar.
+        #[arg(long, short = 'q')]
+        quiet: bool,
+    },
+    /// Print a GGUF's metadata, tensors, model config and tensor check.
+    Inspect {
+        /// The GGUF file.
+        file: PathBuf,
+    },
+}
+
+/// The weight dtypes `synth` accepts.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum WeightDType {
+    F32,
+    F16,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    Nvfp4,
+}
+
+impl From<WeightDType> for DType {
+    fn from(d: WeightDType) -> DType {
+        match d {
+            WeightDType::F32 => DType::F32,
+            WeightDType::F16 => DType::F16,
+            WeightDType::Bf16 => DType::BF16,
+            WeightDType::Q8_0 => DType::Q8_0,
+            WeightDType::Nvfp4 => DType::NvFp4,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Synth { preset, dtype, seed, set, output, quiet } => {
+            run_synth(&preset, dtype.into(), seed, &set, &output, quiet)
+        }
+        Command::Inspect { file } => inspect::run(&file),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_synth(
+    preset: &str,
+    dtype: DType,
+    seed: u64,
+    overrides: &[String],
+    output: &PathBuf,
+    quiet: bool,
+) -> Result<(), String> {
+    let mut config = ModelConfig::preset(preset).map_err(|e| e.to_string())?;
+    for kv in overrides {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--set `{kv}`: expected KEY=VALUE"))?;
+        config = config.with_override(k.trim(), v.trim()).map_err(|e| e.to_string())?;
+    }
+    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("synth {preset} {dtype}"));
+    let mut on_progress = |p: SynthProgress| {
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.bytes_written);
+    };
+    let report = synthesize(&config, dtype, seed, output, Some(&mut on_progress)).map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    println!(
+        "wrote {}: {} tensors, {} bytes of tensor data ({} parameters, {dtype} weights, seed {seed})",
+        output.display(),
+        report.n_tensors,
+        report.data_bytes,
+        config.n_params()
+    );
+    Ok(())
+}
