@@ -2,7 +2,7 @@
 //! a placed graph; guard bytes catching a kernel that writes outside its output; in-place writes
 //! whose source overlaps the destination; and where views and in-place results are placed.
 
-use tessera_cpu::ReferenceBackend;
+use tessera_cpu::{CpuBackend, ReferenceBackend};
 use tessera_graph::{
     Backend, BackendError, BufferId, ExecError, Graph, GraphError, Session, SessionOptions, Task, Tensor,
 };
@@ -499,4 +499,51 @@ fn cpy_converts_into_a_strided_view_of_state() {
     // t[j0, j1] = st[j1, j0]
     assert_eq!(s.get_f64(t).unwrap(), vec![0.5, 1.5, 2.5, 3.5, 4.5, 5.5]);
     assert_eq!(s.get_f64(st).unwrap(), vec![0.5, 3.5, 1.5, 4.5, 2.5, 5.5]);
+}
+
+/// Parameters and caches live in backend buffers that outlive one step's graph: a state updated
+/// by one graph's session is what the next graph's session reads.
+#[test]
+fn bound_leaves_persist_across_graphs() {
+    use tessera_graph::{SessionOptions, TensorRef};
+
+    let mut backend = CpuBackend::new();
+    let meta = TensorMeta::contiguous("t", DType::F32, [2, 3, 1, 1]).unwrap();
+    let buffer = backend.alloc(meta.nbytes_contiguous()).unwrap();
+    backend.write(buffer, 0, &tessera_ops::host::encode(DType::F32, &[0.0; 6])).unwrap();
+    let cache = TensorRef { buffer, offset: 0, meta };
+
+    // Step 1: write row 1 of the cache.
+    let mut g1 = Graph::new();
+    let state = g1.state("cache", DType::F32, [2, 3, 1, 1]).unwrap();
+    let src = g1.input("src", DType::F32, [2, 1, 1, 1]).unwrap();
+    let ids = g1.input("ids", DType::I32, [1, 1, 1, 1]).unwrap();
+    g1.set_rows(state, src, ids).unwrap();
+    {
+        let mut s = Session::with_bindings(&g1, &mut backend, SessionOptions::default(), &[(state, cache)]).unwrap();
+        s.set_f32(src, &[5.0, 6.0]).unwrap();
+        s.set_i32(ids, &[1]).unwrap();
+        s.run().unwrap();
+    }
+    // Step 2: another graph reads the same memory.
+    let mut g2 = Graph::new();
+    let state2 = g2.state("cache", DType::F32, [2, 3, 1, 1]).unwrap();
+    let sum = g2.sum_rows(state2).unwrap();
+    g2.mark_output(sum).unwrap();
+    let mut s = Session::with_bindings(&g2, &mut backend, SessionOptions::default(), &[(state2, cache)]).unwrap();
+    s.run().unwrap();
+    assert_eq!(s.get_f32(sum).unwrap(), vec![0.0, 11.0, 0.0]);
+    drop(s);
+    // The session did not free bound memory.
+    assert_eq!(backend.size(buffer).unwrap(), meta.nbytes_contiguous());
+
+    // A binding must match the leaf and fit its buffer.
+    let mut g3 = Graph::new();
+    let wrong = g3.state("cache", DType::F32, [3, 2, 1, 1]).unwrap();
+    let err = Session::with_bindings(&g3, &mut backend, SessionOptions::default(), &[(wrong, cache)]).err().unwrap();
+    assert!(matches!(err, ExecError::BindingMismatch { .. }), "{err}");
+    let right = g3.state("other", DType::F32, [2, 3, 1, 1]).unwrap();
+    let off_end = TensorRef { offset: 4, ..cache };
+    let err = Session::with_bindings(&g3, &mut backend, SessionOptions::default(), &[(right, off_end)]).err().unwrap();
+    assert!(matches!(err, ExecError::Backend(BackendError::OutOfBounds { .. })), "{err}");
 }

@@ -32,6 +32,9 @@ pub enum ExecError {
     #[error("backend {backend} does not support {op} on inputs {inputs:?} (node {node:?})")]
     Unsupported { backend: String, op: String, node: NodeId, inputs: Vec<([usize; 4], DType)> },
 
+    #[error("node {node:?}: bound memory holds {got:?}, but the leaf is {want:?}")]
+    BindingMismatch { node: NodeId, want: ([usize; 4], DType), got: ([usize; 4], DType) },
+
     #[error("node {node:?} ({op}) wrote outside its output: the guard bytes {side} it were overwritten")]
     GuardOverwritten { node: NodeId, op: &'static str, side: &'static str },
 
@@ -81,6 +84,39 @@ impl<'g, 'b> Session<'g, 'b> {
         backend: &'b mut dyn Backend,
         opts: SessionOptions,
     ) -> Result<Self, ExecError> {
+        Self::with_bindings(graph, backend, opts, &[])
+    }
+
+    /// Places `graph` with some leaves bound to memory that already lives on the backend:
+    /// parameters and caches that outlive one step's graph. A bound leaf counts as set; the
+    /// session neither allocates, guards nor frees its memory. Each binding must name a leaf of
+    /// this graph, have exactly that leaf's descriptor, and lie inside its buffer.
+    pub fn with_bindings(
+        graph: &'g Graph,
+        backend: &'b mut dyn Backend,
+        opts: SessionOptions,
+        bindings: &[(Tensor, TensorRef)],
+    ) -> Result<Self, ExecError> {
+        let mut bound: Vec<Option<TensorRef>> = vec![None; graph.len()];
+        for (t, place) in bindings {
+            let node = match graph.tensor(t.id()) {
+                Some(same) if same == *t => graph.node(t.id()),
+                _ => return Err(GraphError::ForeignTensor { id: t.id() }.into()),
+            };
+            if !matches!(node.kind, NodeKind::Leaf(_)) {
+                return Err(ExecError::NotALeaf { node: t.id(), label: node.label() });
+            }
+            if place.meta != node.meta {
+                return Err(ExecError::BindingMismatch {
+                    node: t.id(),
+                    want: (node.meta.ne, node.meta.dtype),
+                    got: (place.meta.ne, place.meta.dtype),
+                });
+            }
+            let size = backend.size(place.buffer)?;
+            crate::check_range(backend.name(), place.buffer, size, place.offset, place.meta.span_bytes())?;
+            bound[t.id().index()] = Some(*place);
+        }
         let mut s = Session {
             graph,
             backend,
@@ -92,6 +128,11 @@ impl<'g, 'b> Session<'g, 'b> {
         };
         for id in s.live.clone() {
             let node = graph.node(id);
+            if let Some(place) = bound[id.index()] {
+                s.leaf_set[id.index()] = true;
+                s.place[id.index()] = Some(place);
+                continue;
+            }
             let place = match &node.kind {
                 NodeKind::Op(op) if op.is_view() => {
                     let src = s.placed(node.inputs[0])?;
