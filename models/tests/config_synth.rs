@@ -114,15 +114,16 @@ fn rewrite(
     GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
 }
 
-fn tiny_file(preset: &str) -> (ModelConfig, GgufFile, PathBuf) {
-    let (c, path) = synth(preset, DType::F32, 5, "err");
+/// A synthesized file for one test: `tag` keeps tests that run in parallel off each other's files.
+fn tiny_file(preset: &str, tag: &str) -> (ModelConfig, GgufFile, PathBuf) {
+    let (c, path) = synth(preset, DType::F32, 5, tag);
     let f = GgufFile::open(&path).unwrap();
     (c, f, path)
 }
 
 #[test]
 fn missing_tensor_and_wrong_shape_are_named() {
-    let (c, f, path) = tiny_file("tiny");
+    let (c, f, path) = tiny_file("tiny", "err1");
     let missing = rewrite(&f, |_| true, vec![], |n, d| (n != "blk.1.attn_k_norm.weight").then(|| d.to_vec()));
     let e = c.validate_tensors(&missing).unwrap_err();
     assert!(e.to_string().contains("`blk.1.attn_k_norm.weight` is missing"), "{e}");
@@ -145,7 +146,7 @@ fn missing_tensor_and_wrong_shape_are_named() {
 
 #[test]
 fn merged_gate_up_experts_are_accepted() {
-    let (c, f, path) = tiny_file("tiny-moe");
+    let (c, f, path) = tiny_file("tiny-moe", "err2");
     let merged = rewrite(
         &f,
         |_| true,
@@ -170,7 +171,7 @@ fn merged_gate_up_experts_are_accepted() {
 
 #[test]
 fn unknown_architecture_and_missing_key_are_named() {
-    let (_, f, path) = tiny_file("tiny");
+    let (_, f, path) = tiny_file("tiny", "err3");
     let llama = rewrite(
         &f,
         |_| true,
@@ -191,7 +192,7 @@ fn unknown_architecture_and_missing_key_are_named() {
 
 #[test]
 fn inconsistent_keys_are_named() {
-    let (_, f, path) = tiny_file("tiny");
+    let (_, f, path) = tiny_file("tiny", "err4");
     let cases: [(&str, Value); 6] = [
         ("qwen35.attention.head_count_kv", Value::U32(3)),
         ("qwen35.ssm.inner_size", Value::U32(66)),

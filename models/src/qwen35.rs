@@ -1,0 +1,593 @@
+//! The `qwen35` / `qwen35moe` forward pass: one graph per step, built the way llama.cpp builds it
+//! (docs/notes/hybrid-ops.md §2.2, §4.2, §5.1), run on a backend with weights and caches resident.
+//!
+//! Token layout inside a step graph: the step's sequences all have the same token count `T`
+//! (a step with mixed counts runs one graph per count); token `t` of sequence `s` is column
+//! `s * T + t` of every `[n_embd, N]` activation (`N = T * n_seq`).
+
+use std::ops::Range;
+
+use tessera_graph::{Backend, BackendError, ExecError, Graph, GraphError, Session, SessionOptions, Tensor, TensorRef};
+use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, RopePairing, RopeParams, TensorMeta};
+
+use crate::cache::{AllocPolicy, CacheError, KvCacheConfig, PagedKvCache, RecurrentCache, RecurrentConfig, SeqId};
+use crate::config::{ConfigError, Ffn, LayerKind, ModelConfig};
+use crate::gguf::GgufFile;
+use crate::weights::{ModelWeights, WeightsError};
+
+/// Why a model could not be loaded or stepped.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("bad batch: {why}")]
+    BadBatch { why: String },
+}
+
+type R<T> = Result<T, ModelError>;
+
+/// Cache sizes of a [`Model`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// KV blocks shared by all sequences.
+    pub kv_blocks: usize,
+    /// Cells per KV block.
+    pub block_size: usize,
+    /// Most tokens one sequence may hold.
+    pub max_context: usize,
+    /// KV cache element type (f32, f16 or bf16).
+    pub kv_dtype: DType,
+    pub policy: AllocPolicy,
+    /// Sequences live at once (recurrent state slots).
+    pub n_slots: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            kv_blocks: 64,
+            block_size: 16,
+            max_context: 1024,
+            kv_dtype: DType::F32,
+            policy: AllocPolicy::InOrder,
+            n_slots: 4,
+        }
+    }
+}
+
+/// Which logits [`Model::step`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// The last token of each sequence: `n_vocab` values per sequence.
+    Last,
+    /// Every token: `n_tokens * n_vocab` values per sequence, token-major.
+    All,
+}
+
+/// Per-layer resident cache memory.
+#[derive(Debug, Clone, Copy)]
+enum LayerCache {
+    /// K and V storage `[head_dim * n_head_kv, n_cells]`.
+    Attn { k: TensorRef, v: TensorRef },
+    /// Conv state `[d_conv - 1, channels, n_slots]` and delta state `[S_k, S_v, H_v, n_slots]`.
+    Recurrent { conv: TensorRef, delta: TensorRef },
+}
+
+/// A loaded model: config, resident weights, and the two caches with their backend memory.
+#[derive(Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    pub kv: PagedKvCache,
+    pub recurrent: RecurrentCache,
+    layers: Vec<LayerCache>,
+}
+
+/// The per-step inputs of one group (equal token counts).
+struct StepInputs {
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    write_cells: Vec<i32>,
+    block_table: Vec<i32>,
+    mask: Vec<f32>,
+    slots: Vec<i32>,
+    last_rows: Vec<i32>,
+    n_kv: usize,
+}
+
+/// Graph construction state: the graph, the bindings to resident memory, the per-step leaves.
+struct Builder<'m> {
+    g: Graph,
+    binds: Vec<(Tensor, TensorRef)>,
+    w: &'m ModelWeights,
+}
+
+impl Builder<'_> {
+    fn p(&mut self, name: &str) -> R<Tensor> {
+        let (t, b) = self.w.param(&mut self.g, name)?;
+        self.binds.push(b);
+        Ok(t)
+    }
+
+    fn state(&mut self, name: &str, place: TensorRef) -> R<Tensor> {
+        let t = self.g.state(name, place.meta.dtype, place.meta.ne)?;
+        self.binds.push((t, place));
+        Ok(t)
+    }
+}
+
+/// Leaves shared by every layer of a step graph.
+struct Leaves {
+    positions: Tensor,
+    write_cells: Tensor,
+    block_table: Tensor,
+    mask: Tensor,
+    slots: Tensor,
+}
+
+fn alloc_zeroed(backend: &mut dyn Backend, ne: [usize; 4], dtype: DType) -> R<TensorRef> {
+    let meta = TensorMeta::contiguous("cache", dtype, ne).map_err(GraphError::from)?;
+    let bytes = meta.nbytes_contiguous();
+    let buffer = backend.alloc(bytes)?;
+    backend.write(buffer, 0, &vec![0u8; bytes])?;
+    Ok(TensorRef { buffer, offset: 0, meta })
+}
+
+impl Model {
+    /// Reads the config from `file` (an unknown architecture or bad metadata is a
+    /// [`ConfigError`]), loads the weights and allocates zeroed caches on `backend`.
+    pub fn load(file: &GgufFile, backend: &mut dyn Backend, opts: ModelOptions) -> R<Model> {
+        let config = ModelConfig::from_gguf(file)?;
+        Self::with_config(file, config, backend, opts)
+    }
+
+    /// [`Model::load`] with an explicit config.
+    pub fn with_config(
+        file: &GgufFile,
+        config: ModelConfig,
+        backend: &mut dyn Backend,
+        opts: ModelOptions,
+    ) -> R<Model> {
+        config.validate()?;
+        let n_main = config.n_main_layers();
+        let n_attn = (0..n_main).filter(|&il| config.layer_kind(il) == LayerKind::FullAttention).count();
+        let n_rec = n_main - n_attn;
+        let hd = config.head_dim;
+        let kv_cfg = KvCacheConfig {
+            block_size: opts.block_size,
+            max_context: opts.max_context,
+            dtype: opts.kv_dtype,
+            policy: opts.policy,
+            ..KvCacheConfig::new(n_attn.max(1), config.n_head_kv, hd, hd, opts.kv_blocks)
+        };
+        let kv = PagedKvCache::new(kv_cfg)?;
+        let rec_cfg = RecurrentConfig::new(
+            n_rec.max(1),
+            (config.ssm_d_conv - 1, config.ssm_conv_dim()),
+            (config.ssm_d_state, config.ssm_head_v_dim(), config.ssm_dt_rank),
+            opts.n_slots,
+        );
+        let recurrent = RecurrentCache::new(rec_cfg)?;
+        let weights = ModelWeights::load(file, &config, backend)?;
+        let mut model = Model { config, weights, kv, recurrent, layers: Vec::new() };
+        for il in 0..n_main {
+            let lc = match model.config.layer_kind(il) {
+                LayerKind::FullAttention => LayerCache::Attn {
+                    k: alloc_zeroed(backend, model.kv.k_shape(), opts.kv_dtype)?,
+                    v: alloc_zeroed(backend, model.kv.v_shape(), opts.kv_dtype)?,
+                },
+                LayerKind::GatedDeltaNet => LayerCache::Recurrent {
+                    conv: alloc_zeroed(backend, model.recurrent.conv_shape(), DType::F32)?,
+                    delta: alloc_zeroed(backend, model.recurrent.delta_shape(), DType::F32)?,
+                },
+            };
+            model.layers.push(lc);
+        }
+        Ok(model)
+    }
+
+    /// Frees the weights and caches on `backend`.
+    pub fn free(&mut self, backend: &mut dyn Backend) {
+        self.weights.free(backend);
+        for l in self.layers.drain(..) {
+            let (a, b) = match l {
+                LayerCache::Attn { k, v } => (k, v),
+                LayerCache::Recurrent { conv, delta } => (conv, delta),
+            };
+            backend.free(a.buffer);
+            backend.free(b.buffer);
+        }
+    }
+
+    /// Adds sequence `id` to both caches (its recurrent slot is zeroed before its first step).
+    pub fn add_sequence(&mut self, id: SeqId) -> R<()> {
+        self.recurrent.add_sequence(id)?;
+        if let Err(e) = self.kv.add_sequence(id) {
+            self.recurrent.remove_sequence(id)?;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Removes sequence `id` from both caches.
+    pub fn remove_sequence(&mut self, id: SeqId) -> R<()> {
+        self.kv.remove_sequence(id)?;
+        self.recurrent.remove_sequence(id)?;
+        Ok(())
+    }
+
+    /// Tokens sequence `id` holds.
+    pub fn seq_len(&self, id: SeqId) -> R<usize> {
+        Ok(self.kv.len(id)?)
+    }
+
+    /// Runs one step: appends `tokens` to each sequence (added on first use) and returns its
+    /// logits, in batch order. Sequences are distinct and each has at least one token. Cache space
+    /// for the whole batch is reserved first, all or nothing (a sequence past `max_context` or a
+    /// full cache is an error before anything runs, and sequences this call added are removed
+    /// again). An error while a graph runs (after reservation) leaves the reserved positions and
+    /// any state already updated in place: the caller should remove the affected sequences.
+    pub fn step(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])], which: Logits) -> R<Vec<Vec<f32>>> {
+        if batch.is_empty() {
+            return Err(ModelError::BadBatch { why: "empty batch".into() });
+        }
+        for (id, toks) in batch {
+            if toks.is_empty() {
+                return Err(ModelError::BadBatch { why: format!("sequence {id} has no tokens") });
+            }
+            if let Some(&t) = toks.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+                return Err(ModelError::BadBatch {
+                    why: format!("token {t} of sequence {id} is outside the vocab of {}", self.config.n_vocab),
+                });
+            }
+        }
+        let mut added = Vec::new();
+        for (id, _) in batch {
+            if !self.kv.contains(*id) {
+                if let Err(e) = self.add_sequence(*id) {
+                    for a in added {
+                        let _ = self.remove_sequence(a);
+                    }
+                    return Err(e);
+                }
+                added.push(*id);
+            }
+        }
+        let requests: Vec<(SeqId, usize)> = batch.iter().map(|(id, t)| (*id, t.len())).collect();
+        let ranges = match self.kv.reserve_many(&requests) {
+            Ok(r) => r,
+            Err(e) => {
+                for a in added {
+                    let _ = self.remove_sequence(a);
+                }
+                return Err(e.into());
+            }
+        };
+        self.clear_new_slots(backend)?;
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
+        let mut counts: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        for n in counts {
+            let idx: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].1.len() == n).collect();
+            let group: Vec<(SeqId, &[u32], Range<usize>)> =
+                idx.iter().map(|&i| (batch[i].0, batch[i].1, ranges[i].clone())).collect();
+            let logits = self.run_group(backend, &group, which)?;
+            for (i, l) in idx.into_iter().zip(logits) {
+                out[i] = l;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Zeroes the recurrent slots handed out since the last step, in every recurrent layer.
+    fn clear_new_slots(&mut self, backend: &mut dyn Backend) -> R<()> {
+        let slots = self.recurrent.take_slots_to_clear();
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let (conv_b, delta_b) = (self.recurrent.conv_bytes_per_slot(), self.recurrent.delta_bytes_per_slot());
+        for l in &self.layers {
+            if let LayerCache::Recurrent { conv, delta } = l {
+                for &s in &slots {
+                    let s = s as usize;
+                    backend.write(conv.buffer, conv.offset + s * conv_b, &vec![0u8; conv_b])?;
+                    backend.write(delta.buffer, delta.offset + s * delta_b, &vec![0u8; delta_b])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn step_inputs(&self, group: &[(SeqId, &[u32], Range<usize>)]) -> R<StepInputs> {
+        let n_t = group[0].1.len();
+        let n = n_t * group.len();
+        let ids: Vec<SeqId> = group.iter().map(|g| g.0).collect();
+        let tokens: Vec<i32> = group.iter().flat_map(|g| g.1.iter().map(|&t| t as i32)).collect();
+        let pos: Vec<i32> = group.iter().flat_map(|g| g.2.clone().map(|p| p as i32)).collect();
+        // imrope text positions, stream-major: (p, p, p, 0).
+        let mut positions = Vec::with_capacity(4 * n);
+        for _ in 0..3 {
+            positions.extend_from_slice(&pos);
+        }
+        positions.resize(4 * n, 0);
+        let step: Vec<(SeqId, Range<usize>)> = group.iter().map(|g| (g.0, g.2.clone())).collect();
+        let write_cells = self.kv.write_cells(&step)?;
+        let n_kv = self.kv.max_len(&ids)?;
+        let block_table = self.kv.block_table(&ids, n_kv)?;
+        let mask = self.kv.causal_mask(&step, n_kv, n_t)?;
+        let slots = self.recurrent.slots(&ids)?;
+        let last_rows = (0..group.len()).map(|s| (s * n_t + n_t - 1) as i32).collect();
+        Ok(StepInputs { tokens, positions, write_cells, block_table, mask, slots, last_rows, n_kv })
+    }
+
+    fn run_group(
+        &self,
+        backend: &mut dyn Backend,
+        group: &[(SeqId, &[u32], Range<usize>)],
+        which: Logits,
+    ) -> R<Vec<Vec<f32>>> {
+        let inp = self.step_inputs(group)?;
+        let (n_t, n_seq) = (group[0].1.len(), group.len());
+        let n = n_t * n_seq;
+        let c = &self.config;
+        let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights };
+        let tokens = b.g.input("tokens", DType::I32, [n, 1, 1, 1])?;
+        let leaves = Leaves {
+            positions: b.g.input("positions", DType::I32, [4 * n, 1, 1, 1])?,
+            write_cells: b.g.input("kv_write_cells", DType::I32, [n, 1, 1, 1])?,
+            block_table: b.g.input("block_table", DType::I32, [inp.n_kv, n_seq, 1, 1])?,
+            mask: b.g.input("kq_mask", DType::F32, [inp.n_kv, n_t, 1, n_seq])?,
+            slots: b.g.input("state_slots", DType::I32, [n_seq, 1, 1, 1])?,
+        };
+        let last_rows = match which {
+            Logits::Last => Some(b.g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?),
+            Logits::All => None,
+        };
+
+        let embd = b.p("token_embd.weight")?;
+        let mut x = b.g.get_rows(embd, tokens)?;
+        for il in 0..c.n_main_layers() {
+            let pre = format!("blk.{il}");
+            let norm_w = b.p(&format!("{pre}.attn_norm.weight"))?;
+            let h = b.g.rms_norm(x, c.rms_eps)?;
+            let h = b.g.mul(h, norm_w)?;
+            let mixed = match self.layers[il] {
+                LayerCache::Attn { k, v } => self.attention(&mut b, &pre, h, &leaves, (k, v), (n_t, n_seq))?,
+                LayerCache::Recurrent { conv, delta } => {
+                    self.delta_net(&mut b, &pre, h, &leaves, (conv, delta), (n_t, n_seq))?
+                }
+            };
+            x = b.g.add(x, mixed)?;
+            let post_w = b.p(&format!("{pre}.post_attention_norm.weight"))?;
+            let h = b.g.rms_norm(x, c.rms_eps)?;
+            let h = b.g.mul(h, post_w)?;
+            let f = self.ffn(&mut b, &pre, h)?;
+            x = b.g.add(x, f)?;
+        }
+        let out_w = b.p("output_norm.weight")?;
+        let mut h = b.g.rms_norm(x, c.rms_eps)?;
+        h = b.g.mul(h, out_w)?;
+        if let Some(rows) = last_rows {
+            h = b.g.get_rows(h, rows)?;
+        }
+        let head = if c.tied_embeddings { embd } else { b.p("output.weight")? };
+        let logits = b.g.mul_mat(head, h)?;
+        b.g.mark_output(logits)?;
+
+        let Builder { g, binds, .. } = b;
+        let mut s = Session::with_bindings(&g, backend, SessionOptions::default(), &binds)?;
+        s.set_i32(tokens, &inp.tokens)?;
+        s.set_i32(leaves.positions, &inp.positions)?;
+        s.set_i32(leaves.write_cells, &inp.write_cells)?;
+        s.set_i32(leaves.block_table, &inp.block_table)?;
+        s.set_f32(leaves.mask, &inp.mask)?;
+        s.set_i32(leaves.slots, &inp.slots)?;
+        if let Some(rows) = last_rows {
+            s.set_i32(rows, &inp.last_rows)?;
+        }
+        s.run()?;
+        let all = s.get_f32(logits)?;
+        let per_seq = all.len() / n_seq;
+        Ok(all.chunks(per_seq).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Gated full attention (notes §4.2): q and gate interleaved per head in `attn_q`, q/k rms
+    /// norms, imrope, K/V written into the paged cache, paged flash attention, sigmoid gate.
+    fn attention(
+        &self,
+        b: &mut Builder<'_>,
+        pre: &str,
+        x: Tensor,
+        l: &Leaves,
+        (k_store, v_store): (TensorRef, TensorRef),
+        (n_t, n_seq): (usize, usize),
+    ) -> R<Tensor> {
+        let c = &self.config;
+        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
+        let n = n_t * n_seq;
+        let f = 4; // f32 activations
+        let wq = b.p(&format!("{pre}.attn_q.weight"))?;
+        let wk = b.p(&format!("{pre}.attn_k.weight"))?;
+        let wv = b.p(&format!("{pre}.attn_v.weight"))?;
+        let wo = b.p(&format!("{pre}.attn_output.weight"))?;
+        let qn = b.p(&format!("{pre}.attn_q_norm.weight"))?;
+        let kn = b.p(&format!("{pre}.attn_k_norm.weight"))?;
+        let g = &mut b.g;
+
+        let qg = g.mul_mat(wq, x)?; // [2 hd nh, n]
+        let nb = [f, 2 * hd * f, 2 * hd * nh * f, 2 * hd * nh * n * f];
+        let q = g.view(qg, [hd, nh, n, 1], nb, 0)?;
+        let gate = g.view(qg, [hd, nh, n, 1], nb, hd * f)?;
+        let gate = g.cont(gate)?;
+        let gate = g.reshape(gate, &[hd * nh, n])?;
+        let q = g.rms_norm(q, c.rms_eps)?;
+        let q = g.mul(q, qn)?;
+        let k = g.mul_mat(wk, x)?;
+        let k = g.reshape(k, &[hd, nkv, n])?;
+        let k = g.rms_norm(k, c.rms_eps)?;
+        let k = g.mul(k, kn)?;
+        let v = g.mul_mat(wv, x)?; // [hd nkv, n]
+
+        let rope = RopeParams {
+            n_rot: c.n_rot,
+            freq_base: c.rope_freq_base,
+            pairing: RopePairing::Neox,
+            sections: Some(c.rope_sections),
+        };
+        let q = g.rope_multi(q, l.positions, rope)?;
+        let k = g.rope_multi(k, l.positions, rope)?;
+
+        let kc = b.state(&format!("{pre}.cache_k"), k_store)?;
+        let vc = b.state(&format!("{pre}.cache_v"), v_store)?;
+        let g = &mut b.g;
+        let k = g.reshape(k, &[hd * nkv, n])?;
+        let kc = g.set_rows(kc, k, l.write_cells)?;
+        let vc = g.set_rows(vc, v, l.write_cells)?;
+        let kview = self.kv.k_view();
+        let vview = self.kv.v_view();
+        let kc = g.view(kc, kview.ne, kview.nb, 0)?;
+        let vc = g.view(vc, vview.ne, vview.nb, 0)?;
+
+        let q = g.reshape(q, &[hd, nh, n_t, n_seq])?;
+        let q = g.permute(q, [0, 2, 1, 3])?; // [hd, n_t, nh, n_seq]
+        let scale = 1.0 / (hd as f32).sqrt();
+        let o = g.flash_attn_ext(q, kc, vc, Some(l.mask), Some(l.block_table), scale, 0.0)?; // [hd, nh, n_t, n_seq]
+        let o = g.reshape(o, &[hd * nh, n])?;
+        let sg = g.sigmoid(gate)?;
+        let o = g.mul(o, sg)?;
+        Ok(g.mul_mat(wo, o)?)
+    }
+
+    /// Gated DeltaNet linear attention (notes §2.2).
+    fn delta_net(
+        &self,
+        b: &mut Builder<'_>,
+        pre: &str,
+        x: Tensor,
+        l: &Leaves,
+        (conv_store, delta_store): (TensorRef, TensorRef),
+        (n_t, n_seq): (usize, usize),
+    ) -> R<Tensor> {
+        let c = &self.config;
+        let (hk, hv, sk, sv) = (c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_head_v_dim());
+        let ch = c.ssm_conv_dim();
+        let n = n_t * n_seq;
+        let f = 4;
+        let w_qkv = b.p(&format!("{pre}.attn_qkv.weight"))?;
+        let w_gate = b.p(&format!("{pre}.attn_gate.weight"))?;
+        let w_conv = b.p(&format!("{pre}.ssm_conv1d.weight"))?;
+        let dt_bias = b.p(&format!("{pre}.ssm_dt.bias"))?;
+        let ssm_a = b.p(&format!("{pre}.ssm_a"))?;
+        let w_beta = b.p(&format!("{pre}.ssm_beta.weight"))?;
+        let w_alpha = b.p(&format!("{pre}.ssm_alpha.weight"))?;
+        let w_norm = b.p(&format!("{pre}.ssm_norm.weight"))?;
+        let w_out = b.p(&format!("{pre}.ssm_out.weight"))?;
+        let conv_state = b.state(&format!("{pre}.conv_state"), conv_store)?;
+        let delta_state = b.state(&format!("{pre}.delta_state"), delta_store)?;
+        let g = &mut b.g;
+
+        let qkv = g.mul_mat(w_qkv, x)?; // [ch, n]
+        let z = g.mul_mat(w_gate, x)?; // [hv sv, n]
+        let beta = g.mul_mat(w_beta, x)?;
+        let beta = g.sigmoid(beta)?;
+        let beta = g.reshape(beta, &[1, hv, n_t, n_seq])?;
+        let alpha = g.mul_mat(w_alpha, x)?; // [hv, n]
+        let alpha = g.add(alpha, dt_bias)?;
+        let alpha = g.softplus(alpha)?;
+        let gdecay = g.mul(alpha, ssm_a)?;
+        let gdecay = g.reshape(gdecay, &[1, hv, n_t, n_seq])?;
+
+        let qkv = g.reshape(qkv, &[ch, n_t, n_seq])?;
+        let conv = g.ssm_conv_update_inplace(qkv, conv_state, w_conv, l.slots, true)?; // [ch, n_t, n_seq]
+        let nb = |d: usize| [f, d * f, ch * f, ch * n_t * f];
+        let q = g.view(conv, [sk, hk, n_t, n_seq], nb(sk), 0)?;
+        let k = g.view(conv, [sk, hk, n_t, n_seq], nb(sk), hk * sk * f)?;
+        let v = g.view(conv, [sv, hv, n_t, n_seq], nb(sv), 2 * hk * sk * f)?;
+        let q = g.l2_norm(q, c.rms_eps)?;
+        let k = g.l2_norm(k, c.rms_eps)?;
+        let algo = if n_t == 1 { DeltaNetAlgo::Serial } else { DeltaNetAlgo::Chunked { chunk: 64 } };
+        let params = GatedDeltaNetParams { scale: 1.0 / (sk as f32).sqrt(), head_map: HeadMap::Tiled, algo };
+        let o = g.gated_delta_net(q, k, v, gdecay, beta, delta_state, l.slots, params)?; // [sv, hv, n_t, n_seq]
+
+        let o = g.rms_norm(o, c.rms_eps)?;
+        let o = g.mul(o, w_norm)?;
+        let z = g.reshape(z, &[sv, hv, n_t, n_seq])?;
+        let z = g.silu(z)?;
+        let o = g.mul(o, z)?;
+        let o = g.reshape(o, &[hv * sv, n])?;
+        Ok(g.mul_mat(w_out, o)?)
+    }
+
+    /// Dense SwiGLU or routed experts plus the gated shared expert (notes §5.1).
+    fn ffn(&self, b: &mut Builder<'_>, pre: &str, x: Tensor) -> R<Tensor> {
+        match self.config.ffn {
+            Ffn::Dense { .. } => {
+                let wg = b.p(&format!("{pre}.ffn_gate.weight"))?;
+                let wu = b.p(&format!("{pre}.ffn_up.weight"))?;
+                let wd = b.p(&format!("{pre}.ffn_down.weight"))?;
+                let g = &mut b.g;
+                let gt = g.mul_mat(wg, x)?;
+                let up = g.mul_mat(wu, x)?;
+                let a = g.swiglu(gt, up)?;
+                Ok(g.mul_mat(wd, a)?)
+            }
+            Ffn::Moe { n_expert, n_expert_used, .. } => {
+                let e = self.config.n_embd;
+                let n = x.ne()[1];
+                let k = n_expert_used;
+                let w_inp = b.p(&format!("{pre}.ffn_gate_inp.weight"))?;
+                let w_ge = b.p(&format!("{pre}.ffn_gate_exps.weight"))?;
+                let w_ue = b.p(&format!("{pre}.ffn_up_exps.weight"))?;
+                let w_de = b.p(&format!("{pre}.ffn_down_exps.weight"))?;
+                let w_sh_inp = b.p(&format!("{pre}.ffn_gate_inp_shexp.weight"))?;
+                let w_sg = b.p(&format!("{pre}.ffn_gate_shexp.weight"))?;
+                let w_su = b.p(&format!("{pre}.ffn_up_shexp.weight"))?;
+                let w_sd = b.p(&format!("{pre}.ffn_down_shexp.weight"))?;
+                let g = &mut b.g;
+
+                let logits = g.mul_mat(w_inp, x)?; // [n_expert, n]
+                let probs = g.softmax(logits, 1.0, None)?;
+                let sel = g.top_k(probs, k)?; // i32 [k, n]
+                let p3 = g.reshape(probs, &[1, n_expert, n])?;
+                let w = g.get_rows(p3, sel)?; // [1, k, n]
+                let w = g.reshape(w, &[k, n])?;
+                let wsum = g.sum_rows(w)?; // [1, n]
+                let w = g.div(w, wsum)?;
+                let w = g.reshape(w, &[1, k, n])?;
+
+                let cur = g.reshape(x, &[e, 1, n])?;
+                let gt = g.mul_mat_id(w_ge, cur, sel)?; // [n_ff, k, n]
+                let up = g.mul_mat_id(w_ue, cur, sel)?;
+                let a = g.swiglu(gt, up)?;
+                let ex = g.mul_mat_id(w_de, a, sel)?; // [e, k, n]
+                let ex = g.mul(ex, w)?;
+                let nb = [4, e * k * 4, e * k * n * 4, e * k * n * 4];
+                let mut moe = g.view(ex, [e, n, 1, 1], nb, 0)?;
+                for i in 1..k {
+                    let vi = g.view(ex, [e, n, 1, 1], nb, i * e * 4)?;
+                    moe = g.add(moe, vi)?;
+                }
+
+                let sg = g.mul_mat(w_sg, x)?;
+                let su = g.mul_mat(w_su, x)?;
+                let sa = g.swiglu(sg, su)?;
+                let sh = g.mul_mat(w_sd, sa)?; // [e, n]
+                let gate = g.mul_mat(w_sh_inp, x)?; // [1, n]
+                let gate = g.sigmoid(gate)?;
+                let sh = g.mul(sh, gate)?;
+                Ok(g.add(moe, sh)?)
+            }
+        }
+    }
+}

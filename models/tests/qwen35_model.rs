@@ -1,0 +1,254 @@
+//! The qwen35 / qwen35moe forward pass on synthetic `tiny` / `tiny-moe` checkpoints (f32 weights)
+//! on the CPU backend: consistency across step shapes, batching, paging and runs, and errors.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use tessera_cpu::CpuBackend;
+use tessera_models::cache::{AllocPolicy, CacheError};
+use tessera_models::config::{ConfigError, ModelConfig};
+use tessera_models::gguf::{GgufFile, GgufWriter, Value};
+use tessera_models::qwen35::{Logits, Model, ModelError, ModelOptions};
+use tessera_models::synth::synthesize;
+use tessera_models::weights::WeightsError;
+use tessera_ops::DType;
+
+const PRESETS: [&str; 2] = ["tiny", "tiny-moe"];
+
+fn file(preset: &str) -> GgufFile {
+    static PATHS: OnceLock<Vec<(String, PathBuf)>> = OnceLock::new();
+    let paths = PATHS.get_or_init(|| {
+        PRESETS
+            .iter()
+            .map(|p| {
+                let c = ModelConfig::preset(p).unwrap();
+                let path = std::env::temp_dir().join(format!("tessera_qwen35_{p}_{}.gguf", std::process::id()));
+                synthesize(&c, DType::F32, 42, &path, None).unwrap();
+                (p.to_string(), path)
+            })
+            .collect()
+    });
+    let path = &paths.iter().find(|(p, _)| p == preset).unwrap().1;
+    GgufFile::open(path).unwrap()
+}
+
+fn opts() -> ModelOptions {
+    ModelOptions { kv_blocks: 32, block_size: 4, max_context: 64, ..ModelOptions::default() }
+}
+
+fn load(preset: &str, opts: ModelOptions) -> (Model, CpuBackend) {
+    let mut be = CpuBackend::new();
+    let m = Model::load(&file(preset), &mut be, opts).unwrap();
+    (m, be)
+}
+
+fn tokens(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed * 97)) % 256).collect()
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    let e = nmse(a, b);
+    assert!(e <= 1e-8, "{what}: nmse {e:e}");
+}
+
+/// Last logits after feeding `toks` to a fresh sequence in chunks of `chunk`.
+fn run_chunks(preset: &str, toks: &[u32], chunk: usize, opts: ModelOptions) -> Vec<f32> {
+    let (mut m, mut be) = load(preset, opts);
+    let mut last = Vec::new();
+    for c in toks.chunks(chunk) {
+        last = m.step(&mut be, &[(0, c)], Logits::Last).unwrap().remove(0);
+    }
+    last
+}
+
+#[test]
+fn logits_are_finite_and_shaped() {
+    for p in PRESETS {
+        let (mut m, mut be) = load(p, opts());
+        let t = tokens(5, 1);
+        let out = m.step(&mut be, &[(0, &t)], Logits::All).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].len(), 5 * m.config.n_vocab, "{p}");
+        assert!(out[0].iter().all(|x| x.is_finite()), "{p}");
+        let spread = out[0].iter().fold(0f32, |a, &x| a.max(x.abs()));
+        assert!(spread > 0.0, "{p}: all-zero logits");
+        assert_eq!(m.seq_len(0).unwrap(), 5);
+    }
+}
+
+#[test]
+fn all_logits_last_row_equals_last_logits() {
+    for p in PRESETS {
+        let t = tokens(6, 2);
+        let (mut m, mut be) = load(p, opts());
+        let all = m.step(&mut be, &[(0, &t)], Logits::All).unwrap().remove(0);
+        let last = run_chunks(p, &t, 6, opts());
+        let v = m.config.n_vocab;
+        assert_close(&all[5 * v..], &last, p);
+    }
+}
+
+#[test]
+fn decode_after_prefill_equals_longer_prefill() {
+    for p in PRESETS {
+        let t = tokens(9, 3);
+        let (mut m, mut be) = load(p, opts());
+        m.step(&mut be, &[(0, &t[..8])], Logits::Last).unwrap();
+        let dec = m.step(&mut be, &[(0, &t[8..])], Logits::Last).unwrap().remove(0);
+        let full = run_chunks(p, &t, 9, opts());
+        assert_close(&dec, &full, p);
+    }
+}
+
+#[test]
+fn prefill_chunking_does_not_change_logits() {
+    for p in PRESETS {
+        let t = tokens(10, 4);
+        let all = run_chunks(p, &t, 10, opts());
+        for chunk in [1, 3] {
+            let c = run_chunks(p, &t, chunk, opts());
+            assert_close(&c, &all, &format!("{p} chunk {chunk}"));
+        }
+    }
+}
+
+#[test]
+fn batched_sequences_equal_each_alone() {
+    for p in PRESETS {
+        let (a, b, c) = (tokens(7, 5), tokens(7, 6), tokens(4, 7));
+        let alone_a = run_chunks(p, &a, 7, opts());
+        let alone_b = run_chunks(p, &b, 7, opts());
+        let alone_c = run_chunks(p, &c, 4, opts());
+        let (mut m, mut be) = load(p, opts());
+        // Equal lengths share one graph; c has another length and runs in its own group.
+        let out = m.step(&mut be, &[(10, &a), (20, &b), (30, &c)], Logits::Last).unwrap();
+        assert_close(&out[0], &alone_a, &format!("{p} a"));
+        assert_close(&out[1], &alone_b, &format!("{p} b"));
+        assert_close(&out[2], &alone_c, &format!("{p} c"));
+        // A batched decode step after the batched prefill.
+        let next = [tokens(1, 8), tokens(1, 9)];
+        let out = m.step(&mut be, &[(20, &next[1]), (10, &next[0])], Logits::Last).unwrap();
+        let mut a2 = a.clone();
+        a2.extend(&next[0]);
+        let mut b2 = b.clone();
+        b2.extend(&next[1]);
+        assert_close(&out[1], &run_chunks(p, &a2, 8, opts()), &format!("{p} a decode"));
+        assert_close(&out[0], &run_chunks(p, &b2, 8, opts()), &format!("{p} b decode"));
+    }
+}
+
+#[test]
+fn shuffled_blocks_equal_in_order() {
+    for p in PRESETS {
+        let shuffled = ModelOptions { policy: AllocPolicy::Shuffled { seed: 9 }, ..opts() };
+        let run = |o: ModelOptions| {
+            let (mut m, mut be) = load(p, o);
+            let (a, b) = (tokens(11, 1), tokens(11, 2));
+            // Interleave two sequences so their blocks alternate.
+            let mut out = Vec::new();
+            for i in 0..11 {
+                out = m.step(&mut be, &[(1, &a[i..=i]), (2, &b[i..=i])], Logits::Last).unwrap();
+            }
+            out
+        };
+        let (x, y) = (run(opts()), run(shuffled));
+        assert_close(&y[0], &x[0], p);
+        assert_close(&y[1], &x[1], p);
+    }
+}
+
+#[test]
+fn two_runs_are_bit_identical() {
+    for p in PRESETS {
+        let t = tokens(8, 11);
+        let a = run_chunks(p, &t, 3, opts());
+        let b = run_chunks(p, &t, 3, opts());
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn removed_sequence_slot_is_reused_clean() {
+    let t = tokens(5, 12);
+    let fresh = run_chunks("tiny", &t, 5, opts());
+    let (mut m, mut be) = load("tiny", ModelOptions { n_slots: 1, ..opts() });
+    m.step(&mut be, &[(0, &tokens(6, 13))], Logits::Last).unwrap();
+    m.remove_sequence(0).unwrap();
+    let again = m.step(&mut be, &[(1, &t)], Logits::Last).unwrap().remove(0);
+    assert_close(&again, &fresh, "reused slot");
+}
+
+/// A copy of `src` with tensor `drop` left out and `general.architecture` set to `arch`.
+fn rewrite(src: &GgufFile, drop: Option<&str>, arch: Option<&str>) -> GgufFile {
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata() {
+        let v = match (k.as_str(), arch) {
+            ("general.architecture", Some(a)) => Value::from(a),
+            _ => v.clone(),
+        };
+        w.add_kv(k.clone(), v).unwrap();
+    }
+    for t in src.tensors() {
+        if Some(t.name.as_str()) != drop {
+            w.add_tensor(t.name.clone(), t.dtype, t.dims(), src.tensor_data(&t.name).unwrap()).unwrap();
+        }
+    }
+    GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+}
+
+#[test]
+fn missing_tensor_is_a_clear_error() {
+    let f = rewrite(&file("tiny"), Some("blk.0.ssm_a"), None);
+    let mut be = CpuBackend::new();
+    let e = Model::load(&f, &mut be, opts()).unwrap_err();
+    assert!(matches!(e, ModelError::Weights(WeightsError::Config(ConfigError::Tensors { .. }))), "{e:?}");
+    assert!(e.to_string().contains("blk.0.ssm_a"), "{e}");
+}
+
+#[test]
+fn unknown_architecture_is_a_clear_error() {
+    let f = rewrite(&file("tiny"), None, Some("llama"));
+    let mut be = CpuBackend::new();
+    let e = Model::load(&f, &mut be, opts()).unwrap_err();
+    assert!(matches!(e, ModelError::Config(ConfigError::UnknownArchitecture { .. })), "{e:?}");
+    assert!(e.to_string().contains("llama"), "{e}");
+}
+
+#[test]
+fn exceeding_the_cache_is_an_error_and_changes_nothing() {
+    let (mut m, mut be) = load("tiny", ModelOptions { max_context: 8, ..opts() });
+    m.step(&mut be, &[(0, &tokens(6, 1))], Logits::Last).unwrap();
+    let e = m.step(&mut be, &[(0, &tokens(3, 2))], Logits::Last).unwrap_err();
+    assert!(matches!(e, ModelError::Cache(CacheError::ContextTooLong { .. })), "{e:?}");
+    assert_eq!(m.seq_len(0).unwrap(), 6);
+    // Out of blocks: 2 blocks of 4 cells in all.
+    let (mut m, mut be) = load("tiny", ModelOptions { kv_blocks: 2, ..opts() });
+    let e = m.step(&mut be, &[(0, &tokens(5, 1)), (1, &tokens(5, 1))], Logits::Last).unwrap_err();
+    assert!(matches!(e, ModelError::Cache(CacheError::OutOfBlocks { .. })), "{e:?}");
+    assert!(!m.kv.contains(0) && !m.kv.contains(1));
+    // A token outside the vocab and an empty sequence are batch errors.
+    assert!(matches!(m.step(&mut be, &[(0, &[9999])], Logits::Last), Err(ModelError::BadBatch { .. })));
+    assert!(matches!(m.step(&mut be, &[(0, &[])], Logits::Last), Err(ModelError::BadBatch { .. })));
+}
+
+#[test]
+fn f16_kv_cache_stays_close_to_f32() {
+    for p in PRESETS {
+        let t = tokens(9, 14);
+        let f32_run = run_chunks(p, &t, 4, opts());
+        let f16_run = run_chunks(p, &t, 4, ModelOptions { kv_dtype: DType::F16, ..opts() });
+        assert!(f16_run.iter().all(|x| x.is_finite()), "{p}");
+        let e = nmse(&f16_run, &f32_run);
+        assert!(e <= 1e-4, "{p}: f16 cache nmse {e:e}");
+    }
+}
