@@ -45,7 +45,7 @@ pub struct ModelOptions {
     pub block_size: usize,
     /// Most tokens one sequence may hold.
     pub max_context: usize,
-    /// KV cache element type (f32, f16 or bf16).
+    /// KV cache element type: f16 (the default, as llama.cpp), f32 or bf16.
     pub kv_dtype: DType,
     pub policy: AllocPolicy,
     /// Sequences live at once (recurrent state slots).
@@ -58,7 +58,7 @@ impl Default for ModelOptions {
             kv_blocks: 64,
             block_size: 16,
             max_context: 1024,
-            kv_dtype: DType::F32,
+            kv_dtype: DType::F16,
             policy: AllocPolicy::InOrder,
             n_slots: 4,
         }

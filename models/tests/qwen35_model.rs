@@ -33,7 +33,7 @@ fn file(preset: &str) -> GgufFile {
 }
 
 fn opts() -> ModelOptions {
-    ModelOptions { kv_blocks: 32, block_size: 4, max_context: 64, ..ModelOptions::default() }
+    ModelOptions { kv_blocks: 32, block_size: 4, max_context: 64, kv_dtype: DType::F32, ..ModelOptions::default() }
 }
 
 fn load(preset: &str, opts: ModelOptions) -> (Model, CpuBackend) {

@@ -267,7 +267,13 @@ fn graph_matches_host_reference() {
         let want: Vec<Vec<f64>> = toks.iter().map(|&t| r.token(t)).collect();
 
         let mut be = CpuBackend::new();
-        let opts = ModelOptions { kv_blocks: 8, block_size: 4, max_context: 32, ..ModelOptions::default() };
+        let opts = ModelOptions {
+            kv_blocks: 8,
+            block_size: 4,
+            max_context: 32,
+            kv_dtype: DType::F32,
+            ..ModelOptions::default()
+        };
         let mut m = Model::load(&f, &mut be, opts).unwrap();
         // Prefill 6 tokens (chunked delta rule), then 3 decode steps (serial).
         let v = c.n_vocab;
