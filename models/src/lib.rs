@@ -10,10 +10,42 @@
 //!   into step graphs as parameter leaves.
 //! - [`qwen35`]: [`qwen35::Model`], the `qwen35` / `qwen35moe` forward pass: one graph per step
 //!   over resident weights and caches.
+//! - [`sample`]: [`sample::Sampler`], greedy / temperature / top-k / top-p sampling with a seed.
+//! - [`engine`]: [`engine::Engine`], continuous batching over a model: decode tokens first, then
+//!   prompt chunks under a per-step token budget; events, memory accounting.
+//!
+//! ```
+//! use tessera_cpu::CpuBackend;
+//! use tessera_models::config::ModelConfig;
+//! use tessera_models::engine::{Engine, EngineConfig};
+//! use tessera_models::gguf::GgufFile;
+//! use tessera_models::qwen35::{Model, ModelOptions};
+//! use tessera_models::sample::SamplerParams;
+//! use tessera_models::synth::synthesize;
+//! use tessera_ops::DType;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A synthetic tiny checkpoint with seeded random f32 weights.
+//! let path = std::env::temp_dir().join(format!("tessera_doc_{}.gguf", std::process::id()));
+//! synthesize(&ModelConfig::preset("tiny")?, DType::F32, 1, &path, None)?;
+//! let file = GgufFile::open(&path)?;
+//! let mut backend = CpuBackend::new();
+//! let model = Model::load(&file, &mut backend, ModelOptions::default())?;
+//! let mut engine = Engine::new(model, Box::new(backend), EngineConfig::default())?;
+//! let id = engine.submit(&[1, 2, 3], 4, SamplerParams::greedy())?;
+//! let out = engine.run_to_completion()?;
+//! assert_eq!(out[&id].len(), 4);
+//! # drop(file);
+//! # std::fs::remove_file(&path)?;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod cache;
 pub mod config;
+pub mod engine;
 pub mod gguf;
 pub mod qwen35;
+pub mod sample;
 pub mod synth;
 pub mod weights;
