@@ -143,3 +143,40 @@ impl HostBuffers {
         self.backend
     }
 }
+
+/// The buffer half of `tessera_graph::Backend` for a backend whose host memory is a
+/// [`HostBuffers`] field named `buffers` (the CPU and reference backends share it).
+macro_rules! host_buffer_methods {
+    () => {
+        fn alloc(&mut self, bytes: usize) -> Result<tessera_graph::BufferId, tessera_graph::BackendError> {
+            self.buffers.alloc(bytes)
+        }
+
+        fn free(&mut self, buffer: tessera_graph::BufferId) {
+            self.buffers.free(buffer)
+        }
+
+        fn size(&self, buffer: tessera_graph::BufferId) -> Result<usize, tessera_graph::BackendError> {
+            Ok(self.buffers.get(buffer)?.len())
+        }
+
+        fn write(
+            &mut self,
+            buffer: tessera_graph::BufferId,
+            offset: usize,
+            data: &[u8],
+        ) -> Result<(), tessera_graph::BackendError> {
+            self.buffers.write(buffer, offset, data)
+        }
+
+        fn read(
+            &mut self,
+            buffer: tessera_graph::BufferId,
+            offset: usize,
+            out: &mut [u8],
+        ) -> Result<(), tessera_graph::BackendError> {
+            self.buffers.read(buffer, offset, out)
+        }
+    };
+}
+pub(crate) use host_buffer_methods;

@@ -3,7 +3,7 @@
 //! Slow and obviously right; test-ops judges the CPU backend against it.
 
 use smallvec::SmallVec;
-use tessera_graph::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
+use tessera_graph::{Backend, BackendError, Task, TensorRef, check_range};
 use tessera_ops::reference::{self, RefTensor};
 use tessera_ops::{Op, TensorMeta, host};
 
@@ -35,25 +35,7 @@ impl Backend for ReferenceBackend {
         !op.is_view()
     }
 
-    fn alloc(&mut self, bytes: usize) -> Result<BufferId, BackendError> {
-        self.buffers.alloc(bytes)
-    }
-
-    fn free(&mut self, buffer: BufferId) {
-        self.buffers.free(buffer)
-    }
-
-    fn size(&self, buffer: BufferId) -> Result<usize, BackendError> {
-        Ok(self.buffers.get(buffer)?.len())
-    }
-
-    fn write(&mut self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.buffers.write(buffer, offset, data)
-    }
-
-    fn read(&mut self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.buffers.read(buffer, offset, out)
-    }
+    crate::buffers::host_buffer_methods!();
 
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
         for task in tasks {

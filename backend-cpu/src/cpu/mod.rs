@@ -34,7 +34,7 @@ mod sum;
 mod testutil;
 
 use smallvec::SmallVec;
-use tessera_graph::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
+use tessera_graph::{Backend, BackendError, Task, TensorRef, check_range};
 use tessera_ops::{KernelError, Op, TensorMeta};
 
 use crate::buffers::{HostBuffer, HostBuffers};
@@ -92,7 +92,7 @@ impl Backend for CpuBackend {
     /// block-quantized input only where the kernel reads it by whole rows (`reads_quantized`).
     fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> bool {
         let refs: SmallVec<[&TensorMeta; 4]> = inputs.iter().collect();
-        has_kernel(op)
+        !op.is_view()
             && inputs
                 .iter()
                 .enumerate()
@@ -100,25 +100,7 @@ impl Backend for CpuBackend {
             && tessera_ops::infer(op, &refs).is_ok()
     }
 
-    fn alloc(&mut self, bytes: usize) -> Result<BufferId, BackendError> {
-        self.buffers.alloc(bytes)
-    }
-
-    fn free(&mut self, buffer: BufferId) {
-        self.buffers.free(buffer)
-    }
-
-    fn size(&self, buffer: BufferId) -> Result<usize, BackendError> {
-        Ok(self.buffers.get(buffer)?.len())
-    }
-
-    fn write(&mut self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.buffers.write(buffer, offset, data)
-    }
-
-    fn read(&mut self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.buffers.read(buffer, offset, out)
-    }
+    crate::buffers::host_buffer_methods!();
 
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
         let buffers = &mut self.buffers;
@@ -127,42 +109,6 @@ impl Backend for CpuBackend {
             None => tasks.iter().try_for_each(|t| run_task(buffers, t)),
         }
     }
-}
-
-/// Ops this backend has kernels for: data movement, elementwise, row reductions and mul_mat.
-/// Views never reach a backend; ops added to the vocabulary later are refused (`supports` is
-/// false) until a kernel is written for them.
-fn has_kernel(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::GetRows
-            | Op::SetRows
-            | Op::Cpy
-            | Op::Cast(_)
-            | Op::Cont
-            | Op::Concat { .. }
-            | Op::Repeat { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Scale(_)
-            | Op::Swiglu
-            | Op::RmsNorm(_)
-            | Op::SumRows
-            | Op::Softmax(_)
-            | Op::Argmax
-            | Op::MulMat
-            | Op::MulMatId
-            | Op::L2Norm { .. }
-            | Op::TopK { .. }
-            | Op::Argsort(_)
-            | Op::Quantize(_)
-            | Op::Dequantize
-            | Op::RopeMulti(_)
-            | Op::FlashAttnExt(_)
-            | Op::SsmConv
-            | Op::SsmConvUpdate { .. }
-            | Op::GatedDeltaNet(_)
-    )
 }
 
 /// True when input `input` of `op` may be block-quantized on this backend: the kernels that read
@@ -187,9 +133,6 @@ fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendErr
     let op = task.op;
     if op.is_view() {
         return Err(unsupported(op, "views are resolved by the executor, not computed".into()));
-    }
-    if !has_kernel(op) {
-        return Err(unsupported(op, "no CPU kernel for this op yet".into()));
     }
     let n_inputs = task.inputs.len();
     for (i, r) in task.inputs.iter().chain([&task.output]).enumerate() {
