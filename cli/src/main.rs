@@ -11,6 +11,9 @@
 //!   loads the GGUF on the CPU backend and generates `N` tokens through the engine
 //!   (`tessera_models::engine`), printing memory accounting, the token ids and prefill / decode
 //!   tokens/s. The CUDA backend comes in a later issue.
+//! - `tessera convert --from-hf DIR --out FILE [--dtype f32]` converts a Hugging Face Qwen3.5
+//!   checkpoint (`config.json` + `*.safetensors`, dense or MoE) to a GGUF
+//!   (`tessera_models::convert`).
 //! - `tessera demo` synthesizes a tiny `qwen35moe`, batches three prompts through chunked prefill
 //!   and decode, prints what it did, and checks the batched tokens against each sequence alone.
 //!
@@ -18,6 +21,7 @@
 //! valid qwen35 / qwen35moe config, or when its tensors do not match; 1 when `run` fails or the
 //! `demo` self-check fails; 2 for usage errors (clap).
 
+mod convert;
 mod demo;
 mod inspect;
 mod run;
@@ -97,6 +101,18 @@ enum Command {
     /// Build a tiny qwen35moe in memory, batch three prompts through prefill and decode, print
     /// what happened and self-check the batched tokens against each sequence run alone.
     Demo,
+    /// Convert a Hugging Face Qwen3.5 checkpoint (dense or MoE) to GGUF.
+    Convert {
+        /// The checkpoint directory (config.json and *.safetensors).
+        #[arg(long = "from-hf")]
+        from_hf: PathBuf,
+        /// Output GGUF file.
+        #[arg(long = "out", short = 'o')]
+        out: PathBuf,
+        /// Dtype of the weight matrices (norms, small vectors, conv and router stay f32).
+        #[arg(long, value_enum, default_value_t = WeightDType::F16)]
+        dtype: WeightDType,
+    },
 }
 
 /// The weight dtypes `synth` accepts.
@@ -134,6 +150,7 @@ fn main() -> ExitCode {
             run::run(&file, &run::RunArgs { tokens, n_new, params, max_tokens_per_step })
         }
         Command::Demo => demo::run(),
+        Command::Convert { from_hf, out, dtype } => convert::run(&from_hf, &out, dtype.into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

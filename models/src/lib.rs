@@ -43,6 +43,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod convert;
 pub mod engine;
 pub mod gguf;
 pub mod qwen35;
