@@ -4,29 +4,15 @@
 //! steps (within one run and across session runs), with several sequences in shuffled slots, the
 //! two head maps as one model, and the errors at build and run time.
 
+mod common;
+
+use common::Rng;
 use tessera_cpu::{CpuBackend, ReferenceBackend};
 use tessera_graph::{Backend, BackendError, ExecError, Graph, GraphError, Session, SessionOptions, Tensor};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, KernelError, OpError};
 
 const F32: DType = DType::F32;
 const SERIAL: DeltaNetAlgo = DeltaNetAlgo::Serial;
-
-/// splitmix64 test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 struct Dims {

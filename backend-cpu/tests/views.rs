@@ -8,6 +8,9 @@
 //! reads the buffer the way its definition says, element `j` at byte `offset + sum_d j[d] * nb[d]`
 //! from the first byte of the tensor it views.
 
+mod common;
+
+use common::Rng;
 use proptest::prelude::*;
 use proptest::sample::select;
 use tessera_cpu::{CpuBackend, ReferenceBackend};
@@ -41,25 +44,10 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// splitmix64, to draw a step's parameters from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (n >= 1).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn divisor_of(&mut self, n: usize) -> usize {
-        let ds: Vec<usize> = (1..=n).filter(|&d| n.is_multiple_of(d)).collect();
-        ds[self.below(ds.len())]
-    }
+/// A random divisor of `n`.
+fn divisor_of(r: &mut Rng, n: usize) -> usize {
+    let ds: Vec<usize> = (1..=n).filter(|&d| n.is_multiple_of(d)).collect();
+    ds[r.below(ds.len())]
 }
 
 /// Logical index `i` of a tensor of shape `ne` -> position in logical (ggml) order.
@@ -162,9 +150,9 @@ fn apply(g: &mut Graph, cur: Tensor, m: &Model, step: &Step) -> Vec<(Tensor, Mod
         Step::Reshape(seed) => {
             let mut r = Rng(*seed);
             let n = meta.nelements();
-            let d0 = r.divisor_of(n);
-            let d1 = r.divisor_of(n / d0);
-            let d2 = r.divisor_of(n / d0 / d1);
+            let d0 = divisor_of(&mut r, n);
+            let d1 = divisor_of(&mut r, n / d0);
+            let d2 = divisor_of(&mut r, n / d0 / d1);
             let ne = [d0, d1, d2, n / d0 / d1 / d2];
             (g.reshape(cur, &ne).unwrap(), m.reshape(ne))
         }
@@ -279,8 +267,8 @@ proptest! {
         let c = g.cont(pt).unwrap();
         let n: usize = ne.iter().product();
         let mut r = Rng(seed);
-        let d0 = r.divisor_of(n);
-        let d1 = r.divisor_of(n / d0);
+        let d0 = divisor_of(&mut r, n);
+        let d1 = divisor_of(&mut r, n / d0);
         let target = [d0, d1, n / d0 / d1, 1];
         let rs = g.reshape(c, &target).unwrap();
         let back = g.reshape(rs, &[n]).unwrap();

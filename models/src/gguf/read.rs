@@ -513,10 +513,6 @@ fn parse(buf: &[u8]) -> Result<Parsed> {
     if kv_count > max_kvs {
         return Err(GgufError::TooLarge { what: "metadata kv count".into(), value: kv_count, max: max_kvs });
     }
-    let max_tensors = (c.remaining() / MIN_TENSOR_INFO_BYTES) as u64;
-    if tensor_count > max_tensors {
-        return Err(GgufError::TooLarge { what: "tensor count".into(), value: tensor_count, max: max_tensors });
-    }
 
     let mut metadata = Vec::with_capacity((kv_count as usize).min(MAX_RESERVE));
     let mut key_index = HashMap::new();
