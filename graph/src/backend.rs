@@ -81,8 +81,15 @@ pub trait Backend {
     /// Copies `out.len()` bytes from `buffer` at `offset` into `out`. Waits for pending work.
     fn read(&mut self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
 
-    /// Computes the tasks in order.
+    /// Computes the tasks in order. An asynchronous backend may return before the work is done;
+    /// `read` and `synchronize` wait for it.
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError>;
+
+    /// Waits until all queued work is done, and reports any error it found (a data error such as
+    /// an index out of range, found by a device kernel). Synchronous backends have nothing to do.
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// Checks that `[offset, offset + len)` lies within a buffer of `size` bytes; shared by backends.

@@ -1,0 +1,209 @@
+// common.cuh: prepended to every kernel family by the Rust side (NVRTC, no include paths).
+//
+// It holds what every family needs: the tensor descriptor passed by value (mirrors
+// `TensorArg` in src/launch.rs; the two change together: TAG(tensor-arg)), dtype codes (the
+// ggml type ids of `tessera_ops::DType`), f16/bf16 conversion through PTX (no cuda_fp16.h, so the
+// NVRTC wheel alone can compile us), quantized block decoding and warp reductions.
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef signed char i8;
+
+// dtype codes: tessera_ops::DType as u32 (ggml type ids).
+#define DT_F32 0
+#define DT_F16 1
+#define DT_Q8_0 8
+#define DT_I32 26
+#define DT_BF16 30
+#define DT_NVFP4 40
+
+// NVRTC has no math.h: the IEEE specials by bit pattern.
+#define TS_INF __int_as_float(0x7f800000)
+#define TS_NAN __int_as_float(0x7fc00000)
+
+#define QK8_0 32
+#define Q8_0_BYTES 34
+#define QK_NVFP4 64
+#define NVFP4_BYTES 36
+
+// A tensor as the kernels see it: `data` points at element (0,0,0,0); `ne` are elements per
+// dimension (ggml order, ne[0] innermost); `nb` are byte strides (nb[0] is one block's bytes).
+struct Tensor {
+    char* data;
+    i64 ne[4];
+    i64 nb[4];
+};
+
+__device__ __forceinline__ i64 nelements(const Tensor& t) { return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]; }
+
+// Byte offset of element (i0, i1, i2, i3) of a plain (non-block) tensor.
+__device__ __forceinline__ i64 offset_of(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3) {
+    return i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+}
+
+// Unravels a flat logical index (ne[0] fastest) into coordinates.
+__device__ __forceinline__ void unravel(const Tensor& t, i64 i, i64& i0, i64& i1, i64& i2, i64& i3) {
+    i0 = i % t.ne[0];
+    i /= t.ne[0];
+    i1 = i % t.ne[1];
+    i /= t.ne[1];
+    i2 = i % t.ne[2];
+    i3 = i / t.ne[2];
+}
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// Reads one element of a plain dtype (f32, f16, bf16, i32) as f32.
+__device__ __forceinline__ float load_f32(const char* p, int dt) {
+    switch (dt) {
+        case DT_F32: return *(const float*)p;
+        case DT_F16: return f16_to_f32(*(const u16*)p);
+        case DT_BF16: return bf16_to_f32(*(const u16*)p);
+        case DT_I32: return (float)*(const int*)p;
+        default: return TS_NAN;  // unreachable: the host refuses other dtypes
+    }
+}
+
+// Writes one element of a plain dtype from f32 (round to nearest even; i32 rounds half away from
+// zero and saturates, like the CPU backend).
+__device__ __forceinline__ void store_f32(char* p, int dt, float v) {
+    switch (dt) {
+        case DT_F32: *(float*)p = v; break;
+        case DT_F16: *(u16*)p = f32_to_f16(v); break;
+        case DT_BF16: *(u16*)p = f32_to_bf16(v); break;
+        case DT_I32: {
+            float r = roundf(v);
+            int x = r != r ? 0 : (r >= 2147483647.0f ? 2147483647 : (r <= -2147483648.0f ? (int)0x80000000 : (int)r));
+            *(int*)p = x;
+            break;
+        }
+        default: break;
+    }
+}
+
+// q8_0 block: f16 scale d, then 32 int8 quants; value = d * q.
+__device__ __forceinline__ float q8_0_value(const char* block, int j) {
+    return f16_to_f32(*(const u16*)block) * (float)((const i8*)(block + 2))[j];
+}
+
+// UE4M3 (unsigned E4M3, bias 7) to f32, the NVFP4 sub-block scale, decoded as ggml does: 0x00 and
+// 0x7F are 0, bit 7 is ignored (so 0xFF reads as exponent 15, mantissa 7: 480).
+__device__ __forceinline__ float ue4m3_to_f32(u8 code) {
+    if (code == 0 || code == 0x7f) return 0.0f;
+    int exp = (code >> 3) & 0xf, man = code & 7;
+    return exp == 0 ? ldexpf((float)man, -9) : ldexpf((float)(8 + man), exp - 10);
+}
+
+// E2M1 (fp4) code to value; code 8 (E2M1's -0) reads as +0, like ggml's integer table.
+__device__ __forceinline__ float e2m1_value(u32 code) {
+    const float table[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                             0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    return table[code & 15];
+}
+
+// NVFP4 block (ggml layout): 4 E4M3 scales (one per 16 values), then 32 bytes of packed E2M1
+// codes. Within each 16-value sub-block s, byte k of its 8 bytes holds value k (low nibble) and
+// value k + 8 (high nibble).
+__device__ __forceinline__ float nvfp4_value(const char* block, int j) {
+    int s = j >> 4, w = j & 15;
+    float d = ue4m3_to_f32(((const u8*)block)[s]);
+    u8 byte = ((const u8*)block)[4 + s * 8 + (w & 7)];
+    u32 code = w < 8 ? (byte & 0xf) : (byte >> 4);
+    return d * e2m1_value(code);
+}
+
+// Value `i0` of a row of any dtype (plain or block-quantized) starting at `row`.
+__device__ __forceinline__ float load_row_value(const char* row, int dt, i64 i0, i64 nb0) {
+    switch (dt) {
+        case DT_Q8_0: return q8_0_value(row + (i0 / QK8_0) * nb0, (int)(i0 % QK8_0));
+        case DT_NVFP4: return nvfp4_value(row + (i0 / QK_NVFP4) * nb0, (int)(i0 % QK_NVFP4));
+        default: return load_f32(row + i0 * nb0, dt);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum for blockDim.x a multiple of 32 (up to 1024); every thread gets the result.
+// `scratch` is 32 floats of shared memory; the call ends with a barrier so scratch may be reused.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -TS_INF;
+    v = warp_max(v);
+    __syncthreads();
+    return v;
+}
+
+// Data errors (a bad row id, slot or block-table entry) are recorded here, first one wins, and
+// reported by the host at its next synchronisation point. Mirrors `ErrorRecord` in src/errors.rs:
+// TAG(error-record).
+struct ErrorRecord {
+    u32 code;  // 0 = none, else ERR_*
+    u32 what;  // WHAT_*: which kind of index was bad
+    u32 task;  // index of the task in its compute() call
+    u32 pad;
+    i64 index;
+    i64 limit;
+    i64 first;
+    i64 second;
+};
+
+__device__ __forceinline__ void report_error(ErrorRecord* rec, u32 code, u32 what, u32 task, i64 index, i64 limit, i64 first, i64 second) {
+    if (atomicCAS(&rec->code, 0u, code) == 0u) {
+        rec->what = what;
+        rec->task = task;
+        rec->index = index;
+        rec->limit = limit;
+        rec->first = first;
+        rec->second = second;
+    }
+}
+
+#define ERR_INDEX_OUT_OF_RANGE 1u
+#define ERR_DUPLICATE_INDEX 2u
+
+#define WHAT_ROW_ID 1u
+#define WHAT_STATE_SLOT 2u
+#define WHAT_EXPERT_ID 3u
+#define WHAT_KV_CELL 4u

@@ -1,0 +1,279 @@
+//! Kernel sources, NVRTC compilation and the on-disk cache.
+//!
+//! Each op family is one `.cu` file in `backend-cuda/kernels/` (a [`Module`]), compiled as a whole
+//! with `common.cuh` prepended, to a CUBIN for the device's architecture, the first time one of its
+//! kernels is launched. The CUBIN is cached on disk under a SHA-256 of the source, the options,
+//! the architecture and the NVRTC version, so a second process loads it without compiling.
+//! A compile error carries NVRTC's log and names the kernel that needed the module.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::sys as nvrtc_sys;
+use sha2::{Digest, Sha256};
+
+use crate::CudaError;
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// One kernel source file: an op family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    Elementwise,
+    Data,
+    Reduce,
+    Rope,
+    Quant,
+    Matmul,
+    Attention,
+    Conv,
+    DeltaNet,
+}
+
+impl Module {
+    /// Every module, for the compile check.
+    pub const ALL: [Module; 9] = [
+        Module::Elementwise,
+        Module::Data,
+        Module::Reduce,
+        Module::Rope,
+        Module::Quant,
+        Module::Matmul,
+        Module::Attention,
+        Module::Conv,
+        Module::DeltaNet,
+    ];
+
+    /// The file stem in `kernels/`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Module::Elementwise => "elementwise",
+            Module::Data => "data",
+            Module::Reduce => "reduce",
+            Module::Rope => "rope",
+            Module::Quant => "quant",
+            Module::Matmul => "matmul",
+            Module::Attention => "attention",
+            Module::Conv => "conv",
+            Module::DeltaNet => "delta_net",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Module::Elementwise => include_str!("../kernels/elementwise.cu"),
+            Module::Data => include_str!("../kernels/data.cu"),
+            Module::Reduce => include_str!("../kernels/reduce.cu"),
+            Module::Rope => include_str!("../kernels/rope.cu"),
+            Module::Quant => include_str!("../kernels/quant.cu"),
+            Module::Matmul => include_str!("../kernels/matmul.cu"),
+            Module::Attention => include_str!("../kernels/attention.cu"),
+            Module::Conv => include_str!("../kernels/conv.cu"),
+            Module::DeltaNet => include_str!("../kernels/delta_net.cu"),
+        }
+    }
+
+    /// The full translation unit NVRTC compiles: `common.cuh`, then the family's file (with a
+    /// `#line` so NVRTC's messages name the right file and line).
+    pub fn source(self) -> String {
+        format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name(), self.body())
+    }
+}
+
+/// One kernel entry point: a `extern "C" __global__` function of a module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub module: Module,
+    pub name: &'static str,
+}
+
+impl Kernel {
+    pub const fn new(module: Module, name: &'static str) -> Kernel {
+        Kernel { module, name }
+    }
+}
+
+/// NVRTC options for an architecture such as `sm_90`.
+pub fn options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--device-as-default-execution-space".into()]
+}
+
+/// Compiles `module` to a CUBIN for `arch` with NVRTC. Needs only libnvrtc, not a GPU (this is
+/// what the CI compile check runs).
+pub fn compile(module: Module, arch: &str) -> Result<Vec<u8>, CudaError> {
+    crate::device::nvrtc_version()?;
+    let src = CString::new(module.source()).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
+    let name = CString::new(format!("{}.cu", module.name())).expect("module names have no NUL");
+    let opts = options(arch);
+    let fail = |what: &str, r: nvrtc_sys::nvrtcResult| CudaError::Nvrtc(format!("{what} for {}: {r:?}", module.name()));
+    let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: valid C strings that outlive the program; no headers are passed.
+    let r = unsafe {
+        nvrtc_sys::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+    };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(fail("nvrtcCreateProgram", r));
+    }
+    struct Prog(nvrtc_sys::nvrtcProgram);
+    impl Drop for Prog {
+        fn drop(&mut self) {
+            // SAFETY: created above and destroyed once.
+            unsafe { nvrtc_sys::nvrtcDestroyProgram(&mut self.0) };
+        }
+    }
+    let prog = Prog(prog);
+    let c_opts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).expect("options have no NUL")).collect();
+    let ptrs: Vec<*const std::ffi::c_char> = c_opts.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: `ptrs` holds `ptrs.len()` valid C strings alive for the call.
+    let r = unsafe { nvrtc_sys::nvrtcCompileProgram(prog.0, ptrs.len() as i32, ptrs.as_ptr()) };
+    let log = program_log(prog.0);
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Compile { module: module.name(), arch: arch.to_string(), log });
+    }
+    let mut size = 0usize;
+    // SAFETY: the program compiled; `size` is a valid out-pointer.
+    let r = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog.0, &mut size) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(fail("nvrtcGetCUBINSize", r));
+    }
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has the size NVRTC reported.
+    let r = unsafe { nvrtc_sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(fail("nvrtcGetCUBIN", r));
+    }
+    Ok(cubin)
+}
+
+fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
+    let mut size = 0usize;
+    // SAFETY: valid program and out-pointer.
+    if unsafe { nvrtc_sys::nvrtcGetProgramLogSize(prog, &mut size) } != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: `buf` has the size NVRTC reported.
+    unsafe { nvrtc_sys::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast()) };
+    String::from_utf8_lossy(&buf).trim_end_matches('\0').trim_end().to_string()
+}
+
+/// Where compiled kernels are cached: `$TESSERA_KERNEL_CACHE`, else `$XDG_CACHE_HOME/tessera/kernels`,
+/// else `~/.cache/tessera/kernels`, else a folder under the system temp dir.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TESSERA_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("tessera/kernels");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".cache/tessera/kernels");
+    }
+    std::env::temp_dir().join("tessera-kernels")
+}
+
+/// The cache key: everything that changes the CUBIN.
+pub fn cache_key(module: Module, arch: &str, nvrtc: (i32, i32)) -> String {
+    let mut h = Sha256::new();
+    h.update(module.source().as_bytes());
+    for o in options(arch) {
+        h.update(o.as_bytes());
+        h.update([0]);
+    }
+    h.update(arch.as_bytes());
+    h.update(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
+    let digest = h.finalize();
+    digest.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Statistics of the kernel registry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompileStats {
+    /// Modules compiled by NVRTC in this process.
+    pub compiled: u64,
+    /// Modules loaded from the disk cache.
+    pub cache_hits: u64,
+}
+
+/// Loaded modules and functions of one context; compiles on first use.
+pub(crate) struct Kernels {
+    ctx: Arc<CudaContext>,
+    arch: String,
+    nvrtc: (i32, i32),
+    modules: HashMap<Module, Arc<CudaModule>>,
+    functions: HashMap<Kernel, CudaFunction>,
+    pub stats: CompileStats,
+}
+
+impl Kernels {
+    pub fn new(ctx: Arc<CudaContext>, arch: String, nvrtc: (i32, i32)) -> Kernels {
+        Kernels { ctx, arch, nvrtc, modules: HashMap::new(), functions: HashMap::new(), stats: CompileStats::default() }
+    }
+
+    /// The function for `kernel`, compiling or loading its module first if needed.
+    pub fn get(&mut self, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
+        if !self.functions.contains_key(&kernel) {
+            let module = self.module(kernel)?;
+            let f = module.load_function(kernel.name).map_err(|e| CudaError::Driver {
+                what: format!("loading kernel {} from {}.cu", kernel.name, kernel.module.name()),
+                detail: e.to_string(),
+            })?;
+            self.functions.insert(kernel, f);
+        }
+        Ok(&self.functions[&kernel])
+    }
+
+    /// Compiles or loads every module.
+    pub fn load_all(&mut self) -> Result<(), CudaError> {
+        for m in Module::ALL {
+            self.module(Kernel::new(m, "(warm-up)"))?;
+        }
+        Ok(())
+    }
+
+    fn module(&mut self, kernel: Kernel) -> Result<Arc<CudaModule>, CudaError> {
+        if let Some(m) = self.modules.get(&kernel.module) {
+            return Ok(m.clone());
+        }
+        let key = cache_key(kernel.module, &self.arch, self.nvrtc);
+        let path = cache_dir().join(format!("{}-{}-{key}.cubin", kernel.module.name(), self.arch));
+        let cubin = match std::fs::read(&path) {
+            Ok(bytes) if !bytes.is_empty() => {
+                self.stats.cache_hits += 1;
+                bytes
+            }
+            _ => {
+                let bytes = compile(kernel.module, &self.arch).map_err(|e| match e {
+                    CudaError::Compile { module, arch, log } => {
+                        CudaError::Compile { module, arch, log: format!("(needed by kernel {})\n{log}", kernel.name) }
+                    }
+                    other => other,
+                })?;
+                self.stats.compiled += 1;
+                store_in_cache(&path, &bytes);
+                bytes
+            }
+        };
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| CudaError::Driver { what: format!("loading module {}.cu", kernel.module.name()), detail: e.to_string() })?;
+        self.modules.insert(kernel.module, module.clone());
+        Ok(module)
+    }
+}
+
+/// Best effort: a cache that cannot be written only costs a recompile next time.
+fn store_in_cache(path: &std::path::Path, bytes: &[u8]) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}

@@ -1,0 +1,193 @@
+//! CUDA graph capture and replay of whole steps.
+//!
+//! A step (one `compute` call) is identified by its [`StepKey`]: the ops with their params, the
+//! descriptors of every input and output, and the device addresses they resolve to. The first time
+//! a structure is seen its kernels are captured into a CUDA graph and instantiated; the same key
+//! again replays the executable graph with one launch. A step with the same structure but other
+//! addresses (the pool handed out other blocks, a new batch of tokens in the same shapes) is
+//! captured again and *updated* into the existing executable graph (`cuGraphExecUpdate`), which
+//! is much cheaper than instantiating; only when the update is refused is it re-instantiated.
+//! Counters let tests and benches see which happened.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+
+use cudarc::driver::sys;
+use tessera_graph::BackendError;
+use tessera_ops::{Op, TensorMeta};
+
+use crate::errors::NAME;
+
+/// What the graph cache has done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Steps captured and instantiated as a new executable graph.
+    pub captures: u64,
+    /// Steps captured and updated into an existing executable graph of the same structure.
+    pub updates: u64,
+    /// Steps replayed from an executable graph without capturing.
+    pub replays: u64,
+    /// Steps run eagerly (graphs off, or a capture that failed).
+    pub eager: u64,
+    /// Captures the driver refused (the step then ran eagerly).
+    pub capture_failures: u64,
+}
+
+/// What identifies a step: see the module docs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StepKey {
+    pub ops: Vec<Op>,
+    pub metas: Vec<TensorMeta>,
+    pub addrs: Vec<u64>,
+}
+
+impl StepKey {
+    fn structure_hash(&self) -> u64 {
+        let mut h = DefaultHasher::new();
+        for op in &self.ops {
+            std::mem::discriminant(op).hash(&mut h);
+        }
+        self.metas.hash(&mut h);
+        h.finish()
+    }
+
+    fn same_structure(&self, other: &StepKey) -> bool {
+        self.ops == other.ops && self.metas == other.metas
+    }
+}
+
+struct Entry {
+    key: StepKey,
+    exec: sys::CUgraphExec,
+}
+
+/// Executable graphs by step structure, least recently captured evicted first.
+pub(crate) struct Graphs {
+    entries: HashMap<u64, Vec<Entry>>,
+    order: VecDeque<u64>,
+    capacity: usize,
+    pub stats: GraphStats,
+}
+
+fn driver(what: &str, r: sys::CUresult) -> Result<(), BackendError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(BackendError::Device { backend: NAME.into(), detail: format!("{what}: {r:?}") })
+    }
+}
+
+impl Graphs {
+    pub fn new(capacity: usize) -> Graphs {
+        Graphs { entries: HashMap::new(), order: VecDeque::new(), capacity: capacity.max(1), stats: GraphStats::default() }
+    }
+
+    /// Runs a step: replays its graph when the key matches one, else captures `record` (which
+    /// enqueues the step's work on `stream`) and launches the result. `record` may be called
+    /// twice: once under capture and, if the driver refuses the capture, once eagerly.
+    pub fn run(
+        &mut self,
+        stream: sys::CUstream,
+        key: StepKey,
+        mut record: impl FnMut() -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let hash = key.structure_hash();
+        let bucket = self.entries.entry(hash).or_default();
+        let existing = bucket.iter().position(|e| e.key.same_structure(&key));
+        if let Some(i) = existing
+            && bucket[i].key.addrs == key.addrs
+        {
+            self.stats.replays += 1;
+            // SAFETY: a live executable graph and our stream.
+            return driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(bucket[i].exec, stream) });
+        }
+
+        // SAFETY: our stream, not capturing. Relaxed mode: a kernel module loaded for the first
+        // time inside the capture is allowed.
+        driver("cuStreamBeginCapture", unsafe {
+            sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        })?;
+        let recorded = record();
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above, whatever `record` did.
+        let ended = unsafe { sys::cuStreamEndCapture(stream, &mut graph) };
+        if let Err(e) = recorded {
+            if !graph.is_null() {
+                // SAFETY: the graph just captured, owned here.
+                unsafe { sys::cuGraphDestroy(graph) };
+            }
+            return Err(e);
+        }
+        if ended != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
+            self.stats.capture_failures += 1;
+            self.stats.eager += 1;
+            return record();
+        }
+        struct Owned(sys::CUgraph);
+        impl Drop for Owned {
+            fn drop(&mut self) {
+                // SAFETY: the captured graph, destroyed once; executables do not need it.
+                unsafe { sys::cuGraphDestroy(self.0) };
+            }
+        }
+        let graph = Owned(graph);
+
+        let bucket = self.entries.get_mut(&hash).expect("bucket created above");
+        if let Some(i) = existing {
+            let mut info: sys::CUgraphExecUpdateResultInfo = unsafe { std::mem::zeroed() };
+            // SAFETY: a live executable graph and a graph of the same structure.
+            let r = unsafe { sys::cuGraphExecUpdate_v2(bucket[i].exec, graph.0, &mut info) };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                self.stats.updates += 1;
+                bucket[i].key = key;
+                // SAFETY: as above.
+                return driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(bucket[i].exec, stream) });
+            }
+            let old = bucket.swap_remove(i);
+            // SAFETY: the executable graph is replaced; queued launches of it keep their resources.
+            unsafe { sys::cuGraphExecDestroy(old.exec) };
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a valid captured graph.
+        driver("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) })?;
+        self.stats.captures += 1;
+        bucket.push(Entry { key, exec });
+        self.order.push_back(hash);
+        // SAFETY: just instantiated.
+        let launched = driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) });
+        self.evict();
+        launched
+    }
+
+    fn evict(&mut self) {
+        while self.order.len() > self.capacity {
+            let Some(hash) = self.order.pop_front() else { break };
+            if let Some(bucket) = self.entries.get_mut(&hash)
+                && !bucket.is_empty()
+            {
+                let e = bucket.remove(0);
+                // SAFETY: an executable graph we own; launches already queued keep running.
+                unsafe { sys::cuGraphExecDestroy(e.exec) };
+            }
+        }
+    }
+
+    /// Destroys every executable graph (when addresses they bake in go away, e.g. the scratch
+    /// arena moves).
+    pub fn clear(&mut self) {
+        for (_, bucket) in self.entries.drain() {
+            for e in bucket {
+                // SAFETY: executables we own.
+                unsafe { sys::cuGraphExecDestroy(e.exec) };
+            }
+        }
+        self.order.clear();
+    }
+}
+
+impl Drop for Graphs {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}

@@ -1,0 +1,153 @@
+//! What a kernel wrapper works with: tensors as device descriptors ([`TensorArg`]) and the launch
+//! context ([`Cx`]) of one task.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, sys};
+use tessera_graph::{BackendError, Task};
+use tessera_ops::{DType, TensorMeta};
+
+use crate::compile::{Kernel, Kernels};
+use crate::device::DeviceInfo;
+use crate::errors::{CudaError, NAME};
+
+/// A tensor as kernels receive it, by value; mirrors `struct Tensor` in kernels/common.cuh:
+/// TAG(tensor-arg). `data` is the address of element (0, 0, 0, 0).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TensorArg {
+    pub data: u64,
+    pub ne: [i64; 4],
+    pub nb: [i64; 4],
+}
+
+// SAFETY: `TensorArg` is `repr(C)` plain data matching the kernels' `struct Tensor` layout
+// (one 8-byte pointer, then two arrays of four i64).
+unsafe impl DeviceRepr for TensorArg {}
+
+impl TensorArg {
+    pub fn new(data: u64, meta: &TensorMeta) -> TensorArg {
+        TensorArg { data, ne: meta.ne.map(|n| n as i64), nb: meta.nb.map(|n| n as i64) }
+    }
+
+    pub fn nelements(&self) -> i64 {
+        self.ne.iter().product()
+    }
+}
+
+/// A lazily created cuBLAS handle bound to the backend's stream, with a fixed workspace so that
+/// cuBLAS calls can be captured into CUDA graphs.
+pub(crate) struct Blas {
+    handle: Option<sys_blas::cublasHandle_t>,
+    workspace: Option<(u64, usize)>,
+}
+
+pub(crate) use cudarc::cublas::sys as sys_blas;
+
+/// cuBLAS workspace bytes (cuBLAS asks for up to 32 MiB on Hopper).
+pub(crate) const BLAS_WORKSPACE: usize = 32 << 20;
+
+impl Blas {
+    pub fn new() -> Blas {
+        Blas { handle: None, workspace: None }
+    }
+
+    /// The handle; `workspace` is a device block of [`BLAS_WORKSPACE`] bytes the caller owns
+    /// (from the pool) for the handle's lifetime.
+    pub fn handle(
+        &mut self,
+        stream: &CudaStream,
+        workspace: impl FnOnce() -> Result<u64, CudaError>,
+    ) -> Result<sys_blas::cublasHandle_t, CudaError> {
+        if let Some(h) = self.handle {
+            return Ok(h);
+        }
+        // SAFETY: checks that the library loads before calling into it.
+        if !unsafe { sys_blas::is_culib_present() } {
+            return Err(CudaError::Cublas { what: "loading cuBLAS".into(), detail: "libcublas.so was not found".into() });
+        }
+        let err = |what: &'static str| move |e: cudarc::cublas::result::CublasError| CudaError::Cublas { what: what.into(), detail: format!("{e:?}") };
+        let h = cudarc::cublas::result::create_handle().map_err(err("creating a handle"))?;
+        let ws = workspace()?;
+        // SAFETY: `h` is a fresh handle; the stream and the workspace outlive it (both are owned
+        // by the backend, which destroys the handle first).
+        unsafe {
+            cudarc::cublas::result::set_stream(h, stream.cu_stream() as _).map_err(err("setting the stream"))?;
+            sys_blas::cublasSetWorkspace_v2(h, ws as *mut std::ffi::c_void, BLAS_WORKSPACE)
+                .result()
+                .map_err(err("setting the workspace"))?;
+        }
+        self.handle = Some(h);
+        self.workspace = Some((ws, BLAS_WORKSPACE));
+        Ok(h)
+    }
+
+    /// Destroys the handle; returns the workspace block for the caller to free.
+    pub fn destroy(&mut self) -> Option<u64> {
+        if let Some(h) = self.handle.take() {
+            // SAFETY: created by `create_handle`, destroyed once.
+            let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
+        }
+        self.workspace.take().map(|(p, _)| p)
+    }
+}
+
+/// Everything a kernel wrapper needs to launch one task's kernels.
+pub(crate) struct Cx<'a> {
+    pub stream: &'a Arc<CudaStream>,
+    pub kernels: &'a mut Kernels,
+    pub info: &'a DeviceInfo,
+    /// Scratch device memory for this task (at least what the op's `scratch_bytes` asked for),
+    /// reused by the next task; 0 when none was asked for.
+    pub scratch: u64,
+    /// The device `ErrorRecord` kernels report data errors to.
+    pub errors: u64,
+    pub blas: &'a mut Blas,
+    /// Allocates cuBLAS's workspace on first use.
+    pub alloc_workspace: &'a mut dyn FnMut() -> Result<u64, CudaError>,
+}
+
+impl Cx<'_> {
+    /// The loaded function for `kernel` (compiling its module on first use).
+    pub fn function(&mut self, kernel: Kernel) -> Result<CudaFunction, BackendError> {
+        Ok(self.kernels.get(kernel)?.clone())
+    }
+
+    /// The cuBLAS handle, bound to the stream.
+    pub fn cublas(&mut self) -> Result<sys_blas::cublasHandle_t, BackendError> {
+        let alloc = &mut *self.alloc_workspace;
+        Ok(self.blas.handle(self.stream, alloc)?)
+    }
+
+    /// Raises `kernel`'s dynamic shared memory limit to `bytes` (needed above 48 KiB).
+    pub fn allow_shared(&mut self, kernel: Kernel, bytes: u32) -> Result<(), BackendError> {
+        let f = self.function(kernel)?;
+        f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+            .map_err(|e| launch_error(kernel, e))
+    }
+}
+
+/// A launch configuration from grid and block sizes and dynamic shared memory bytes.
+pub(crate) fn config(grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: shared }
+}
+
+/// Blocks of `threads` threads to cover `n` items, capped at the grid limit (kernels loop with a
+/// grid stride beyond it).
+pub(crate) fn blocks_for(n: i64, threads: u32) -> u32 {
+    ((n.max(1) as u64).div_ceil(threads as u64)).min(1 << 30) as u32
+}
+
+pub(crate) fn launch_error(kernel: Kernel, e: impl std::fmt::Display) -> BackendError {
+    BackendError::Device { backend: NAME.into(), detail: format!("launching {}::{}: {e}", kernel.module.name(), kernel.name) }
+}
+
+/// The unsupported-op error for a task a family cannot run.
+pub(crate) fn unsupported(task: &Task<'_>, why: impl Into<String>) -> BackendError {
+    BackendError::Unsupported { backend: NAME.into(), op: task.op.name(), why: why.into() }
+}
+
+/// The dtype code kernels switch on (`DT_*` in common.cuh: ggml type ids).
+pub(crate) fn dt(d: DType) -> i32 {
+    d.ggml_id() as i32
+}

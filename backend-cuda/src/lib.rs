@@ -1,0 +1,396 @@
+//! # tessera-cuda: the CUDA backend
+//!
+//! [`CudaBackend`] runs every op on an NVIDIA GPU. It loads the CUDA libraries at run time
+//! (cudarc's dynamic loading), so this crate builds and its tests run on machines without CUDA;
+//! [`CudaBackend::new`] says why when no GPU is usable.
+//!
+//! # How a step runs
+//!
+//! 1. `compute` validates every task (shape rules, buffer bounds) on the host.
+//! 2. The tasks' kernels are enqueued on the backend's one stream, each through its family's typed
+//!    wrapper in `ops/` (kernels in `kernels/*.cu`, compiled by NVRTC at first use and cached on
+//!    disk, see [`compile`]).
+//! 3. With CUDA graphs on (the default), the whole step is captured into a graph the first time its
+//!    structure is seen and replayed afterwards ([`GraphStats`]).
+//! 4. Nothing waits for the GPU until results are asked for (`read`, `synchronize`); data errors
+//!    found by kernels (a row id out of range) are reported there.
+//!
+//! Memory comes from a caching pool ([`PoolStats`]); writes of 1 MiB and more go through pinned
+//! staging memory.
+
+pub mod compile;
+mod device;
+mod errors;
+mod graphs;
+mod launch;
+mod ops;
+mod pool;
+mod staging;
+
+use cudarc::driver::{result, sys};
+use smallvec::SmallVec;
+use tessera_graph::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
+use tessera_ops::{Op, TensorMeta};
+
+pub use compile::{CompileStats, Module};
+pub use device::{DeviceInfo, libraries_present, nvrtc_version};
+pub use errors::CudaError;
+pub use graphs::GraphStats;
+pub use pool::{PoolStats, size_class};
+
+use device::Device;
+use errors::{ErrorRecord, NAME};
+use graphs::{Graphs, StepKey};
+use launch::{Blas, Cx, TensorArg};
+use pool::Pool;
+use staging::{STAGING_THRESHOLD, Staging};
+
+/// How to set up a [`CudaBackend`].
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    /// Device ordinal.
+    pub device: usize,
+    /// Capture steps into CUDA graphs and replay them (default on; `TESSERA_CUDA_GRAPHS=0` turns
+    /// it off).
+    pub graphs: bool,
+    /// Executable graphs kept at most.
+    pub graph_capacity: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        let graphs = std::env::var("TESSERA_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
+        CudaOptions { device: 0, graphs, graph_capacity: 64 }
+    }
+}
+
+/// Counters of everything the backend did, for tests, benches and reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaStats {
+    pub pool: PoolStats,
+    pub graphs: GraphStats,
+    pub compile: CompileStats,
+}
+
+struct Block {
+    ptr: u64,
+    len: usize,
+    class: usize,
+}
+
+/// The CUDA backend. See the crate docs.
+pub struct CudaBackend {
+    dev: Device,
+    pool: Pool,
+    blocks: Vec<Option<Block>>,
+    free_ids: Vec<u32>,
+    kernels: compile::Kernels,
+    blas: Blas,
+    /// Scratch device memory shared by the tasks of a step: (address, class size).
+    scratch: Option<(u64, usize)>,
+    /// The device [`ErrorRecord`] (one pool block, zeroed).
+    errors: u64,
+    graphs: Graphs,
+    use_graphs: bool,
+    staging: Option<Staging>,
+}
+
+impl CudaBackend {
+    /// A backend on device 0 with default options.
+    pub fn new() -> Result<CudaBackend, CudaError> {
+        Self::with_options(CudaOptions::default())
+    }
+
+    pub fn with_options(opts: CudaOptions) -> Result<CudaBackend, CudaError> {
+        let dev = Device::open(opts.device)?;
+        let kernels = compile::Kernels::new(dev.ctx.clone(), dev.info.arch(), dev.info.nvrtc_version);
+        let mut pool = Pool::new();
+        let stream = dev.stream.cu_stream();
+        let sync = || unsafe { result::stream::synchronize(stream) };
+        let (errors, _) = pool.alloc(std::mem::size_of::<ErrorRecord>(), sync)?;
+        // SAFETY: a fresh block of at least size_of::<ErrorRecord>() bytes.
+        unsafe { result::memset_d8_sync(errors, 0, std::mem::size_of::<ErrorRecord>()) }
+            .map_err(CudaError::driver("zeroing the error record"))?;
+        Ok(CudaBackend {
+            dev,
+            pool,
+            blocks: Vec::new(),
+            free_ids: Vec::new(),
+            kernels,
+            blas: Blas::new(),
+            scratch: None,
+            errors,
+            graphs: Graphs::new(opts.graph_capacity),
+            use_graphs: opts.graphs,
+            staging: None,
+        })
+    }
+
+    /// Whether a GPU is usable here, and which; `Err` says why not (no driver, no device, ...).
+    pub fn probe() -> Result<DeviceInfo, CudaError> {
+        Device::open(0).map(|d| d.info)
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.dev.info
+    }
+
+    pub fn stats(&self) -> CudaStats {
+        CudaStats { pool: self.pool.stats, graphs: self.graphs.stats, compile: self.kernels.stats }
+    }
+
+    /// Turns CUDA graph capture on or off (off: every step runs eagerly).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+    }
+
+    /// Compiles (or loads from the disk cache) every kernel module now, so that first use does not.
+    pub fn warm_up(&mut self) -> Result<(), CudaError> {
+        self.kernels.load_all()
+    }
+
+    fn block(&self, id: BufferId) -> Result<&Block, BackendError> {
+        self.blocks
+            .get(id.0 as usize)
+            .and_then(|b| b.as_ref())
+            .ok_or(BackendError::UnknownBuffer { backend: NAME.into(), buffer: id })
+    }
+
+    /// The device address of a placed tensor after checking it lies inside its buffer.
+    fn address(&self, r: &TensorRef) -> Result<u64, BackendError> {
+        let b = self.block(r.buffer)?;
+        check_range(NAME, r.buffer, b.len, r.offset, r.meta.span_bytes())?;
+        Ok(b.ptr + r.offset as u64)
+    }
+
+    fn stream(&self) -> sys::CUstream {
+        self.dev.stream.cu_stream()
+    }
+
+    /// Waits for queued work and reports the first data error a kernel recorded since the last
+    /// check.
+    fn sync_and_check(&mut self) -> Result<(), BackendError> {
+        self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
+        // SAFETY: our stream.
+        unsafe { result::stream::synchronize(self.stream()) }.map_err(CudaError::driver("synchronising the stream"))?;
+        let mut rec = ErrorRecord::default();
+        // SAFETY: `errors` holds one ErrorRecord; the stream is idle.
+        unsafe { result::memcpy_dtoh_sync(bytemuck::bytes_of_mut(&mut rec), self.errors) }
+            .map_err(CudaError::driver("reading the error record"))?;
+        if let Some(e) = rec.to_kernel_error() {
+            // SAFETY: as above.
+            unsafe { result::memset_d8_sync(self.errors, 0, std::mem::size_of::<ErrorRecord>()) }
+                .map_err(CudaError::driver("clearing the error record"))?;
+            return Err(BackendError::Kernel(e));
+        }
+        Ok(())
+    }
+
+    /// Makes the scratch arena at least `bytes` long. Growing it moves it, so every captured
+    /// graph (which bakes in its address) is dropped.
+    fn ensure_scratch(&mut self, bytes: usize) -> Result<u64, BackendError> {
+        if bytes == 0 {
+            return Ok(self.scratch.map_or(0, |s| s.0));
+        }
+        if let Some((ptr, class)) = self.scratch
+            && class >= bytes
+        {
+            return Ok(ptr);
+        }
+        let stream = self.stream();
+        if let Some((ptr, class)) = self.scratch.take() {
+            self.pool.free(ptr, class);
+        }
+        self.graphs.clear();
+        let (ptr, class) = self.pool.alloc(bytes, || unsafe { result::stream::synchronize(stream) })?;
+        self.scratch = Some((ptr, class));
+        Ok(ptr)
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let _ = self.dev.ctx.bind_to_thread();
+        // SAFETY: our stream; waits for queued work before memory goes away.
+        let _ = unsafe { result::stream::synchronize(self.dev.stream.cu_stream()) };
+        self.graphs.clear();
+        if let Some(ws) = self.blas.destroy() {
+            // SAFETY: the workspace block, no longer used by cuBLAS.
+            let _ = unsafe { result::free_sync(ws) };
+        }
+        for b in self.blocks.drain(..).flatten() {
+            // SAFETY: blocks we allocated; the stream is idle.
+            let _ = unsafe { result::free_sync(b.ptr) };
+        }
+        if let Some((ptr, _)) = self.scratch.take() {
+            // SAFETY: as above.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+        // SAFETY: as above.
+        let _ = unsafe { result::free_sync(self.errors) };
+        self.pool.release_all();
+    }
+}
+
+/// One task with its tensors resolved to device descriptors.
+struct Resolved<'t, 'g> {
+    task: &'t Task<'g>,
+    inputs: SmallVec<[TensorArg; 4]>,
+    output: TensorArg,
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn supports(&self, op: &Op, inputs: &[TensorMeta]) -> bool {
+        let refs: SmallVec<[&TensorMeta; 4]> = inputs.iter().collect();
+        !op.is_view() && tessera_ops::infer(op, &refs).is_ok() && ops::supports(op, inputs)
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<BufferId, BackendError> {
+        self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
+        let stream = self.stream();
+        let (ptr, class) = self.pool.alloc(bytes, || unsafe { result::stream::synchronize(stream) })?;
+        let block = Block { ptr, len: bytes, class };
+        let id = match self.free_ids.pop() {
+            Some(i) => {
+                self.blocks[i as usize] = Some(block);
+                i
+            }
+            None => {
+                self.blocks.push(Some(block));
+                (self.blocks.len() - 1) as u32
+            }
+        };
+        Ok(BufferId(id))
+    }
+
+    fn free(&mut self, buffer: BufferId) {
+        if let Some(slot) = self.blocks.get_mut(buffer.0 as usize)
+            && let Some(b) = slot.take()
+        {
+            self.pool.free(b.ptr, b.class);
+            self.free_ids.push(buffer.0);
+        }
+    }
+
+    fn size(&self, buffer: BufferId) -> Result<usize, BackendError> {
+        Ok(self.block(buffer)?.len)
+    }
+
+    fn write(&mut self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        let b = self.block(buffer)?;
+        check_range(NAME, buffer, b.len, offset, data.len())?;
+        let dst = b.ptr + offset as u64;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
+        let stream = self.stream();
+        if data.len() >= STAGING_THRESHOLD {
+            if self.staging.is_none() {
+                self.staging = Some(Staging::new()?);
+            }
+            let staging = self.staging.as_mut().expect("created above");
+            return Ok(staging.upload(stream, dst, data)?);
+        }
+        // SAFETY: `dst..dst + len` lies in the block (checked); a copy from pageable memory
+        // has read `data` when the call returns.
+        unsafe { result::memcpy_htod_async(dst, data, stream) }.map_err(CudaError::driver("copying to the device"))?;
+        Ok(())
+    }
+
+    fn read(&mut self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        let b = self.block(buffer)?;
+        check_range(NAME, buffer, b.len, offset, out.len())?;
+        let src = b.ptr + offset as u64;
+        self.sync_and_check()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `src..src + len` lies in the block; the stream is idle.
+        unsafe { result::memcpy_dtoh_sync(out, src) }.map_err(CudaError::driver("copying from the device"))?;
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.sync_and_check()
+    }
+
+    fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
+        let mut resolved = Vec::with_capacity(tasks.len());
+        let mut scratch = 0usize;
+        for task in tasks {
+            let metas: SmallVec<[&TensorMeta; 4]> = task.inputs.iter().map(|r| &r.meta).collect();
+            let inferred = tessera_ops::infer(task.op, &metas).map_err(|e| launch::unsupported(task, e.to_string()))?;
+            if inferred.ne != task.output.meta.ne || inferred.dtype != task.output.meta.dtype {
+                return Err(launch::unsupported(task, "the output descriptor disagrees with the shape rules"));
+            }
+            let inputs = task
+                .inputs
+                .iter()
+                .map(|r| Ok(TensorArg::new(self.address(r)?, &r.meta)))
+                .collect::<Result<SmallVec<[TensorArg; 4]>, BackendError>>()?;
+            let output = TensorArg::new(self.address(&task.output)?, &task.output.meta);
+            let in_metas: SmallVec<[TensorMeta; 4]> = task.inputs.iter().map(|r| r.meta).collect();
+            if !ops::supports(task.op, &in_metas) {
+                return Err(launch::unsupported(task, "no CUDA kernel for these inputs"));
+            }
+            scratch = scratch.max(ops::scratch_bytes(task));
+            resolved.push(Resolved { task, inputs, output });
+        }
+        let scratch = self.ensure_scratch(scratch)?;
+        let stream = self.stream();
+        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, .. } = self;
+        let mut alloc_workspace = || -> Result<u64, CudaError> {
+            pool.alloc(launch::BLAS_WORKSPACE, || unsafe { result::stream::synchronize(stream) }).map(|(p, _)| p)
+        };
+        let mut record = || -> Result<(), BackendError> {
+            let mut cx = Cx {
+                stream: &dev.stream,
+                kernels,
+                info: &dev.info,
+                scratch,
+                errors: *errors,
+                blas,
+                alloc_workspace: &mut alloc_workspace,
+            };
+            for r in &resolved {
+                ops::run(&mut cx, r.task, &r.inputs, r.output)?;
+            }
+            Ok(())
+        };
+        if !*use_graphs {
+            graphs.stats.eager += 1;
+            return record();
+        }
+        let mut key = StepKey { ops: Vec::with_capacity(tasks.len()), metas: Vec::new(), addrs: Vec::new() };
+        for r in &resolved {
+            key.ops.push(r.task.op.clone());
+            for (meta, arg) in r.task.inputs.iter().map(|x| &x.meta).zip(&r.inputs).chain([(&r.task.output.meta, &r.output)]) {
+                key.metas.push(*meta);
+                key.addrs.push(arg.data);
+            }
+        }
+        key.addrs.push(scratch);
+        graphs.run(stream, key, record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_module_has_its_source() {
+        for m in crate::Module::ALL {
+            let src = m.source();
+            assert!(src.contains("struct Tensor"), "{} lacks common.cuh", m.name());
+            assert!(src.contains("extern \"C\" __global__"), "kernels/{}.cu defines no kernel", m.name());
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Op dispatch: which family's wrappers run a task, whether the family has a kernel for the inputs,
+//! and how much scratch memory it needs. One file per family, as in `kernels/`.
+
+mod attention;
+mod conv;
+mod data;
+mod delta_net;
+mod elementwise;
+mod matmul;
+mod quant;
+mod reduce;
+mod rope;
+
+use tessera_graph::{BackendError, Task};
+use tessera_ops::{Op, TensorMeta};
+
+use crate::launch::{Cx, TensorArg, unsupported};
+
+/// The op families, as in `kernels/*.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Elementwise,
+    Data,
+    Reduce,
+    Rope,
+    Quant,
+    Matmul,
+    Attention,
+    Conv,
+    DeltaNet,
+}
+
+fn family(op: &Op) -> Option<Family> {
+    Some(match op {
+        Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Family::Elementwise,
+        Op::GetRows | Op::SetRows | Op::Cpy | Op::Cast(_) | Op::Cont | Op::Concat { .. } | Op::Repeat { .. } => {
+            Family::Data
+        }
+        Op::RmsNorm(_) | Op::L2Norm { .. } | Op::SumRows | Op::Softmax(_) | Op::Argmax | Op::TopK { .. } | Op::Argsort(_) => {
+            Family::Reduce
+        }
+        Op::RopeMulti(_) => Family::Rope,
+        Op::Quantize(_) | Op::Dequantize => Family::Quant,
+        Op::MulMat | Op::MulMatId => Family::Matmul,
+        Op::FlashAttnExt(_) => Family::Attention,
+        Op::SsmConv | Op::SsmConvUpdate { .. } => Family::Conv,
+        Op::GatedDeltaNet(_) => Family::DeltaNet,
+        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
+    })
+}
+
+/// Whether a kernel exists for `op` on inputs with these descriptors (the shape rules have
+/// already accepted them).
+pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
+    match family(op) {
+        Some(Family::Elementwise) => elementwise::supports(op, inputs),
+        Some(Family::Data) => data::supports(op, inputs),
+        Some(Family::Reduce) => reduce::supports(op, inputs),
+        Some(Family::Rope) => rope::supports(op, inputs),
+        Some(Family::Quant) => quant::supports(op, inputs),
+        Some(Family::Matmul) => matmul::supports(op, inputs),
+        Some(Family::Attention) => attention::supports(op, inputs),
+        Some(Family::Conv) => conv::supports(op, inputs),
+        Some(Family::DeltaNet) => delta_net::supports(op, inputs),
+        None => false,
+    }
+}
+
+/// Scratch device memory the task needs while it runs (shared by all tasks of a step, one at a
+/// time, so the step gets the largest of them).
+pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
+    match family(task.op) {
+        Some(Family::Matmul) => matmul::scratch_bytes(task),
+        Some(Family::Attention) => attention::scratch_bytes(task),
+        Some(Family::DeltaNet) => delta_net::scratch_bytes(task),
+        Some(Family::Reduce) => reduce::scratch_bytes(task),
+        _ => 0,
+    }
+}
+
+/// Enqueues the task's kernels.
+pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    match family(task.op) {
+        Some(Family::Elementwise) => elementwise::run(cx, task, ins, out),
+        Some(Family::Data) => data::run(cx, task, ins, out),
+        Some(Family::Reduce) => reduce::run(cx, task, ins, out),
+        Some(Family::Rope) => rope::run(cx, task, ins, out),
+        Some(Family::Quant) => quant::run(cx, task, ins, out),
+        Some(Family::Matmul) => matmul::run(cx, task, ins, out),
+        Some(Family::Attention) => attention::run(cx, task, ins, out),
+        Some(Family::Conv) => conv::run(cx, task, ins, out),
+        Some(Family::DeltaNet) => delta_net::run(cx, task, ins, out),
+        None => Err(unsupported(task, "views are resolved by the executor, never computed")),
+    }
+}
