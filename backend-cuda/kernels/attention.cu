@@ -1,2 +1,295 @@
-// attention.cu: IN PROGRESS
-extern "C" __global__ void attention_placeholder() {}
+// attention.cu: flash_attn_ext (online-softmax attention, f32 accumulation), optionally reading K/V
+// through a paged block table.
+//
+// `fa_partial` is one kernel for decode and small prefills. A block takes a tile of query rows
+// (up to FA_R rows: `hb` query heads of one kv group times `tb` tokens, so every K/V row it reads
+// serves all of them: GQA sharing) and a range of kv positions (a split: long contexts are cut
+// into `n_splits` ranges run by different blocks). Each of its FA_W warps walks chunks of 32
+// positions: per position, lane `l` holds elements `l*8 .. l*8+7` (+256 per further chunk of the
+// head dim) of the K row (one 16-byte load for f16/bf16 when aligned), the warp reduces the dot
+// per query row and lane `c` keeps the logit of position `c`; then softcap, mask, the chunk's
+// online-softmax update and the weighted V rows (same element layout as K). The warps' states
+// are merged in shared memory; with one split the block writes the output rows, else it writes
+// (max, sum, acc[d_v]) partials to scratch and `fa_combine` merges the splits.
+//
+// Semantics match backend-cpu/src/cpu/attention.rs: logit = dot * scale, or
+// softcap * tanh(dot * scale / softcap); plus mask[j, t, 0, s % mask.ne3]; a row whose logits are
+// all -inf comes out as zeros. Query head h reads kv head h / (n_head / n_head_kv).
+
+#define FA_W 4    // warps per block
+#define FA_R 8    // query rows per block (tile)
+#define FA_D 256  // largest head dim (d_k and d_v)
+#define FA_E 8    // elements per lane per 256-wide chunk of the head dim
+#define FA_KU 4   // K/V rows loaded ahead per lane (memory-level parallelism)
+
+// Eight elements starting at `row + e0` (elements e0 .. e0+7 of a row) as f32; elements at or past
+// `d` read as 0. VEC: the row is 16-byte aligned, d % 8 == 0 and dt is the compile-time DT.
+template <int DT, bool VEC>
+__device__ __forceinline__ void fa_load8(const char* row, int dt, int e0, int d, float* x) {
+    if (VEC) {
+        if (e0 >= d) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[k] = 0.0f;
+            return;
+        }
+        if (DT == DT_F32) {
+            float4 a = *(const float4*)(row + (i64)e0 * 4);
+            float4 b = *(const float4*)(row + (i64)e0 * 4 + 16);
+            x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
+            x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+        } else {
+            uint4 u = *(const uint4*)(row + (i64)e0 * 2);
+            u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u16 lo = (u16)(w[k] & 0xffffu), hi = (u16)(w[k] >> 16);
+                if (DT == DT_F16) {
+                    x[2 * k] = f16_to_f32(lo);
+                    x[2 * k + 1] = f16_to_f32(hi);
+                } else {
+                    x[2 * k] = bf16_to_f32(lo);
+                    x[2 * k + 1] = bf16_to_f32(hi);
+                }
+            }
+        }
+    } else {
+        int es = dt == DT_F32 ? 4 : 2;
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = e0 + k < d ? load_f32(row + (i64)(e0 + k) * es, dt) : 0.0f;
+    }
+}
+
+template <int DT, bool VEC>
+__device__ __forceinline__ void fa_partial_impl(
+    Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int kdt, int vdt, int mdt,
+    int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb, int tb,
+    int h_blocks, int t_blocks, float* part, u64 err, u32 opcode) {
+    __shared__ float s_p[FA_W][FA_R][32];
+    __shared__ float s_m[FA_W][FA_R];
+    __shared__ float s_l[FA_W][FA_R];
+    __shared__ float s_acc[FA_W][FA_R][FA_D];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int dk = (int)q.ne[0], n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
+    const int dv = (int)v.ne[0], n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
+    const int n_kv = paged ? (int)table.ne[0] : n_cells;
+    const int group = n_head / n_head_kv;
+
+    const int tile = blockIdx.x, split = blockIdx.y, s = blockIdx.z;
+    const int tbi = tile % t_blocks, hbi = (tile / t_blocks) % h_blocks, hk = tile / (t_blocks * h_blocks);
+    const int h0 = hk * group + hbi * hb, t0 = tbi * tb;
+    const int hn = min(hb, group - hbi * hb), tn = min(tb, n_tokens - t0);
+    const int nrows = hn * tn;
+    const int j_begin = split * split_len, j_end = min(n_kv, j_begin + split_len);
+    const i64 ks = paged ? 0 : s;
+    const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
+    const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
+
+    // This lane's query elements, f32, for every row of the tile.
+    float qr[FA_R][FA_E];
+    int tok[FA_R];
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        int h = h0 + (r < nrows ? r / tn : 0), t = t0 + (r < nrows ? r % tn : 0);
+        tok[r] = t;
+        const char* qrow = q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3];
+#pragma unroll
+        for (int e = 0; e < FA_E; e++) {
+            int i = lane * FA_E + e;
+            qr[r][e] = r < nrows && i < dk ? *(const float*)(qrow + (i64)i * q.nb[0]) : 0.0f;
+        }
+    }
+
+    float acc[FA_R][FA_E], m[FA_R], l[FA_R];
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        m[r] = -TS_INF;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < FA_E; e++) acc[r][e] = 0.0f;
+    }
+    const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
+    const i64 m_seq = has_mask ? (s % mask.ne[3]) * mask.nb[3] : 0;
+
+    for (int c0 = j_begin + warp * 32; c0 < j_end; c0 += FA_W * 32) {
+        const int j = c0 + lane;
+        int cell = -1;
+        if (j < j_end) {
+            if (paged) {
+                int c = *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]);
+                if (c < 0 || c >= n_cells) {
+                    report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, c, n_cells, 0, 0);
+                } else {
+                    cell = c;
+                }
+            } else {
+                cell = j;
+            }
+        }
+        // Logits: lane c ends up with position c0 + c's logit for every row.
+        float sl[FA_R];
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) sl[r] = 0.0f;
+        for (int cc = 0; cc < 32; cc += FA_KU) {
+            float kx[FA_KU][FA_E];
+            int cl[FA_KU];
+#pragma unroll
+            for (int u = 0; u < FA_KU; u++) {
+                cl[u] = __shfl_sync(0xffffffffu, cell, cc + u);
+                if (cl[u] >= 0) {
+                    fa_load8<DT, VEC>(kbase + (i64)cl[u] * k.nb[1], kdt, lane * FA_E, dk, kx[u]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < FA_E; e++) kx[u][e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < FA_KU; u++) {
+                if (cl[u] < 0) continue;
+#pragma unroll
+                for (int r = 0; r < FA_R; r++) {
+                    if (r >= nrows) break;
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < FA_E; e++) d += qr[r][e] * kx[u][e];
+                    d = warp_sum(d);
+                    if (lane == cc + u) sl[r] = d;
+                }
+            }
+        }
+        // Online-softmax update per row; weights go to shared memory for the V pass.
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) {
+            if (r >= nrows) break;
+            float x = -TS_INF;
+            if (cell >= 0) {
+                x = softcap > 0.0f ? softcap * tanhf(sl[r] * inner) : sl[r] * scale;
+                if (has_mask) {
+                    x += load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[r] * mask.nb[1] + m_seq, mdt);
+                }
+            }
+            float m_new = fmaxf(m[r], warp_max(x));
+            float p = 0.0f;
+            if (m_new != -TS_INF) {
+                float alpha = expf(m[r] - m_new);
+                p = expf(x - m_new);
+                l[r] = l[r] * alpha + warp_sum(p);
+#pragma unroll
+                for (int e = 0; e < FA_E; e++) acc[r][e] *= alpha;
+                m[r] = m_new;
+            }
+            s_p[warp][r][lane] = p;
+        }
+        __syncwarp();
+        for (int cc = 0; cc < 32; cc += FA_KU) {
+            float vx[FA_KU][FA_E];
+            int cl[FA_KU];
+#pragma unroll
+            for (int u = 0; u < FA_KU; u++) {
+                cl[u] = __shfl_sync(0xffffffffu, cell, cc + u);
+                if (cl[u] >= 0) {
+                    fa_load8<DT, VEC>(vbase + (i64)cl[u] * v.nb[1], vdt, lane * FA_E, dv, vx[u]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < FA_E; e++) vx[u][e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < FA_KU; u++) {
+                if (cl[u] < 0) continue;
+#pragma unroll
+                for (int r = 0; r < FA_R; r++) {
+                    if (r >= nrows) break;
+                    float w = s_p[warp][r][cc + u];
+#pragma unroll
+                    for (int e = 0; e < FA_E; e++) acc[r][e] += w * vx[u][e];
+                }
+            }
+        }
+        __syncwarp();
+    }
+
+    // Merge the warps.
+#pragma unroll
+    for (int r = 0; r < FA_R; r++) {
+        if (lane == 0) {
+            s_m[warp][r] = m[r];
+            s_l[warp][r] = l[r];
+        }
+#pragma unroll
+        for (int e = 0; e < FA_E; e++) s_acc[warp][r][lane * FA_E + e] = acc[r][e];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nrows * dv; idx += blockDim.x) {
+        const int r = idx / dv, e = idx % dv;
+        float mm = -TS_INF;
+#pragma unroll
+        for (int w = 0; w < FA_W; w++) mm = fmaxf(mm, s_m[w][r]);
+        float ll = 0.0f, a = 0.0f;
+        if (mm != -TS_INF) {
+#pragma unroll
+            for (int w = 0; w < FA_W; w++) {
+                float f = expf(s_m[w][r] - mm);
+                ll += s_l[w][r] * f;
+                a += s_acc[w][r][e] * f;
+            }
+        }
+        const int h = h0 + r / tn, t = t0 + r % tn;
+        if (n_splits == 1) {
+            float o = mm == -TS_INF ? 0.0f : a / ll;
+            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)s * out.nb[3]) = o;
+        } else {
+            const i64 g = ((i64)s * n_head + h) * n_tokens + t;
+            const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
+            float* pp = part + ((i64)split * n_rows_g + g) * (dv + 2);
+            if (e == 0) {
+                pp[0] = mm;
+                pp[1] = ll;
+            }
+            pp[2 + e] = a;
+        }
+    }
+}
+
+#define FA_PARTIAL(NAME, DT, VEC)                                                                              \
+    extern "C" __global__ void __launch_bounds__(FA_W * 32) NAME(                                              \
+        Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int kdt, int vdt, int mdt,        \
+        int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb, int tb,      \
+        int h_blocks, int t_blocks, float* part, u64 err, u32 opcode) {                                        \
+        fa_partial_impl<DT, VEC>(q, k, v, mask, table, out, kdt, vdt, mdt, has_mask, paged, scale, softcap,    \
+                                 n_splits, split_len, hb, tb, h_blocks, t_blocks, part, err, opcode);          \
+    }
+
+FA_PARTIAL(fa_partial_any, DT_F32, false)
+FA_PARTIAL(fa_partial_f32, DT_F32, true)
+FA_PARTIAL(fa_partial_f16, DT_F16, true)
+FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
+
+// Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: one block per row
+// g = (s * n_head + h) * n_tokens + t.
+extern "C" __global__ void fa_combine(const float* part, Tensor out, int n_splits, int dv, int n_tokens, int n_head) {
+    const i64 g = blockIdx.x;
+    const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
+    const i64 stride = dv + 2;
+    float mm = -TS_INF;
+    for (int i = 0; i < n_splits; i++) mm = fmaxf(mm, part[((i64)i * n_rows_g + g) * stride]);
+    float ll = 0.0f;
+    if (mm != -TS_INF) {
+        for (int i = 0; i < n_splits; i++) {
+            const float* pp = part + ((i64)i * n_rows_g + g) * stride;
+            ll += pp[1] * expf(pp[0] - mm);
+        }
+    }
+    const int t = (int)(g % n_tokens), h = (int)((g / n_tokens) % n_head), s = (int)(g / ((i64)n_tokens * n_head));
+    char* orow = out.data + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)s * out.nb[3];
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float a = 0.0f;
+        if (mm != -TS_INF) {
+            for (int i = 0; i < n_splits; i++) {
+                const float* pp = part + ((i64)i * n_rows_g + g) * stride;
+                a += pp[2 + e] * expf(pp[0] - mm);
+            }
+        }
+        *(float*)(orow + (i64)e * out.nb[0]) = mm == -TS_INF ? 0.0f : a / ll;
+    }
+}

@@ -18,6 +18,7 @@
 //! Memory comes from a caching pool ([`PoolStats`]); writes of 1 MiB and more go through pinned
 //! staging memory.
 
+mod ceilings;
 pub mod compile;
 mod device;
 mod errors;
@@ -32,6 +33,7 @@ use smallvec::SmallVec;
 use tessera_graph::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
 use tessera_ops::{Op, TensorMeta};
 
+pub use ceilings::Ceilings;
 pub use compile::{CompileStats, Module};
 pub use device::{DeviceInfo, libraries_present, nvrtc_version};
 pub use errors::CudaError;

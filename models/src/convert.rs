@@ -347,8 +347,31 @@ fn reorder_v_heads(
     }
 }
 
+/// Progress of [`convert_with_progress`], reported once before the first tensor and after each
+/// tensor is converted and written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvertProgress {
+    pub tensors_done: usize,
+    pub n_tensors: usize,
+    /// Tensor data bytes written so far (without header and padding).
+    pub bytes_written: u64,
+    pub total_bytes: u64,
+}
+
 /// Converts the checkpoint in `dir` to a GGUF at `out`, matrices in `dtype`.
 pub fn convert(dir: &Path, out: &Path, dtype: DType) -> R<ConvertReport> {
+    convert_with_progress(dir, out, dtype, None)
+}
+
+/// [`convert`], calling `progress` as tensors are written. Tensors are converted one at a time
+/// while the file is written, so memory holds one tensor (plus the memory-mapped checkpoint), not
+/// the whole model. On an error after the output was created it is removed again.
+pub fn convert_with_progress(
+    dir: &Path,
+    out: &Path,
+    dtype: DType,
+    mut progress: Option<&mut dyn FnMut(ConvertProgress)>,
+) -> R<ConvertReport> {
     if !WEIGHT_DTYPES.contains(&dtype) {
         return Err(ConvertError::UnsupportedDType { dtype });
     }
@@ -377,20 +400,56 @@ pub fn convert(dir: &Path, out: &Path, dtype: DType) -> R<ConvertReport> {
     if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
         w.add_kv("general.name", name)?;
     }
-    let mut data_bytes = 0u64;
+    // Each tensor's storage dtype and byte size, declared up front; the bytes are produced while
+    // writing.
+    let mut plan: Vec<(&TensorSpec, DType, u64)> = Vec::with_capacity(specs.len());
+    let mut total_bytes = 0u64;
     for spec in &specs {
-        let values = tensor_values(&ck, &config, prefix, spec)?;
-        debug_assert_eq!(values.len(), spec.n_elements());
         let mut d = storage_dtype(spec, dtype);
         if !spec.ne[0].is_multiple_of(d.block_size()) {
             d = DType::F32;
         }
-        let bytes = encode(d, &values);
-        data_bytes += bytes.len() as u64;
-        w.add_tensor(spec.name.clone(), d, spec.dims(), bytes)?;
+        w.add_tensor_info(spec.name.clone(), d, spec.dims())?;
+        let rows: usize = spec.ne[1..].iter().product();
+        let row = d.row_bytes(spec.ne[0]).ok_or_else(|| cfg_err(format!("{}: bad row size", spec.name)))?;
+        let size = (row * rows) as u64;
+        plan.push((spec, d, size));
+        total_bytes += size;
     }
-    w.write_file(out)?;
-    Ok(ConvertReport { config, n_tensors: specs.len(), data_bytes })
+    let n_tensors = specs.len();
+    let mut report = |tensors_done: usize, bytes_written: u64| {
+        if let Some(p) = progress.as_mut() {
+            p(ConvertProgress { tensors_done, n_tensors, bytes_written, total_bytes });
+        }
+    };
+    report(0, 0);
+    let mut failure: Option<ConvertError> = None;
+    let (mut done, mut written) = (0usize, 0u64);
+    let result = w.write_file_with(out, |name, sink| {
+        // Tensors are asked for in insertion order, which is `plan` order.
+        let Some(&(spec, d, size)) = plan.get(done).filter(|(s, _, _)| s.name == name) else {
+            return Err(std::io::Error::other(format!("writer asked for unexpected tensor {name}")));
+        };
+        let values = match tensor_values(&ck, &config, prefix, spec) {
+            Ok(v) => v,
+            Err(e) => {
+                let msg = e.to_string();
+                failure = Some(e);
+                return Err(std::io::Error::other(msg));
+            }
+        };
+        debug_assert_eq!(values.len(), spec.n_elements());
+        sink.write_all(&encode(d, &values))?;
+        done += 1;
+        written += size;
+        report(done, written);
+        Ok(())
+    });
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(out);
+        return Err(failure.unwrap_or(e.into()));
+    }
+    Ok(ConvertReport { config, n_tensors, data_bytes: total_bytes })
 }
 
 fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {

@@ -14,6 +14,11 @@
 //! generated its `max_new_tokens` it is finished ([`Event::Finished`]) and removed from the model,
 //! returning its KV blocks and recurrent slot.
 //!
+//! With [`Engine::record_logits`] on, each step asks for the logits of every fed token
+//! ([`Logits::All`]) and keeps them per sequence, in feeding order, until
+//! [`Engine::take_logits`]: the logits of every processed position, as `tessera run
+//! --dump-logits` writes them (sampling still uses each sequence's last row).
+//!
 //! Admission never overcommits: a sequence is admitted (added to the model) only when a recurrent
 //! slot is free and the KV blocks for its whole lifetime (`prompt + max_new_tokens - 1` tokens:
 //! the last sampled token is never fed) fit beside the lifetimes of the sequences already
@@ -163,6 +168,10 @@ pub struct Engine {
     waiting: VecDeque<Seq>,
     next_id: SeqId,
     stats: EngineStats,
+    /// Whether steps keep the logits of every fed token ([`Engine::record_logits`]).
+    record: bool,
+    /// Recorded logits per sequence, `n_vocab` per fed token, in feeding order.
+    recorded: BTreeMap<SeqId, Vec<f32>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -193,6 +202,8 @@ impl Engine {
             waiting: VecDeque::new(),
             next_id: 0,
             stats: Default::default(),
+            record: false,
+            recorded: BTreeMap::new(),
         })
     }
 
@@ -211,6 +222,19 @@ impl Engine {
 
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Keep (`true`) or stop keeping the logits of every fed token from the next step on; see
+    /// [`Engine::take_logits`]. Off by default (then only the last row per sequence is computed).
+    pub fn record_logits(&mut self, on: bool) {
+        self.record = on;
+    }
+
+    /// The logits recorded for sequence `id` (running or finished) and forgets them:
+    /// `n_vocab` values per token fed while recording was on, in feeding order (the prompt, then
+    /// each generated token but the last, which is never fed). Empty when none were recorded.
+    pub fn take_logits(&mut self, id: SeqId) -> Vec<f32> {
+        self.recorded.remove(&id).unwrap_or_default()
     }
 
     /// Sequences submitted and not finished (running or waiting).
@@ -274,14 +298,16 @@ impl Engine {
         loop {
             let id = self.next_id;
             self.next_id = self.next_id.wrapping_add(1);
-            if !self.running.iter().chain(self.waiting.iter()).any(|s| s.id == id) {
+            // Not an active sequence, nor a finished one whose recorded logits are not taken yet.
+            if !self.running.iter().chain(self.waiting.iter()).any(|s| s.id == id) && !self.recorded.contains_key(&id) {
                 return id;
             }
         }
     }
 
-    /// Drops sequence `id` (running or waiting) and frees its cache space.
+    /// Drops sequence `id` (running or waiting), its recorded logits, and frees its cache space.
     pub fn cancel(&mut self, id: SeqId) -> R<()> {
+        self.recorded.remove(&id);
         if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
             self.waiting.remove(i);
             return Ok(());
@@ -341,7 +367,8 @@ impl Engine {
         let n_prefill: usize = plan[n_decode..].iter().map(|(_, t)| t.len()).sum();
         let batch: Vec<(SeqId, &[u32])> = plan.iter().map(|(i, t)| (self.running[*i].id, t.as_slice())).collect();
         let t0 = Instant::now();
-        let result = self.model.step(self.backend.as_mut(), &batch, Logits::Last);
+        let which = if self.record { Logits::All } else { Logits::Last };
+        let result = self.model.step(self.backend.as_mut(), &batch, which);
         let secs = t0.elapsed().as_secs_f64();
         let logits = match result {
             Ok(l) => l,
@@ -364,10 +391,16 @@ impl Engine {
             self.stats.decode_only_tokens += n_decode;
             self.stats.decode_secs += secs;
         }
+        let n_vocab = self.model.config.n_vocab;
         let mut events = Vec::new();
         let mut finished = Vec::new();
-        for ((i, toks), l) in plan.iter().zip(&logits) {
+        for ((i, toks), all) in plan.iter().zip(&logits) {
             let s = &mut self.running[*i];
+            // The last row: all of it with Logits::Last, the last n_vocab values with Logits::All.
+            let l = &all[all.len().saturating_sub(n_vocab)..];
+            if self.record {
+                self.recorded.entry(s.id).or_default().extend_from_slice(all);
+            }
             if !s.decoding() {
                 s.fed += toks.len();
                 if !s.decoding() {

@@ -183,7 +183,7 @@ fn eval(select: &Select, verbose: bool) -> Result<ExitCode, CliError> {
     let cases = select.cases(catalogue())?;
     let entries = select.backends(true)?;
     let start = Instant::now();
-    let (mut passed, mut failed, mut unsupported) = (0, 0, 0);
+    let (mut passed, mut failed, mut unsupported, mut skipped) = (0, 0, 0, 0);
     for entry in &entries {
         let Some(judge_name) = entry.judge else {
             writeln!(out, "skipping {}: it is the root judge and has nothing to be checked against", entry.name)?;
@@ -195,8 +195,14 @@ fn eval(select: &Select, verbose: bool) -> Result<ExitCode, CliError> {
         let mut tally: BTreeMap<&'static str, Tally> = BTreeMap::new();
         // One instance of each for the whole run (a device backend is costly to open); every
         // case gets fresh sessions, which free their buffers when dropped.
-        let mut backend = (entry.make)();
-        let mut judge = (judge_entry.make)();
+        let (mut backend, mut judge) = match ((entry.make)(), (judge_entry.make)()) {
+            (Ok(b), Ok(j)) => (b, j),
+            (Err(e), _) | (_, Err(e)) => {
+                writeln!(out, "skipping {}: {e}", entry.name)?;
+                skipped += 1;
+                continue;
+            }
+        };
         for case in &cases {
             let result = eval_case(case, backend.as_mut(), judge.as_mut());
             let t = tally.entry(case.op()).or_default();
@@ -224,7 +230,10 @@ fn eval(select: &Select, verbose: bool) -> Result<ExitCode, CliError> {
     }
     writeln!(out, "eval took {:.1} s; {unsupported} not supported (not counted)", start.elapsed().as_secs_f64())?;
     writeln!(out, "{passed} passed, {failed} failed")?;
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    // A backend asked for by name that cannot run here is a failure of the request; one picked by
+    // default (every registered backend) is skipped with the message above.
+    let asked_and_skipped = !select.backends.is_empty() && skipped > 0;
+    Ok(if failed == 0 && !asked_and_skipped { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 /// `  cpu  label  nmse=1.2e-9 <= 1e-7  OK` or `... FAIL: reason`.
@@ -249,16 +258,45 @@ fn perf(select: &Select, budget: PerfBudget, eval_cases: bool) -> Result<ExitCod
     let width = cases.iter().map(|c| c.vars().len()).max().unwrap_or(0);
     let mut errors = 0;
     for entry in &entries {
-        writeln!(out, "== {}", entry.name)?;
-        writeln!(out, "{:<width$}  {:>12}  {:>9}  {:>9}", "case", "us/run", "GB/s", "GFLOP/s")?;
-        let mut backend = (entry.make)();
+        let mut backend = match (entry.make)() {
+            Ok(b) => b,
+            Err(e) => {
+                writeln!(out, "skipping {}: {e}", entry.name)?;
+                errors += usize::from(!select.backends.is_empty());
+                continue;
+            }
+        };
+        // Device backends report the share of the device's measured ceilings.
+        let ceilings = backends::ceilings(entry.name);
+        match &ceilings {
+            Some((device, copy, tc)) => writeln!(
+                out,
+                "== {} on {device}: measured copy {copy:.0} GB/s (read + write), bf16 GEMM {tc:.0} TFLOP/s",
+                entry.name
+            )?,
+            None => writeln!(out, "== {}", entry.name)?,
+        }
+        writeln!(
+            out,
+            "{:<width$}  {:>12}  {:>9}  {:>9}  {:>7}  {:>7}",
+            "case", "us/run", "GB/s", "GFLOP/s", "%copy", "%tc"
+        )?;
         for case in &cases {
             match perf_case(case, backend.as_mut(), budget) {
-                Ok(r) => writeln!(
-                    out,
-                    "{:<width$}  {:>12.2}  {:>9.2}  {:>9.2}",
-                    r.label, r.us_per_run, r.gb_per_s, r.gflop_per_s
-                )?,
+                Ok(r) => {
+                    let (pc, pt) = match &ceilings {
+                        Some((_, copy, tc)) => (
+                            format!("{:.1}", 100.0 * r.gb_per_s / copy),
+                            format!("{:.1}", 100.0 * r.gflop_per_s / 1e3 / tc),
+                        ),
+                        None => ("-".into(), "-".into()),
+                    };
+                    writeln!(
+                        out,
+                        "{:<width$}  {:>12.2}  {:>9.2}  {:>9.2}  {pc:>7}  {pt:>7}",
+                        r.label, r.us_per_run, r.gb_per_s, r.gflop_per_s
+                    )?
+                }
                 Err(tessera_graph::ExecError::Unsupported { .. }) => {
                     writeln!(out, "{:<width$}  not supported", case.vars())?
                 }
