@@ -53,10 +53,34 @@ __device__ __forceinline__ void fa_load8(const char* row, int dt, int e0, int d,
             }
         }
     } else {
-        int es = dt == DT_F32 ? 4 : 2;
+        if (dt == DT_F32) {
 #pragma unroll
-        for (int k = 0; k < 8; k++) x[k] = e0 + k < d ? load_f32(row + (i64)(e0 + k) * es, dt) : 0.0f;
+            for (int k = 0; k < 8; k++) x[k] = e0 + k < d ? ((const float*)row)[e0 + k] : 0.0f;
+        } else {
+            const u16* h = (const u16*)row;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                u16 b = e0 + k < d ? h[e0 + k] : (u16)0;
+                x[k] = dt == DT_F16 ? f16_to_f32(b) : bf16_to_f32(b);
+            }
+        }
     }
+}
+
+// Sums each of the FA_R == 8 values v[r] over the warp in 9 shuffles (a transposing butterfly
+// instead of 8 separate 5-shuffle reductions); lane L ends up with the sum for row fa_row(L).
+__device__ __forceinline__ int fa_row(int lane) { return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1); }
+__device__ __forceinline__ float fa_sum8(const float* v, int lane) {
+    const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+    float w[4], y[2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (b4 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, b4 ? v[i] : v[i + 4], 16);
+#pragma unroll
+    for (int i = 0; i < 2; i++) y[i] = (b3 ? w[i + 2] : w[i]) + __shfl_xor_sync(0xffffffffu, b3 ? w[i] : w[i + 2], 8);
+    float z = (b2 ? y[1] : y[0]) + __shfl_xor_sync(0xffffffffu, b2 ? y[0] : y[1], 4);
+    z += __shfl_xor_sync(0xffffffffu, z, 2);
+    z += __shfl_xor_sync(0xffffffffu, z, 1);
+    return z;
 }
 
 template <int DT, bool VEC>
@@ -68,6 +92,7 @@ __device__ __forceinline__ void fa_partial_impl(
     __shared__ float s_m[FA_W][FA_R];
     __shared__ float s_l[FA_W][FA_R];
     __shared__ float s_acc[FA_W][FA_R][FA_D];
+    __shared__ __align__(16) float s_q[FA_R][FA_D];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int dk = (int)q.ne[0], n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
@@ -85,20 +110,21 @@ __device__ __forceinline__ void fa_partial_impl(
     const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
 
-    // This lane's query elements, f32, for every row of the tile.
-    float qr[FA_R][FA_E];
+    // The tile's query rows, f32, zero-padded to FA_R x FA_D.
     int tok[FA_R];
 #pragma unroll
-    for (int r = 0; r < FA_R; r++) {
-        int h = h0 + (r < nrows ? r / tn : 0), t = t0 + (r < nrows ? r % tn : 0);
-        tok[r] = t;
-        const char* qrow = q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3];
-#pragma unroll
-        for (int e = 0; e < FA_E; e++) {
-            int i = lane * FA_E + e;
-            qr[r][e] = r < nrows && i < dk ? *(const float*)(qrow + (i64)i * q.nb[0]) : 0.0f;
+    for (int r = 0; r < FA_R; r++) tok[r] = t0 + (r < nrows ? r % tn : 0);
+    for (int idx = threadIdx.x; idx < FA_R * FA_D; idx += blockDim.x) {
+        const int r = idx / FA_D, i = idx % FA_D;
+        float x = 0.0f;
+        if (r < nrows && i < dk) {
+            const int h = h0 + r / tn, t = t0 + r % tn;
+            x = *(const float*)(q.data + (i64)i * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]);
         }
+        s_q[r][i] = x;
     }
+    __syncthreads();
+    const int kbytes = dk * (kdt == DT_F32 ? 4 : 2), vbytes = dv * (vdt == DT_F32 ? 4 : 2);
 
     float acc[FA_R][FA_E], m[FA_R], l[FA_R];
 #pragma unroll
@@ -126,10 +152,19 @@ __device__ __forceinline__ void fa_partial_impl(
                 cell = j;
             }
         }
+        // Start this chunk's K and V rows towards L2 so that the row-by-row loads below hit it.
+        if (cell >= 0) {
+            const char* kp = kbase + (i64)cell * k.nb[1];
+            const char* vp = vbase + (i64)cell * v.nb[1];
+            for (int o = 0; o < kbytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + o));
+            for (int o = 0; o < vbytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + o));
+        }
         // Logits: lane c ends up with position c0 + c's logit for every row.
         float sl[FA_R];
 #pragma unroll
-        for (int r = 0; r < FA_R; r++) sl[r] = 0.0f;
+        for (int r = 0; r < FA_R; r++) s_p[warp][r][lane] = 0.0f;
+        __syncwarp();
+#pragma unroll 1
         for (int cc = 0; cc < 32; cc += FA_KU) {
             float kx[FA_KU][FA_E];
             int cl[FA_KU];
@@ -143,44 +178,54 @@ __device__ __forceinline__ void fa_partial_impl(
                     for (int e = 0; e < FA_E; e++) kx[u][e] = 0.0f;
                 }
             }
+            if ((cl[0] & cl[1] & cl[2] & cl[3]) < 0) continue;  // FA_KU == 4: no valid row in the group
+            float d[FA_KU][FA_R];
+#pragma unroll
+            for (int r = 0; r < FA_R; r++) {
+                const float4 qa = *(const float4*)&s_q[r][lane * FA_E];
+                const float4 qb = *(const float4*)&s_q[r][lane * FA_E + 4];
+                const float qr[FA_E] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                for (int u = 0; u < FA_KU; u++) {
+                    d[u][r] = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < FA_E; e++) d[u][r] += qr[e] * kx[u][e];
+                }
+            }
 #pragma unroll
             for (int u = 0; u < FA_KU; u++) {
-                if (cl[u] < 0) continue;
-#pragma unroll
-                for (int r = 0; r < FA_R; r++) {
-                    if (r >= nrows) break;
-                    float d = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < FA_E; e++) d += qr[r][e] * kx[u][e];
-                    d = warp_sum(d);
-                    if (lane == cc + u) sl[r] = d;
-                }
+                const float z = fa_sum8(d[u], lane);
+                if ((lane & 3) == 0) s_p[warp][fa_row(lane)][cc + u] = z;
             }
         }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < FA_R; r++) sl[r] = s_p[warp][r][lane];
+        __syncwarp();
         // Online-softmax update per row; weights go to shared memory for the V pass.
+        float mv[FA_R];
 #pragma unroll
         for (int r = 0; r < FA_R; r++) {
-            if (r >= nrows) break;
-            float x = -TS_INF;
-            if (cell >= 0) {
-                x = softcap > 0.0f ? softcap * tanhf(sl[r] * inner) : sl[r] * scale;
-                if (has_mask) {
-                    x += load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[r] * mask.nb[1] + m_seq, mdt);
-                }
-            }
-            float m_new = fmaxf(m[r], warp_max(x));
-            float p = 0.0f;
-            if (m_new != -TS_INF) {
-                float alpha = expf(m[r] - m_new);
-                p = expf(x - m_new);
-                l[r] = l[r] * alpha + warp_sum(p);
+            mv[r] = has_mask && cell >= 0 ? load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[r] * mask.nb[1] + m_seq, mdt) : 0.0f;
+        }
 #pragma unroll
-                for (int e = 0; e < FA_E; e++) acc[r][e] *= alpha;
-                m[r] = m_new;
-            }
+        for (int r = 0; r < FA_R; r++) {
+            float x = (softcap > 0.0f ? softcap * tanhf(sl[r] * inner) : sl[r] * scale) + mv[r];
+            x = cell >= 0 ? x : -TS_INF;
+            // Branch-free so that the rows' reductions interleave: while everything so far is
+            // masked (m_new = -inf) alpha and p are 0 and the state stays zero.
+            const float m_new = fmaxf(m[r], warp_max(x));
+            const float ms = m_new == -TS_INF ? 0.0f : m_new;
+            const float alpha = expf(m[r] - ms);
+            const float p = expf(x - ms);
+            l[r] = l[r] * alpha + warp_sum(p);
+#pragma unroll
+            for (int e = 0; e < FA_E; e++) acc[r][e] *= alpha;
+            m[r] = m_new;
             s_p[warp][r][lane] = p;
         }
         __syncwarp();
+#pragma unroll 1
         for (int cc = 0; cc < 32; cc += FA_KU) {
             float vx[FA_KU][FA_E];
             int cl[FA_KU];
@@ -196,10 +241,8 @@ __device__ __forceinline__ void fa_partial_impl(
             }
 #pragma unroll
             for (int u = 0; u < FA_KU; u++) {
-                if (cl[u] < 0) continue;
 #pragma unroll
                 for (int r = 0; r < FA_R; r++) {
-                    if (r >= nrows) break;
                     float w = s_p[warp][r][cc + u];
 #pragma unroll
                     for (int e = 0; e < FA_E; e++) acc[r][e] += w * vx[u][e];

@@ -44,7 +44,17 @@ __device__ __forceinline__ i64 offset_of(const Tensor& t, i64 i0, i64 i1, i64 i2
     return i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
 }
 
-// Unravels a flat logical index (ne[0] fastest) into coordinates.
+// Row `row` (a flat index over dims 1..3) into coordinates: two divisions per row, not per
+// element. Per-element 64-bit division costs ~70 instructions and made elementwise kernels
+// instruction-bound at 15% of copy bandwidth, so kernels walk rows and stride over ne[0].
+__device__ __forceinline__ void row_coords(const Tensor& t, i64 row, i64& i1, i64& i2, i64& i3) {
+    i1 = row % t.ne[1];
+    i64 r = row / t.ne[1];
+    i2 = r % t.ne[2];
+    i3 = r / t.ne[2];
+}
+
+// Unravels a flat logical index (ne[0] fastest) into coordinates (slow: prefer row_coords).
 __device__ __forceinline__ void unravel(const Tensor& t, i64 i, i64& i0, i64& i1, i64& i2, i64& i3) {
     i0 = i % t.ne[0];
     i /= t.ne[0];

@@ -1,2 +1,168 @@
-// conv.cu: IN PROGRESS
-extern "C" __global__ void conv_placeholder() {}
+// conv.cu: ssm_conv and ssm_conv_update_inplace, the causal depthwise convolution (no flip:
+// kernel[0] multiplies the oldest sample of the window).
+
+// ssm_conv tile: 32 channels x CONV_TT outputs per block of 256 threads (8 outputs each).
+#define CONV_CH 32
+#define CONV_TT 64
+
+// ssm_conv: out[c, t, s] = sum_{i < d_conv} sx[t + i, c, s] * kernel[i, c].
+// Grid (ceil(C / 32), ceil(n_t / 64), n_seq), block 256, dynamic shared memory
+// 4 (32 W + 32 d_conv) bytes with W = (64 + d_conv - 1) | 1 (odd rows: no bank conflicts).
+// The window tile is read with time fastest when `time_fastest` (sx's time stride is the smaller
+// one), else with channels fastest, so either layout reads coalesced.
+extern "C" __global__ void __launch_bounds__(256)
+    ssm_conv_tiled(Tensor out, Tensor sx, int sdt, Tensor kern, int kdt, int time_fastest) {
+    extern __shared__ float sh[];
+    const i64 d_conv = kern.ne[0], channels = out.ne[0], n_t = out.ne[1];
+    const i64 c0 = (i64)blockIdx.x * CONV_CH, t0 = (i64)blockIdx.y * CONV_TT, s = blockIdx.z;
+    const int wlen = CONV_TT + (int)d_conv - 1, w = wlen | 1;
+    float* xs = sh;               // [CONV_CH][w]
+    float* ks = sh + CONV_CH * w;  // [d_conv][CONV_CH]
+    const i64 avail = min((i64)wlen, n_t - t0 + d_conv - 1);  // window samples inside sx
+    // Loads go to registers 8 at a time before the stores, so that 8 are in flight per thread.
+    const int n = CONV_CH * wlen;
+    for (int base = threadIdx.x; base < n; base += 8 * blockDim.x) {
+        float r[8];
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const int idx = base + m * blockDim.x;
+            int j, c;
+            if (time_fastest) j = idx % wlen, c = idx / wlen;
+            else c = idx % CONV_CH, j = idx / CONV_CH;
+            r[m] = idx < n && c0 + c < channels && j < avail ? load_f32(sx.data + offset_of(sx, t0 + j, c0 + c, s, 0), sdt)
+                                                             : 0.0f;
+        }
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const int idx = base + m * blockDim.x;
+            int j, c;
+            if (time_fastest) j = idx % wlen, c = idx / wlen;
+            else c = idx % CONV_CH, j = idx / CONV_CH;
+            if (idx < n) xs[c * w + j] = r[m];
+        }
+    }
+    for (int idx = threadIdx.x; idx < CONV_CH * d_conv; idx += blockDim.x) {
+        const int c = idx % CONV_CH, i = idx / CONV_CH;
+        ks[idx] = c0 + c < channels ? load_f32(kern.data + offset_of(kern, i, c0 + c, 0, 0), kdt) : 0.0f;
+    }
+    __syncthreads();
+    const int c = threadIdx.x % CONV_CH, tq = threadIdx.x / CONV_CH;
+    if (c0 + c >= channels) return;
+    for (int tt = tq; tt < CONV_TT; tt += blockDim.x / CONV_CH) {
+        if (t0 + tt >= n_t) break;
+        float acc = 0.0f;
+        for (int i = 0; i < d_conv; i++) acc = fmaf(xs[c * w + tt + i], ks[i * CONV_CH + c], acc);
+        *(float*)(out.data + offset_of(out, c0 + c, t0 + tt, s, 0)) = acc;
+    }
+}
+
+// ssm_conv for kernels too long for the tile: one thread per output.
+extern "C" __global__ void ssm_conv_direct(Tensor out, Tensor sx, int sdt, Tensor kern, int kdt) {
+    const i64 n = nelements(out);
+    for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
+        i64 c, t, s, u;
+        unravel(out, idx, c, t, s, u);
+        float acc = 0.0f;
+        for (i64 i = 0; i < kern.ne[0]; i++)
+            acc = fmaf(load_f32(sx.data + offset_of(sx, t + i, c, s, 0), sdt),
+                       load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt), acc);
+        *(float*)(out.data + offset_of(out, c, t, s, 0)) = acc;
+    }
+}
+
+// Slots must be in range and distinct; the first bad one in sequence order is reported, as
+// `tessera_ops::checked_slots` does. One block; sequence s is bad when its slot is out of range or
+// an earlier sequence names the same slot.
+extern "C" __global__ void conv_check_slots(Tensor slots, i64 n_slots, u64 err, u32 op) {
+    __shared__ long long first_bad;
+    if (threadIdx.x == 0) first_bad = 0x7fffffffffffffffLL;
+    __syncthreads();
+    i64 n = slots.ne[0];
+    for (i64 s = threadIdx.x; s < n; s += blockDim.x) {
+        i64 v = *(const int*)(slots.data + s * slots.nb[0]);
+        bool bad = v < 0 || v >= n_slots;
+        for (i64 e = 0; e < s && !bad; e++) bad = *(const int*)(slots.data + e * slots.nb[0]) == v;
+        if (bad) atomicMin(&first_bad, (long long)s);
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 || first_bad >= n) return;
+    i64 s = first_bad;
+    i64 v = *(const int*)(slots.data + s * slots.nb[0]);
+    if (v < 0 || v >= n_slots) {
+        report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_STATE_SLOT, op, v, n_slots, 0, 0);
+        return;
+    }
+    i64 e = 0;
+    while (*(const int*)(slots.data + e * slots.nb[0]) != v) e++;
+    report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
+}
+
+// Sample j of channel c's window for sequence s: the slot's state for j < keep, then x.
+__device__ __forceinline__ float window_at(const Tensor& x, int xdt, const char* st, i64 st_nb0, i64 keep, i64 c,
+                                           i64 s, i64 j) {
+    return j < keep ? *(const float*)(st + j * st_nb0) : load_f32(x.data + offset_of(x, c, j - keep, s, 0), xdt);
+}
+
+// ssm_conv_update_inplace outputs: out[c, t, s] = sum_i w[t + i, c] kernel[i, c] (SiLU if `silu`),
+// the window being the slot's state then x. One thread per (channel, UPD_T tokens); channels
+// across threads. For d_conv <= UPD_MAXD the thread's window and taps sit in registers (all loads
+// in flight at once, the outputs stored last). Reads the state only: `conv_update_state` writes it
+// afterwards.
+#define UPD_T 8
+#define UPD_MAXD 8
+extern "C" __global__ void conv_update_out(Tensor out, Tensor x, int xdt, Tensor state, Tensor kern, int kdt,
+                                           Tensor slots, int silu, u64 err) {
+    if (((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 channels = out.ne[0], n_t = out.ne[1], d_conv = kern.ne[0], keep = d_conv - 1;
+    const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x, t0 = (i64)blockIdx.y * UPD_T, s = blockIdx.z;
+    if (c >= channels) return;
+    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+    if (slot < 0 || slot >= state.ne[2]) return;  // unreachable after conv_check_slots
+    const char* st = state.data + c * state.nb[1] + slot * state.nb[2];
+    const i64 tcount = min((i64)UPD_T, n_t - t0);
+    if (d_conv <= UPD_MAXD) {
+        float kr[UPD_MAXD], wr[UPD_T + UPD_MAXD - 1], o[UPD_T];
+#pragma unroll
+        for (int i = 0; i < UPD_MAXD; i++)
+            kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < UPD_T + UPD_MAXD - 1; j++)
+            wr[j] = j < tcount + keep ? window_at(x, xdt, st, state.nb[0], keep, c, s, t0 + j) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < UPD_T; t++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < UPD_MAXD; i++)
+                if (i < d_conv) acc = fmaf(wr[t + i], kr[i], acc);
+            o[t] = silu ? acc / (1.0f + expf(-acc)) : acc;
+        }
+#pragma unroll
+        for (int t = 0; t < UPD_T; t++)
+            if (t < tcount) *(float*)(out.data + offset_of(out, c, t0 + t, s, 0)) = o[t];
+        return;
+    }
+    for (i64 t = t0; t < t0 + tcount; t++) {
+        float acc = 0.0f;
+        for (i64 i = 0; i < d_conv; i++)
+            acc = fmaf(window_at(x, xdt, st, state.nb[0], keep, c, s, t + i),
+                       load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt), acc);
+        if (silu) acc = acc / (1.0f + expf(-acc));
+        *(float*)(out.data + offset_of(out, c, t, s, 0)) = acc;
+    }
+}
+
+// ssm_conv_update_inplace state: the slot keeps the last keep samples of its window. One thread
+// per (channel, sequence); ascending j reads sample n_t + j (> j) before it is overwritten.
+extern "C" __global__ void conv_update_state(Tensor x, int xdt, Tensor state, Tensor slots, i64 d_conv, u64 err) {
+    if (((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 channels = x.ne[0], n_t = x.ne[1], keep = d_conv - 1;
+    const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x, s = blockIdx.y;
+    if (c >= channels) return;
+    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+    if (slot < 0 || slot >= state.ne[2]) return;
+    char* st = state.data + c * state.nb[1] + slot * state.nb[2];
+    for (i64 j = 0; j < keep; j++) {
+        const float v = window_at(x, xdt, st, state.nb[0], keep, c, s, n_t + j);
+        *(float*)(st + j * state.nb[0]) = v;
+    }
+}

@@ -1,2 +1,375 @@
-// matmul.cu: IN PROGRESS
-extern "C" __global__ void matmul_placeholder() {}
+// matmul.cu: mul_mat and mul_mat_id.
+//
+// - `pack_b` copies the f32 activations (any strides) into packed rows of `ldb` elements in
+//   scratch, as f32, or as f16 / bf16 (bf16 optionally split into hi + lo parts) for cuBLAS.
+// - `gemv_{1,2,4,8}`: one warp per weight row, all tokens of a pass (up to NT) per weight read,
+//   f32 accumulation; passes loop over the tokens, so `gemv_8` is also the general path.
+//   Plain weights stream through 16-byte loads; q8_0 / nvfp4 rows are staged 32 blocks at a
+//   time through shared memory with 16-byte loads and decoded from there, one block per lane.
+// - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
+//   remainder) for the cuBLAS path of quantized weights with many tokens.
+// - `moe_group` groups the (slot, token) pairs of mul_mat_id by expert on the device (counts,
+//   prefix sum, lists), checking every id; `moe_gemv` runs the rows of each expert with few
+//   pairs over them 8 at a time, `moe_gemm` (shared-memory tiles, f32 FMA) the busy experts.
+
+#define MM_WARPS 4
+// Experts with more pairs than this take the tiled `moe_gemm`, the others `moe_gemv`.
+#define MOE_GEMV_MAX 16
+// moe_gemm tile: weight rows x pairs x k step (256 threads, 4 x 2 outputs each).
+#define MT_M 64
+#define MT_N 32
+#define MT_K 32
+// Per-warp staging: 32 blocks of the largest block type (nvfp4, 36 bytes).
+#define STAGE_CHUNKS (32 * NVFP4_BYTES / 16)
+
+extern "C" __global__ void pack_b(Tensor b, float* f32_out, u16* hi_out, u16* lo_out, int half_dt, i64 ldb) {
+    const i64 k = b.ne[0], total = nelements(b);
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        i64 i0, i1, i2, i3;
+        unravel(b, i, i0, i1, i2, i3);
+        const float v = *(const float*)(b.data + offset_of(b, i0, i1, i2, i3));
+        const i64 o = (i / k) * ldb + i0;
+        if (f32_out) f32_out[o] = v;
+        if (hi_out) {
+            if (half_dt == DT_F16) {
+                hi_out[o] = f32_to_f16(v);
+            } else {
+                const u16 h = f32_to_bf16(v);
+                hi_out[o] = h;
+                if (lo_out) lo_out[o] = f32_to_bf16(v - bf16_to_f32(h));
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float dot4(float4 w, float4 x) { return w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w; }
+
+// Two halves packed in a u32 to f32.
+__device__ __forceinline__ float half_lo(u32 v, int dt) {
+    return dt == DT_F16 ? f16_to_f32((u16)(v & 0xffff)) : bf16_to_f32((u16)(v & 0xffff));
+}
+__device__ __forceinline__ float half_hi(u32 v, int dt) {
+    return dt == DT_F16 ? f16_to_f32((u16)(v >> 16)) : bf16_to_f32((u16)(v >> 16));
+}
+
+// E2M1 code (low 4 bits) to value without a lookup table (a local array would live in local
+// memory): magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; code 8 gives -0, equal to +0 in every sum.
+__device__ __forceinline__ float e2m1_fast(u32 code) {
+    const u32 mag = code & 7;
+    const float v = mag < 2 ? 0.5f * (float)mag : __uint_as_float((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
+    return (code & 8) ? -v : v;
+}
+
+// UE4M3 scale as `ue4m3_to_f32` in common.cuh, by bits: (8 + man) * 2^(exp - 10), subnormals
+// man * 2^-9, 0x00 and 0x7F are 0, bit 7 ignored.
+__device__ __forceinline__ float ue4m3_fast(u32 code) {
+    code &= 0xff;
+    if (code == 0 || code == 0x7f) return 0.0f;
+    const u32 exp = (code >> 3) & 0xf, man = code & 7;
+    return exp == 0 ? (float)man * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+}
+
+// Four int8 quants packed in two u16 to floats.
+__device__ __forceinline__ float4 q8x4(u32 lo, u32 hi) {
+    return make_float4((float)(i8)(lo & 0xff), (float)(i8)(lo >> 8), (float)(i8)(hi & 0xff), (float)(i8)(hi >> 8));
+}
+
+// Four E2M1 codes, nibble `shift` of each byte of c, to floats.
+__device__ __forceinline__ float4 e2m1x4(u32 c, int shift) {
+    return make_float4(e2m1_fast(c >> shift), e2m1_fast(c >> (8 + shift)), e2m1_fast(c >> (16 + shift)), e2m1_fast(c >> (24 + shift)));
+}
+
+// Value i0 of a dense weight row, decoding without lookup tables.
+__device__ __forceinline__ float weight_value(const char* row, int dt, i64 i0) {
+    if (dt == DT_Q8_0) {
+        const char* blk = row + (i0 / QK8_0) * Q8_0_BYTES;
+        return f16_to_f32(*(const u16*)blk) * (float)((const i8*)(blk + 2))[i0 % QK8_0];
+    }
+    if (dt == DT_NVFP4) {
+        const u8* blk = (const u8*)row + (i0 / QK_NVFP4) * NVFP4_BYTES;
+        const int j = (int)(i0 % QK_NVFP4), s = j >> 4, w = j & 15;
+        const u32 byte = blk[4 + 8 * s + (w & 7)];
+        return ue4m3_fast(blk[s]) * e2m1_fast(w < 8 ? byte : byte >> 4);
+    }
+    return load_f32(row + i0 * (dt == DT_F32 ? 4 : 2), dt);
+}
+
+// Rows [m0, m0 + gridDim.y) of weight matrix (a2, a3) to bf16 rows of `ld` elements: hi, and
+// the rounding remainder at lo when lo is not null.
+extern "C" __global__ void dequant_rows(Tensor a, int adt, i64 m0, i64 a2, i64 a3, u16* hi, u16* lo, i64 ld) {
+    const i64 r = blockIdx.y;
+    const char* row = a.data + (m0 + r) * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
+    for (i64 i0 = blockIdx.x * (i64)blockDim.x + threadIdx.x; i0 < a.ne[0]; i0 += (i64)gridDim.x * blockDim.x) {
+        const float v = weight_value(row, adt, i0);
+        const u16 h = f32_to_bf16(v);
+        hi[r * ld + i0] = h;
+        if (lo) lo[r * ld + i0] = f32_to_bf16(v - bf16_to_f32(h));
+    }
+}
+
+// Quantized rows are read in units of 8 per block: q8_0 unit j of a block is values 4j .. 4j + 3;
+// nvfp4 unit 2s + h is values 16s + 4h .. + 3 (low nibbles of bytes 4h .. 4h + 3 of sub-block s)
+// and 16s + 8 + 4h .. + 3 (their high nibbles). `blk` is the block's bytes (2- or 4-aligned).
+// acc[t] += unit . bt[t] at the unit's values.
+template <int NT>
+__device__ __forceinline__ void dot_unit(const char* blk, int dt, int u, i64 kb, const float* const* bt, float* acc) {
+    if (dt == DT_Q8_0) {
+        const float d = f16_to_f32(*(const u16*)blk);
+        const u16* q = (const u16*)(blk + 2) + 2 * u;
+        const float4 w = q8x4(q[0], q[1]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[t] += d * dot4(w, *(const float4*)(bt[t] + kb + 4 * u));
+    } else {
+        const int s = u >> 1, h = u & 1;
+        const float d = ue4m3_fast(((const u8*)blk)[s]);
+        const u32 c = *(const u32*)(blk + 4 + 8 * s + 4 * h);
+        const float4 w0 = e2m1x4(c, 0), w1 = e2m1x4(c, 4);
+        const i64 at = kb + 16 * s + 4 * h;
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[t] += d * (dot4(w0, *(const float4*)(bt[t] + at)) + dot4(w1, *(const float4*)(bt[t] + at + 8)));
+    }
+}
+
+// Per-lane partial dots of one weight row (dense, `dt`, k elements) with NT activation rows
+// (packed f32, 16-byte aligned, k rounded up to 8 readable). `vec`: the row starts 16-byte
+// aligned and its byte length is a multiple of 16, so it may be read in 16-byte pieces.
+// `stage` is this warp's shared staging buffer.
+template <int NT>
+__device__ __forceinline__ void warp_dot(const char* row, int dt, i64 k, const float* const* bt, float* acc, uint4* stage, bool vec) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    if (dt == DT_Q8_0 || dt == DT_NVFP4) {
+        const int bsz = dt == DT_Q8_0 ? Q8_0_BYTES : NVFP4_BYTES, qk = dt == DT_Q8_0 ? QK8_0 : QK_NVFP4;
+        const i64 nblk = k / qk;
+        for (i64 b0 = 0; b0 < nblk; b0 += 32) {
+            const int nb = (int)min((i64)32, nblk - b0), bytes = nb * bsz;
+            const char* src = row + b0 * bsz;
+            __syncwarp();
+            if (vec) {
+                for (int c = lane; c < bytes / 16; c += 32) stage[c] = ((const uint4*)src)[c];
+            } else {
+                for (int c = lane; c < bytes; c += 32) ((char*)stage)[c] = src[c];
+            }
+            __syncwarp();
+            // lanes take consecutive units, so their activation reads are coalesced
+            for (int g = lane; g < nb * 8; g += 32) {
+                const int bi = g >> 3;
+                dot_unit<NT>((const char*)stage + bi * bsz, dt, g & 7, (b0 + bi) * qk, bt, acc);
+            }
+        }
+    } else if (vec) {
+        // 16-byte pieces, 4 in flight per lane: 4 f32 or 8 halves each
+        const uint4* w = (const uint4*)row;
+        const i64 nv = dt == DT_F32 ? k / 4 : k / 8;
+        for (i64 j0 = lane; j0 < nv; j0 += 128) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (j0 + 32 * u < nv) v[u] = w[j0 + 32 * u];
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const i64 j = j0 + 32 * u;
+                if (j >= nv) break;
+                if (dt == DT_F32) {
+                    const float4 w0 = make_float4(__uint_as_float(v[u].x), __uint_as_float(v[u].y), __uint_as_float(v[u].z), __uint_as_float(v[u].w));
+#pragma unroll
+                    for (int t = 0; t < NT; t++) acc[t] += dot4(w0, ((const float4*)bt[t])[j]);
+                } else {
+                    const float4 w0 = make_float4(half_lo(v[u].x, dt), half_hi(v[u].x, dt), half_lo(v[u].y, dt), half_hi(v[u].y, dt));
+                    const float4 w1 = make_float4(half_lo(v[u].z, dt), half_hi(v[u].z, dt), half_lo(v[u].w, dt), half_hi(v[u].w, dt));
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        const float4* x = (const float4*)bt[t] + 2 * j;
+                        acc[t] += dot4(w0, x[0]) + dot4(w1, x[1]);
+                    }
+                }
+            }
+        }
+    } else {
+        const int es = dt == DT_F32 ? 4 : 2;
+        for (i64 i = lane; i < k; i += 32) {
+            const float w = load_f32(row + i * es, dt);
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[t] += w * bt[t][i];
+        }
+    }
+}
+
+// out[m, n, i2, i3] for a: [k, M, A2, A3] and the packed activations bp (row n + N * (i2 + B2 *
+// i3) at row * ldb). Grid: (ceil(M / MM_WARPS), batches); each warp one weight row.
+template <int NT>
+__device__ __forceinline__ void gemv_body(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
+    __shared__ uint4 stage[MM_WARPS][STAGE_CHUNKS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 m = (i64)blockIdx.x * MM_WARPS + warp;
+    if (m >= a.ne[1]) return;
+    for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
+        const i64 i2 = batch % b2, i3 = batch / b2;
+        const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
+        const char* row = a.data + m * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
+        for (i64 n0 = 0; n0 < n; n0 += NT) {
+            const int nt = (int)min((i64)NT, n - n0);
+            const float* bt[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) bt[t] = bp + (batch * n + n0 + min(t, nt - 1)) * ldb;
+            float acc[NT];
+            warp_dot<NT>(row, adt, a.ne[0], bt, acc, stage[warp], vec != 0);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float v = warp_sum(acc[t]);
+                if (lane == 0 && t < nt) *(float*)(out.data + offset_of(out, m, n0 + t, i2, i3)) = v;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
+    gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec);
+}
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
+    gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec);
+}
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
+    gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec);
+}
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
+    gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec);
+}
+
+// One block: groups the pairs s = u + n_used * t of ids [n_used, T] by expert. offsets[e] ..
+// offsets[e + 1] index list[] (the pairs of expert e, in no particular order); cursor has
+// n_expert ints of scratch. Bad ids are reported and their pairs dropped.
+extern "C" __global__ void moe_group(Tensor ids, i64 n_expert, int* offsets, int* cursor, int* list, u64 err, u32 op) {
+    const i64 n_used = ids.ne[0], n_pairs = ids.ne[0] * ids.ne[1];
+    for (i64 e = threadIdx.x; e < n_expert; e += blockDim.x) cursor[e] = 0;
+    __syncthreads();
+    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
+        const int id = *(const int*)(ids.data + (s % n_used) * ids.nb[0] + (s / n_used) * ids.nb[1]);
+        if (id < 0 || id >= n_expert) {
+            report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, n_expert, 0, 0);
+        } else {
+            atomicAdd(&cursor[id], 1);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (i64 e = 0; e < n_expert; e++) {
+            offsets[e] = acc;
+            acc += cursor[e];
+            cursor[e] = 0;
+        }
+        offsets[n_expert] = acc;
+    }
+    __syncthreads();
+    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
+        const int id = *(const int*)(ids.data + (s % n_used) * ids.nb[0] + (s / n_used) * ids.nb[1]);
+        if (id >= 0 && id < n_expert) list[offsets[id] + atomicAdd(&cursor[id], 1)] = (int)s;
+    }
+}
+
+// out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs of expert e = blockIdx.y; bp is
+// the packed activations (row (u mod n_b) + n_b * t at row * ldb). Each warp is one weight row
+// and runs over the expert's pairs 8 at a time.
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out, int vec) {
+    __shared__ uint4 stage[MM_WARPS][STAGE_CHUNKS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 m = (i64)blockIdx.x * MM_WARPS + warp, e = blockIdx.y;
+    if (m >= as.ne[1]) return;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (end - begin > MOE_GEMV_MAX) return;  // moe_gemm's
+    const char* row = as.data + m * as.nb[1] + e * as.nb[2];
+    for (int c = begin; c < end; c += 8) {
+        const int nt = min(8, end - c);
+        const float* bt[8];
+        i64 slot[8];
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const i64 s = list[c + min(t, nt - 1)], u = s % n_used, tok = s / n_used;
+            slot[t] = s;
+            bt[t] = bp + ((u % n_b) + n_b * tok) * ldb;
+        }
+        float acc[8];
+        warp_dot<8>(row, adt, as.ne[0], bt, acc, stage[warp], vec != 0);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0 && t < nt) *(float*)(out.data + offset_of(out, m, slot[t] % n_used, slot[t] / n_used, 0)) = v;
+        }
+    }
+}
+
+// The experts with more than MOE_GEMV_MAX pairs: grid (ceil(M / MT_M), n_expert), 256 threads;
+// each block runs its MT_M weight rows over the expert's pairs MT_N at a time, with weight
+// tiles decoded to f32 and activation tiles gathered through shared memory.
+extern "C" __global__ void __launch_bounds__(256) moe_gemm(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out) {
+    __shared__ __align__(16) float wt[MT_K][MT_M + 4];
+    __shared__ __align__(16) float xt[MT_K][MT_N + 4];
+    __shared__ int pairs[MT_N];
+    const i64 e = blockIdx.y, m0 = (i64)blockIdx.x * MT_M;
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (end - begin <= MOE_GEMV_MAX) return;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const i64 k = as.ne[0], rows = as.ne[1];
+    const char* base = as.data + e * as.nb[2];
+    for (int c = begin; c < end; c += MT_N) {
+        const int np = min(MT_N, end - c);
+        __syncthreads();
+        if (tid < MT_N) pairs[tid] = tid < np ? list[c + tid] : -1;
+        __syncthreads();
+        float acc[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = 0.0f;
+        for (i64 k0 = 0; k0 < k; k0 += MT_K) {
+            {
+                const int r = tid >> 2, kk = (tid & 3) * 8;
+                const i64 m = m0 + r;
+                const char* row = base + m * as.nb[1];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const i64 i0 = k0 + kk + j;
+                    wt[kk + j][r] = (m < rows && i0 < k) ? weight_value(row, adt, i0) : 0.0f;
+                }
+            }
+            {
+                const int p = tid >> 3, kk = (tid & 7) * 4;
+                const i64 s = pairs[p];
+                const float* x = s >= 0 ? bp + ((s % n_used) % n_b + n_b * (s / n_used)) * ldb : nullptr;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const i64 i0 = k0 + kk + j;
+                    xt[kk + j][p] = (x && i0 < k) ? x[i0] : 0.0f;
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < MT_K; kk++) {
+                const float4 w = *(const float4*)&wt[kk][tx * 4];
+                const float2 x = *(const float2*)&xt[kk][ty * 2];
+                acc[0][0] += w.x * x.x;
+                acc[1][0] += w.y * x.x;
+                acc[2][0] += w.z * x.x;
+                acc[3][0] += w.w * x.x;
+                acc[0][1] += w.x * x.y;
+                acc[1][1] += w.y * x.y;
+                acc[2][1] += w.z * x.y;
+                acc[3][1] += w.w * x.y;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const i64 m = m0 + tx * 4 + i;
+                const int p = ty * 2 + j;
+                if (m < rows && p < np) {
+                    const i64 s = pairs[p];
+                    *(float*)(out.data + offset_of(out, m, s % n_used, s / n_used, 0)) = acc[i][j];
+                }
+            }
+        }
+    }
+}

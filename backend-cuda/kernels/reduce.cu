@@ -1,2 +1,519 @@
-// reduce.cu: IN PROGRESS
-extern "C" __global__ void reduce_placeholder() {}
+// reduce.cu: row-wise ops over ne[0]: rms_norm, l2_norm, sum_rows, softmax (scale, optional
+// f32/f16 mask), argmax, top_k and argsort.
+//
+// Rows are (i1, i2, i3) in ggml order, flattened as r = i1 + ne1 * (i2 + ne2 * i3). Each kernel
+// comes in two shapes chosen by the host: WARP (one warp per row, 8 rows per 256-thread block, for
+// rows up to 1024 elements) and BLOCK (one block per row). Any strides, f32/f16/bf16 inputs,
+// computed in f32 like the CPU oracle (l2_norm redoes an over/underflowing sum of squares in f64
+// as the CPU does). Long rows with few of them (a vocabulary softmax or argmax) split each row
+// over several blocks through scratch partials.
+//
+// Sorting (top_k, argsort) orders elements by a u64 rank: an order-preserving u32 key of the value
+// (NaN lowest, -0 == +0, complemented for descending) in the high half and the index in the low
+// half, ascending. Ranks are distinct, so this is the CPU's stable order exactly.
+
+#define ROWS_PER_WARP_BLOCK 8
+
+__device__ __forceinline__ char* rd_row_ptr(const Tensor& t, i64 r) {
+    i64 i1, i2, i3;
+    row_coords(t, r, i1, i2, i3);
+    return t.data + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+}
+
+__device__ __forceinline__ i64 rd_n_rows(const Tensor& t) { return t.ne[1] * t.ne[2] * t.ne[3]; }
+
+// The row a thread works on, its lane within the row's group and the group's size.
+template <bool WARP>
+struct RowGroup {
+    i64 first, step;
+    int lane, size;
+    __device__ __forceinline__ RowGroup() {
+        if (WARP) {
+            first = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+            step = (i64)gridDim.x * (blockDim.x >> 5);
+            lane = threadIdx.x & 31;
+            size = 32;
+        } else {
+            first = blockIdx.x;
+            step = gridDim.x;
+            lane = threadIdx.x;
+            size = blockDim.x;
+        }
+    }
+};
+
+template <bool WARP>
+__device__ __forceinline__ float group_sum(float v, float* sh) {
+    return WARP ? warp_sum(v) : block_sum(v, sh);
+}
+
+template <bool WARP>
+__device__ __forceinline__ double group_sum_f64(double v, double* sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (WARP) return v;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? sh[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    return v;
+}
+
+// ---- rms_norm and l2_norm ----
+
+#define NORM_RMS 0
+#define NORM_L2 1
+
+// The scale of a row from its sum of squares; l2 redoes an f32 sum that over/underflowed in f64
+// (the CPU's rule), which every lane of the group takes together (ss is group-uniform).
+template <bool WARP>
+__device__ __forceinline__ float norm_scale(int mode, float ss, float eps, i64 n, const char* row, int dt, i64 nb0, int lane, int size, double* shd) {
+    if (mode == NORM_RMS) return 1.0f / sqrtf(ss / (float)n + eps);
+    float norm;
+    if (ss >= 1.17549435e-38f && ss <= 3.40282347e38f) {
+        norm = sqrtf(ss);
+    } else {
+        double acc = 0.0;
+        for (i64 i = lane; i < n; i += size) {
+            double v = (double)load_f32(row + i * nb0, dt);
+            acc += v * v;
+        }
+        norm = (float)sqrt(group_sum_f64<WARP>(acc, shd));
+    }
+    return 1.0f / fmaxf(norm, eps);
+}
+
+// Any dtype and strides.
+template <bool WARP>
+__device__ void norm_rows(Tensor dst, Tensor src, int src_dt, float eps, int mode) {
+    __shared__ float sh[32];
+    __shared__ double shd[32];
+    RowGroup<WARP> g;
+    i64 rows = rd_n_rows(src), n = src.ne[0];
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const char* x = rd_row_ptr(src, r);
+        char* y = rd_row_ptr(dst, r);
+        float acc = 0.0f;
+        for (i64 i = g.lane; i < n; i += g.size) {
+            float v = load_f32(x + i * src.nb[0], src_dt);
+            acc += v * v;
+        }
+        float ss = group_sum<WARP>(acc, sh);
+        float s = norm_scale<WARP>(mode, ss, eps, n, x, src_dt, src.nb[0], g.lane, g.size, shd);
+        for (i64 i = g.lane; i < n; i += g.size) {
+            *(float*)(y + i * dst.nb[0]) = load_f32(x + i * src.nb[0], src_dt) * s;
+        }
+    }
+}
+
+extern "C" __global__ void norm_warp(Tensor dst, Tensor src, int src_dt, float eps, int mode) { norm_rows<true>(dst, src, src_dt, eps, mode); }
+extern "C" __global__ void norm_block(Tensor dst, Tensor src, int src_dt, float eps, int mode) { norm_rows<false>(dst, src, src_dt, eps, mode); }
+
+// f32 rows that are dense and 16-byte aligned (src and dst), ne0 % 4 == 0 and ne0 / 4 <= 8 *
+// group size: the row stays in registers between the sum and the scaling.
+#define NORM_VEC 8
+template <bool WARP>
+__device__ void norm_rows_vec(Tensor dst, Tensor src, float eps, int mode) {
+    __shared__ float sh[32];
+    __shared__ double shd[32];
+    RowGroup<WARP> g;
+    i64 rows = rd_n_rows(src), n = src.ne[0], n4 = n >> 2;
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const float4* x = (const float4*)rd_row_ptr(src, r);
+        float4* y = (float4*)rd_row_ptr(dst, r);
+        float4 v[NORM_VEC];
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_VEC; j++) {
+            i64 i = g.lane + (i64)j * g.size;
+            v[j] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            acc += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+        float ss = group_sum<WARP>(acc, sh);
+        float s = norm_scale<WARP>(mode, ss, eps, n, (const char*)x, DT_F32, 4, g.lane, g.size, shd);
+#pragma unroll
+        for (int j = 0; j < NORM_VEC; j++) {
+            i64 i = g.lane + (i64)j * g.size;
+            if (i < n4) y[i] = make_float4(v[j].x * s, v[j].y * s, v[j].z * s, v[j].w * s);
+        }
+    }
+}
+
+extern "C" __global__ void norm_vec_warp(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<true>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_block(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<false>(dst, src, eps, mode); }
+
+// ---- sum_rows ----
+
+template <bool WARP>
+__device__ void sum_rows_impl(Tensor dst, Tensor src, int src_dt) {
+    __shared__ float sh[32];
+    RowGroup<WARP> g;
+    i64 rows = rd_n_rows(src), n = src.ne[0];
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const char* x = rd_row_ptr(src, r);
+        float acc = 0.0f;
+        for (i64 i = g.lane; i < n; i += g.size) acc += load_f32(x + i * src.nb[0], src_dt);
+        float s = group_sum<WARP>(acc, sh);
+        if (g.lane == 0) *(float*)rd_row_ptr(dst, r) = s;
+    }
+}
+
+extern "C" __global__ void sum_rows_warp(Tensor dst, Tensor src, int src_dt) { sum_rows_impl<true>(dst, src, src_dt); }
+extern "C" __global__ void sum_rows_block(Tensor dst, Tensor src, int src_dt) { sum_rows_impl<false>(dst, src, src_dt); }
+
+// ---- softmax ----
+
+// Online softmax state: running max m and the sum s of exp(z - m). -inf values add nothing; a NaN
+// poisons s; a +inf max makes the row NaN (exp(inf - inf)), as on the CPU.
+struct MaxSum {
+    float m, s;
+};
+
+__device__ __forceinline__ MaxSum ms_add(MaxSum a, float z) {
+    if (z > a.m) {
+        a.s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - z)) + 1.0f;
+        a.m = z;
+    } else if (z != -TS_INF) {
+        a.s += expf(z - a.m);  // NaN z (or NaN m) gives NaN
+    }
+    return a;
+}
+
+__device__ __forceinline__ MaxSum ms_merge(MaxSum a, MaxSum b) {
+    float m = fmaxf(a.m, b.m);
+    if (m == -TS_INF) return MaxSum{m, a.s + b.s};
+    float s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - m)) + (b.m == -TS_INF ? 0.0f : b.s * expf(b.m - m));
+    if (a.m != a.m || b.m != b.m) s = TS_NAN;
+    return MaxSum{m, s};
+}
+
+__device__ __forceinline__ MaxSum warp_ms(MaxSum v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        MaxSum w{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+        v = ms_merge(v, w);
+    }
+    return v;
+}
+
+template <bool WARP>
+__device__ __forceinline__ MaxSum group_ms(MaxSum v, float* shm, float* shs) {
+    v = warp_ms(v);
+    if (WARP) return v;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        shm[warp] = v.m;
+        shs[warp] = v.s;
+    }
+    __syncthreads();
+    v = lane < nwarps ? MaxSum{shm[lane], shs[lane]} : MaxSum{-TS_INF, 0.0f};
+    v = warp_ms(v);
+    __syncthreads();
+    return v;
+}
+
+// z of element i of row (i1, i2, i3): x * scale + mask[i, i1, i2 % mne2, i3 % mne3].
+__device__ __forceinline__ const char* rd_mask_row(const Tensor& mask, i64 r, const Tensor& src) {
+    i64 i1, i2, i3;
+    row_coords(src, r, i1, i2, i3);
+    return mask.data + i1 * mask.nb[1] + (i2 % mask.ne[2]) * mask.nb[2] + (i3 % mask.ne[3]) * mask.nb[3];
+}
+
+__device__ __forceinline__ float softmax_z(const char* x, int x_dt, i64 xnb0, const char* m, int m_dt, i64 mnb0, float scale, i64 i) {
+    float v = load_f32(x + i * xnb0, x_dt) * scale;
+    if (m) v += load_f32(m + i * mnb0, m_dt);
+    return v;
+}
+
+__device__ __forceinline__ MaxSum finish_ms(MaxSum t) {
+    if (t.m == TS_INF) t.s = TS_NAN;
+    return t;
+}
+
+// Writes exp(z - m) / s over [lo, hi) of a row (zeros for a fully masked row).
+__device__ __forceinline__ void softmax_write(char* y, i64 ynb0, const char* x, int x_dt, i64 xnb0, const char* m, int m_dt, i64 mnb0, float scale, MaxSum t, i64 lo, i64 hi, int lane, int size) {
+    for (i64 i = lo + lane; i < hi; i += size) {
+        float out = t.m == -TS_INF ? 0.0f : expf(softmax_z(x, x_dt, xnb0, m, m_dt, mnb0, scale, i) - t.m) / t.s;
+        *(float*)(y + i * ynb0) = out;
+    }
+}
+
+template <bool WARP>
+__device__ void softmax_impl(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale) {
+    __shared__ float shm[32], shs[32];
+    RowGroup<WARP> g;
+    i64 rows = rd_n_rows(src), n = src.ne[0];
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const char* x = rd_row_ptr(src, r);
+        const char* m = has_mask ? rd_mask_row(mask, r, src) : nullptr;
+        MaxSum t{-TS_INF, 0.0f};
+        for (i64 i = g.lane; i < n; i += g.size) t = ms_add(t, softmax_z(x, src_dt, src.nb[0], m, mask_dt, mask.nb[0], scale, i));
+        t = finish_ms(group_ms<WARP>(t, shm, shs));
+        softmax_write(rd_row_ptr(dst, r), dst.nb[0], x, src_dt, src.nb[0], m, mask_dt, mask.nb[0], scale, t, 0, n, g.lane, g.size);
+    }
+}
+
+extern "C" __global__ void softmax_warp(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale) {
+    softmax_impl<true>(dst, src, src_dt, mask, mask_dt, has_mask, scale);
+}
+extern "C" __global__ void softmax_block(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale) {
+    softmax_impl<false>(dst, src, src_dt, mask, mask_dt, has_mask, scale);
+}
+
+// Split rows: grid (chunks, rows); block (c, r) covers [c * chunk, (c + 1) * chunk) of row r.
+// Pass 1 writes each chunk's (max, sum) to part[r * chunks + c].
+extern "C" __global__ void softmax_split_partial(Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale, i64 chunk, float2* part) {
+    __shared__ float shm[32], shs[32];
+    i64 r = blockIdx.y, n = src.ne[0];
+    const char* x = rd_row_ptr(src, r);
+    const char* m = has_mask ? rd_mask_row(mask, r, src) : nullptr;
+    i64 lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
+    MaxSum t{-TS_INF, 0.0f};
+    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) t = ms_add(t, softmax_z(x, src_dt, src.nb[0], m, mask_dt, mask.nb[0], scale, i));
+    t = group_ms<false>(t, shm, shs);
+    if (threadIdx.x == 0) part[r * gridDim.x + blockIdx.x] = make_float2(t.m, t.s);
+}
+
+// Pass 2: every block merges its row's partials, then writes its chunk.
+extern "C" __global__ void softmax_split_write(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale, i64 chunk, const float2* part) {
+    __shared__ float shm[32], shs[32];
+    i64 r = blockIdx.y, n = src.ne[0];
+    MaxSum t{-TS_INF, 0.0f};
+    for (i64 c = threadIdx.x; c < gridDim.x; c += blockDim.x) {
+        float2 p = part[r * gridDim.x + c];
+        t = ms_merge(t, MaxSum{p.x, p.y});
+    }
+    t = finish_ms(group_ms<false>(t, shm, shs));
+    const char* x = rd_row_ptr(src, r);
+    const char* m = has_mask ? rd_mask_row(mask, r, src) : nullptr;
+    i64 lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
+    softmax_write(rd_row_ptr(dst, r), dst.nb[0], x, src_dt, src.nb[0], m, mask_dt, mask.nb[0], scale, t, lo, hi, threadIdx.x, blockDim.x);
+}
+
+// ---- argmax ----
+
+// The best (value, index) so far; index -1 means none (every value NaN). The larger value wins,
+// the lower index on ties; NaNs never win.
+struct Best {
+    float v;
+    int i;
+};
+
+__device__ __forceinline__ Best best_merge(Best a, Best b) {
+    if (b.i < 0) return a;
+    if (a.i < 0) return b;
+    if (b.v > a.v || (b.v == a.v && b.i < a.i)) return b;
+    return a;
+}
+
+__device__ __forceinline__ Best warp_best(Best v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        Best w{__shfl_xor_sync(0xffffffffu, v.v, o), __shfl_xor_sync(0xffffffffu, v.i, o)};
+        v = best_merge(v, w);
+    }
+    return v;
+}
+
+template <bool WARP>
+__device__ __forceinline__ Best group_best(Best v, float* shv, int* shi) {
+    v = warp_best(v);
+    if (WARP) return v;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        shv[warp] = v.v;
+        shi[warp] = v.i;
+    }
+    __syncthreads();
+    v = lane < nwarps ? Best{shv[lane], shi[lane]} : Best{0.0f, -1};
+    v = warp_best(v);
+    __syncthreads();
+    return v;
+}
+
+// Best over [lo, hi) of a row, scanned in increasing index per thread.
+__device__ __forceinline__ Best scan_best(const char* x, int dt, i64 nb0, i64 lo, i64 hi, int lane, int size) {
+    Best b{0.0f, -1};
+    for (i64 i = lo + lane; i < hi; i += size) {
+        float v = load_f32(x + i * nb0, dt);
+        if (v == v && (b.i < 0 || v > b.v)) b = Best{v, (int)i};
+    }
+    return b;
+}
+
+template <bool WARP>
+__device__ void argmax_impl(Tensor dst, Tensor src, int src_dt) {
+    __shared__ float shv[32];
+    __shared__ int shi[32];
+    RowGroup<WARP> g;
+    i64 rows = rd_n_rows(src), n = src.ne[0];
+    for (i64 r = g.first; r < rows; r += g.step) {
+        Best b = group_best<WARP>(scan_best(rd_row_ptr(src, r), src_dt, src.nb[0], 0, n, g.lane, g.size), shv, shi);
+        if (g.lane == 0) *(int*)rd_row_ptr(dst, r) = b.i < 0 ? 0 : b.i;
+    }
+}
+
+extern "C" __global__ void argmax_warp(Tensor dst, Tensor src, int src_dt) { argmax_impl<true>(dst, src, src_dt); }
+extern "C" __global__ void argmax_block(Tensor dst, Tensor src, int src_dt) { argmax_impl<false>(dst, src, src_dt); }
+
+// Split rows: grid (chunks, rows); pass 1 writes each chunk's best to part[r * chunks + c].
+extern "C" __global__ void argmax_split_partial(Tensor src, int src_dt, i64 chunk, int2* part) {
+    __shared__ float shv[32];
+    __shared__ int shi[32];
+    i64 r = blockIdx.y, n = src.ne[0];
+    i64 lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
+    Best b = group_best<false>(scan_best(rd_row_ptr(src, r), src_dt, src.nb[0], lo, hi, threadIdx.x, blockDim.x), shv, shi);
+    if (threadIdx.x == 0) part[r * gridDim.x + blockIdx.x] = make_int2(__float_as_int(b.v), b.i);
+}
+
+// Pass 2: one warp per row merges the row's `chunks` partials.
+extern "C" __global__ void argmax_split_final(Tensor dst, i64 chunks, const int2* part) {
+    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= rd_n_rows(dst)) return;
+    Best b{0.0f, -1};
+    for (i64 c = lane; c < chunks; c += 32) {
+        int2 p = part[r * chunks + c];
+        b = best_merge(b, Best{__int_as_float(p.x), p.y});
+    }
+    b = warp_best(b);
+    if (lane == 0) *(int*)rd_row_ptr(dst, r) = b.i < 0 ? 0 : b.i;
+}
+
+// ---- top_k and argsort ----
+
+// The CPU's sort key: order-preserving u32 of v with -0 == +0 and NaN lowest (0); complemented
+// for descending so that smaller keys always come first.
+__device__ __forceinline__ u64 sort_rank(float v, int desc, i64 i) {
+    u32 bits = __float_as_uint(v + 0.0f);
+    u32 key = bits ^ ((u32)((int)bits >> 31) | 0x80000000u);
+    if (v != v) key = 0;
+    if (desc) key = ~key;
+    return ((u64)key << 32) | (u64)(u32)i;
+}
+
+#define RANK_NONE 0xffffffffffffffffull
+
+__device__ __forceinline__ u64 warp_min_u64(u64 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+// Small k of short rows (k <= 16, ne0 <= 32 * E): one warp per row, E ranks per lane in
+// registers; k rounds of a warp-wide minimum, the winner's lane drops it.
+template <int E>
+__device__ void topk_warp_impl(Tensor dst, Tensor src, int src_dt, int desc, int k) {
+    i64 rows = rd_n_rows(src), n = src.ne[0];
+    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const char* x = rd_row_ptr(src, r);
+    u64 v[E];
+#pragma unroll
+    for (int j = 0; j < E; j++) {
+        i64 i = lane + 32 * j;
+        v[j] = i < n ? sort_rank(load_f32(x + i * src.nb[0], src_dt), desc, i) : RANK_NONE;
+    }
+    char* y = rd_row_ptr(dst, r);
+    for (int t = 0; t < k; t++) {
+        u64 mine = v[0];
+#pragma unroll
+        for (int j = 1; j < E; j++) mine = v[j] < mine ? v[j] : mine;
+        u64 best = warp_min_u64(mine);
+        if (mine == best) {
+#pragma unroll
+            for (int j = 0; j < E; j++)
+                if (v[j] == best) v[j] = RANK_NONE;
+        }
+        if (lane == 0) *(int*)(y + t * dst.nb[0]) = (int)(u32)best;
+    }
+}
+
+extern "C" __global__ void topk_warp8(Tensor dst, Tensor src, int src_dt, int desc, int k) { topk_warp_impl<8>(dst, src, src_dt, desc, k); }
+extern "C" __global__ void topk_warp16(Tensor dst, Tensor src, int src_dt, int desc, int k) { topk_warp_impl<16>(dst, src, src_dt, desc, k); }
+
+#define SORT_TILE 2048
+
+// Sorts tile blockIdx.y (SORT_TILE elements) of row blockIdx.x in shared memory (bitonic over p,
+// the tile padded to a power of two). With `final` (one tile per row) the first k indices go to
+// dst; else the first min(cap, len) ranks go to runs[row * n + tile * SORT_TILE ...].
+extern "C" __global__ void sort_tile(Tensor src, int src_dt, int desc, int p, i64 cap, u64* runs, Tensor dst, int k, int final) {
+    __shared__ u64 s[SORT_TILE];
+    i64 r = blockIdx.x, n = src.ne[0];
+    const char* x = rd_row_ptr(src, r);
+    i64 base = (i64)blockIdx.y * SORT_TILE;
+    i64 len = min((i64)SORT_TILE, n - base);
+    for (int i = threadIdx.x; i < p; i += blockDim.x) {
+        s[i] = i < len ? sort_rank(load_f32(x + (base + i) * src.nb[0], src_dt), desc, base + i) : RANK_NONE;
+    }
+    __syncthreads();
+    for (int size = 2; size <= p; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int t = threadIdx.x; t < (p >> 1); t += blockDim.x) {
+                int i = 2 * t - (t & (stride - 1)), j = i + stride;
+                u64 a = s[i], b = s[j];
+                bool up = (i & size) == 0;
+                if ((a > b) == up) {
+                    s[i] = b;
+                    s[j] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (final) {
+        char* y = rd_row_ptr(dst, r);
+        for (int i = threadIdx.x; i < k; i += blockDim.x) *(int*)(y + i * dst.nb[0]) = (int)(u32)s[i];
+    } else {
+        i64 keep = min(cap, len);
+        for (int i = threadIdx.x; i < keep; i += blockDim.x) runs[r * n + base + i] = s[i];
+    }
+}
+
+// Length of sorted run j (runs of stride s, each truncated to cap) of a row of n.
+__device__ __forceinline__ i64 run_len(i64 j, i64 s, i64 n, i64 cap) {
+    i64 lo = j * s;
+    return lo >= n ? 0 : min(cap, min(s, n - lo));
+}
+
+// Merges runs (2j, 2j + 1) of stride s into runs of stride 2s, each truncated to cap: an element's
+// place is its index in its run plus the count of smaller ranks in the other run (ranks are
+// distinct). With `final`, the first k go to dst as indices.
+// Threads cover the first width = min(cap, s) places of each of the nruns = ceil(n / s) runs.
+extern "C" __global__ void merge_runs(const u64* in, u64* out, i64 rows, i64 n, i64 s, i64 cap, i64 nruns, i64 width, Tensor dst, int final) {
+    i64 per_row = nruns * width, total = rows * per_row;
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
+        i64 r = e / per_row, rem = e - r * per_row;
+        i64 j = rem / width, i = rem - j * width;
+        i64 pos = j * s + i;
+        if (i >= run_len(j, s, n, cap)) continue;
+        const u64* row = in + r * n;
+        u64 v = row[pos];
+        i64 q = j ^ 1;
+        i64 lq = run_len(q, s, n, cap);
+        const u64* other = row + q * s;
+        i64 lo = 0, hi = lq;
+        while (lo < hi) {
+            i64 mid = (lo + hi) >> 1;
+            if (other[mid] < v) lo = mid + 1;
+            else hi = mid;
+        }
+        i64 place = i + lo;
+        if (place >= cap) continue;
+        if (final) {
+            if (place < dst.ne[0]) *(int*)(rd_row_ptr(dst, r) + place * dst.nb[0]) = (int)(u32)v;
+        } else {
+            out[r * n + (j & ~(i64)1) * s + place] = v;
+        }
+    }
+}

@@ -27,7 +27,12 @@ impl Events {
     }
 
     /// Milliseconds taken by `work` on `stream`, median of `runs` after 2 warm-ups.
-    fn median_ms(&self, stream: sys::CUstream, runs: usize, mut work: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+    fn median_ms(
+        &self,
+        stream: sys::CUstream,
+        runs: usize,
+        mut work: impl FnMut() -> Result<(), CudaError>,
+    ) -> Result<f64, CudaError> {
         for _ in 0..2 {
             work()?;
         }
@@ -41,7 +46,8 @@ impl Events {
             // SAFETY: as above.
             unsafe { result::event::synchronize(self.1) }.map_err(CudaError::driver("waiting for an event"))?;
             // SAFETY: both recorded and complete.
-            let ms = unsafe { result::event::elapsed(self.0, self.1) }.map_err(CudaError::driver("reading an event"))?;
+            let ms =
+                unsafe { result::event::elapsed(self.0, self.1) }.map_err(CudaError::driver("reading an event"))?;
             times.push(ms as f64);
         }
         times.sort_by(f64::total_cmp);
@@ -76,7 +82,10 @@ impl CudaBackend {
     /// freed before returning).
     pub fn measure_ceilings(&mut self) -> Result<Ceilings, CudaError> {
         use tessera_graph::Backend;
-        let be = |e: tessera_graph::BackendError| CudaError::Driver { what: "measuring ceilings".into(), detail: e.to_string() };
+        let be = |e: tessera_graph::BackendError| CudaError::Driver {
+            what: "measuring ceilings".into(),
+            detail: e.to_string(),
+        };
         let stream = self.dev.stream.cu_stream();
         let events = Events::new()?;
 
@@ -104,7 +113,8 @@ impl CudaBackend {
         let stream_for_pool = stream;
         let pool = &mut self.pool;
         let handle = self.blas.handle(&self.dev.stream, || {
-            pool.alloc(crate::launch::BLAS_WORKSPACE, || unsafe { result::stream::synchronize(stream_for_pool) }).map(|(p, _)| p)
+            pool.alloc(crate::launch::BLAS_WORKSPACE, || unsafe { result::stream::synchronize(stream_for_pool) })
+                .map(|(p, _)| p)
         })?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let gemm_ms = events.median_ms(stream, 10, || {

@@ -105,7 +105,8 @@ pub fn options(arch: &str) -> Vec<String> {
 /// what the CI compile check runs).
 pub fn compile(module: Module, arch: &str) -> Result<Vec<u8>, CudaError> {
     crate::device::nvrtc_version()?;
-    let src = CString::new(module.source()).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
+    let src =
+        CString::new(module.source()).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
     let name = CString::new(format!("{}.cu", module.name())).expect("module names have no NUL");
     let opts = options(arch);
     let fail = |what: &str, r: nvrtc_sys::nvrtcResult| CudaError::Nvrtc(format!("{what} for {}: {r:?}", module.name()));
@@ -257,10 +258,10 @@ impl Kernels {
                 bytes
             }
         };
-        let module = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(|e| CudaError::Driver { what: format!("loading module {}.cu", kernel.module.name()), detail: e.to_string() })?;
+        let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)).map_err(|e| CudaError::Driver {
+            what: format!("loading module {}.cu", kernel.module.name()),
+            detail: e.to_string(),
+        })?;
         self.modules.insert(kernel.module, module.clone());
         Ok(module)
     }

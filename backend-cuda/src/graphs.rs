@@ -80,7 +80,12 @@ fn driver(what: &str, r: sys::CUresult) -> Result<(), BackendError> {
 
 impl Graphs {
     pub fn new(capacity: usize) -> Graphs {
-        Graphs { entries: HashMap::new(), order: VecDeque::new(), capacity: capacity.max(1), stats: GraphStats::default() }
+        Graphs {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: capacity.max(1),
+            stats: GraphStats::default(),
+        }
     }
 
     /// Runs a step: replays its graph when the key matches one, else captures `record` (which

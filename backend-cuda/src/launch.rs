@@ -64,9 +64,17 @@ impl Blas {
         }
         // SAFETY: checks that the library loads before calling into it.
         if !unsafe { sys_blas::is_culib_present() } {
-            return Err(CudaError::Cublas { what: "loading cuBLAS".into(), detail: "libcublas.so was not found".into() });
+            return Err(CudaError::Cublas {
+                what: "loading cuBLAS".into(),
+                detail: "libcublas.so was not found".into(),
+            });
         }
-        let err = |what: &'static str| move |e: cudarc::cublas::result::CublasError| CudaError::Cublas { what: what.into(), detail: format!("{e:?}") };
+        let err = |what: &'static str| {
+            move |e: cudarc::cublas::result::CublasError| CudaError::Cublas {
+                what: what.into(),
+                detail: format!("{e:?}"),
+            }
+        };
         let h = cudarc::cublas::result::create_handle().map_err(err("creating a handle"))?;
         let ws = workspace()?;
         // SAFETY: `h` is a fresh handle; the stream and the workspace outlive it (both are owned
@@ -139,7 +147,10 @@ pub(crate) fn blocks_for(n: i64, threads: u32) -> u32 {
 }
 
 pub(crate) fn launch_error(kernel: Kernel, e: impl std::fmt::Display) -> BackendError {
-    BackendError::Device { backend: NAME.into(), detail: format!("launching {}::{}: {e}", kernel.module.name(), kernel.name) }
+    BackendError::Device {
+        backend: NAME.into(),
+        detail: format!("launching {}::{}: {e}", kernel.module.name(), kernel.name),
+    }
 }
 
 /// The unsupported-op error for a task a family cannot run.

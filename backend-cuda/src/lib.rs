@@ -375,7 +375,9 @@ impl Backend for CudaBackend {
         let mut key = StepKey { ops: Vec::with_capacity(tasks.len()), metas: Vec::new(), addrs: Vec::new() };
         for r in &resolved {
             key.ops.push(r.task.op.clone());
-            for (meta, arg) in r.task.inputs.iter().map(|x| &x.meta).zip(&r.inputs).chain([(&r.task.output.meta, &r.output)]) {
+            for (meta, arg) in
+                r.task.inputs.iter().map(|x| &x.meta).zip(&r.inputs).chain([(&r.task.output.meta, &r.output)])
+            {
                 key.metas.push(*meta);
                 key.addrs.push(arg.data);
             }

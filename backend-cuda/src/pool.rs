@@ -60,7 +60,11 @@ impl Pool {
     }
 
     /// A block of at least `bytes` bytes; returns its address and class size.
-    pub fn alloc(&mut self, bytes: usize, sync: impl Fn() -> Result<(), DriverError>) -> Result<(sys::CUdeviceptr, usize), CudaError> {
+    pub fn alloc(
+        &mut self,
+        bytes: usize,
+        sync: impl Fn() -> Result<(), DriverError>,
+    ) -> Result<(sys::CUdeviceptr, usize), CudaError> {
         let class = size_class(bytes);
         self.stats.allocs += 1;
         if let Some(ptr) = self.free.get_mut(&class).and_then(Vec::pop) {
@@ -80,7 +84,9 @@ impl Pool {
                     detail: format!("{e}; pool holds {} bytes live after emptying its cache", self.stats.live_bytes),
                 })?
             }
-            Err(e) => return Err(CudaError::Driver { what: format!("allocating {class} bytes"), detail: e.to_string() }),
+            Err(e) => {
+                return Err(CudaError::Driver { what: format!("allocating {class} bytes"), detail: e.to_string() });
+            }
         };
         self.stats.device_allocs += 1;
         self.stats.live_bytes += class;
@@ -97,7 +103,10 @@ impl Pool {
 
     /// Gives every cached block back to the driver (after `sync`, so no queued work uses them).
     pub fn trim(&mut self, sync: impl Fn() -> Result<(), DriverError>) -> Result<(), CudaError> {
-        sync().map_err(|e| CudaError::Driver { what: "synchronising before trimming the pool".into(), detail: e.to_string() })?;
+        sync().map_err(|e| CudaError::Driver {
+            what: "synchronising before trimming the pool".into(),
+            detail: e.to_string(),
+        })?;
         self.stats.trims += 1;
         for (_, ptrs) in std::mem::take(&mut self.free) {
             for p in ptrs {

@@ -55,9 +55,7 @@ impl Staging {
             unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), buf, piece.len()) };
             let at = dst + (i * CHUNK) as u64;
             // SAFETY: the caller checked that `dst..dst + data.len()` lies in one allocation.
-            check("copying to the device", unsafe {
-                sys::cuMemcpyHtoDAsync_v2(at, buf.cast(), piece.len(), stream)
-            })?;
+            check("copying to the device", unsafe { sys::cuMemcpyHtoDAsync_v2(at, buf.cast(), piece.len(), stream) })?;
             // SAFETY: our event and stream.
             check("recording an event", unsafe { sys::cuEventRecord(ev, stream) })?;
         }

@@ -1,15 +1,37 @@
-//! `tessera convert --from-hf DIR --out FILE [--dtype f32|f16|bf16|q8_0|nvfp4]`.
+//! `tessera convert --from-hf DIR --out FILE [--dtype f32|f16|bf16|q8_0|nvfp4] [-q]`.
 
+use std::io::IsTerminal;
 use std::path::Path;
 
-use tessera_models::convert::convert;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tessera_models::convert::{ConvertProgress, convert_with_progress};
 use tessera_models::gguf::GgufFile;
 use tessera_ops::DType;
 
 /// Converts the HF Qwen3.5 checkpoint in `dir` to `out`, re-opens it and checks its tensors
-/// against the config, then prints a summary.
-pub fn run(dir: &Path, out: &Path, dtype: DType) -> Result<(), String> {
-    let report = convert(dir, out, dtype).map_err(|e| format!("convert {}: {e}", dir.display()))?;
+/// against the config, then prints a summary. A progress bar over the tensor bytes is drawn on
+/// stderr when it is a terminal and `quiet` is off.
+pub fn run(dir: &Path, out: &Path, dtype: DType, quiet: bool) -> Result<(), String> {
+    // Hidden until the first report, when the total is known (so it never flashes full or empty).
+    let draw = !quiet && std::io::stderr().is_terminal();
+    let bar = ProgressBar::hidden();
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:24}] {bytes}/{total_bytes} ({prefix} tensors) eta {eta}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("convert to {dtype}"));
+    let mut on_progress = |p: ConvertProgress| {
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.bytes_written);
+        bar.set_prefix(format!("{}/{}", p.tensors_done, p.n_tensors));
+        if draw && p.tensors_done == 0 {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    };
+    let result = convert_with_progress(dir, out, dtype, Some(&mut on_progress));
+    bar.finish_and_clear();
+    let report = result.map_err(|e| format!("convert {}: {e}", dir.display()))?;
     let f = GgufFile::open(out).map_err(|e| format!("re-reading {}: {e}", out.display()))?;
     report.config.validate_tensors(&f).map_err(|e| format!("{}: {e}", out.display()))?;
     println!(

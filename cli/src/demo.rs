@@ -1,12 +1,14 @@
 //! `tessera demo`: a tiny `qwen35moe` built in memory, three prompts of different lengths batched
-//! through chunked prefill and decode by the engine, with a self-check against each sequence run
-//! alone.
+//! through chunked prefill and decode by the engine on the best backend present, with a
+//! self-check against each sequence run alone and, when that backend is not the CPU, against the
+//! CPU oracle (the same batched run on the CPU: identical greedy tokens, logits within a bound).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use tessera_cpu::CpuBackend;
+use tessera_graph::Backend;
 use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig, Event};
 use tessera_models::gguf::GgufFile;
@@ -15,6 +17,7 @@ use tessera_models::sample::SamplerParams;
 use tessera_models::synth::synthesize;
 use tessera_ops::DType;
 
+use crate::backend::{self, BackendChoice};
 use crate::run::{print_memory, print_speed};
 
 /// Prompt lengths of the three sequences.
@@ -23,6 +26,9 @@ const PROMPT_LENS: [usize; 3] = [5, 23, 61];
 const N_NEW: usize = 12;
 /// The engine's per-step token budget: small, so the long prompts are chunked beside decoding.
 const BUDGET: usize = 16;
+/// Largest |logit| difference from the CPU oracle accepted for another backend (f32 weights,
+/// logits of order 1-10: f32 rounding in a different summation order stays far below this).
+const ORACLE_BOUND: f32 = 1e-3;
 
 /// Removes the temporary checkpoint when the demo ends, however it ends.
 struct TempFile(PathBuf);
@@ -40,86 +46,155 @@ fn prompt(len: usize, salt: u32, n_vocab: usize) -> Vec<u32> {
 }
 
 /// Runs the demo; `Err` on any failure, including a failed self-check.
-pub fn run() -> Result<(), String> {
+pub fn run(choice: BackendChoice) -> Result<(), String> {
     let config = ModelConfig::preset("tiny-moe").map_err(|e| e.to_string())?;
     let path = TempFile(std::env::temp_dir().join(format!("tessera_demo_{}.gguf", std::process::id())));
     let t0 = Instant::now();
     synthesize(&config, DType::F32, 1, &path.0, None).map_err(|e| e.to_string())?;
     let gguf = GgufFile::open(&path.0).map_err(|e| e.to_string())?;
-    let mut backend = CpuBackend::new();
-    let model = Model::load(&gguf, &mut backend, ModelOptions::default()).map_err(|e| e.to_string())?;
-    println!("backend: cpu (no other backend built; nothing to check against the CPU oracle)");
+    let backend = backend::open(choice)?;
+    let on_cpu = backend.name() == "cpu";
+    println!("backend: {}", backend::describe(backend.as_ref()));
     println!("model: synthetic tiny-moe, f32 weights, seed 1, built in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
-    println!("model: {}", model.config);
-    let mut engine = Engine::new(model, Box::new(backend), EngineConfig { max_tokens_per_step: BUDGET })
-        .map_err(|e| e.to_string())?;
-    print_memory(&engine.memory());
-
     let prompts: Vec<Vec<u32>> =
         PROMPT_LENS.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 1, config.n_vocab)).collect();
-    println!(
-        "batched run: {} sequences, prompts of {:?} tokens, {N_NEW} new tokens each (greedy), at most {BUDGET} tokens a step",
-        prompts.len(),
-        PROMPT_LENS
-    );
-    let mut ids = Vec::new();
-    for p in &prompts {
-        ids.push(engine.submit(p, N_NEW, SamplerParams::greedy()).map_err(|e| e.to_string())?);
+    let mut main = BatchedRun::new(&gguf, backend, true)?;
+    main.run(&prompts, true)?;
+    main.self_check_alone(&prompts)?;
+    if on_cpu {
+        println!("oracle check: skipped (the demo ran on the CPU oracle itself)");
+        return Ok(());
     }
-    let t1 = Instant::now();
-    let mut batched: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    let (mut steps, mut mixed_steps) = (0, 0);
-    while !engine.is_idle() {
-        let decoding_before = engine.stats().decode_tokens;
-        let prefill_before = engine.stats().prefill_tokens;
-        let events = engine.step().map_err(|e| e.to_string())?;
-        steps += 1;
-        if engine.stats().decode_tokens > decoding_before && engine.stats().prefill_tokens > prefill_before {
-            mixed_steps += 1;
+    let mut oracle = BatchedRun::new(&gguf, Box::new(CpuBackend::new()), false)?;
+    oracle.run(&prompts, false)?;
+    let mut worst = 0f32;
+    for (seq, tokens) in &main.tokens {
+        let logits = main.logits.get(seq).map(Vec::as_slice).unwrap_or(&[]);
+        let want_tokens = oracle.tokens.get(seq).map(Vec::as_slice).unwrap_or(&[]);
+        let want_logits = oracle.logits.get(seq).map(Vec::as_slice).unwrap_or(&[]);
+        if tokens.as_slice() != want_tokens {
+            return Err(format!("oracle check failed: seq {seq} gave {} on {}, {} on the cpu", join(tokens), main.backend, join(want_tokens)));
         }
-        for e in events {
-            if let Event::Token { seq, token } = e {
-                batched.entry(seq).or_default().push(token);
+        if logits.len() != want_logits.len() {
+            return Err(format!("oracle check failed: seq {seq} recorded {} logits, the cpu {}", logits.len(), want_logits.len()));
+        }
+        worst = logits.iter().zip(want_logits).map(|(a, b)| (a - b).abs()).fold(worst, f32::max);
+    }
+    println!(
+        "oracle check: {} tokens identical to the cpu's; logits of every fed position within {worst:.2e} of the cpu's (bound {ORACLE_BOUND:.0e}): {}",
+        main.backend,
+        if worst <= ORACLE_BOUND { "ok" } else { "FAILED" }
+    );
+    if worst > ORACLE_BOUND {
+        return Err(format!("oracle check failed: logits differ from the cpu's by {worst:e}"));
+    }
+    Ok(())
+}
+
+/// One engine on one backend, with the tokens and logits of its batched run per sequence.
+struct BatchedRun {
+    engine: Engine,
+    backend: String,
+    ids: Vec<u32>,
+    tokens: BTreeMap<u32, Vec<u32>>,
+    logits: BTreeMap<u32, Vec<f32>>,
+}
+
+impl BatchedRun {
+    fn new(gguf: &GgufFile, mut backend: Box<dyn Backend>, verbose: bool) -> Result<BatchedRun, String> {
+        let model = Model::load(gguf, backend.as_mut(), ModelOptions::default()).map_err(|e| e.to_string())?;
+        if verbose {
+            println!("model: {}", model.config);
+        }
+        let name = backend.name().to_string();
+        let engine =
+            Engine::new(model, backend, EngineConfig { max_tokens_per_step: BUDGET }).map_err(|e| e.to_string())?;
+        if verbose {
+            print_memory(&engine.memory());
+        }
+        Ok(BatchedRun { engine, backend: name, ids: Vec::new(), tokens: BTreeMap::new(), logits: BTreeMap::new() })
+    }
+
+    /// The three prompts batched, greedy, logits recorded.
+    fn run(&mut self, prompts: &[Vec<u32>], verbose: bool) -> Result<(), String> {
+        let engine = &mut self.engine;
+        engine.record_logits(true);
+        if verbose {
+            println!(
+                "batched run: {} sequences, prompts of {:?} tokens, {N_NEW} new tokens each (greedy), at most {BUDGET} tokens a step",
+                prompts.len(),
+                PROMPT_LENS
+            );
+        }
+        for p in prompts {
+            self.ids.push(engine.submit(p, N_NEW, SamplerParams::greedy()).map_err(|e| e.to_string())?);
+        }
+        let t1 = Instant::now();
+        let (mut steps, mut mixed_steps) = (0, 0);
+        while !engine.is_idle() {
+            let decoding_before = engine.stats().decode_tokens;
+            let prefill_before = engine.stats().prefill_tokens;
+            let events = engine.step().map_err(|e| e.to_string())?;
+            steps += 1;
+            if engine.stats().decode_tokens > decoding_before && engine.stats().prefill_tokens > prefill_before {
+                mixed_steps += 1;
+            }
+            for e in events {
+                if let Event::Token { seq, token } = e {
+                    self.tokens.entry(seq).or_default().push(token);
+                }
             }
         }
-    }
-    let wall = t1.elapsed().as_secs_f64();
-    let stats = *engine.stats();
-    println!("steps: {steps} ({mixed_steps} fed prompt chunks beside decode tokens)");
-    for (id, p) in ids.iter().zip(&prompts) {
-        let toks = batched.get(id).map(Vec::as_slice).unwrap_or(&[]);
-        println!("seq {id}: prompt {} tokens -> {}", p.len(), join(toks));
-    }
-    println!(
-        "tokens generated: {} in {:.2} ms ({:.1} tokens/s generated, {:.1} tokens/s fed)",
-        stats.generated,
-        wall * 1e3,
-        stats.generated as f64 / wall,
-        (stats.prefill_tokens + stats.decode_tokens) as f64 / wall
-    );
-    print_speed(&stats);
-
-    // Self-check: each sequence alone (fresh ids on the same, now idle, engine).
-    let mut ok = true;
-    for (id, p) in ids.iter().zip(&prompts) {
-        let solo = engine.submit(p, N_NEW, SamplerParams::greedy()).map_err(|e| e.to_string())?;
-        let mut out = engine.run_to_completion().map_err(|e| e.to_string())?;
-        let alone = out.remove(&solo).unwrap_or_default();
-        if batched.get(id) != Some(&alone) {
-            ok = false;
-            println!("self-check: seq {id} alone gave {} (batched {:?})", join(&alone), batched.get(id));
+        let wall = t1.elapsed().as_secs_f64();
+        for id in &self.ids {
+            self.logits.insert(*id, engine.take_logits(*id));
         }
-    }
-    let kv_used = engine.model().kv.used_blocks();
-    let slots_used = engine.model().recurrent.used_slots();
-    println!("caches after the run: {kv_used} kv blocks, {slots_used} recurrent slots in use");
-    if !ok || kv_used != 0 || slots_used != 0 {
-        return Err(
-            "self-check failed: batched tokens differ from each sequence run alone, or cache space leaked".into()
+        engine.record_logits(false);
+        if !verbose {
+            return Ok(());
+        }
+        let stats = *engine.stats();
+        println!("steps: {steps} ({mixed_steps} fed prompt chunks beside decode tokens)");
+        for (id, p) in self.ids.iter().zip(prompts) {
+            let toks = self.tokens.get(id).map(Vec::as_slice).unwrap_or(&[]);
+            println!("seq {id}: prompt {} tokens -> {}", p.len(), join(toks));
+        }
+        println!(
+            "tokens generated: {} in {:.2} ms ({:.1} tokens/s generated, {:.1} tokens/s fed)",
+            stats.generated,
+            wall * 1e3,
+            stats.generated as f64 / wall,
+            (stats.prefill_tokens + stats.decode_tokens) as f64 / wall
         );
+        print_speed(&stats);
+        Ok(())
     }
-    println!("self-check: batched tokens equal each sequence run alone: ok");
-    Ok(())
+
+    /// Self-check: each sequence alone (fresh ids on the same, now idle, engine) gives the
+    /// batched tokens, and no cache space leaks.
+    fn self_check_alone(&mut self, prompts: &[Vec<u32>]) -> Result<(), String> {
+        let engine = &mut self.engine;
+        let mut ok = true;
+        for (id, p) in self.ids.iter().zip(prompts) {
+            let solo = engine.submit(p, N_NEW, SamplerParams::greedy()).map_err(|e| e.to_string())?;
+            let mut out = engine.run_to_completion().map_err(|e| e.to_string())?;
+            let alone = out.remove(&solo).unwrap_or_default();
+            if self.tokens.get(id) != Some(&alone) {
+                ok = false;
+                println!("self-check: seq {id} alone gave {} (batched {:?})", join(&alone), self.tokens.get(id));
+            }
+        }
+        let kv_used = engine.model().kv.used_blocks();
+        let slots_used = engine.model().recurrent.used_slots();
+        println!("caches after the run: {kv_used} kv blocks, {slots_used} recurrent slots in use");
+        if !ok || kv_used != 0 || slots_used != 0 {
+            return Err(
+                "self-check failed: batched tokens differ from each sequence run alone, or cache space leaked".into()
+            );
+        }
+        println!("self-check: batched tokens equal each sequence run alone: ok");
+        Ok(())
+    }
 }
 
 fn join(t: &[u32]) -> String {

@@ -7,20 +7,27 @@
 //!   `tied_embeddings=true`).
 //! - `tessera inspect FILE` prints the header, every metadata kv (long arrays summarised), a tensor
 //!   table, the parsed model config and whether the tensors match it.
-//! - `tessera run FILE --tokens 1,2,3 [-n N] [--seed S] [--temperature T] [--top-k K] [--top-p P]`
-//!   loads the GGUF on the CPU backend and generates `N` tokens through the engine
-//!   (`tessera_models::engine`), printing memory accounting, the token ids and prefill / decode
-//!   tokens/s. The CUDA backend comes in a later issue.
-//! - `tessera convert --from-hf DIR --out FILE [--dtype f32]` converts a Hugging Face Qwen3.5
-//!   checkpoint (`config.json` + `*.safetensors`, dense or MoE) to a GGUF
-//!   (`tessera_models::convert`).
-//! - `tessera demo` synthesizes a tiny `qwen35moe`, batches three prompts through chunked prefill
-//!   and decode, prints what it did, and checks the batched tokens against each sequence alone.
+//! - `tessera run FILE --tokens 1,2,3 [--tokens 4,5]... [-n N] [--seed S] [--temperature T]
+//!   [--top-k K] [--top-p P] [--kv-dtype f16|f32|bf16] [--dump-logits OUT.safetensors]
+//!   [--backend auto|cpu|cuda]` loads the GGUF on the backend (`auto`: CUDA when a GPU is usable,
+//!   else the CPU) and generates `N` tokens for each prompt (one `--tokens` per
+//!   sequence, batched together) through the engine (`tessera_models::engine`), printing memory
+//!   accounting, the token ids and prefill / decode tokens/s. `--dump-logits` writes the f32
+//!   logits of every processed position (`seqK.logits` `[n_tokens, n_vocab]`, `seqK.ids` i32: the
+//!   prompt and every generated token but the last) to a safetensors file.
+//! - `tessera convert --from-hf DIR --out FILE [--dtype f32] [-q]` converts a Hugging Face
+//!   Qwen3.5 checkpoint (`config.json` + `*.safetensors`, dense or MoE) to a GGUF
+//!   (`tessera_models::convert`), with a progress bar on a terminal.
+//! - `tessera demo [--backend auto|cpu|cuda]` synthesizes a tiny `qwen35moe`, batches three prompts
+//!   through chunked prefill and decode on the best backend present, prints what it did, and
+//!   checks the batched tokens against each sequence alone and, on a GPU, the tokens and logits
+//!   against the CPU oracle.
 //!
 //! Exit status: 0 on success; 1 when the file cannot be read or written, when the config is not a
 //! valid qwen35 / qwen35moe config, or when its tensors do not match; 1 when `run` fails or the
 //! `demo` self-check fails; 2 for usage errors (clap).
 
+mod backend;
 mod convert;
 mod demo;
 mod inspect;
@@ -71,14 +78,16 @@ enum Command {
         /// The GGUF file.
         file: PathBuf,
     },
-    /// Generate tokens from token ids with a GGUF on the CPU backend (the CUDA backend comes in a
-    /// later issue). Prints memory accounting, the generated ids and prefill / decode tokens/s.
+    /// Generate tokens from token ids with a GGUF on the chosen backend, one sequence per
+    /// --tokens, batched. Prints memory accounting, the generated
+    /// ids and prefill / decode tokens/s; --dump-logits also writes every position's logits.
     Run {
         /// The GGUF file.
         file: PathBuf,
-        /// Prompt token ids, comma separated: 1,2,3.
-        #[arg(long, value_delimiter = ',', required = true)]
-        tokens: Vec<u32>,
+        /// Prompt token ids, comma separated: 1,2,3. Repeat for several sequences (batched
+        /// together).
+        #[arg(long, value_name = "IDS", value_parser = parse_ids, required = true)]
+        tokens: Vec<Ids>,
         /// Tokens to generate.
         #[arg(short = 'n', long = "n-new", default_value_t = 16)]
         n_new: usize,
@@ -97,10 +106,25 @@ enum Command {
         /// Most tokens fed in one step (prompts are fed in chunks of this size).
         #[arg(long, default_value_t = 64)]
         max_tokens_per_step: usize,
+        /// Element type of the KV cache (f32 for the closest comparison with an f32 reference).
+        #[arg(long = "kv-dtype", value_enum, default_value_t = KvDType::F16)]
+        kv_dtype: KvDType,
+        /// Write the f32 logits of every processed position to this safetensors file:
+        /// `seqK.logits` [n_tokens, n_vocab] and `seqK.ids` (i32) per sequence.
+        #[arg(long = "dump-logits", value_name = "OUT.safetensors")]
+        dump_logits: Option<PathBuf>,
+        /// Where to run: CUDA when a GPU is usable (auto), or a named backend.
+        #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
+        backend: backend::BackendChoice,
     },
     /// Build a tiny qwen35moe in memory, batch three prompts through prefill and decode, print
-    /// what happened and self-check the batched tokens against each sequence run alone.
-    Demo,
+    /// what happened and self-check the batched tokens against each sequence run alone (and, on
+    /// a GPU, against the CPU oracle).
+    Demo {
+        /// Where to run: CUDA when a GPU is usable (auto), or a named backend.
+        #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
+        backend: backend::BackendChoice,
+    },
     /// Convert a Hugging Face Qwen3.5 checkpoint (dense or MoE) to GGUF.
     Convert {
         /// The checkpoint directory (config.json and *.safetensors).
@@ -112,7 +136,39 @@ enum Command {
         /// Dtype of the weight matrices (norms, small vectors, conv and router stay f32).
         #[arg(long, value_enum, default_value_t = WeightDType::F16)]
         dtype: WeightDType,
+        /// No progress bar (it is only drawn when stderr is a terminal anyway).
+        #[arg(long, short = 'q')]
+        quiet: bool,
     },
+}
+
+/// One sequence's prompt ids (`--tokens 1,2,3`).
+#[derive(Clone, Debug)]
+struct Ids(Vec<u32>);
+
+fn parse_ids(s: &str) -> Result<Ids, String> {
+    s.split(',')
+        .map(|t| t.trim().parse::<u32>().map_err(|e| format!("`{t}` is not a token id: {e}")))
+        .collect::<Result<Vec<u32>, String>>()
+        .map(Ids)
+}
+
+/// The KV cache element types `run` accepts.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KvDType {
+    F16,
+    F32,
+    Bf16,
+}
+
+impl From<KvDType> for DType {
+    fn from(d: KvDType) -> DType {
+        match d {
+            KvDType::F16 => DType::F16,
+            KvDType::F32 => DType::F32,
+            KvDType::Bf16 => DType::BF16,
+        }
+    }
 }
 
 /// The weight dtypes `synth` accepts.
@@ -145,12 +201,34 @@ fn main() -> ExitCode {
             run_synth(&preset, dtype.into(), seed, &set, &output, quiet)
         }
         Command::Inspect { file } => inspect::run(&file),
-        Command::Run { file, tokens, n_new, seed, temperature, top_k, top_p, max_tokens_per_step } => {
+        Command::Run {
+            file,
+            tokens,
+            n_new,
+            seed,
+            temperature,
+            top_k,
+            top_p,
+            max_tokens_per_step,
+            kv_dtype,
+            dump_logits,
+            backend,
+        } => {
             let params = SamplerParams { temperature, top_k, top_p, seed };
-            run::run(&file, &run::RunArgs { tokens, n_new, params, max_tokens_per_step })
+            let prompts = tokens.into_iter().map(|Ids(t)| t).collect();
+            let args = run::RunArgs {
+                prompts,
+                n_new,
+                params,
+                max_tokens_per_step,
+                kv_dtype: kv_dtype.into(),
+                dump_logits,
+                backend,
+            };
+            run::run(&file, &args)
         }
-        Command::Demo => demo::run(),
-        Command::Convert { from_hf, out, dtype } => convert::run(&from_hf, &out, dtype.into()),
+        Command::Demo { backend } => demo::run(backend),
+        Command::Convert { from_hf, out, dtype, quiet } => convert::run(&from_hf, &out, dtype.into(), quiet),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

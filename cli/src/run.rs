@@ -1,29 +1,40 @@
-//! `tessera run`: load a GGUF on the CPU backend and generate tokens from token ids.
+//! `tessera run`: load a GGUF on a backend and generate tokens from token ids, optionally
+//! dumping the logits of every processed position to a safetensors file.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tessera_cpu::CpuBackend;
+use safetensors::{Dtype, tensor::TensorView};
 use tessera_models::engine::{Engine, EngineConfig, MemoryReport};
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
+use tessera_ops::DType;
+
+use crate::backend::{self, BackendChoice};
 
 /// What `tessera run` was asked to do.
 #[derive(Debug, Clone)]
 pub struct RunArgs {
-    pub tokens: Vec<u32>,
+    /// One prompt per sequence; the sequences run batched together.
+    pub prompts: Vec<Vec<u32>>,
     pub n_new: usize,
     pub params: SamplerParams,
     pub max_tokens_per_step: usize,
+    pub kv_dtype: DType,
+    /// Where to write the logits of every processed position (safetensors).
+    pub dump_logits: Option<PathBuf>,
+    pub backend: BackendChoice,
 }
 
 /// KV cells per block in the caches `run` sizes.
 const BLOCK_SIZE: usize = 16;
 
-/// Loads `file`, generates `args.n_new` tokens after `args.tokens`, prints memory, tokens, speed.
+/// Loads `file`, generates `args.n_new` tokens after each prompt, prints memory, tokens, speed,
+/// and writes the logits when asked.
 pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
-    if args.tokens.is_empty() {
+    if args.prompts.is_empty() || args.prompts.iter().any(Vec::is_empty) {
         return Err("--tokens: at least one prompt token is needed".into());
     }
     if args.n_new == 0 {
@@ -32,32 +43,95 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     args.params.validate().map_err(|e| e.to_string())?;
     let t0 = Instant::now();
     let gguf = GgufFile::open(file).map_err(|e| e.to_string())?;
-    // Caches sized for this one request.
-    let max_context = (args.tokens.len() + args.n_new).next_multiple_of(BLOCK_SIZE);
+    // Caches sized for these requests: every sequence's lifetime at once.
+    let lens: Vec<usize> = args.prompts.iter().map(|p| p.len() + args.n_new).collect();
+    let max_context = lens.iter().copied().max().unwrap_or(1).next_multiple_of(BLOCK_SIZE);
     let opts = ModelOptions {
-        kv_blocks: max_context / BLOCK_SIZE,
+        kv_blocks: lens.iter().map(|l| l.div_ceil(BLOCK_SIZE)).sum(),
         block_size: BLOCK_SIZE,
         max_context,
-        n_slots: 1,
+        n_slots: args.prompts.len(),
+        kv_dtype: args.kv_dtype,
         ..ModelOptions::default()
     };
-    let mut backend = CpuBackend::new();
-    let model = Model::load(&gguf, &mut backend, opts).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut backend = backend::open(args.backend)?;
+    let device = backend::describe(backend.as_ref());
+    let model = Model::load(&gguf, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", file.display()))?;
     let config = model.config.clone();
-    let mut engine =
-        Engine::new(model, Box::new(backend), EngineConfig { max_tokens_per_step: args.max_tokens_per_step })
-            .map_err(|e| e.to_string())?;
-    println!("backend: {} (CUDA comes in a later issue)", engine.backend_name());
+    let mut engine = Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.max_tokens_per_step })
+        .map_err(|e| e.to_string())?;
+    engine.record_logits(args.dump_logits.is_some());
+    println!("backend: {device}");
     println!("model: {config}");
     println!("loaded {} in {:.1} ms", file.display(), t0.elapsed().as_secs_f64() * 1e3);
     print_memory(&engine.memory());
-    let id = engine.submit(&args.tokens, args.n_new, args.params).map_err(|e| e.to_string())?;
+    let mut ids = Vec::with_capacity(args.prompts.len());
+    for p in &args.prompts {
+        ids.push(engine.submit(p, args.n_new, args.params).map_err(|e| e.to_string())?);
+    }
     let mut out = engine.run_to_completion().map_err(|e| e.to_string())?;
-    let generated = out.remove(&id).unwrap_or_default();
-    println!("prompt: {}", join(&args.tokens));
-    println!("generated: {}", join(&generated));
+    let mut dumped: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
+    for (i, (prompt, id)) in args.prompts.iter().zip(&ids).enumerate() {
+        let generated = out.remove(id).unwrap_or_default();
+        let label = if args.prompts.len() == 1 { String::new() } else { format!("seq{i} ") };
+        println!("{label}prompt: {}", join(prompt));
+        println!("{label}generated: {}", join(&generated));
+        if args.dump_logits.is_some() {
+            // Fed tokens: the prompt and every generated token but the last.
+            let mut fed = prompt.clone();
+            fed.extend(&generated[..generated.len().saturating_sub(1)]);
+            let logits = engine.take_logits(*id);
+            if logits.len() != fed.len() * config.n_vocab {
+                return Err(format!(
+                    "internal error: sequence {i} recorded {} logits for {} tokens of a {}-token vocab",
+                    logits.len(),
+                    fed.len(),
+                    config.n_vocab
+                ));
+            }
+            dumped.push((fed, logits));
+        }
+    }
     print_speed(engine.stats());
+    if let Some(path) = &args.dump_logits {
+        write_logits(path, &dumped, config.n_vocab)?;
+        let rows: Vec<String> = dumped.iter().map(|(t, _)| t.len().to_string()).collect();
+        println!(
+            "dumped logits of {} sequence(s) ([{}] x {} f32) to {}",
+            dumped.len(),
+            rows.join(", "),
+            config.n_vocab,
+            path.display()
+        );
+    }
     Ok(())
+}
+
+/// Writes `seqK.ids` (i32 `[n]`) and `seqK.logits` (f32 `[n, n_vocab]`) for each sequence.
+fn write_logits(path: &Path, seqs: &[(Vec<u32>, Vec<f32>)], n_vocab: usize) -> Result<(), String> {
+    let mut bufs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (k, (ids, logits)) in seqs.iter().enumerate() {
+        let id_bytes = ids
+            .iter()
+            .map(|&t| i32::try_from(t).map(i32::to_le_bytes))
+            .collect::<Result<Vec<[u8; 4]>, _>>()
+            .map_err(|_| format!("sequence {k}: a token id does not fit an i32"))?
+            .concat();
+        bufs.push((format!("seq{k}.ids"), Dtype::I32, vec![ids.len()], id_bytes));
+        let logit_bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+        bufs.push((format!("seq{k}.logits"), Dtype::F32, vec![ids.len(), n_vocab], logit_bytes));
+    }
+    let mut views = Vec::with_capacity(bufs.len());
+    for (name, dtype, shape, data) in &bufs {
+        let view = TensorView::new(*dtype, shape.clone(), data).map_err(|e| format!("{name}: {e}"))?;
+        views.push((name.clone(), view));
+    }
+    let meta = HashMap::from([
+        ("format".to_string(), "tessera logits dump".to_string()),
+        ("n_sequences".to_string(), seqs.len().to_string()),
+    ]);
+    let bytes = safetensors::tensor::serialize(views, Some(meta)).map_err(|e| e.to_string())?;
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn join(t: &[u32]) -> String {

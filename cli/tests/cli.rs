@@ -142,3 +142,116 @@ fn run_missing_file_fails_with_a_message() {
     assert!(stderr.contains("error:") && stderr.contains("/nonexistent/tessera.gguf"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `convert` a transformers fixture, `run --dump-logits` two sequences batched, read the dump
+/// back: the ids are the prompts plus the fed greedy tokens, and the logits match both the
+/// transformers reference and the model's own logits for each sequence run alone in one pass.
+#[test]
+fn run_dumps_logits_of_every_position() {
+    use safetensors::{Dtype, SafeTensors};
+    use tessera_cpu::CpuBackend;
+    use tessera_models::gguf::GgufFile;
+    use tessera_models::qwen35::{Logits, Model, ModelOptions};
+    use tessera_ops::DType;
+
+    fn ids(st: &SafeTensors<'_>, name: &str) -> Vec<u32> {
+        let t = st.tensor(name).unwrap();
+        assert_eq!(t.dtype(), Dtype::I32, "{name}");
+        t.data().chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u32).collect()
+    }
+    fn f32s(st: &SafeTensors<'_>, name: &str) -> (Vec<usize>, Vec<f32>) {
+        let t = st.tensor(name).unwrap();
+        assert_eq!(t.dtype(), Dtype::F32, "{name}");
+        (t.shape().to_vec(), t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+    fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+    let join = |t: &[u32]| t.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf/qwen35-dense");
+    let ref_bytes = std::fs::read(fixture.join("reference.safetensors")).unwrap();
+    let reference = SafeTensors::deserialize(&ref_bytes).unwrap();
+    let (prompt, cont, extra) =
+        (ids(&reference, "prompt.ids"), ids(&reference, "continuation.ids"), ids(&reference, "extra1.ids"));
+    let dir = std::env::temp_dir().join(format!("tessera_cli_dump_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (gguf, dump) = (dir.join("m.gguf"), dir.join("logits.safetensors"));
+
+    let out = tessera()
+        .args(["convert", "--dtype", "f32", "-q", "--from-hf"])
+        .arg(&fixture)
+        .arg("--out")
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "quiet convert: {}", String::from_utf8_lossy(&out.stderr));
+
+    let n_new = cont.len() + 1;
+    let out = tessera()
+        .arg("run")
+        .arg(&gguf)
+        .args(["--tokens", &join(&prompt), "--tokens", &join(&extra), "-n", &n_new.to_string()])
+        .args(["--kv-dtype", "f32", "--max-tokens-per-step", "16", "--dump-logits"])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("seq0 prompt: {}", join(&prompt))), "{stdout}");
+    assert!(stdout.contains("dumped logits of 2 sequence(s) ([56, 23] x 512 f32)"), "{stdout}");
+
+    let bytes = std::fs::read(&dump).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = st.names();
+    names.sort();
+    assert_eq!(names, ["seq0.ids", "seq0.logits", "seq1.ids", "seq1.logits"]);
+    let file = GgufFile::open(&gguf).unwrap();
+    let mut be = CpuBackend::new();
+    for (k, (p, ref_name)) in [(&prompt, "full.logits"), (&extra, "extra1.logits")].into_iter().enumerate() {
+        let fed = ids(&st, &format!("seq{k}.ids"));
+        assert_eq!(fed.len(), p.len() + n_new - 1, "seq{k}: prompt + every generated token but the last");
+        assert_eq!(fed[..p.len()], p[..], "seq{k}");
+        let (shape, got) = f32s(&st, &format!("seq{k}.logits"));
+        assert_eq!(shape, [fed.len(), 512], "seq{k}");
+        if k == 0 {
+            assert_eq!(fed[p.len()..], cont[..], "greedy continuation");
+        }
+        // Against transformers: every position of prompt + continuation, or the extra prompt's.
+        let (_, want) = f32s(&reference, ref_name);
+        let d_ref = max_abs_diff(&got[..want.len()], &want);
+        // Against the model: the dumped ids in one pass, alone.
+        let opts = ModelOptions { kv_dtype: DType::F32, n_slots: 1, ..ModelOptions::default() };
+        let mut m = Model::load(&file, &mut be, opts).unwrap();
+        let alone = m.step(&mut be, &[(0, &fed)], Logits::All).unwrap().remove(0);
+        m.free(&mut be);
+        let d_model = max_abs_diff(&got, &alone);
+        eprintln!("seq{k}: dumped logits vs transformers max |diff| {d_ref:e}, vs the model alone {d_model:e}");
+        assert!(d_ref <= 1e-3, "seq{k}: dumped logits differ from transformers by {d_ref}");
+        assert!(d_model <= 1e-4, "seq{k}: dumped logits differ from the model alone by {d_model}");
+    }
+    drop(file);
+
+    // An unwritable dump path is an error message, not a panic.
+    let out = tessera()
+        .arg("run")
+        .arg(&gguf)
+        .args(["--tokens", "1,2", "-n", "1", "--dump-logits", "/nonexistent/dir/l.safetensors"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("error: /nonexistent/dir/l.safetensors") && !stderr.contains("panicked"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn convert_quiet_and_missing_dir() {
+    let out =
+        tessera().args(["convert", "--from-hf", "/nonexistent/ckpt", "--out", "/tmp/x.gguf", "-q"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("error: convert /nonexistent/ckpt") && !stderr.contains("panicked"), "{stderr}");
+}

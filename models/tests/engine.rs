@@ -226,3 +226,41 @@ fn memory_accounting() {
     assert_eq!(m.weight_bytes, c.n_params() * 4);
     assert!(m.recurrent_bytes_per_sequence > 0);
 }
+
+/// With `record_logits` on, the engine keeps the logits of every fed token (prompt chunks and
+/// decode tokens, in order) without changing what it generates; they equal one `Model::step` over
+/// the same tokens; `take_logits` hands them over once; a finished sequence's id is not reused
+/// while its logits are untaken.
+#[test]
+fn recorded_logits_cover_every_fed_token() {
+    let prompts = [tokens(11, 1), tokens(3, 2), tokens(17, 3)];
+    let n_new = 5;
+    let run = |record: bool| {
+        let mut e = engine(6);
+        e.record_logits(record);
+        let ids: Vec<_> = prompts.iter().map(|p| e.submit(p, n_new, SamplerParams::greedy()).unwrap()).collect();
+        let out = e.run_to_completion().unwrap();
+        (e, ids, out)
+    };
+    let (_, _, plain) = run(false);
+    let (mut e, ids, recorded) = run(true);
+    assert_eq!(plain, recorded, "recording does not change the tokens");
+    let n_vocab = e.model().config.n_vocab;
+    // A new sequence does not take an id whose logits are still held.
+    let fresh = e.submit(&[1], 1, SamplerParams::greedy()).unwrap();
+    assert!(!ids.contains(&fresh), "id {fresh} reused while its logits are untaken");
+    e.cancel(fresh).unwrap();
+    for (p, id) in prompts.iter().zip(&ids) {
+        let logits = e.take_logits(*id);
+        let mut fed = p.clone();
+        fed.extend(&recorded[id][..n_new - 1]);
+        assert_eq!(logits.len(), fed.len() * n_vocab);
+        let mut be = CpuBackend::new();
+        let mut m = Model::load(&file(), &mut be, opts()).unwrap();
+        let alone = m.step(&mut be, &[(0, &fed)], Logits::All).unwrap().remove(0);
+        m.free(&mut be);
+        let d = logits.iter().zip(&alone).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(d < 1e-3, "recorded logits differ from one pass by {d}");
+        assert!(e.take_logits(*id).is_empty(), "taken once");
+    }
+}

@@ -1,19 +1,149 @@
-//! IN PROGRESS: the attention family (kernels/attention.cu). A helper is writing it.
+//! flash_attn_ext: `kernels/attention.cu`.
+//!
+//! `fa_partial_*` runs a tile of query rows (heads of one kv group times tokens) over one range
+//! of kv positions; long contexts are split over several blocks (split-K), whose partial
+//! (max, sum, acc) rows go to scratch and are merged by `fa_combine`. The `_f32/_f16/_bf16`
+//! entries read K/V rows with 16-byte loads (same K/V dtype, head dims multiples of 8, rows
+//! 16-byte aligned); `fa_partial_any` takes any K/V dtypes and alignments.
 
+use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{Op, TensorMeta};
+use tessera_ops::{DType, Op, TensorMeta};
 
-use crate::launch::{Cx, TensorArg, unsupported};
+use crate::compile::{Kernel, Module};
+use crate::launch::{Cx, TensorArg, config, dt, launch_error, unsupported};
 
-pub(crate) fn supports(_op: &Op, _inputs: &[TensorMeta]) -> bool {
-    false
+const PARTIAL_ANY: Kernel = Kernel::new(Module::Attention, "fa_partial_any");
+const PARTIAL_F32: Kernel = Kernel::new(Module::Attention, "fa_partial_f32");
+const PARTIAL_F16: Kernel = Kernel::new(Module::Attention, "fa_partial_f16");
+const PARTIAL_BF16: Kernel = Kernel::new(Module::Attention, "fa_partial_bf16");
+const COMBINE: Kernel = Kernel::new(Module::Attention, "fa_combine");
+
+/// TAG(fa-tile): FA_W, FA_R and FA_D in attention.cu.
+const WARPS: u32 = 4;
+const ROWS: usize = 8;
+const MAX_D: usize = 256;
+/// Blocks the split-K choice aims for (a few waves on current GPUs; fixed so that
+/// `scratch_bytes` can compute it from the task alone).
+const TARGET_BLOCKS: usize = 1024;
+/// Fewest kv positions per split.
+const MIN_SPLIT: usize = 128;
+const COMBINE_THREADS: u32 = 128;
+
+/// The launch geometry of one task.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    hb: usize,
+    tb: usize,
+    h_blocks: usize,
+    t_blocks: usize,
+    tiles: usize,
+    splits: usize,
+    split_len: usize,
+    n_seq: usize,
+    /// Output rows (n_head * n_tokens * n_seq).
+    rows: usize,
+    d_v: usize,
 }
 
-#[allow(dead_code)]
-pub(crate) fn scratch_bytes(_task: &Task<'_>) -> usize {
-    0
+fn plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
+    let [_, n_tokens, n_head, n_seq] = q.ne;
+    let n_head_kv = k.ne[2].max(1);
+    let n_kv = table.map_or(k.ne[1], |t| t.ne[0]);
+    let group = (n_head / n_head_kv).max(1);
+    let hb = group.min(ROWS);
+    let tb = (ROWS / hb).clamp(1, n_tokens.max(1));
+    let h_blocks = group.div_ceil(hb);
+    let t_blocks = n_tokens.div_ceil(tb);
+    let tiles = n_head_kv * h_blocks * t_blocks;
+    let base = (tiles * n_seq).max(1);
+    let want = TARGET_BLOCKS.div_ceil(base).clamp(1, n_kv.div_ceil(MIN_SPLIT).max(1));
+    let split_len = n_kv.div_ceil(want).div_ceil(32).max(1) * 32;
+    let splits = n_kv.div_ceil(split_len).max(1);
+    Plan { hb, tb, h_blocks, t_blocks, tiles, splits, split_len, n_seq, rows: n_head * n_tokens * n_seq, d_v: v.ne[0] }
 }
 
-pub(crate) fn run(_cx: &mut Cx<'_>, task: &Task<'_>, _ins: &[TensorArg], _out: TensorArg) -> Result<(), BackendError> {
-    Err(unsupported(task, "in progress"))
+/// Head dims up to 256 and grid dimensions in range; anything else stays on the CPU.
+pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
+    let Op::FlashAttnExt(p) = op else { return false };
+    let [q, k, v, ..] = inputs else { return false };
+    let table = if p.paged { inputs.last() } else { None };
+    let pl = plan(q, k, v, table);
+    q.ne[0] <= MAX_D
+        && v.ne[0] <= MAX_D
+        && q.dtype == DType::F32
+        && [k, v].iter().all(|m| matches!(m.dtype, DType::F32 | DType::F16 | DType::BF16))
+        && pl.n_seq <= 65535
+        && pl.splits <= 65535
+        && pl.tiles < (1 << 31)
+        && k.ne[1] < (1 << 31)
+        && table.is_none_or(|t| t.ne[0] < (1 << 31))
+}
+
+/// Split-K partials: (max, sum, acc[d_v]) f32 per split and output row.
+pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
+    let Op::FlashAttnExt(p) = task.op else { return 0 };
+    let m: Vec<&TensorMeta> = task.inputs.iter().map(|t| &t.meta).collect();
+    let [q, k, v, ..] = m.as_slice() else { return 0 };
+    let table = if p.paged { m.last().copied() } else { None };
+    let pl = plan(q, k, v, table);
+    if pl.splits == 1 { 0 } else { pl.splits * pl.rows * (pl.d_v + 2) * 4 }
+}
+
+/// Whether a tensor's rows (at dims 1..3 offsets) all start 16-byte aligned.
+fn rows_aligned(t: &TensorArg) -> bool {
+    t.data.is_multiple_of(16) && t.nb[1..].iter().all(|&n| n % 16 == 0)
+}
+
+pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
+    let meta = |i: usize| &task.inputs[i].meta;
+    let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
+    let (q, k, v) = (ins[0], ins[1], ins[2]);
+    let mask = if p.mask { ins[3] } else { none };
+    let table = if p.paged { ins[3 + usize::from(p.mask)] } else { none };
+    let table_meta = p.paged.then(|| meta(3 + usize::from(p.mask)));
+    let pl = plan(meta(0), meta(1), meta(2), table_meta);
+    let (kdt, vdt) = (meta(1).dtype, meta(2).dtype);
+    let mdt = if p.mask { dt(meta(3).dtype) } else { dt(DType::F32) };
+    let vec = kdt == vdt && q.ne[0] % 8 == 0 && v.ne[0] % 8 == 0 && rows_aligned(&k) && rows_aligned(&v);
+    let kernel = match (vec, kdt) {
+        (true, DType::F32) => PARTIAL_F32,
+        (true, DType::F16) => PARTIAL_F16,
+        (true, DType::BF16) => PARTIAL_BF16,
+        _ => PARTIAL_ANY,
+    };
+    let (kdt, vdt) = (dt(kdt), dt(vdt));
+    let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
+    let (scale, softcap) = (p.scale, p.softcap);
+    let (n_splits, split_len) = (pl.splits as i32, pl.split_len as i32);
+    let (hb, tb, h_blocks, t_blocks) = (pl.hb as i32, pl.tb as i32, pl.h_blocks as i32, pl.t_blocks as i32);
+    let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
+    let f = cx.function(kernel)?;
+    let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (WARPS * 32, 1, 1), 0);
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&out);
+    a.arg(&kdt).arg(&vdt).arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
+    a.arg(&n_splits).arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks);
+    a.arg(&part).arg(&err).arg(&opcode);
+    // SAFETY: `fa_partial(q, k, v, mask, table, out, kdt, vdt, mdt, has_mask, paged, scale,
+    // softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks, part, err, opcode)`. The shape
+    // rules fix q [d_k, n_t, n_h, n_s], k/v [d, n_cells, n_h_kv, n_s or 1] with dense rows, the
+    // mask [n_kv, >= n_t, 1, 1 or n_s], the table [n_kv, n_s] and out [d_v, n_h, n_t, n_s];
+    // `supports` keeps d_k, d_v <= 256 (the kernel's lane layout). The grid is exactly tiles x
+    // splits x n_seq of `plan`; table entries are checked against n_cells before any K/V read;
+    // the vector kernels run only on 16-byte aligned rows of one dtype with dims multiple of 8;
+    // with n_splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`).
+    unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
+    if pl.splits > 1 {
+        let f = cx.function(COMBINE)?;
+        let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
+        let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
+        let mut a = cx.stream.launch_builder(&f);
+        a.arg(&part).arg(&out).arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
+        // SAFETY: `fa_combine(part, out, n_splits, dv, n_tokens, n_head)`: one block per output
+        // row; `part` holds n_splits * rows partials of d_v + 2 floats, all written above.
+        unsafe { a.launch(cfg) }.map_err(|e| launch_error(COMBINE, e))?;
+    }
+    Ok(())
 }

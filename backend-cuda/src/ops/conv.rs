@@ -1,12 +1,37 @@
-//! IN PROGRESS: the conv family (kernels/conv.cu). A helper is writing it.
+//! ssm_conv and ssm_conv_update_inplace: `kernels/conv.cu`. Channels run across threads;
+//! ssm_conv stages a (32 channels x 64 outputs) window tile in shared memory so that both the
+//! time-innermost input and the channel-innermost output move coalesced.
 
+use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Op, TensorMeta};
 
-use crate::launch::{Cx, TensorArg, unsupported};
+use crate::compile::{Kernel, Module};
+use crate::errors::op_code;
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, unsupported};
 
-pub(crate) fn supports(_op: &Op, _inputs: &[TensorMeta]) -> bool {
-    false
+const CONV_TILED: Kernel = Kernel::new(Module::Conv, "ssm_conv_tiled");
+const CONV_DIRECT: Kernel = Kernel::new(Module::Conv, "ssm_conv_direct");
+const CHECK_SLOTS: Kernel = Kernel::new(Module::Conv, "conv_check_slots");
+const UPDATE_OUT: Kernel = Kernel::new(Module::Conv, "conv_update_out");
+const UPDATE_STATE: Kernel = Kernel::new(Module::Conv, "conv_update_state");
+
+/// CONV_CH and CONV_TT in conv.cu; the tile's block size.
+const TILE_CH: usize = 32;
+const TILE_TT: usize = 64;
+const TILE_THREADS: u32 = 256;
+/// Kernels longer than this take the direct path (the tile would outgrow 48 KiB of shared memory).
+const MAX_TILED_D_CONV: usize = 128;
+/// conv_update_out: tokens per thread.
+const UPDATE_TOKENS: usize = 8;
+const THREADS: u32 = 256;
+
+pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
+    match op {
+        Op::SsmConv => inputs.len() == 2,
+        Op::SsmConvUpdate { .. } => inputs.len() == 4,
+        _ => false,
+    }
 }
 
 #[allow(dead_code)]
@@ -14,6 +39,102 @@ pub(crate) fn scratch_bytes(_task: &Task<'_>) -> usize {
     0
 }
 
-pub(crate) fn run(_cx: &mut Cx<'_>, task: &Task<'_>, _ins: &[TensorArg], _out: TensorArg) -> Result<(), BackendError> {
-    Err(unsupported(task, "in progress"))
+pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    let idt = |i: usize| dt(task.inputs[i].meta.dtype);
+    match (task.op, ins) {
+        (Op::SsmConv, [sx, kern]) => ssm_conv(cx, out, *sx, idt(0), *kern, idt(1)),
+        (Op::SsmConvUpdate { silu }, [x, state, kern, slots]) => {
+            update(cx, out, (*x, idt(0)), *state, (*kern, idt(2)), *slots, *silu)
+        }
+        _ => Err(unsupported(
+            task,
+            "expected ssm_conv [sx, kernel] or ssm_conv_update_inplace [x, state, kernel, slots]",
+        )),
+    }
+}
+
+fn ssm_conv(
+    cx: &mut Cx<'_>,
+    out: TensorArg,
+    sx: TensorArg,
+    sdt: i32,
+    kern: TensorArg,
+    kdt: i32,
+) -> Result<(), BackendError> {
+    let d_conv = kern.ne[0] as usize;
+    let [channels, n_t, n_seq, _] = out.ne.map(|n| n as usize);
+    if d_conv > MAX_TILED_D_CONV || n_seq > 65535 {
+        let f = cx.function(CONV_DIRECT)?;
+        let mut a = cx.stream.launch_builder(&f);
+        a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt);
+        let cfg = config((blocks_for(out.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0);
+        // SAFETY: `ssm_conv_direct(out, sx, sdt, kern, kdt)`: the shape rules give sx
+        // [d_conv - 1 + n_t, C, n_seq], kernel [d_conv, C] and out [C, n_t, n_seq]; the grid-stride
+        // loop stays inside out, and t + i < d_conv - 1 + n_t.
+        unsafe { a.launch(cfg) }.map_err(|e| launch_error(CONV_DIRECT, e))?;
+        return Ok(());
+    }
+    let w = (TILE_TT + d_conv - 1) | 1;
+    let shared = (4 * (TILE_CH * w + TILE_CH * d_conv)) as u32;
+    let grid = (channels.div_ceil(TILE_CH) as u32, n_t.div_ceil(TILE_TT) as u32, n_seq as u32);
+    let time_fastest = i32::from(sx.nb[0].abs() <= sx.nb[1].abs());
+    let f = cx.function(CONV_TILED)?;
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt).arg(&time_fastest);
+    // SAFETY: `ssm_conv_tiled(out, sx, sdt, kern, kdt, time_fastest)`: shapes as for the direct
+    // kernel; the grid covers (C / 32, n_t / 64, n_seq) and every load and store is guarded by C,
+    // n_t and the window's d_conv - 1 + n_t samples; d_conv <= 128 keeps shared memory (sized as
+    // the kernel lays it out) under 48 KiB.
+    unsafe { a.launch(config(grid, (TILE_THREADS, 1, 1), shared)) }.map_err(|e| launch_error(CONV_TILED, e))?;
+    Ok(())
+}
+
+fn update(
+    cx: &mut Cx<'_>,
+    out: TensorArg,
+    (x, xdt): (TensorArg, i32),
+    state: TensorArg,
+    (kern, kdt): (TensorArg, i32),
+    slots: TensorArg,
+    silu: bool,
+) -> Result<(), BackendError> {
+    let [channels, n_t, n_seq, _] = out.ne.map(|n| n as usize);
+    if n_seq > 65535 {
+        return Err(BackendError::Unsupported {
+            backend: crate::errors::NAME.into(),
+            op: "ssm_conv_update_inplace",
+            why: "more than 65535 sequences".into(),
+        });
+    }
+    let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));
+    let n_slots = state.ne[2];
+    let f = cx.function(CHECK_SLOTS)?;
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&slots).arg(&n_slots).arg(&err).arg(&code);
+    // SAFETY: `conv_check_slots(slots, n_slots, err, op)` reads the slots' ne[0] i32 values
+    // through their stride and writes only the error record.
+    unsafe { a.launch(config((1, 1, 1), (1024, 1, 1), 0)) }.map_err(|e| launch_error(CHECK_SLOTS, e))?;
+
+    let silu = i32::from(silu);
+    let blocks = channels.div_ceil(THREADS as usize) as u32;
+    let f = cx.function(UPDATE_OUT)?;
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&out).arg(&x).arg(&xdt).arg(&state).arg(&kern).arg(&kdt).arg(&slots).arg(&silu).arg(&err);
+    let grid = (blocks, n_t.div_ceil(UPDATE_TOKENS) as u32, n_seq as u32);
+    // SAFETY: `conv_update_out(out, x, xdt, state, kern, kdt, slots, silu, err)`: the shape rules
+    // give x and out [C, n_t, n_seq], state [d_conv - 1, C, n_slots], kernel [d_conv, C] and slots
+    // [n_seq]; threads past C or n_t do nothing, window sample j < d_conv - 1 + n_t, and slots
+    // outside [0, n_slots) are skipped. It only reads the state.
+    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(UPDATE_OUT, e))?;
+
+    let d_conv = kern.ne[0];
+    let f = cx.function(UPDATE_STATE)?;
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&x).arg(&xdt).arg(&state).arg(&slots).arg(&d_conv).arg(&err);
+    // SAFETY: `conv_update_state(x, xdt, state, slots, d_conv, err)`: one thread per (channel <
+    // C, sequence < n_seq) owns its slot's d_conv - 1 samples (slots are distinct and in range, or
+    // nothing runs); the window samples it reads are inside the state or x.
+    unsafe { a.launch(config((blocks, n_seq as u32, 1), (THREADS, 1, 1), 0)) }
+        .map_err(|e| launch_error(UPDATE_STATE, e))?;
+    Ok(())
 }

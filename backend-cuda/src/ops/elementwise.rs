@@ -5,15 +5,41 @@ use tessera_graph::{BackendError, Task};
 use tessera_ops::{BinaryOp, DType, Op, TensorMeta, UnaryOp};
 
 use crate::compile::{Kernel, Module};
+use cudarc::driver::LaunchConfig;
+
 use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error};
 
 const UNARY: Kernel = Kernel::new(Module::Elementwise, "unary");
+const UNARY_F32_VEC4: Kernel = Kernel::new(Module::Elementwise, "unary_f32_vec4");
 const BINARY: Kernel = Kernel::new(Module::Elementwise, "binary");
-const BINARY_F32_CONTIG: Kernel = Kernel::new(Module::Elementwise, "binary_f32_contig");
+const BINARY_F32_VEC4: Kernel = Kernel::new(Module::Elementwise, "binary_f32_vec4");
 const SCALE: Kernel = Kernel::new(Module::Elementwise, "scale");
+const SCALE_F32_VEC4: Kernel = Kernel::new(Module::Elementwise, "scale_f32_vec4");
 const SWIGLU: Kernel = Kernel::new(Module::Elementwise, "swiglu");
 
 const THREADS: u32 = 256;
+
+/// The launch shape of the row kernels (`FOR_EACH_ROW` in elementwise.cu): `x` threads stride
+/// over `ne[0]` (a power of two from 32 to 256 that covers short rows without idle warps), `y`
+/// rows per block, a grid-stride loop over the rest.
+pub(crate) fn row_launch(ne: [i64; 4]) -> LaunchConfig {
+    let tx = (ne[0].max(32) as u64).next_power_of_two().min(THREADS as u64) as u32;
+    let ty = THREADS / tx;
+    let rows = ne[1] * ne[2] * ne[3];
+    config((blocks_for(rows, ty).min(1 << 20), 1, 1), (tx, ty, 1), 0)
+}
+
+/// A launch for flat kernels over `n` items, capped (they grid-stride).
+fn flat_launch(n: i64) -> LaunchConfig {
+    config((blocks_for(n, THREADS).min(1 << 20), 1, 1), (THREADS, 1, 1), 0)
+}
+
+/// True when every tensor is contiguous f32 with 16-byte aligned data and a multiple of 4
+/// elements: the `*_f32_vec4` kernels apply.
+fn vec4_f32(metas: &[&TensorMeta], args: &[TensorArg]) -> bool {
+    metas.iter().all(|m| m.dtype == DType::F32 && m.is_contiguous() && m.nelements() % 4 == 0)
+        && args.iter().all(|a| a.data % 16 == 0)
+}
 
 /// The family takes plain dtypes only (the shape rules refuse quantized elementwise inputs).
 pub(crate) fn supports(_op: &Op, inputs: &[TensorMeta]) -> bool {
@@ -43,51 +69,67 @@ fn binary_code(b: BinaryOp) -> i32 {
 
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let n = out.nelements();
-    let cfg = config((blocks_for(n, THREADS), 1, 1), (THREADS, 1, 1), 0);
+    let rows = row_launch(out.ne);
     let odt = dt(task.output.meta.dtype);
     let idt = |i: usize| dt(task.inputs[i].meta.dtype);
+    let om = &task.output.meta;
     match task.op {
         Op::Unary(u) => {
-            let (f, src, sdt, code) = (cx.function(UNARY)?, ins[0], idt(0), unary_code(*u));
-            let mut a = cx.stream.launch_builder(&f);
-            a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&code);
-            // SAFETY: `unary(dst, dst_dt, src, src_dt, code)`; src has dst's shape (shape rules),
-            // every address is inside its buffer (checked in compute) and the dtypes are plain.
-            unsafe { a.launch(cfg) }.map_err(|e| launch_error(UNARY, e))?;
+            let code = unary_code(*u);
+            if vec4_f32(&[om, &task.inputs[0].meta], &[out, ins[0]]) {
+                let (f, n4, d, x) = (cx.function(UNARY_F32_VEC4)?, n / 4, out.data, ins[0].data);
+                let mut a = cx.stream.launch_builder(&f);
+                a.arg(&d).arg(&x).arg(&n4).arg(&code);
+                // SAFETY: both are contiguous f32 of n = 4 * n4 elements, 16-byte aligned.
+                unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(UNARY_F32_VEC4, e))?;
+            } else {
+                let (f, src, sdt) = (cx.function(UNARY)?, ins[0], idt(0));
+                let mut a = cx.stream.launch_builder(&f);
+                a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&code);
+                // SAFETY: `unary(dst, dst_dt, src, src_dt, code)`; src has dst's shape (shape
+                // rules), every address is inside its buffer (checked in compute), dtypes plain.
+                unsafe { a.launch(rows) }.map_err(|e| launch_error(UNARY, e))?;
+            }
         }
         Op::Binary(b) => {
             let code = binary_code(*b);
-            let all_f32 = [&task.output.meta, &task.inputs[0].meta, &task.inputs[1].meta].iter().all(|m| m.dtype == DType::F32);
-            let contiguous = task.output.meta.is_contiguous() && task.inputs[0].meta.is_contiguous() && task.inputs[1].meta.is_contiguous();
-            // b broadcasts as a whole prefix repeat only when it is a run of full rows of a.
-            let b_meta = &task.inputs[1].meta;
-            let prefix = b_meta.ne[1..].iter().all(|&d| d == 1) && b_meta.ne[0] == task.output.meta.ne[0]
-                || b_meta.ne == task.output.meta.ne;
-            if all_f32 && contiguous && prefix {
-                let f = cx.function(BINARY_F32_CONTIG)?;
-                let nb = ins[1].nelements();
-                let (d, x, y) = (out.data, ins[0].data, ins[1].data);
+            let bm = &task.inputs[1].meta;
+            // b repeats along the flat index when it equals a leading block of a's dims.
+            let k = (0..4).find(|&d| bm.ne[d] != om.ne[d]).unwrap_or(4);
+            let repeats_flat = bm.ne[k.min(3)..].iter().all(|&d| d == 1) || k == 4;
+            let nb = ins[1].nelements();
+            if repeats_flat && nb % 4 == 0 && vec4_f32(&[om, &task.inputs[0].meta, bm], &[out, ins[0], ins[1]]) {
+                let f = cx.function(BINARY_F32_VEC4)?;
+                let (n4, nb4, d, x, y) = (n / 4, nb / 4, out.data, ins[0].data, ins[1].data);
                 let mut a = cx.stream.launch_builder(&f);
-                a.arg(&d).arg(&x).arg(&y).arg(&n).arg(&nb).arg(&code);
-                // SAFETY: all three are contiguous f32 of n, n and nb elements, nb divides n and b
-                // repeats as whole rows (checked above).
-                unsafe { a.launch(cfg) }.map_err(|e| launch_error(BINARY_F32_CONTIG, e))?;
+                a.arg(&d).arg(&x).arg(&y).arg(&n4).arg(&nb4).arg(&code);
+                // SAFETY: contiguous f32, 16-byte aligned, n = 4 * n4 and nb = 4 * nb4 elements;
+                // b is a leading block of a's dims, so b[i % nb] is the broadcast element.
+                unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(BINARY_F32_VEC4, e))?;
             } else {
                 let f = cx.function(BINARY)?;
                 let (x, y, xdt, ydt) = (ins[0], ins[1], idt(0), idt(1));
                 let mut a = cx.stream.launch_builder(&f);
                 a.arg(&out).arg(&odt).arg(&x).arg(&xdt).arg(&y).arg(&ydt).arg(&code);
                 // SAFETY: a has dst's shape and b's dims divide it (shape rules); addresses checked.
-                unsafe { a.launch(cfg) }.map_err(|e| launch_error(BINARY, e))?;
+                unsafe { a.launch(rows) }.map_err(|e| launch_error(BINARY, e))?;
             }
         }
         Op::Scale(p) => {
-            let f = cx.function(SCALE)?;
-            let (src, sdt, s, bias) = (ins[0], idt(0), p.scale, p.bias);
-            let mut a = cx.stream.launch_builder(&f);
-            a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&s).arg(&bias);
-            // SAFETY: src has dst's shape; addresses checked.
-            unsafe { a.launch(cfg) }.map_err(|e| launch_error(SCALE, e))?;
+            let (s, bias) = (p.scale, p.bias);
+            if vec4_f32(&[om, &task.inputs[0].meta], &[out, ins[0]]) {
+                let (f, n4, d, x) = (cx.function(SCALE_F32_VEC4)?, n / 4, out.data, ins[0].data);
+                let mut a = cx.stream.launch_builder(&f);
+                a.arg(&d).arg(&x).arg(&n4).arg(&s).arg(&bias);
+                // SAFETY: both contiguous f32 of 4 * n4 elements, 16-byte aligned.
+                unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(SCALE_F32_VEC4, e))?;
+            } else {
+                let (f, src, sdt) = (cx.function(SCALE)?, ins[0], idt(0));
+                let mut a = cx.stream.launch_builder(&f);
+                a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&s).arg(&bias);
+                // SAFETY: src has dst's shape; addresses checked.
+                unsafe { a.launch(rows) }.map_err(|e| launch_error(SCALE, e))?;
+            }
         }
         Op::Swiglu => {
             // The fused form reads gate and up as the two halves of each row of one input.
@@ -106,7 +148,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             a.arg(&out).arg(&odt).arg(&gate).arg(&gdt).arg(&up).arg(&udt);
             // SAFETY: gate and up have dst's shape (the fused input's rows are 2 * ne0 long, so
             // the second half starts ne0 elements in and stays inside the row).
-            unsafe { a.launch(cfg) }.map_err(|e| launch_error(SWIGLU, e))?;
+            unsafe { a.launch(rows) }.map_err(|e| launch_error(SWIGLU, e))?;
         }
         _ => return Err(crate::launch::unsupported(task, "not an elementwise op")),
     }

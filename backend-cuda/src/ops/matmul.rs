@@ -1,19 +1,377 @@
-//! IN PROGRESS: the matmul family (kernels/matmul.cu). A helper is writing it.
+//! mul_mat and mul_mat_id: `kernels/matmul.cu` and cuBLAS.
+//!
+//! Paths (f32 accumulation throughout):
+//! - **GEMV** (`n <= GEMV_MAX_N`, and the general path for anything cuBLAS cannot take): the
+//!   activations are packed into f32 scratch rows, then one warp per weight row reads the row
+//!   once for up to 8 tokens (`gemv_{1,2,4,8}`), any weight dtype and outer strides.
+//! - **GEMM** (`n > GEMV_MAX_N`): cuBLAS. f32 weights go through `sgemm` in place; f16 / bf16
+//!   weights through `gemm_ex` in place with the activations converted to the weights' type;
+//!   q8_0 / nvfp4 weights are dequantized in row chunks to bf16 (nvfp4 values are exact in bf16;
+//!   q8_0 values are split into hi + lo bf16 parts) and multiplied by hi + lo bf16 activations,
+//!   so the result keeps f32-level accuracy (the quantized cases take the f32 bound).
+//! - **mul_mat_id**: `moe_group` groups the (slot, token) pairs by expert on the device (no host
+//!   sync), then `moe_gemv` runs the rows of experts with few pairs over them 8 at a time and
+//!   `moe_gemm` (shared-memory tiles) the experts with many.
 
+use cudarc::cublas::result as blas;
+use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{Op, TensorMeta};
+use tessera_ops::{DType, Op, TensorMeta};
 
-use crate::launch::{Cx, TensorArg, unsupported};
+use crate::compile::{Kernel, Module};
+use crate::errors::op_code;
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, sys_blas, unsupported};
 
-pub(crate) fn supports(_op: &Op, _inputs: &[TensorMeta]) -> bool {
-    false
+const PACK_B: Kernel = Kernel::new(Module::Matmul, "pack_b");
+const DEQUANT_ROWS: Kernel = Kernel::new(Module::Matmul, "dequant_rows");
+const GEMV: [Kernel; 4] = [
+    Kernel::new(Module::Matmul, "gemv_1"),
+    Kernel::new(Module::Matmul, "gemv_2"),
+    Kernel::new(Module::Matmul, "gemv_4"),
+    Kernel::new(Module::Matmul, "gemv_8"),
+];
+const MOE_GROUP: Kernel = Kernel::new(Module::Matmul, "moe_group");
+const MOE_GEMV: Kernel = Kernel::new(Module::Matmul, "moe_gemv");
+const MOE_GEMM: Kernel = Kernel::new(Module::Matmul, "moe_gemm");
+/// Weight rows per `moe_gemm` block: `MT_M` in matmul.cu.
+const MT_M: u64 = 64;
+
+const THREADS: u32 = 256;
+/// Warps (weight rows) per GEMV block: TAG(mm-warps), `MM_WARPS` in matmul.cu.
+const MM_WARPS: u32 = 4;
+/// Most tokens a GEMV pass serves per weight read; above this cuBLAS takes the product.
+const GEMV_MAX_N: i64 = 8;
+/// Bytes of dequantized bf16 weights (hi + lo parts) one cuBLAS chunk may hold.
+const WEIGHT_CHUNK_BYTES: usize = 64 << 20;
+/// Alignment of every scratch region.
+const ALIGN: usize = 256;
+/// Threads of the single `moe_group` block.
+const GROUP_THREADS: u32 = 1024;
+
+/// Weights f32 / f16 / bf16 / q8_0 / nvfp4 and f32 activations, as the shape rules allow.
+pub(crate) fn supports(_op: &Op, inputs: &[TensorMeta]) -> bool {
+    inputs.get(1).is_some_and(|b| b.dtype == DType::F32)
+        && inputs
+            .first()
+            .is_some_and(|a| matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::NvFp4))
 }
 
-#[allow(dead_code)]
-pub(crate) fn scratch_bytes(_task: &Task<'_>) -> usize {
-    0
+fn align(bytes: usize) -> usize {
+    bytes.next_multiple_of(ALIGN)
 }
 
-pub(crate) fn run(_cx: &mut Cx<'_>, task: &Task<'_>, _ins: &[TensorArg], _out: TensorArg) -> Result<(), BackendError> {
-    Err(unsupported(task, "in progress"))
+/// Packed row length (elements) of activations and dequantized weights: 8 keeps every row
+/// 16-byte aligned as bf16 and 32-byte aligned as f32.
+fn packed_len(k: usize) -> usize {
+    k.next_multiple_of(8)
+}
+
+/// Bytes of the packed f32 activations of `b`.
+fn packed_f32_bytes(b: &TensorMeta) -> usize {
+    align(b.nelements() / b.ne[0].max(1) * packed_len(b.ne[0]) * 4)
+}
+
+/// bf16 parts of a dequantized weight value: nvfp4 values are exact in bf16, q8_0 need hi + lo.
+fn weight_parts(d: DType) -> usize {
+    if d == DType::Q8_0 { 2 } else { 1 }
+}
+
+/// Rows of dequantized weights per cuBLAS chunk (at most the grid's y limit).
+fn chunk_rows(k: usize, m: usize, parts: usize) -> usize {
+    let rows = WEIGHT_CHUNK_BYTES / (packed_len(k) * 2 * parts).max(1);
+    let rows = if rows > 128 { rows / 128 * 128 } else { rows.max(1) };
+    rows.min(m).min(65535)
+}
+
+/// Scratch for the cuBLAS path: converted activations, then (quantized weights) one chunk of
+/// dequantized weights.
+fn blas_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
+    let (k, m) = (a.ne[0], a.ne[1]);
+    let rows = b.nelements() / k.max(1);
+    let half = align(rows * packed_len(k) * 2);
+    match a.dtype {
+        DType::F32 => packed_f32_bytes(b),
+        DType::F16 | DType::BF16 => half,
+        _ => {
+            let parts = weight_parts(a.dtype);
+            2 * half + parts * align(chunk_rows(k, m, parts) * packed_len(k) * 2)
+        }
+    }
+}
+
+/// Scratch of mul_mat_id: expert offsets, cursors and pair lists (i32), then packed activations.
+fn moe_scratch(w: &TensorMeta, b: &TensorMeta, ids: &TensorMeta) -> usize {
+    align((2 * w.ne[2] + 1 + ids.nelements()) * 4) + packed_f32_bytes(b)
+}
+
+pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
+    let m = |i: usize| task.inputs.get(i).map(|t| t.meta);
+    match (task.op, m(0), m(1), m(2)) {
+        (Op::MulMat, Some(a), Some(b), _) => {
+            let gemv = packed_f32_bytes(&b);
+            if (b.ne[1] as i64) > GEMV_MAX_N { gemv.max(blas_scratch(&a, &b)) } else { gemv }
+        }
+        (Op::MulMatId, Some(w), Some(b), Some(ids)) => moe_scratch(&w, &b, &ids),
+        _ => 0,
+    }
+}
+
+pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    let dtype = task.inputs.first().map(|t| t.meta.dtype);
+    match (task.op, ins, dtype) {
+        (Op::MulMat, [a, b], Some(d)) => mul_mat(cx, *a, d, *b, out),
+        (Op::MulMatId, [w, b, ids], Some(d)) => mul_mat_id(cx, *w, d, *b, *ids, out),
+        _ => Err(unsupported(task, "not a matmul op with its inputs")),
+    }
+}
+
+/// Whether weight rows may be read in 16-byte pieces: every row start 16-byte aligned and the
+/// row length a multiple of 16 bytes.
+fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
+    let row_bytes = d.row_bytes(a.ne[0] as usize).unwrap_or(1);
+    let strides_ok = (1..4).all(|i| a.ne[i] <= 1 || a.nb[i] % 16 == 0);
+    a.data.is_multiple_of(16) && row_bytes.is_multiple_of(16) && strides_ok
+}
+
+fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    let n = b.ne[1];
+    if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
+        return mul_mat_blas(cx, a, d, b, out);
+    }
+    let (ldb, bp) = (packed_len(b.ne[0] as usize) as i64, cx.scratch);
+    pack_b(cx, b, bp, 0, 0, 0, ldb)?;
+    let kernel = GEMV[match n {
+        ..=1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        _ => 3,
+    }];
+    let f = cx.function(kernel)?;
+    let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
+    let vec = i32::from(rows_vectorizable(&a, d) && bp.is_multiple_of(16));
+    let grid =
+        ((a.ne[1] as u64).div_ceil(MM_WARPS as u64).min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, 65535) as u32, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&a).arg(&adt).arg(&bp).arg(&ldb).arg(&n).arg(&b2).arg(&b3).arg(&out).arg(&vec);
+    // SAFETY: `gemv_N(a, adt, bp, ldb, n, b2, b3, out, vec)`: a's rows are dense of dtype adt
+    // (shape rules) and each batch maps to weight batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside
+    // a; bp holds b2 * b3 * n packed rows of ldb >= k f32 (scratch_bytes); out is [m, n, b2, b3]
+    // f32; `vec` only when every row start is 16-byte aligned and rows are whole 16-byte pieces.
+    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    Ok(())
+}
+
+/// Packs `b` into rows of `ldb` elements: f32 at `f32_out`, and / or half at `hi` (f16 when
+/// `half_dt` is f16's code, else bf16 with the remainder at `lo` when nonzero). Zero skips.
+fn pack_b(
+    cx: &mut Cx<'_>,
+    b: TensorArg,
+    f32_out: u64,
+    hi: u64,
+    lo: u64,
+    half_dt: i32,
+    ldb: i64,
+) -> Result<(), BackendError> {
+    let f = cx.function(PACK_B)?;
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&b).arg(&f32_out).arg(&hi).arg(&lo).arg(&half_dt).arg(&ldb);
+    // SAFETY: `pack_b(b, f32_out, hi, lo, half_dt, ldb)` reads b inside its span and writes row
+    // r = flat row index of b at r * ldb (ldb >= k) into outputs sized for every row of b
+    // (scratch_bytes).
+    unsafe { args.launch(config((blocks_for(b.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0)) }
+        .map_err(|e| launch_error(PACK_B, e))?;
+    Ok(())
+}
+
+/// cuBLAS takes the product when sizes fit its ints, the output is contiguous f32 columns, and
+/// plain weights are element-aligned with element strides.
+fn blas_fits(a: &TensorArg, d: DType, b: &TensorArg, out: &TensorArg) -> bool {
+    let small = |x: i64| x > 0 && x <= i32::MAX as i64;
+    let es = d.block_bytes() as i64;
+    let plain_ok = d.is_quantized()
+        || (a.data.is_multiple_of(es as u64)
+            && a.nb[1] % es == 0
+            && small(a.nb[1] / es)
+            && (1..4).all(|i| a.nb[i] % es == 0));
+    small(a.ne[0]) && small(a.ne[1]) && small(b.ne[1]) && out.nb[0] == 4 && out.nb[1] == 4 * out.ne[0] && plain_ok
+}
+
+/// One `C = alpha A^T B + beta C` through `gemm_ex` (column-major: A is k x m with `lda`, B is
+/// k x n with `ldb`, C is m x n f32 with `ldc`).
+struct Gemm {
+    m: i32,
+    n: i32,
+    k: i32,
+    lda: i32,
+    ldb: i32,
+    ldc: i32,
+    ty: sys_blas::cudaDataType,
+}
+
+impl Gemm {
+    fn run(&self, h: sys_blas::cublasHandle_t, a: u64, b: u64, c: u64, beta: f32) -> Result<(), BackendError> {
+        let alpha = 1.0f32;
+        // SAFETY: a, b, c are device addresses of matrices of the sizes and leading dimensions
+        // in `self` (checked by the caller); alpha and beta are host f32 read during the call.
+        unsafe {
+            blas::gemm_ex(
+                h,
+                sys_blas::cublasOperation_t::CUBLAS_OP_T,
+                sys_blas::cublasOperation_t::CUBLAS_OP_N,
+                self.m,
+                self.n,
+                self.k,
+                (&alpha as *const f32).cast(),
+                a as *const _,
+                self.ty,
+                self.lda,
+                b as *const _,
+                self.ty,
+                self.ldb,
+                (&beta as *const f32).cast(),
+                c as *mut _,
+                sys_blas::cudaDataType::CUDA_R_32F,
+                self.ldc,
+                sys_blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys_blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| BackendError::Device {
+            backend: crate::errors::NAME.into(),
+            detail: format!("cublasGemmEx: {e:?}"),
+        })
+    }
+}
+
+fn mul_mat_blas(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    let h = cx.cublas()?;
+    let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+    let (b2, b3) = (b.ne[2], b.ne[3]);
+    let (r2, r3) = (b2 / a.ne[2].max(1), b3 / a.ne[3].max(1));
+    let ldb = packed_len(k as usize) as i64;
+    let rows = n * b2 * b3;
+    let half = align(rows as usize * ldb as usize * 2) as u64;
+    let es = d.block_bytes() as i64;
+    let (ty, elem) = match d {
+        DType::F32 => (sys_blas::cudaDataType::CUDA_R_32F, 4),
+        DType::F16 => (sys_blas::cudaDataType::CUDA_R_16F, 2),
+        _ => (sys_blas::cudaDataType::CUDA_R_16BF, 2),
+    };
+    let (bhi, blo) = (cx.scratch, cx.scratch + half);
+    match d {
+        DType::F32 => pack_b(cx, b, bhi, 0, 0, 0, ldb)?,
+        DType::F16 | DType::BF16 => pack_b(cx, b, 0, bhi, 0, dt(d), ldb)?,
+        _ => pack_b(cx, b, 0, bhi, blo, dt(DType::BF16), ldb)?,
+    }
+    let g = |mm: i64, lda: i64| Gemm {
+        m: mm as i32,
+        n: n as i32,
+        k: k as i32,
+        lda: lda as i32,
+        ldb: ldb as i32,
+        ldc: m as i32,
+        ty,
+    };
+    for batch in 0..b2 * b3 {
+        let (i2, i3) = (batch % b2, batch / b2);
+        let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
+        let b_at = |base: u64| base + (batch * n * ldb * elem) as u64;
+        let c = out.data + (i2 * out.nb[2] + i3 * out.nb[3]) as u64;
+        if !d.is_quantized() {
+            g(m, a.nb[1] / es).run(h, a.data + a_off as u64, b_at(bhi), c, 0.0)?;
+            continue;
+        }
+        let parts = weight_parts(d);
+        let chunk = chunk_rows(k as usize, m as usize, parts) as i64;
+        let whi = cx.scratch + 2 * half;
+        let wlo = if parts == 2 { whi + align(chunk as usize * ldb as usize * 2) as u64 } else { 0 };
+        let weights = TensorArg { data: a.data + a_off as u64, ..a };
+        let mut m0 = 0;
+        while m0 < m {
+            let rows = chunk.min(m - m0);
+            dequant_rows(cx, weights, d, m0, rows, whi, wlo, ldb)?;
+            let gc = g(rows, ldb);
+            let c0 = c + (m0 * 4) as u64;
+            gc.run(h, whi, b_at(bhi), c0, 0.0)?;
+            gc.run(h, whi, b_at(blo), c0, 1.0)?;
+            if parts == 2 {
+                gc.run(h, wlo, b_at(bhi), c0, 1.0)?;
+            }
+            m0 += rows;
+        }
+    }
+    Ok(())
+}
+
+/// Rows `[m0, m0 + rows)` of the weight matrix at `a` (batch offset applied) to bf16 rows of
+/// `ld` elements at `hi` (and the remainder at `lo` when nonzero).
+#[allow(clippy::too_many_arguments)]
+fn dequant_rows(
+    cx: &mut Cx<'_>,
+    a: TensorArg,
+    d: DType,
+    m0: i64,
+    rows: i64,
+    hi: u64,
+    lo: u64,
+    ld: i64,
+) -> Result<(), BackendError> {
+    let f = cx.function(DEQUANT_ROWS)?;
+    let (adt, zero) = (dt(d), 0i64);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&a).arg(&adt).arg(&m0).arg(&zero).arg(&zero).arg(&hi).arg(&lo).arg(&ld);
+    // SAFETY: `dequant_rows(a, adt, m0, a2 = 0, a3 = 0, hi, lo, ld)` reads rows m0 .. m0 + rows
+    // (gridDim.y, <= 65535) of a, all below ne[1]; hi and lo hold `rows` rows of ld >= k bf16
+    // (scratch_bytes sizes one chunk).
+    let grid = (blocks_for(a.ne[0], THREADS).min(64), rows as u32, 1);
+    unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(DEQUANT_ROWS, e))?;
+    Ok(())
+}
+
+fn mul_mat_id(
+    cx: &mut Cx<'_>,
+    w: TensorArg,
+    d: DType,
+    b: TensorArg,
+    ids: TensorArg,
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    let n_expert = w.ne[2];
+    let n_pairs = ids.nelements();
+    let offsets = cx.scratch;
+    let cursor = offsets + 4 * (n_expert as u64 + 1);
+    let list = cursor + 4 * n_expert as u64;
+    let bp = cx.scratch + align((2 * n_expert as usize + 1 + n_pairs as usize) * 4) as u64;
+    let (err, op) = (cx.errors, op_code("mul_mat_id"));
+    let f = cx.function(MOE_GROUP)?;
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&ids).arg(&n_expert).arg(&offsets).arg(&cursor).arg(&list).arg(&err).arg(&op);
+    // SAFETY: `moe_group(ids, n_expert, offsets, cursor, list, err, op)`, one block: reads ids
+    // [n_used, T] inside its span, writes n_expert + 1 offsets, n_expert cursors and at most
+    // n_used * T list entries (scratch_bytes); ids outside [0, n_expert) are reported, not used.
+    unsafe { args.launch(config((1, 1, 1), (GROUP_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GROUP, e))?;
+
+    let ldb = packed_len(b.ne[0] as usize) as i64;
+    pack_b(cx, b, bp, 0, 0, 0, ldb)?;
+    let f = cx.function(MOE_GEMV)?;
+    let (adt, n_b, n_used) = (dt(d), b.ne[1], ids.ne[0]);
+    let vec = i32::from(rows_vectorizable(&w, d) && bp.is_multiple_of(16));
+    let grid =
+        ((w.ne[1] as u64).div_ceil(MM_WARPS as u64).min(i32::MAX as u64) as u32, n_expert.clamp(1, 65535) as u32, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&w).arg(&adt).arg(&bp).arg(&ldb).arg(&n_b).arg(&n_used).arg(&offsets).arg(&list).arg(&out).arg(&vec);
+    // SAFETY: `moe_gemv(as, adt, bp, ldb, n_b, n_used, offsets, list, out, vec)`: expert e =
+    // blockIdx.y < n_expert (the rules keep n_expert small) reads its dense rows of as; the list
+    // holds valid pairs s = u + n_used * t only, so b row (u mod n_b) + n_b * t is one of the
+    // packed rows and out[:, u, t] is inside out [m, n_used, T].
+    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMV, e))?;
+
+    let f = cx.function(MOE_GEMM)?;
+    let grid = ((w.ne[1] as u64).div_ceil(MT_M).min(i32::MAX as u64) as u32, grid.1, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&w).arg(&adt).arg(&bp).arg(&ldb).arg(&n_b).arg(&n_used).arg(&offsets).arg(&list).arg(&out);
+    // SAFETY: `moe_gemm(as, adt, bp, ldb, n_b, n_used, offsets, list, out)`: as moe_gemv (the
+    // experts with many pairs); weight rows and k beyond the tensor are masked to zero.
+    unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMM, e))?;
+    Ok(())
 }

@@ -36,9 +36,13 @@ fn family(op: &Op) -> Option<Family> {
         Op::GetRows | Op::SetRows | Op::Cpy | Op::Cast(_) | Op::Cont | Op::Concat { .. } | Op::Repeat { .. } => {
             Family::Data
         }
-        Op::RmsNorm(_) | Op::L2Norm { .. } | Op::SumRows | Op::Softmax(_) | Op::Argmax | Op::TopK { .. } | Op::Argsort(_) => {
-            Family::Reduce
-        }
+        Op::RmsNorm(_)
+        | Op::L2Norm { .. }
+        | Op::SumRows
+        | Op::Softmax(_)
+        | Op::Argmax
+        | Op::TopK { .. }
+        | Op::Argsort(_) => Family::Reduce,
         Op::RopeMulti(_) => Family::Rope,
         Op::Quantize(_) | Op::Dequantize => Family::Quant,
         Op::MulMat | Op::MulMatId => Family::Matmul,

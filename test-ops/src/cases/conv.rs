@@ -246,6 +246,8 @@ pub(super) fn perf_cases() -> Vec<Case> {
     vec![
         Conv::new(4, 512, C_DENSE, 1).case(),
         Conv::new(4, 2048, C_MOE, 1).case(),
+        // The PERF-ANCHORS ssm_conv prefill: sx 2051 x 10240.
+        Conv::new(4, 2048, C_DENSE, 1).case(),
         // Decode batches of 32 and 128 sequences (the eval catalogue has the 1-4 sequence shapes).
         Update::new(4, C_DENSE, 1, 32, 64).case(),
         Update::new(4, C_DENSE, 1, 128, 128).case(),

@@ -191,7 +191,13 @@ pub(crate) fn perf_cases() -> Vec<Case> {
             out.push(MulMatId::new(type_a, 64, 8, 1, 512, 2048, n_tokens).case());
             out.push(MulMatId::new(type_a, 64, 8, 8, 2048, 512, n_tokens).case());
         }
+        // The GEMM floor shape: a 512-token prefill through the 27B FFN up/gate weights.
+        out.push(MulMat::new(type_a, 17408, 512, 5120).case());
     }
+    // bf16 at the same prefill (cuBLAS); its decode shapes are in perf.rs.
+    out.push(MulMat::new(BF16, 17408, 512, 5120).case());
+    // All 256 experts of the MoE, top-8, 512 tokens (gate/up): the mul_mat_id floor shape.
+    out.push(MulMatId::new(QUANTS[1], 256, 8, 1, 512, 2048, 512).case());
     out
 }
 

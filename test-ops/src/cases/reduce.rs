@@ -282,10 +282,14 @@ fn argsort_case(dtype: DType, ne: [usize; 4], order: SortOrder, layout: Layout) 
 /// 512-token prefill's GDN q (16 key heads, plus the dense model's 48 value-head width).
 pub(super) fn perf_cases() -> Vec<Case> {
     vec![
+        top_k_case(F32, [256, 1, 1, 1], 8, Layout::Contiguous, Init::SIGNED),
+        top_k_case(F32, [256, 512, 1, 1], 8, Layout::Contiguous, Init::SIGNED),
         top_k_case(F32, [256, 2048, 1, 1], 8, Layout::Contiguous, Init::SIGNED),
         top_k_case(F32, [248_320, 4, 1, 1], 40, Layout::Contiguous, Init::SIGNED),
         argsort_case(F32, [248_320, 1, 1, 1], SortOrder::Descending, Layout::Contiguous),
         l2_norm_case(F32, [128, 16, 512, 1], 1e-6, Layout::Contiguous, Init::SIGNED),
         l2_norm_case(F32, [128, 48, 512, 1], 1e-6, Layout::Contiguous, Init::SIGNED),
+        // Decode: one token's hidden state.
+        rms_norm_case(F32, [5120, 1, 1, 1], 1e-6, Layout::Contiguous),
     ]
 }

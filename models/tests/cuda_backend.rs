@@ -1,0 +1,160 @@
+//! The tiny qwen35 / qwen35moe models on the CUDA backend against the CPU oracle: logits of a
+//! prompt within a stated bound, greedy streams of 32 tokens identical with f32 weights, a batch
+//! of sequences equal to each alone, and CUDA-graph replay bit-identical to eager execution.
+//! Skips with a message when no GPU is usable.
+
+use std::path::PathBuf;
+
+use tessera_cpu::CpuBackend;
+use tessera_cuda::{CudaBackend, CudaOptions};
+use tessera_graph::Backend;
+use tessera_models::config::ModelConfig;
+use tessera_models::gguf::GgufFile;
+use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::synth::synthesize;
+use tessera_ops::DType;
+
+fn gpu(graphs: bool) -> Option<CudaBackend> {
+    match CudaBackend::with_options(CudaOptions { graphs, ..CudaOptions::default() }) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+fn file(preset: &str, dtype: DType) -> GgufFile {
+    let c = ModelConfig::preset(preset).unwrap();
+    let path: PathBuf =
+        std::env::temp_dir().join(format!("tessera_cuda_{preset}_{}_{}.gguf", dtype.name(), std::process::id()));
+    if !path.exists() {
+        synthesize(&c, dtype, 42, &path, None).unwrap();
+    }
+    GgufFile::open(&path).unwrap()
+}
+
+fn opts() -> ModelOptions {
+    ModelOptions { kv_blocks: 64, block_size: 16, max_context: 256, kv_dtype: DType::F32, ..ModelOptions::default() }
+}
+
+fn tokens(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed * 97)) % 256).collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The prompt's logits (every position) and a greedy continuation of `n` tokens.
+fn prompt_and_greedy(m: &mut Model, be: &mut dyn Backend, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    let all = m.step(be, &[(0, prompt)], Logits::All).unwrap().remove(0);
+    let v = m.config.n_vocab;
+    let mut next = argmax(&all[all.len() - v..]);
+    let mut stream = vec![next];
+    while stream.len() < n {
+        let l = m.step(be, &[(0, &[next])], Logits::Last).unwrap().remove(0);
+        next = argmax(&l);
+        stream.push(next);
+    }
+    (all, stream)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+#[test]
+fn f32_models_match_the_cpu_and_greedy_streams_are_identical() {
+    let Some(mut cuda) = gpu(true) else { return };
+    for preset in ["tiny", "tiny-moe"] {
+        let f = file(preset, DType::F32);
+        let prompt = tokens(24, 1);
+        let mut cpu = CpuBackend::new();
+        let mut mc = Model::load(&f, &mut cpu, opts()).unwrap();
+        let (want, want_stream) = prompt_and_greedy(&mut mc, &mut cpu, &prompt, 32);
+        let mut mg = Model::load(&f, &mut cuda, opts()).unwrap();
+        let (got, got_stream) = prompt_and_greedy(&mut mg, &mut cuda, &prompt, 32);
+        mg.free(&mut cuda);
+        let (d, e) = (max_abs_diff(&got, &want), nmse(&got, &want));
+        eprintln!("{preset} f32: prompt logits max |cuda - cpu| = {d:.3e}, nmse = {e:.3e}");
+        assert!(e <= 1e-9 && d <= 1e-3, "{preset}: max |diff| {d:e}, nmse {e:e}");
+        assert_eq!(got_stream, want_stream, "{preset}: greedy streams differ");
+    }
+    let st = cuda.stats();
+    eprintln!("graphs: {:?}; pool: {:?}", st.graphs, st.pool);
+    assert!(st.graphs.replays > 0, "decode steps of one shape replay a captured graph: {:?}", st.graphs);
+}
+
+#[test]
+fn quantized_models_stay_close_to_the_cpu() {
+    let Some(mut cuda) = gpu(true) else { return };
+    for preset in ["tiny", "tiny-moe"] {
+        for dtype in [DType::BF16, DType::Q8_0, DType::NvFp4] {
+            let f = file(preset, dtype);
+            let prompt = tokens(16, 2);
+            let mut cpu = CpuBackend::new();
+            let mut mc = Model::load(&f, &mut cpu, opts()).unwrap();
+            let want = mc.step(&mut cpu, &[(0, &prompt)], Logits::All).unwrap().remove(0);
+            let mut mg = Model::load(&f, &mut cuda, opts()).unwrap();
+            let got = mg.step(&mut cuda, &[(0, &prompt)], Logits::All).unwrap().remove(0);
+            mg.free(&mut cuda);
+            let e = nmse(&got, &want);
+            eprintln!(
+                "{preset} {}: prompt logits nmse = {e:.3e}, max |diff| = {:.3e}",
+                dtype.name(),
+                max_abs_diff(&got, &want)
+            );
+            // The same quantized weights on both sides; only activations' rounding differs.
+            assert!(e <= 1e-6, "{preset} {}: nmse {e:e}", dtype.name());
+        }
+    }
+}
+
+#[test]
+fn a_batch_equals_each_sequence_alone_and_replay_equals_eager() {
+    let (Some(mut graphs), Some(mut eager)) = (gpu(true), gpu(false)) else { return };
+    for preset in ["tiny", "tiny-moe"] {
+        let f = file(preset, DType::F32);
+        let seqs = [tokens(9, 3), tokens(9, 4), tokens(9, 5)];
+        let mut alone = Vec::new();
+        for s in &seqs {
+            let mut m = Model::load(&f, &mut graphs, opts()).unwrap();
+            alone.push(m.step(&mut graphs, &[(0, s)], Logits::Last).unwrap().remove(0));
+            m.free(&mut graphs);
+        }
+        let mut m = Model::load(&f, &mut graphs, opts()).unwrap();
+        let batch: Vec<(u32, &[u32])> = seqs.iter().enumerate().map(|(i, s)| (i as u32, s.as_slice())).collect();
+        let together = m.step(&mut graphs, &batch, Logits::Last).unwrap();
+        // Decode a few steps with graphs, and the same on an eager backend: bit-identical.
+        let mut with_graphs = Vec::new();
+        let mut me = Model::load(&f, &mut eager, opts()).unwrap();
+        me.step(&mut eager, &batch, Logits::Last).unwrap();
+        let mut without = Vec::new();
+        for t in 0..4u32 {
+            let step: Vec<(u32, Vec<u32>)> = (0..3).map(|i| (i, vec![(t * 7 + i) % 256])).collect();
+            let step: Vec<(u32, &[u32])> = step.iter().map(|(i, v)| (*i, v.as_slice())).collect();
+            with_graphs.push(m.step(&mut graphs, &step, Logits::Last).unwrap());
+            without.push(me.step(&mut eager, &step, Logits::Last).unwrap());
+        }
+        m.free(&mut graphs);
+        me.free(&mut eager);
+        for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+            let e = nmse(t, a);
+            assert!(e <= 1e-10, "{preset}: sequence {i} batched vs alone nmse {e:e}");
+        }
+        assert_eq!(with_graphs, without, "{preset}: CUDA graph replay differs from eager execution");
+    }
+}
