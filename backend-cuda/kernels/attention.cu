@@ -5,12 +5,13 @@
 // (up to FA_R rows: `hb` query heads of one kv group times `tb` tokens, so every K/V row it reads
 // serves all of them: GQA sharing) and a range of kv positions (a split: long contexts are cut
 // into `n_splits` ranges run by different blocks). Each of its FA_W warps walks chunks of 32
-// positions: per position, lane `l` holds elements `l*8 .. l*8+7` (+256 per further chunk of the
-// head dim) of the K row (one 16-byte load for f16/bf16 when aligned), the warp reduces the dot
-// per query row and lane `c` keeps the logit of position `c`; then softcap, mask, the chunk's
-// online-softmax update and the weighted V rows (same element layout as K). The warps' states
-// are merged in shared memory; with one split the block writes the output rows, else it writes
-// (max, sum, acc[d_v]) partials to scratch and `fa_combine` merges the splits.
+// positions: per position, lane `l` holds elements `l*8 .. l*8+7` of the K row (one 16-byte load
+// for f16/bf16 when aligned), the warp reduces the 8 rows' dots at once (`fa_sum8`, 9 shuffles)
+// and lane `c` gets the logits of position `c`; then softcap, mask, the chunk's branch-free
+// online-softmax update and the weighted V rows (same element layout as K). Each chunk's K/V
+// rows are prefetched into L2 one chunk ahead. The warps' states are merged in shared memory;
+// with one split the block writes the output rows, else it writes (max, sum, acc[d_v]) partials
+// to scratch and `fa_combine` merges the splits. `fa_mma_*` (below) is the tensor-core prefill.
 //
 // Semantics match backend-cpu/src/cpu/attention.rs: logit = dot * scale, or
 // softcap * tanh(dot * scale / softcap); plus mask[j, t, 0, s % mask.ne3]; a row whose logits are
@@ -137,27 +138,33 @@ __device__ __forceinline__ void fa_partial_impl(
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
     const i64 m_seq = has_mask ? (s % mask.ne[3]) * mask.nb[3] : 0;
 
+    // The cache row of position jj (its table entry when paged, unchecked), -1 past the range.
+    auto raw_cell = [&](int jj) -> int {
+        if (jj >= j_end) return -1;
+        return paged ? *(const int*)(table.data + (i64)jj * table.nb[0] + (i64)s * table.nb[1]) : jj;
+    };
+    // Starts a row's K and V towards L2 (one chunk ahead) so that the row-by-row loads hit it.
+    auto prefetch = [&](int c) {
+        if (c < 0 || c >= n_cells) return;
+        const char* kp = kbase + (i64)c * k.nb[1];
+        const char* vp = vbase + (i64)c * v.nb[1];
+        for (int o = 0; o < kbytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + o));
+        for (int o = 0; o < vbytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + o));
+    };
+    int next = raw_cell(j_begin + warp * 32 + lane);
+    prefetch(next);
     for (int c0 = j_begin + warp * 32; c0 < j_end; c0 += FA_W * 32) {
         const int j = c0 + lane;
+        const int raw = next;
+        next = raw_cell(j + FA_W * 32);
+        prefetch(next);
         int cell = -1;
         if (j < j_end) {
-            if (paged) {
-                int c = *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]);
-                if (c < 0 || c >= n_cells) {
-                    report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, c, n_cells, 0, 0);
-                } else {
-                    cell = c;
-                }
+            if (raw < 0 || raw >= n_cells) {
+                report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
             } else {
-                cell = j;
+                cell = raw;
             }
-        }
-        // Start this chunk's K and V rows towards L2 so that the row-by-row loads below hit it.
-        if (cell >= 0) {
-            const char* kp = kbase + (i64)cell * k.nb[1];
-            const char* vp = vbase + (i64)cell * v.nb[1];
-            for (int o = 0; o < kbytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + o));
-            for (int o = 0; o < vbytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + o));
         }
         // Logits: lane c ends up with position c0 + c's logit for every row.
         float sl[FA_R];
@@ -295,7 +302,7 @@ __device__ __forceinline__ void fa_partial_impl(
 }
 
 #define FA_PARTIAL(NAME, DT, VEC)                                                                              \
-    extern "C" __global__ void __launch_bounds__(FA_W * 32) NAME(                                              \
+    extern "C" __global__ void __launch_bounds__(FA_W * 32, 3) NAME(                                              \
         Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int kdt, int vdt, int mdt,        \
         int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb, int tb,      \
         int h_blocks, int t_blocks, float* part, u64 err, u32 opcode) {                                        \
@@ -309,30 +316,241 @@ FA_PARTIAL(fa_partial_f16, DT_F16, true)
 FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 
 // Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: one block per row
-// g = (s * n_head + h) * n_tokens + t.
+// g = (s * n_head + h) * n_tokens + t (blockDim a multiple of 32).
 extern "C" __global__ void fa_combine(const float* part, Tensor out, int n_splits, int dv, int n_tokens, int n_head) {
+    __shared__ float scratch[32];
     const i64 g = blockIdx.x;
     const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
-    const i64 stride = dv + 2;
+    const i64 stride = dv + 2, split_stride = n_rows_g * stride;
+    const float* pg = part + g * stride;
     float mm = -TS_INF;
-    for (int i = 0; i < n_splits; i++) mm = fmaxf(mm, part[((i64)i * n_rows_g + g) * stride]);
+    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) mm = fmaxf(mm, pg[i * split_stride]);
+    mm = block_max(mm, scratch);
+    const float ms = mm == -TS_INF ? 0.0f : mm;
     float ll = 0.0f;
-    if (mm != -TS_INF) {
-        for (int i = 0; i < n_splits; i++) {
-            const float* pp = part + ((i64)i * n_rows_g + g) * stride;
-            ll += pp[1] * expf(pp[0] - mm);
-        }
-    }
+    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) ll += pg[i * split_stride + 1] * expf(pg[i * split_stride] - ms);
+    ll = block_sum(ll, scratch);
     const int t = (int)(g % n_tokens), h = (int)((g / n_tokens) % n_head), s = (int)(g / ((i64)n_tokens * n_head));
     char* orow = out.data + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)s * out.nb[3];
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
         float a = 0.0f;
-        if (mm != -TS_INF) {
-            for (int i = 0; i < n_splits; i++) {
-                const float* pp = part + ((i64)i * n_rows_g + g) * stride;
-                a += pp[2 + e] * expf(pp[0] - mm);
-            }
-        }
+#pragma unroll 8
+        for (int i = 0; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * expf(pg[i * split_stride] - ms);
         *(float*)(orow + (i64)e * out.nb[0]) = mm == -TS_INF ? 0.0f : a / ll;
     }
 }
+
+// ---- prefill on tensor cores ----
+//
+// `fa_mma_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256). A block takes FT_BM = 64 tokens of
+// one query head (16 per warp) and walks the kv positions in tiles of FT_BN = 64: the tile's K
+// and V rows (through the block table when paged) go to shared memory, S = Q K^T and O += P V run
+// as mma.sync m16n8k16 (Q and P rounded to the K/V type, f32 accumulators), with the online
+// softmax on the S fragments in f32. Rows are padded by FT_PAD halves so that ldmatrix is free of
+// bank conflicts. Dynamic shared memory: 3 * 64 * (D + FT_PAD) halves.
+
+#define FT_BM 64
+#define FT_BN 64
+#define FT_PAD 8
+
+__device__ __forceinline__ u32 ft_smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void ft_ldsm4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ft_smem_addr(p)));
+}
+__device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ft_smem_addr(p)));
+}
+template <int DT>
+__device__ __forceinline__ u16 ft_half(float x) {
+    return DT == DT_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
+}
+template <int DT>
+__device__ __forceinline__ u32 ft_pack(float lo, float hi) {
+    return (u32)ft_half<DT>(lo) | ((u32)ft_half<DT>(hi) << 16);
+}
+// c += a * b for one m16n8k16 tile (row.col, f32 accumulators).
+template <int DT>
+__device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
+    if (DT == DT_BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+template <int DT, int D>
+__device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int mdt,
+                                            int has_mask, int paged, float scale, float softcap, u64 err, u32 opcode) {
+    extern __shared__ __align__(16) u16 ft_smem[];
+    __shared__ int s_cell[FT_BN];
+    const int LD = D + FT_PAD;
+    u16* sQ = ft_smem;
+    u16* sK = sQ + FT_BM * LD;
+    u16* sV = sK + FT_BN * LD;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
+    const int n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
+    const int n_kv = paged ? (int)table.ne[0] : n_cells;
+    const int t0 = blockIdx.x * FT_BM, h = blockIdx.y, s = blockIdx.z;
+    const int hk = h / (n_head / n_head_kv);
+    const i64 ks = paged ? 0 : s;
+    const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
+    const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
+    const i64 m_seq = has_mask ? (s % mask.ne[3]) * mask.nb[3] : 0;
+    const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
+
+    for (int idx = tid; idx < FT_BM * D; idx += blockDim.x) {
+        const int r = idx / D, c = idx % D, t = t0 + r;
+        const float x = t < n_tokens ? *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]) : 0.0f;
+        sQ[r * LD + c] = ft_half<DT>(x);
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
+    const int tok[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
+
+    for (int j0 = 0; j0 < n_kv; j0 += FT_BN) {
+        __syncthreads();  // the previous tile is consumed (and sQ is written on the first pass)
+        if (tid < FT_BN) {
+            const int j = j0 + tid;
+            int cell = -1;
+            if (j < n_kv) {
+                const int raw = paged ? *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]) : j;
+                if (raw < 0 || raw >= n_cells) {
+                    report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
+                } else {
+                    cell = raw;
+                }
+            }
+            s_cell[tid] = cell;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < FT_BN * (D / 8); idx += blockDim.x) {
+            const int r = idx / (D / 8), c8 = idx % (D / 8), cell = s_cell[r];
+            uint4 kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (cell >= 0) {
+                kk = *(const uint4*)(kbase + (i64)cell * k.nb[1] + c8 * 16);
+                vv = *(const uint4*)(vbase + (i64)cell * v.nb[1] + c8 * 16);
+            }
+            *(uint4*)&sK[r * LD + c8 * 8] = kk;
+            *(uint4*)&sV[r * LD + c8 * 8] = vv;
+        }
+        __syncthreads();
+
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+        float sc[FT_BN / 8][4];
+#pragma unroll
+        for (int n = 0; n < FT_BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll 4
+        for (int kk = 0; kk < D; kk += 16) {
+            u32 a[4];
+            ft_ldsm4(a, &sQ[(warp * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8]);
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n += 2) {
+                u32 b[4];
+                ft_ldsm4(b, &sK[(n * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
+                ft_mma<DT>(sc[n], a, b[0], b[1]);
+                ft_mma<DT>(sc[n + 1], a, b[2], b[3]);
+            }
+        }
+        // Logits and the online-softmax update (rows g and g + 8 of the warp's 16).
+        float mx[2] = {-TS_INF, -TS_INF};
+#pragma unroll
+        for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int col = n * 8 + 2 * tq + (i & 1), rr = i >> 1, j = j0 + col;
+                float x = softcap > 0.0f ? softcap * tanhf(sc[n][i] * inner) : sc[n][i] * scale;
+                if (has_mask && j < n_kv && tok[rr] < n_tokens) {
+                    x += load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[rr] * mask.nb[1] + m_seq, mdt);
+                }
+                x = s_cell[col] >= 0 ? x : -TS_INF;
+                sc[n][i] = x;
+                mx[rr] = fmaxf(mx[rr], x);
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+        }
+        float ms[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const float m_new = fmaxf(m[rr], mx[rr]);
+            ms[rr] = m_new == -TS_INF ? 0.0f : m_new;
+            const float alpha = expf(m[rr] - ms[rr]);
+            l[rr] *= alpha;
+            m[rr] = m_new;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][2 * rr] *= alpha;
+                o[n][2 * rr + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p = expf(sc[n][i] - ms[i >> 1]);
+                sc[n][i] = p;
+                l[i >> 1] += p;
+            }
+        }
+        // O += P V.
+#pragma unroll
+        for (int kk = 0; kk < FT_BN / 16; kk++) {
+            const u32 a[4] = {ft_pack<DT>(sc[2 * kk][0], sc[2 * kk][1]), ft_pack<DT>(sc[2 * kk][2], sc[2 * kk][3]),
+                              ft_pack<DT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), ft_pack<DT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int n = 0; n < D / 8; n += 2) {
+                u32 b[4];
+                ft_ldsm4_trans(b, &sV[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
+                ft_mma<DT>(o[n], a, b[0], b[1]);
+                ft_mma<DT>(o[n + 1], a, b[2], b[3]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+        if (tok[rr] >= n_tokens) continue;
+        char* orow = out.data + (i64)h * out.nb[1] + (i64)tok[rr] * out.nb[2] + (i64)s * out.nb[3];
+        const float inv = m[rr] == -TS_INF ? 0.0f : 1.0f / l[rr];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const int d = n * 8 + 2 * tq;
+            *(float*)(orow + (i64)d * out.nb[0]) = o[n][2 * rr] * inv;
+            *(float*)(orow + (i64)(d + 1) * out.nb[0]) = o[n][2 * rr + 1] * inv;
+        }
+    }
+}
+
+#define FA_MMA(NAME, DT, D)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, \
+                                                           Tensor out, int mdt, int has_mask, int paged, float scale, \
+                                                           float softcap, u64 err, u32 opcode) {                     \
+        fa_mma_impl<DT, D>(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, err, opcode);           \
+    }
+
+FA_MMA(fa_mma_f16_d128, DT_F16, 128)
+FA_MMA(fa_mma_f16_d256, DT_F16, 256)
+FA_MMA(fa_mma_bf16_d128, DT_BF16, 128)
+FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)

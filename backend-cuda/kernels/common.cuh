@@ -122,12 +122,11 @@ __device__ __forceinline__ float ue4m3_to_f32(u8 code) {
     return exp == 0 ? ldexpf((float)man, -9) : ldexpf((float)(8 + man), exp - 10);
 }
 
-// E2M1 (fp4) code to value; code 8 (E2M1's -0) reads as +0, like ggml's integer table.
-__device__ __forceinline__ float e2m1_value(u32 code) {
-    const float table[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                             0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-    return table[code & 15];
-}
+// E2M1 (fp4) code to value; code 8 (E2M1's -0) reads as +0, like ggml's integer table. A
+// file-scope constant table: a local array indexed at run time would live in local memory.
+__constant__ float E2M1_VALUES[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                      0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+__device__ __forceinline__ float e2m1_value(u32 code) { return E2M1_VALUES[code & 15]; }
 
 // NVFP4 block (ggml layout): 4 E4M3 scales (one per 16 values), then 32 bytes of packed E2M1
 // codes. Within each 16-value sub-block s, byte k of its 8 bytes holds value k (low nibble) and
@@ -217,3 +216,4 @@ __device__ __forceinline__ void report_error(ErrorRecord* rec, u32 code, u32 wha
 #define WHAT_STATE_SLOT 2u
 #define WHAT_EXPERT_ID 3u
 #define WHAT_KV_CELL 4u
+#define WHAT_DEST_ROW 5u

@@ -1,44 +1,47 @@
 // conv.cu: ssm_conv and ssm_conv_update_inplace, the causal depthwise convolution (no flip:
 // kernel[0] multiplies the oldest sample of the window).
 
-// ssm_conv tile: 32 channels x CONV_TT outputs per block of 256 threads (8 outputs each).
+// ssm_conv tile: 32 channels x CONV_TT outputs per block of 256 threads (8 warps).
 #define CONV_CH 32
 #define CONV_TT 64
+#define CONV_WARPS 8
 
 // ssm_conv: out[c, t, s] = sum_{i < d_conv} sx[t + i, c, s] * kernel[i, c].
 // Grid (ceil(C / 32), ceil(n_t / 64), n_seq), block 256, dynamic shared memory
-// 4 (32 W + 32 d_conv) bytes with W = (64 + d_conv - 1) | 1 (odd rows: no bank conflicts).
-// The window tile is read with time fastest when `time_fastest` (sx's time stride is the smaller
-// one), else with channels fastest, so either layout reads coalesced.
+// 4 (32 W + 32 d_conv) bytes with W = (64 + d_conv - 1) | 1 (odd rows: no bank conflicts); needs
+// 64 + d_conv - 1 <= 96. The window tile is read with time across lanes when `time_fastest`
+// (sx's time stride is the smaller one), else with channels across lanes, so either layout reads
+// coalesced; each thread's 12 loads are issued before any is stored.
 extern "C" __global__ void __launch_bounds__(256)
     ssm_conv_tiled(Tensor out, Tensor sx, int sdt, Tensor kern, int kdt, int time_fastest) {
     extern __shared__ float sh[];
     const i64 d_conv = kern.ne[0], channels = out.ne[0], n_t = out.ne[1];
     const i64 c0 = (i64)blockIdx.x * CONV_CH, t0 = (i64)blockIdx.y * CONV_TT, s = blockIdx.z;
     const int wlen = CONV_TT + (int)d_conv - 1, w = wlen | 1;
-    float* xs = sh;               // [CONV_CH][w]
+    float* xs = sh;                // [CONV_CH][w]
     float* ks = sh + CONV_CH * w;  // [d_conv][CONV_CH]
-    const i64 avail = min((i64)wlen, n_t - t0 + d_conv - 1);  // window samples inside sx
-    // Loads go to registers 8 at a time before the stores, so that 8 are in flight per thread.
-    const int n = CONV_CH * wlen;
-    for (int base = threadIdx.x; base < n; base += 8 * blockDim.x) {
-        float r[8];
+    const int avail = (int)min((i64)wlen, n_t - t0 + d_conv - 1);  // window samples inside sx
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const char* base = sx.data + t0 * sx.nb[0] + c0 * sx.nb[1] + s * sx.nb[2];
+    float r[4][3];
+    // time_fastest: warp w takes channels w, w + 8, w + 16, w + 24 and lanes take samples
+    // lane, lane + 32, lane + 64; otherwise lanes take channels and warps take the samples.
 #pragma unroll
-        for (int m = 0; m < 8; m++) {
-            const int idx = base + m * blockDim.x;
-            int j, c;
-            if (time_fastest) j = idx % wlen, c = idx / wlen;
-            else c = idx % CONV_CH, j = idx / CONV_CH;
-            r[m] = idx < n && c0 + c < channels && j < avail ? load_f32(sx.data + offset_of(sx, t0 + j, c0 + c, s, 0), sdt)
-                                                             : 0.0f;
+    for (int a = 0; a < 4; a++) {
+#pragma unroll
+        for (int b = 0; b < 3; b++) {
+            const int c = time_fastest ? warp + a * CONV_WARPS : lane;
+            const int j = time_fastest ? lane + b * 32 : warp + (a * 3 + b) * CONV_WARPS;
+            r[a][b] = c0 + c < channels && j < avail ? load_f32(base + j * sx.nb[0] + c * sx.nb[1], sdt) : 0.0f;
         }
+    }
 #pragma unroll
-        for (int m = 0; m < 8; m++) {
-            const int idx = base + m * blockDim.x;
-            int j, c;
-            if (time_fastest) j = idx % wlen, c = idx / wlen;
-            else c = idx % CONV_CH, j = idx / CONV_CH;
-            if (idx < n) xs[c * w + j] = r[m];
+    for (int a = 0; a < 4; a++) {
+#pragma unroll
+        for (int b = 0; b < 3; b++) {
+            const int c = time_fastest ? warp + a * CONV_WARPS : lane;
+            const int j = time_fastest ? lane + b * 32 : warp + (a * 3 + b) * CONV_WARPS;
+            if (j < wlen) xs[c * w + j] = r[a][b];
         }
     }
     for (int idx = threadIdx.x; idx < CONV_CH * d_conv; idx += blockDim.x) {
@@ -46,13 +49,17 @@ extern "C" __global__ void __launch_bounds__(256)
         ks[idx] = c0 + c < channels ? load_f32(kern.data + offset_of(kern, i, c0 + c, 0, 0), kdt) : 0.0f;
     }
     __syncthreads();
-    const int c = threadIdx.x % CONV_CH, tq = threadIdx.x / CONV_CH;
+    const int c = lane;
     if (c0 + c >= channels) return;
-    for (int tt = tq; tt < CONV_TT; tt += blockDim.x / CONV_CH) {
-        if (t0 + tt >= n_t) break;
-        float acc = 0.0f;
-        for (int i = 0; i < d_conv; i++) acc = fmaf(xs[c * w + tt + i], ks[i * CONV_CH + c], acc);
-        *(float*)(out.data + offset_of(out, c0 + c, t0 + tt, s, 0)) = acc;
+    char* obase = out.data + (c0 + c) * out.nb[0] + t0 * out.nb[1] + s * out.nb[2];
+#pragma unroll
+    for (int m = 0; m < CONV_TT / CONV_WARPS; m++) {
+        const int tt = warp + m * CONV_WARPS;
+        if (t0 + tt < n_t) {
+            float acc = 0.0f;
+            for (int i = 0; i < d_conv; i++) acc = fmaf(xs[c * w + tt + i], ks[i * CONV_CH + c], acc);
+            *(float*)(obase + tt * out.nb[1]) = acc;
+        }
     }
 }
 

@@ -187,6 +187,35 @@ extern "C" __global__ void copy_rows(Tensor dst, int dst_dt, Tensor src, int src
     }
 }
 
+// Same shapes where one side is dense along ne0 and the other along ne1 (a transposed view: the
+// V cache written through its transpose, cont of a transposed tensor). A 32 x 32 tile goes
+// through shared memory so both the reads and the writes are coalesced. `src_fast0`: src is the
+// side dense along ne0. Blocks of 32 x 8 threads; grid (tiles along ne0, tiles along ne1, ne2*ne3
+// with a stride).
+extern "C" __global__ void copy_transpose(Tensor dst, int dst_dt, Tensor src, int src_dt, int src_fast0) {
+    __shared__ float tile[32][33];
+    i64 t0 = (i64)blockIdx.x * 32, t1 = (i64)blockIdx.y * 32;
+    int tx = threadIdx.x;
+    i64 planes = dst.ne[2] * dst.ne[3];
+    for (i64 z = blockIdx.z; z < planes; z += gridDim.z) {
+        i64 i2 = z % dst.ne[2], i3 = z / dst.ne[2];
+        for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+            i64 i0 = t0 + (src_fast0 ? tx : k), i1 = t1 + (src_fast0 ? k : tx);
+            if (i0 < dst.ne[0] && i1 < dst.ne[1]) {
+                tile[i1 - t1][i0 - t0] = load_f32(src.data + offset_of(src, i0, i1, i2, i3), src_dt);
+            }
+        }
+        __syncthreads();
+        for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+            i64 i0 = t0 + (src_fast0 ? k : tx), i1 = t1 + (src_fast0 ? tx : k);
+            if (i0 < dst.ne[0] && i1 < dst.ne[1]) {
+                store_f32(dst.data + offset_of(dst, i0, i1, i2, i3), dst_dt, tile[i1 - t1][i0 - t0]);
+            }
+        }
+        __syncthreads();
+    }
+}
+
 // ---- get_rows / set_rows --------------------------------------------------------------------
 
 // Id e (flat, logical order) of an i32 ids tensor of [n0, n1, n2] (the host keeps its element
@@ -199,7 +228,7 @@ __device__ __forceinline__ int data_id_at(const Tensor& ids, i64 e) {
 
 // Reports the first id (logical order) outside 0..limit; every block that calls it finds the same
 // one, so the record is the one the CPU gives whichever block wins. Call with the whole block.
-__device__ void report_first_bad(const Tensor& ids, i64 limit, u64 err, u32 op) {
+__device__ void report_first_bad(const Tensor& ids, i64 limit, u64 err, u32 op, u32 what) {
     __shared__ unsigned long long first;
     if (threadIdx.x == 0 && threadIdx.y == 0) first = ~0ull;
     __syncthreads();
@@ -210,7 +239,7 @@ __device__ void report_first_bad(const Tensor& ids, i64 limit, u64 err, u32 op) 
     }
     __syncthreads();
     if (threadIdx.x == 0 && first != ~0ull) {
-        report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_ROW_ID, op, data_id_at(ids, (i64)first), limit, 0, 0);
+        report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, what, op, data_id_at(ids, (i64)first), limit, 0, 0);
     }
 }
 
@@ -221,7 +250,7 @@ extern "C" __global__ void get_rows(Tensor dst, int dst_dt, Tensor src, int src_
         i64 i1 = r % dst.ne[1], i2 = (r / dst.ne[1]) % dst.ne[2], i3 = r / (dst.ne[1] * dst.ne[2]);
         int id = *(const int*)(ids.data + i1 * ids.nb[0] + i2 * ids.nb[1] + i3 * ids.nb[2]);
         if (id < 0 || id >= src.ne[1]) {
-            report_first_bad(ids, src.ne[1], err, op);
+            report_first_bad(ids, src.ne[1], err, op, WHAT_ROW_ID);
             continue;  // uniform across the block
         }
         const char* s = src.data + id * src.nb[1] + i2 * src.nb[2] + i3 * src.nb[3];
@@ -232,8 +261,11 @@ extern "C" __global__ void get_rows(Tensor dst, int dst_dt, Tensor src, int src_
 
 // Row r of src[:, :, j, k] to row ids[r, j, k] of dst[:, :, j, k]. Nothing is written when any id
 // is out of range (the first one is reported); among source rows naming the same destination row
-// the last one wins. Every block checks all ids (a few per thread for the model's sizes).
-extern "C" __global__ void set_rows(Tensor dst, int dst_dt, Tensor src, int src_dt, Tensor ids, int vec, u64 err, u32 op) {
+// the last one wins when `dedup` (the host sets it for up to 4096 ids per slice: the check is
+// quadratic; ggml does not order duplicate writes either). Every block checks all ids, so the
+// host caps the grid.
+extern "C" __global__ void set_rows(Tensor dst, int dst_dt, Tensor src, int src_dt, Tensor ids, int vec, int dedup, u64 err,
+                                    u32 op) {
     i64 rows = src.ne[1] * src.ne[2] * src.ne[3];
     i64 n = nelements(ids), limit = dst.ne[1];
     // Validate every id first (the same answer in every block).
@@ -243,7 +275,7 @@ extern "C" __global__ void set_rows(Tensor dst, int dst_dt, Tensor src, int src_
         bad |= id < 0 || id >= limit;
     }
     if (__syncthreads_or(bad)) {
-        if (blockIdx.x == 0) report_first_bad(ids, limit, err, op);
+        if (blockIdx.x == 0) report_first_bad(ids, limit, err, op, WHAT_DEST_ROW);
         return;
     }
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -253,7 +285,7 @@ extern "C" __global__ void set_rows(Tensor dst, int dst_dt, Tensor src, int src_
         const char* slice = ids.data + i2 * ids.nb[1] + i3 * ids.nb[2];
         int target = *(const int*)(slice + i1 * ids.nb[0]);
         int later = 0;
-        for (i64 e0 = i1 + 1 + threadIdx.x; e0 < ids.ne[0]; e0 += blockDim.x) {
+        for (i64 e0 = i1 + 1 + threadIdx.x; dedup && e0 < ids.ne[0]; e0 += blockDim.x) {
             later |= *(const int*)(slice + e0 * ids.nb[0]) == target;
         }
         if (__syncthreads_or(later)) continue;

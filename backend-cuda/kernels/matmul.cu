@@ -13,8 +13,6 @@
 //   pairs over them 8 at a time, `moe_gemm` (shared-memory tiles, f32 FMA) the busy experts.
 
 #define MM_WARPS 4
-// Experts with more pairs than this take the tiled `moe_gemm`, the others `moe_gemv`.
-#define MOE_GEMV_MAX 16
 // moe_gemm tile: weight rows x pairs x k step (256 threads, 4 x 2 outputs each).
 #define MT_M 64
 #define MT_N 32
@@ -69,14 +67,23 @@ __device__ __forceinline__ float ue4m3_fast(u32 code) {
     return exp == 0 ? (float)man * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
 }
 
-// Four int8 quants packed in two u16 to floats.
+// Four int8 quants packed in two u16 to floats without int-to-float conversions (a quarter-rate
+// instruction): each byte, offset to unsigned, becomes the low mantissa byte of 2^23 + u.
+__device__ __forceinline__ float i8_at(u32 w, u32 sel) { return __uint_as_float(__byte_perm(w, 0x4B000000u, sel)) - 8388736.0f; }
 __device__ __forceinline__ float4 q8x4(u32 lo, u32 hi) {
-    return make_float4((float)(i8)(lo & 0xff), (float)(i8)(lo >> 8), (float)(i8)(hi & 0xff), (float)(i8)(hi >> 8));
+    const u32 w = (lo | (hi << 16)) ^ 0x80808080u;
+    return make_float4(i8_at(w, 0x7440), i8_at(w, 0x7441), i8_at(w, 0x7442), i8_at(w, 0x7443));
 }
+
+// E2M1 code (low 4 bits of c) s e1 e0 m0 placed as the sign, the two lowest exponent bits and the
+// top mantissa bit of an f32 reads as value * 2^-126 (e = 0 is the subnormal 0.5 * m0 * 2^-126;
+// NVRTC does not flush subnormals without --ftz), so one multiply by 2^126 decodes it.
+__device__ __forceinline__ float e2m1_bits(u32 c) { return __uint_as_float(((c & 7u) << 22) | ((c & 8u) << 28)) * 8.507059173023462e37f; }
 
 // Four E2M1 codes, nibble `shift` of each byte of c, to floats.
 __device__ __forceinline__ float4 e2m1x4(u32 c, int shift) {
-    return make_float4(e2m1_fast(c >> shift), e2m1_fast(c >> (8 + shift)), e2m1_fast(c >> (16 + shift)), e2m1_fast(c >> (24 + shift)));
+    c >>= shift;
+    return make_float4(e2m1_bits(c), e2m1_bits(c >> 8), e2m1_bits(c >> 16), e2m1_bits(c >> 24));
 }
 
 // Value i0 of a dense weight row, decoding without lookup tables.
@@ -131,25 +138,46 @@ __device__ __forceinline__ void dot_unit(const char* blk, int dt, int u, i64 kb,
 }
 
 // Per-lane partial dots of one weight row (dense, `dt`, k elements) with NT activation rows
-// (packed f32, 16-byte aligned, k rounded up to 8 readable). `vec`: the row starts 16-byte
-// aligned and its byte length is a multiple of 16, so it may be read in 16-byte pieces.
-// `stage` is this warp's shared staging buffer.
+// (packed f32, 16-byte aligned, k rounded up to 8 readable), over part `part` of `parts`
+// interleaved slices of the row. `vec`: the row starts 16-byte aligned and its byte length is a
+// multiple of 16, so it may be read in 16-byte pieces. `stage` is this warp's shared staging.
 template <int NT>
-__device__ __forceinline__ void warp_dot(const char* row, int dt, i64 k, const float* const* bt, float* acc, uint4* stage, bool vec) {
+__device__ __forceinline__ void warp_dot(const char* row, int dt, i64 k, const float* const* bt, float* acc, uint4* stage, bool vec, int part, int parts) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if (dt == DT_Q8_0 || dt == DT_NVFP4) {
+        // segments of 32 blocks; with `vec` the next segment's 16-byte pieces are loaded into
+        // registers while the current one is decoded from shared memory
         const int bsz = dt == DT_Q8_0 ? Q8_0_BYTES : NVFP4_BYTES, qk = dt == DT_Q8_0 ? QK8_0 : QK_NVFP4;
-        const i64 nblk = k / qk;
-        for (i64 b0 = 0; b0 < nblk; b0 += 32) {
+        const i64 nblk = k / qk, step = 32 * (i64)parts;
+        uint4 pre[STAGE_CHUNKS / 32 + 1];
+        i64 b0 = 32 * (i64)part;
+        if (vec && b0 < nblk) {
+            const int chunks = (int)min((i64)32, nblk - b0) * bsz / 16;
+#pragma unroll
+            for (int i = 0; i < STAGE_CHUNKS / 32 + 1; i++) {
+                if (lane + 32 * i < chunks) pre[i] = ((const uint4*)(row + b0 * bsz))[lane + 32 * i];
+            }
+        }
+        for (; b0 < nblk; b0 += step) {
             const int nb = (int)min((i64)32, nblk - b0), bytes = nb * bsz;
-            const char* src = row + b0 * bsz;
             __syncwarp();
             if (vec) {
-                for (int c = lane; c < bytes / 16; c += 32) stage[c] = ((const uint4*)src)[c];
+#pragma unroll
+                for (int i = 0; i < STAGE_CHUNKS / 32 + 1; i++) {
+                    if (lane + 32 * i < bytes / 16) stage[lane + 32 * i] = pre[i];
+                }
+                const i64 next = b0 + step;
+                if (next < nblk) {
+                    const int chunks = (int)min((i64)32, nblk - next) * bsz / 16;
+#pragma unroll
+                    for (int i = 0; i < STAGE_CHUNKS / 32 + 1; i++) {
+                        if (lane + 32 * i < chunks) pre[i] = ((const uint4*)(row + next * bsz))[lane + 32 * i];
+                    }
+                }
             } else {
-                for (int c = lane; c < bytes; c += 32) ((char*)stage)[c] = src[c];
+                for (int c = lane; c < bytes; c += 32) ((char*)stage)[c] = row[b0 * bsz + c];
             }
             __syncwarp();
             // lanes take consecutive units, so their activation reads are coalesced
@@ -162,7 +190,7 @@ __device__ __forceinline__ void warp_dot(const char* row, int dt, i64 k, const f
         // 16-byte pieces, 4 in flight per lane: 4 f32 or 8 halves each
         const uint4* w = (const uint4*)row;
         const i64 nv = dt == DT_F32 ? k / 4 : k / 8;
-        for (i64 j0 = lane; j0 < nv; j0 += 128) {
+        for (i64 j0 = lane + 128 * (i64)part; j0 < nv; j0 += 128 * (i64)parts) {
             uint4 v[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -189,7 +217,7 @@ __device__ __forceinline__ void warp_dot(const char* row, int dt, i64 k, const f
         }
     } else {
         const int es = dt == DT_F32 ? 4 : 2;
-        for (i64 i = lane; i < k; i += 32) {
+        for (i64 i = lane + 32 * (i64)part; i < k; i += 32 * (i64)parts) {
             const float w = load_f32(row + i * es, dt);
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[t] += w * bt[t][i];
@@ -198,13 +226,15 @@ __device__ __forceinline__ void warp_dot(const char* row, int dt, i64 k, const f
 }
 
 // out[m, n, i2, i3] for a: [k, M, A2, A3] and the packed activations bp (row n + N * (i2 + B2 *
-// i3) at row * ldb). Grid: (ceil(M / MM_WARPS), batches); each warp one weight row.
+// i3) at row * ldb). Grid: (ceil(M * parts / MM_WARPS), batches); `parts` (1 or MM_WARPS) warps
+// share one weight row, each taking an interleaved slice of it, and add up through shared memory.
 template <int NT>
-__device__ __forceinline__ void gemv_body(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
+__device__ __forceinline__ void gemv_body(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
     __shared__ uint4 stage[MM_WARPS][STAGE_CHUNKS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const i64 m = (i64)blockIdx.x * MM_WARPS + warp;
-    if (m >= a.ne[1]) return;
+    __shared__ float red[MM_WARPS][NT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % parts;
+    const i64 m = (i64)blockIdx.x * (MM_WARPS / parts) + warp / parts;
+    const bool valid = m < a.ne[1];
     for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
         const i64 i2 = batch % b2, i3 = batch / b2;
         const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
@@ -215,27 +245,45 @@ __device__ __forceinline__ void gemv_body(Tensor a, int adt, const float* bp, i6
 #pragma unroll
             for (int t = 0; t < NT; t++) bt[t] = bp + (batch * n + n0 + min(t, nt - 1)) * ldb;
             float acc[NT];
-            warp_dot<NT>(row, adt, a.ne[0], bt, acc, stage[warp], vec != 0);
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+            if (valid) warp_dot<NT>(row, adt, a.ne[0], bt, acc, stage[warp], vec != 0, part, parts);
+            if (parts == 1) {
+                // no block barrier: the warps of a block stay independent
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float v = warp_sum(acc[t]);
+                    if (valid && lane == 0 && t < nt) *(float*)(out.data + offset_of(out, m, n0 + t, i2, i3)) = v;
+                }
+                continue;
+            }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const float v = warp_sum(acc[t]);
-                if (lane == 0 && t < nt) *(float*)(out.data + offset_of(out, m, n0 + t, i2, i3)) = v;
+                if (lane == 0) red[warp][t] = v;
             }
+            __syncthreads();
+            if (valid && part == 0 && lane < nt) {
+                float v = 0.0f;
+                for (int p = 0; p < parts; p++) v += red[warp + p][lane];
+                *(float*)(out.data + offset_of(out, m, n0 + lane, i2, i3)) = v;
+            }
+            __syncthreads();
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
-    gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec);
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
-    gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec);
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
-    gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec);
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec) {
-    gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec);
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 
 // One block: groups the pairs s = u + n_used * t of ids [n_used, T] by expert. offsets[e] ..
@@ -273,13 +321,13 @@ extern "C" __global__ void moe_group(Tensor ids, i64 n_expert, int* offsets, int
 // out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs of expert e = blockIdx.y; bp is
 // the packed activations (row (u mod n_b) + n_b * t at row * ldb). Each warp is one weight row
 // and runs over the expert's pairs 8 at a time.
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out, int vec) {
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out, int vec, int gemv_max) {
     __shared__ uint4 stage[MM_WARPS][STAGE_CHUNKS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 m = (i64)blockIdx.x * MM_WARPS + warp, e = blockIdx.y;
     if (m >= as.ne[1]) return;
     const int begin = offsets[e], end = offsets[e + 1];
-    if (end - begin > MOE_GEMV_MAX) return;  // moe_gemm's
+    if (end - begin > gemv_max) return;  // moe_gemm's
     const char* row = as.data + m * as.nb[1] + e * as.nb[2];
     for (int c = begin; c < end; c += 8) {
         const int nt = min(8, end - c);
@@ -292,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, 
             bt[t] = bp + ((u % n_b) + n_b * tok) * ldb;
         }
         float acc[8];
-        warp_dot<8>(row, adt, as.ne[0], bt, acc, stage[warp], vec != 0);
+        warp_dot<8>(row, adt, as.ne[0], bt, acc, stage[warp], vec != 0, 0, 1);
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             const float v = warp_sum(acc[t]);
@@ -301,16 +349,16 @@ extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, 
     }
 }
 
-// The experts with more than MOE_GEMV_MAX pairs: grid (ceil(M / MT_M), n_expert), 256 threads;
+// The experts with more than gemv_max pairs: grid (ceil(M / MT_M), n_expert), 256 threads;
 // each block runs its MT_M weight rows over the expert's pairs MT_N at a time, with weight
 // tiles decoded to f32 and activation tiles gathered through shared memory.
-extern "C" __global__ void __launch_bounds__(256) moe_gemm(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out) {
+extern "C" __global__ void __launch_bounds__(256) moe_gemm(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out, int gemv_max) {
     __shared__ __align__(16) float wt[MT_K][MT_M + 4];
     __shared__ __align__(16) float xt[MT_K][MT_N + 4];
     __shared__ int pairs[MT_N];
     const i64 e = blockIdx.y, m0 = (i64)blockIdx.x * MT_M;
     const int begin = offsets[e], end = offsets[e + 1];
-    if (end - begin <= MOE_GEMV_MAX) return;
+    if (end - begin <= gemv_max) return;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const i64 k = as.ne[0], rows = as.ne[1];
     const char* base = as.data + e * as.nb[2];

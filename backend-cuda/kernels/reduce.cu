@@ -113,57 +113,136 @@ __device__ void norm_rows(Tensor dst, Tensor src, int src_dt, float eps, int mod
 extern "C" __global__ void norm_warp(Tensor dst, Tensor src, int src_dt, float eps, int mode) { norm_rows<true>(dst, src, src_dt, eps, mode); }
 extern "C" __global__ void norm_block(Tensor dst, Tensor src, int src_dt, float eps, int mode) { norm_rows<false>(dst, src, src_dt, eps, mode); }
 
-// f32 rows that are dense and 16-byte aligned (src and dst), ne0 % 4 == 0 and ne0 / 4 <= 8 *
+// f32 rows that are dense and 16-byte aligned (src and dst), ne0 % 4 == 0 and ne0 / 4 <= NV *
 // group size: the row stays in registers between the sum and the scaling.
-#define NORM_VEC 8
-template <bool WARP>
+template <bool WARP, int NV>
 __device__ void norm_rows_vec(Tensor dst, Tensor src, float eps, int mode) {
     __shared__ float sh[32];
     __shared__ double shd[32];
     RowGroup<WARP> g;
-    i64 rows = rd_n_rows(src), n = src.ne[0], n4 = n >> 2;
+    i64 rows = rd_n_rows(src), n = src.ne[0];
+    int n4 = (int)(n >> 2);
     for (i64 r = g.first; r < rows; r += g.step) {
         const float4* x = (const float4*)rd_row_ptr(src, r);
         float4* y = (float4*)rd_row_ptr(dst, r);
-        float4 v[NORM_VEC];
+        float4 v[NV];
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            int i = g.lane + j * g.size;
+            v[j] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
         float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NORM_VEC; j++) {
-            i64 i = g.lane + (i64)j * g.size;
-            v[j] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            acc += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-        }
+        for (int j = 0; j < NV; j++) acc += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
         float ss = group_sum<WARP>(acc, sh);
         float s = norm_scale<WARP>(mode, ss, eps, n, (const char*)x, DT_F32, 4, g.lane, g.size, shd);
 #pragma unroll
-        for (int j = 0; j < NORM_VEC; j++) {
-            i64 i = g.lane + (i64)j * g.size;
+        for (int j = 0; j < NV; j++) {
+            int i = g.lane + j * g.size;
             if (i < n4) y[i] = make_float4(v[j].x * s, v[j].y * s, v[j].z * s, v[j].w * s);
         }
     }
 }
 
-extern "C" __global__ void norm_vec_warp(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<true>(dst, src, eps, mode); }
-extern "C" __global__ void norm_vec_block(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<false>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_warp(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<true, 8>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_block(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<false, 4>(dst, src, eps, mode); }
+
+// Short dense rows (ne0 / 4 <= NV * L): L lanes per row, 32 / L rows per warp, so that a warp
+// has more loads in flight. The row loop is block-uniform; lanes past the last row load nothing
+// and write nothing but still join the shuffles.
+template <int L>
+__device__ __forceinline__ float sub_sum(float v) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int L>
+__device__ __forceinline__ double sub_sum_f64(double v) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int L, int NV>
+__device__ void norm_rows_sub(Tensor dst, Tensor src, float eps, int mode) {
+    i64 rows = rd_n_rows(src), n = src.ne[0];
+    int n4 = (int)(n >> 2), lane = threadIdx.x & (L - 1);
+    i64 per_block = blockDim.x / L;
+    for (i64 base = (i64)blockIdx.x * per_block; base < rows; base += (i64)gridDim.x * per_block) {
+        i64 r = base + threadIdx.x / L;
+        bool ok = r < rows;
+        const float4* x = ok ? (const float4*)rd_row_ptr(src, r) : nullptr;
+        float4 v[NV];
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            int i = lane + j * L;
+            v[j] = ok && i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            acc += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+        float ss = sub_sum<L>(acc);
+        float s;
+        if (mode == NORM_RMS) {
+            s = 1.0f / sqrtf(ss / (float)n + eps);
+        } else {
+            bool normal = ss >= 1.17549435e-38f && ss <= 3.40282347e38f;
+            float norm = sqrtf(ss);
+            // The f64 redo (the CPU's rule) is taken by the whole warp when any row needs it.
+            if (__any_sync(0xffffffffu, ok && !normal)) {
+                double d = 0.0;
+#pragma unroll
+                for (int j = 0; j < NV; j++) {
+                    d += (double)v[j].x * v[j].x + (double)v[j].y * v[j].y + (double)v[j].z * v[j].z + (double)v[j].w * v[j].w;
+                }
+                d = sub_sum_f64<L>(d);
+                if (!normal) norm = (float)sqrt(d);
+            }
+            s = 1.0f / fmaxf(norm, eps);
+        }
+        if (ok) {
+            float4* y = (float4*)rd_row_ptr(dst, r);
+#pragma unroll
+            for (int j = 0; j < NV; j++) {
+                int i = lane + j * L;
+                if (i < n4) y[i] = make_float4(v[j].x * s, v[j].y * s, v[j].z * s, v[j].w * s);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void norm_vec_sub8(Tensor dst, Tensor src, float eps, int mode) { norm_rows_sub<8, 4>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_sub16(Tensor dst, Tensor src, float eps, int mode) { norm_rows_sub<16, 4>(dst, src, eps, mode); }
 
 // ---- sum_rows ----
 
+// vec: f32 rows dense and 16-byte aligned with ne0 % 4 == 0 (read as float4).
 template <bool WARP>
-__device__ void sum_rows_impl(Tensor dst, Tensor src, int src_dt) {
+__device__ void sum_rows_impl(Tensor dst, Tensor src, int src_dt, int vec) {
     __shared__ float sh[32];
     RowGroup<WARP> g;
     i64 rows = rd_n_rows(src), n = src.ne[0];
     for (i64 r = g.first; r < rows; r += g.step) {
         const char* x = rd_row_ptr(src, r);
         float acc = 0.0f;
-        for (i64 i = g.lane; i < n; i += g.size) acc += load_f32(x + i * src.nb[0], src_dt);
+        if (vec) {
+            const float4* x4 = (const float4*)x;
+            int n4 = (int)(n >> 2);
+#pragma unroll 4
+            for (int i = g.lane; i < n4; i += g.size) {
+                float4 v = x4[i];
+                acc += (v.x + v.y) + (v.z + v.w);
+            }
+        } else {
+            for (i64 i = g.lane; i < n; i += g.size) acc += load_f32(x + i * src.nb[0], src_dt);
+        }
         float s = group_sum<WARP>(acc, sh);
         if (g.lane == 0) *(float*)rd_row_ptr(dst, r) = s;
     }
 }
 
-extern "C" __global__ void sum_rows_warp(Tensor dst, Tensor src, int src_dt) { sum_rows_impl<true>(dst, src, src_dt); }
-extern "C" __global__ void sum_rows_block(Tensor dst, Tensor src, int src_dt) { sum_rows_impl<false>(dst, src, src_dt); }
+extern "C" __global__ void sum_rows_warp(Tensor dst, Tensor src, int src_dt, int vec) { sum_rows_impl<true>(dst, src, src_dt, vec); }
+extern "C" __global__ void sum_rows_block(Tensor dst, Tensor src, int src_dt, int vec) { sum_rows_impl<false>(dst, src, src_dt, vec); }
 
 // ---- softmax ----
 
@@ -263,6 +342,76 @@ extern "C" __global__ void softmax_warp(Tensor dst, Tensor src, int src_dt, Tens
 }
 extern "C" __global__ void softmax_block(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale) {
     softmax_impl<false>(dst, src, src_dt, mask, mask_dt, has_mask, scale);
+}
+
+// Dense, aligned f32 rows (x and dst 16-byte, an f16 mask 8-byte, an f32 mask 16-byte aligned),
+// ne0 % 4 == 0 and ne0 / 4 <= NV * group size: z stays in registers through max, sum and write.
+__device__ __forceinline__ float4 load_mask4(const char* m, int m_dt, int i) {
+    if (m_dt == DT_F16) {
+        uint2 h = ((const uint2*)m)[i];
+        return make_float4(f16_to_f32((u16)(h.x & 0xffff)), f16_to_f32((u16)(h.x >> 16)), f16_to_f32((u16)(h.y & 0xffff)), f16_to_f32((u16)(h.y >> 16)));
+    }
+    return ((const float4*)m)[i];
+}
+
+template <bool WARP>
+__device__ __forceinline__ float group_max(float v, float* sh) {
+    return WARP ? warp_max(v) : block_max(v, sh);
+}
+
+template <bool WARP, int NV>
+__device__ void softmax_vec_impl(Tensor dst, Tensor src, Tensor mask, int mask_dt, int has_mask, float scale) {
+    __shared__ float sh[32];
+    RowGroup<WARP> g;
+    i64 rows = rd_n_rows(src);
+    int n4 = (int)(src.ne[0] >> 2);
+    for (i64 r = g.first; r < rows; r += g.step) {
+        const float4* x = (const float4*)rd_row_ptr(src, r);
+        const char* m = has_mask ? rd_mask_row(mask, r, src) : nullptr;
+        float4 v[NV];
+        float mx = -TS_INF;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            int i = g.lane + j * g.size;
+            if (i < n4) {
+                float4 a = x[i];
+                a = make_float4(a.x * scale, a.y * scale, a.z * scale, a.w * scale);
+                if (m) {
+                    float4 b = load_mask4(m, mask_dt, i);
+                    a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+                }
+                v[j] = a;
+                mx = fmaxf(mx, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
+            }
+        }
+        mx = group_max<WARP>(mx, sh);
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            int i = g.lane + j * g.size;
+            if (i < n4) {
+                v[j] = make_float4(expf(v[j].x - mx), expf(v[j].y - mx), expf(v[j].z - mx), expf(v[j].w - mx));
+                acc += (v[j].x + v[j].y) + (v[j].z + v[j].w);
+            }
+        }
+        float total = group_sum<WARP>(acc, sh);
+        float4* y = (float4*)rd_row_ptr(dst, r);
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            int i = g.lane + j * g.size;
+            if (i < n4) {
+                y[i] = mx == -TS_INF ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                                     : make_float4(v[j].x / total, v[j].y / total, v[j].z / total, v[j].w / total);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void softmax_vec_warp(Tensor dst, Tensor src, Tensor mask, int mask_dt, int has_mask, float scale) {
+    softmax_vec_impl<true, 8>(dst, src, mask, mask_dt, has_mask, scale);
+}
+extern "C" __global__ void softmax_vec_block(Tensor dst, Tensor src, Tensor mask, int mask_dt, int has_mask, float scale) {
+    softmax_vec_impl<false, 4>(dst, src, mask, mask_dt, has_mask, scale);
 }
 
 // Split rows: grid (chunks, rows); block (c, r) covers [c * chunk, (c + 1) * chunk) of row r.
@@ -445,16 +594,22 @@ extern "C" __global__ void topk_warp16(Tensor dst, Tensor src, int src_dt, int d
 #define SORT_TILE 2048
 
 // Sorts tile blockIdx.y (SORT_TILE elements) of row blockIdx.x in shared memory (bitonic over p,
-// the tile padded to a power of two). With `final` (one tile per row) the first k indices go to
-// dst; else the first min(cap, len) ranks go to runs[row * n + tile * SORT_TILE ...].
-extern "C" __global__ void sort_tile(Tensor src, int src_dt, int desc, int p, i64 cap, u64* runs, Tensor dst, int k, int final) {
+// the tile padded to a power of two). The row is src's values, or (in != 0) in_n ranks of an
+// earlier stage at in[row * in_stride]. With `final` (one tile per row) the first k indices go to
+// dst; else the first min(cap, len) ranks go to runs[row * out_stride + tile * out_run ...].
+extern "C" __global__ void sort_tile(Tensor src, int src_dt, const u64* in, i64 in_n, i64 in_stride, int desc, int p, i64 cap, u64* runs, i64 out_stride, i64 out_run, Tensor dst, int k, int final) {
     __shared__ u64 s[SORT_TILE];
-    i64 r = blockIdx.x, n = src.ne[0];
-    const char* x = rd_row_ptr(src, r);
+    i64 r = blockIdx.x, n = in ? in_n : src.ne[0];
     i64 base = (i64)blockIdx.y * SORT_TILE;
     i64 len = min((i64)SORT_TILE, n - base);
-    for (int i = threadIdx.x; i < p; i += blockDim.x) {
-        s[i] = i < len ? sort_rank(load_f32(x + (base + i) * src.nb[0], src_dt), desc, base + i) : RANK_NONE;
+    if (in) {
+        const u64* row = in + r * in_stride + base;
+        for (int i = threadIdx.x; i < p; i += blockDim.x) s[i] = i < len ? row[i] : RANK_NONE;
+    } else {
+        const char* x = rd_row_ptr(src, r);
+        for (int i = threadIdx.x; i < p; i += blockDim.x) {
+            s[i] = i < len ? sort_rank(load_f32(x + (base + i) * src.nb[0], src_dt), desc, base + i) : RANK_NONE;
+        }
     }
     __syncthreads();
     for (int size = 2; size <= p; size <<= 1) {
@@ -476,7 +631,8 @@ extern "C" __global__ void sort_tile(Tensor src, int src_dt, int desc, int p, i6
         for (int i = threadIdx.x; i < k; i += blockDim.x) *(int*)(y + i * dst.nb[0]) = (int)(u32)s[i];
     } else {
         i64 keep = min(cap, len);
-        for (int i = threadIdx.x; i < keep; i += blockDim.x) runs[r * n + base + i] = s[i];
+        u64* out = runs + r * out_stride + (i64)blockIdx.y * out_run;
+        for (int i = threadIdx.x; i < keep; i += blockDim.x) out[i] = s[i];
     }
 }
 

@@ -39,7 +39,7 @@ extern "C" __global__ void rope_multi(Tensor dst, Tensor src, int src_dt, Tensor
     i64 ne0 = src.ne[0];
     i64 h0 = (i64)blockIdx.y * heads_per_block;
     i64 nh = min((i64)heads_per_block, src.ne[1] - h0);
-    // 32-bit index math: nh * ne0 is one block's few heads (the host keeps it far below 2^31).
+    // 32-bit index math: nh * ne0 is one block's heads (the host keeps it below 2^31).
     int ne0i = (int)ne0, total = (int)(nh * ne0);
     for (int e = threadIdx.x; e < total; e += blockDim.x) {
         int hi = e / ne0i, i0 = e - hi * ne0i;

@@ -79,6 +79,7 @@ fn what_name(what: u32) -> &'static str {
         2 => "state slot",
         3 => "expert id",
         4 => "block table entry (k/v cell)",
+        5 => "destination row",
         _ => "index",
     }
 }
@@ -97,7 +98,10 @@ impl ErrorRecord {
                 second: self.second.max(0) as usize,
                 what,
             }),
-            _ => Some(KernelError::IndexOutOfRange { op, index: self.index, limit: self.limit.max(0) as usize, what }),
+            ERR_INDEX_OUT_OF_RANGE => {
+                Some(KernelError::IndexOutOfRange { op, index: self.index, limit: self.limit.max(0) as usize, what })
+            }
+            other => Some(KernelError::Unsupported { op, why: format!("unknown device error code {other}") }),
         }
     }
 }

@@ -321,6 +321,23 @@ impl Backend for CudaBackend {
         self.sync_and_check()
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("graph_captures", s.graphs.captures),
+            ("graph_updates", s.graphs.updates),
+            ("graph_replays", s.graphs.replays),
+            ("eager_steps", s.graphs.eager),
+            ("capture_failures", s.graphs.capture_failures),
+            ("pool_allocs", s.pool.allocs),
+            ("pool_reuses", s.pool.reuses),
+            ("pool_device_allocs", s.pool.device_allocs),
+            ("pool_peak_bytes", s.pool.peak_bytes as u64),
+            ("modules_compiled", s.compile.compiled),
+            ("modules_from_cache", s.compile.cache_hits),
+        ]
+    }
+
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
         if tasks.is_empty() {
             return Ok(());

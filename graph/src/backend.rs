@@ -90,6 +90,12 @@ pub trait Backend {
     fn synchronize(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
+
+    /// Named counters of what the backend did so far (graph captures and replays, pool reuses,
+    /// kernels compiled, ...), for reports and benches; empty when it keeps none.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// Checks that `[offset, offset + len)` lies within a buffer of `size` bytes; shared by backends.

@@ -279,6 +279,12 @@ impl<'g, 'b> Session<'g, 'b> {
         Ok(())
     }
 
+    /// Waits for the backend to finish queued work (asynchronous backends) and reports any error
+    /// it found.
+    pub fn synchronize(&mut self) -> Result<(), ExecError> {
+        Ok(self.backend.synchronize()?)
+    }
+
     /// Reads a live tensor as contiguous bytes of its dtype in logical order.
     pub fn get(&mut self, t: Tensor) -> Result<Vec<u8>, ExecError> {
         self.node_of(&t)?;

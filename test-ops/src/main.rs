@@ -53,6 +53,10 @@ enum Mode {
         /// Time the eval catalogue instead of the perf catalogue.
         #[arg(long)]
         eval_cases: bool,
+        /// After each case, print the backend's counters that changed (graph captures and
+        /// replays, pool reuses, ...).
+        #[arg(long)]
+        counters: bool,
     },
     /// Print the labels of the selected cases.
     List {
@@ -135,13 +139,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.mode {
         Mode::Eval { select, verbose } => eval(&select, verbose),
-        Mode::Perf { select, time_ms, bytes_gb, eval_cases } => {
+        Mode::Perf { select, time_ms, bytes_gb, eval_cases, counters } => {
             let budget = PerfBudget {
                 time: Duration::from_millis(time_ms),
                 bytes: (bytes_gb * 1e9) as u64,
                 ..PerfBudget::default()
             };
-            perf(&select, budget, eval_cases)
+            perf(&select, budget, eval_cases, counters)
         }
         Mode::List { select, perf } => list(&select, perf),
     };
@@ -247,7 +251,7 @@ fn case_line(r: &CaseResult) -> String {
     format!("  {:<4} {}  nmse={:.2e} <= {bound}  {status}", r.backend, r.label, r.max_nmse())
 }
 
-fn perf(select: &Select, budget: PerfBudget, eval_cases: bool) -> Result<ExitCode, CliError> {
+fn perf(select: &Select, budget: PerfBudget, eval_cases: bool, counters: bool) -> Result<ExitCode, CliError> {
     let mut out = io::stdout().lock();
     let cases = select.cases(if eval_cases { catalogue() } else { perf_catalogue() })?;
     let entries = select.backends(true)?;
@@ -282,7 +286,9 @@ fn perf(select: &Select, budget: PerfBudget, eval_cases: bool) -> Result<ExitCod
             "case", "us/run", "GB/s", "GFLOP/s", "%copy", "%tc"
         )?;
         for case in &cases {
-            match perf_case(case, backend.as_mut(), budget) {
+            let before = backend.counters();
+            let result = perf_case(case, backend.as_mut(), budget);
+            match result {
                 Ok(r) => {
                     let (pc, pt) = match &ceilings {
                         Some((_, copy, tc)) => (
@@ -304,6 +310,16 @@ fn perf(select: &Select, budget: PerfBudget, eval_cases: bool) -> Result<ExitCod
                     errors += 1;
                     writeln!(out, "{:<width$}  error: {e}", case.vars())?
                 }
+            }
+            if counters {
+                let changed: Vec<String> = backend
+                    .counters()
+                    .iter()
+                    .zip(&before)
+                    .filter(|(now, then)| now.1 != then.1)
+                    .map(|(now, then)| format!("{} +{}", now.0, now.1.saturating_sub(then.1)))
+                    .collect();
+                writeln!(out, "  counters: {}", changed.join(", "))?;
             }
         }
     }

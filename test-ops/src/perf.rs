@@ -41,8 +41,9 @@ pub struct PerfResult {
 }
 
 /// Times `case` on `backend`: one warm-up run, then runs until `budget` is spent. The graph is
-/// built, placed and filled once; no guard bytes. Reading the output at the end waits for any
-/// asynchronous work, so the time covers it.
+/// built, placed and filled once; no guard bytes. The clock stops after the backend has finished
+/// the queued runs (`synchronize`), so the time covers asynchronous work but not reading the
+/// output back.
 pub fn perf_case(case: &Case, backend: &mut dyn Backend, budget: PerfBudget) -> Result<PerfResult, ExecError> {
     let built = case.build()?;
     let cost = case.cost()?;
@@ -64,8 +65,9 @@ pub fn perf_case(case: &Case, backend: &mut dyn Backend, budget: PerfBudget) -> 
             break;
         }
     }
-    session.get(built.output)?;
+    session.synchronize()?;
     let secs = start.elapsed().as_secs_f64() / runs as f64;
+    session.get(built.output)?;
     Ok(PerfResult {
         label: case.vars().to_string(),
         backend: name,

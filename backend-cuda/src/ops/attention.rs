@@ -5,6 +5,9 @@
 //! (max, sum, acc) rows go to scratch and are merged by `fa_combine`. The `_f32/_f16/_bf16`
 //! entries read K/V rows with 16-byte loads (same K/V dtype, head dims multiples of 8, rows
 //! 16-byte aligned); `fa_partial_any` takes any K/V dtypes and alignments.
+//!
+//! Prefills (at least [`MMA_MIN_TOKENS`] tokens) with f16/bf16 K/V and d_k = d_v = 128 or 256
+//! run on tensor cores instead (`fa_mma_*`: mma.sync m16n8k16, 64 tokens of one head per block).
 
 use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
@@ -18,17 +21,28 @@ const PARTIAL_F32: Kernel = Kernel::new(Module::Attention, "fa_partial_f32");
 const PARTIAL_F16: Kernel = Kernel::new(Module::Attention, "fa_partial_f16");
 const PARTIAL_BF16: Kernel = Kernel::new(Module::Attention, "fa_partial_bf16");
 const COMBINE: Kernel = Kernel::new(Module::Attention, "fa_combine");
+const MMA_F16_D128: Kernel = Kernel::new(Module::Attention, "fa_mma_f16_d128");
+const MMA_F16_D256: Kernel = Kernel::new(Module::Attention, "fa_mma_f16_d256");
+const MMA_BF16_D128: Kernel = Kernel::new(Module::Attention, "fa_mma_bf16_d128");
+const MMA_BF16_D256: Kernel = Kernel::new(Module::Attention, "fa_mma_bf16_d256");
 
 /// TAG(fa-tile): FA_W, FA_R and FA_D in attention.cu.
 const WARPS: u32 = 4;
 const ROWS: usize = 8;
 const MAX_D: usize = 256;
-/// Blocks the split-K choice aims for (a few waves on current GPUs; fixed so that
-/// `scratch_bytes` can compute it from the task alone).
-const TARGET_BLOCKS: usize = 1024;
+/// Blocks the split-K choice aims for (about one wave of 3 blocks per SM on an H100/H200;
+/// fixed so that `scratch_bytes` can compute it from the task alone).
+const TARGET_BLOCKS: usize = 384;
 /// Fewest kv positions per split.
 const MIN_SPLIT: usize = 128;
-const COMBINE_THREADS: u32 = 128;
+const COMBINE_THREADS: u32 = 256;
+/// TAG(fa-mma-tile): FT_BM, FT_BN and FT_PAD in attention.cu.
+const MMA_BM: usize = 64;
+const MMA_BN: usize = 64;
+const MMA_PAD: usize = 8;
+/// Fewest query tokens for the tensor-core kernel (below it the split-K kernel, which shares each
+/// K/V row between a kv group's heads, wins).
+const MMA_MIN_TOKENS: usize = 4;
 
 /// The launch geometry of one task.
 #[derive(Debug, Clone, Copy)]
@@ -95,8 +109,46 @@ fn rows_aligned(t: &TensorArg) -> bool {
     t.data.is_multiple_of(16) && t.nb[1..].iter().all(|&n| n % 16 == 0)
 }
 
+/// The tensor-core kernel for these K/V, if it applies: one f16/bf16 dtype, d_k = d_v = 128 or
+/// 256, 16-byte aligned rows, enough tokens, sm_80 or newer.
+fn mma_kernel(
+    cx: &Cx<'_>,
+    q: &TensorArg,
+    k: &TensorArg,
+    v: &TensorArg,
+    kdt: DType,
+    vdt: DType,
+) -> Option<(Kernel, u32)> {
+    let d = q.ne[0];
+    if kdt != vdt
+        || d != v.ne[0]
+        || (q.ne[1] as usize) < MMA_MIN_TOKENS
+        || q.ne[2] > 65535
+        || cx.info.compute_capability < (8, 0)
+    {
+        return None;
+    }
+    if !(rows_aligned(k) && rows_aligned(v)) {
+        return None;
+    }
+    let kernel = match (kdt, d) {
+        (DType::F16, 128) => MMA_F16_D128,
+        (DType::F16, 256) => MMA_F16_D256,
+        (DType::BF16, 128) => MMA_BF16_D128,
+        (DType::BF16, 256) => MMA_BF16_D256,
+        _ => return None,
+    };
+    let shared = (MMA_BM + 2 * MMA_BN) * (d as usize + MMA_PAD) * 2;
+    (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
+}
+
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
+    if let Some((kernel, shared)) =
+        mma_kernel(cx, &ins[0], &ins[1], &ins[2], task.inputs[1].meta.dtype, task.inputs[2].meta.dtype)
+    {
+        return run_mma(cx, task, ins, out, kernel, shared);
+    }
     let meta = |i: usize| &task.inputs[i].meta;
     let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
     let (q, k, v) = (ins[0], ins[1], ins[2]);
@@ -145,5 +197,40 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         // row; `part` holds n_splits * rows partials of d_v + 2 floats, all written above.
         unsafe { a.launch(cfg) }.map_err(|e| launch_error(COMBINE, e))?;
     }
+    Ok(())
+}
+
+/// The tensor-core prefill: one block per 64 tokens of one query head of one sequence.
+fn run_mma(
+    cx: &mut Cx<'_>,
+    task: &Task<'_>,
+    ins: &[TensorArg],
+    out: TensorArg,
+    kernel: Kernel,
+    shared: u32,
+) -> Result<(), BackendError> {
+    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
+    let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
+    let (q, k, v) = (ins[0], ins[1], ins[2]);
+    let mask = if p.mask { ins[3] } else { none };
+    let table = if p.paged { ins[3 + usize::from(p.mask)] } else { none };
+    let mdt = if p.mask { dt(task.inputs[3].meta.dtype) } else { dt(DType::F32) };
+    let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
+    let (scale, softcap) = (p.scale, p.softcap);
+    let (err, opcode) = (cx.errors, crate::errors::op_code("flash_attn_ext"));
+    cx.allow_shared(kernel, shared)?;
+    let f = cx.function(kernel)?;
+    let grid = ((q.ne[1] as usize).div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32);
+    let cfg = config(grid, (128, 1, 1), shared);
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&out);
+    a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&err).arg(&opcode);
+    // SAFETY: `fa_mma(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, err,
+    // opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel` checked one f16/bf16 dtype,
+    // d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4 loads); `shared` is the
+    // kernel's 3 * 64 * (D + 8) halves and within the device limit (raised above); the grid
+    // covers ceil(n_tokens / 64) x n_head x n_seq and rows past n_tokens are not written; table
+    // entries are checked before any K/V read.
+    unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }

@@ -20,8 +20,9 @@ const UPDATE_STATE: Kernel = Kernel::new(Module::Conv, "conv_update_state");
 const TILE_CH: usize = 32;
 const TILE_TT: usize = 64;
 const TILE_THREADS: u32 = 256;
-/// Kernels longer than this take the direct path (the tile would outgrow 48 KiB of shared memory).
-const MAX_TILED_D_CONV: usize = 128;
+/// Kernels longer than this take the direct path (the tile's window, 64 + d_conv - 1 samples,
+/// is read as at most 96).
+const MAX_TILED_D_CONV: usize = 33;
 /// conv_update_out: tokens per thread.
 const UPDATE_TOKENS: usize = 8;
 const THREADS: u32 = 256;
@@ -63,7 +64,7 @@ fn ssm_conv(
 ) -> Result<(), BackendError> {
     let d_conv = kern.ne[0] as usize;
     let [channels, n_t, n_seq, _] = out.ne.map(|n| n as usize);
-    if d_conv > MAX_TILED_D_CONV || n_seq > 65535 {
+    if d_conv > MAX_TILED_D_CONV || n_seq > 65535 || n_t.div_ceil(TILE_TT) > 65535 {
         let f = cx.function(CONV_DIRECT)?;
         let mut a = cx.stream.launch_builder(&f);
         a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt);
@@ -83,8 +84,8 @@ fn ssm_conv(
     a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt).arg(&time_fastest);
     // SAFETY: `ssm_conv_tiled(out, sx, sdt, kern, kdt, time_fastest)`: shapes as for the direct
     // kernel; the grid covers (C / 32, n_t / 64, n_seq) and every load and store is guarded by C,
-    // n_t and the window's d_conv - 1 + n_t samples; d_conv <= 128 keeps shared memory (sized as
-    // the kernel lays it out) under 48 KiB.
+    // n_t and the window's d_conv - 1 + n_t samples; d_conv <= 33 keeps the window within the 96
+    // samples the kernel reads and shared memory (sized as the kernel lays it out) small.
     unsafe { a.launch(config(grid, (TILE_THREADS, 1, 1), shared)) }.map_err(|e| launch_error(CONV_TILED, e))?;
     Ok(())
 }
@@ -99,11 +100,11 @@ fn update(
     silu: bool,
 ) -> Result<(), BackendError> {
     let [channels, n_t, n_seq, _] = out.ne.map(|n| n as usize);
-    if n_seq > 65535 {
+    if n_seq > 65535 || n_t.div_ceil(UPDATE_TOKENS) > 65535 {
         return Err(BackendError::Unsupported {
             backend: crate::errors::NAME.into(),
             op: "ssm_conv_update_inplace",
-            why: "more than 65535 sequences".into(),
+            why: "more than 65535 sequences or 524280 tokens".into(),
         });
     }
     let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));

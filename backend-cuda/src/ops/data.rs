@@ -33,12 +33,19 @@ const COPY_FLAT_TYPED: [[Kernel; 3]; 3] = [
     ],
 ];
 const COPY_ROWS: Kernel = Kernel::new(Module::Data, "copy_rows");
+const COPY_TRANSPOSE: Kernel = Kernel::new(Module::Data, "copy_transpose");
 const GET_ROWS: Kernel = Kernel::new(Module::Data, "get_rows");
 const SET_ROWS: Kernel = Kernel::new(Module::Data, "set_rows");
 const CONCAT: Kernel = Kernel::new(Module::Data, "concat");
 const REPEAT: Kernel = Kernel::new(Module::Data, "repeat");
 
 const THREADS: u32 = 256;
+
+/// set_rows blocks each check every id before writing, so the grid is capped (blocks loop over
+/// the rows).
+const SET_ROWS_MAX_BLOCKS: u32 = 1024;
+/// Up to this many ids per slice, set_rows makes the last of duplicate ids win (a quadratic check).
+const SET_ROWS_DEDUP_MAX: i64 = 4096;
 
 /// The shape rules already restrict the dtypes to what the kernels read: any dtype for the
 /// source of get_rows and set_rows (quantized rows are decoded), plain dtypes everywhere else.
@@ -124,7 +131,9 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
             a.arg(&d).arg(&s).arg(&n);
             // SAFETY: `copy_flat_{src}_{dst}(dst, src, n)`: both tensors are dense with n
             // elements of the kernel's dtypes (checked above) and 16-byte aligned.
-            return unsafe { a.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(k, e));
+            return unsafe { a.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }
+                .map(drop)
+                .map_err(|e| launch_error(k, e));
         }
         let vec = i32::from(aligned);
         let f = cx.function(COPY_FLAT)?;
@@ -157,6 +166,27 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
         return unsafe { a.launch(config((blocks, 1, 1), (tx, ty, 1), 0)) }
             .map(drop)
             .map_err(|e| launch_error(COPY_ROWS, e));
+    }
+    let (se, de) = (sdt.block_bytes() as i64, ddt.block_bytes() as i64);
+    let src_fast0 = if src.nb[0] == se && dst.nb[1] == de && dst.nb[0] != de {
+        Some(1i32)
+    } else if src.nb[1] == se && dst.nb[0] == de && src.nb[0] != se {
+        Some(0)
+    } else {
+        None
+    };
+    let tiles = ((dst.ne[0] + 31) / 32, (dst.ne[1] + 31) / 32);
+    if let (true, Some(fast)) = (dst.ne == src.ne && tiles.1 <= 65_535 && tiles.0 <= 1 << 30, src_fast0) {
+        let planes = (dst.ne[2] * dst.ne[3]).clamp(1, 65_535) as u32;
+        let f = cx.function(COPY_TRANSPOSE)?;
+        let mut a = cx.stream.launch_builder(&f);
+        a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&fast);
+        // SAFETY: `copy_transpose(dst, dst_dt, src, src_dt, src_fast0)`: same shapes and plain
+        // dtypes; each tile element is bounds-checked against ne0 and ne1, planes loop over
+        // ne2 * ne3; 32 x 8 threads match the 32 x 33 shared tile.
+        return unsafe { a.launch(config((tiles.0 as u32, tiles.1 as u32, planes), (32, 8, 1), 0)) }
+            .map(drop)
+            .map_err(|e| launch_error(COPY_TRANSPOSE, e));
     }
     let f = cx.function(COPY_GENERAL)?;
     let mut a = cx.stream.launch_builder(&f);
@@ -206,15 +236,22 @@ fn set_rows(
     let f = cx.function(SET_ROWS)?;
     let (dc, sc) = (dt(ddt), dt(sdt));
     let (vec, err, op) = (i32::from(vec), cx.errors, op_code("set_rows"));
+    let dedup = i32::from(ids.ne[0] <= SET_ROWS_DEDUP_MAX);
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&ids).arg(&vec).arg(&err).arg(&op);
-    // SAFETY: `set_rows(dst, dst_dt, src, src_dt, ids, vec, err, op)`: ids is i32 of shape
+    a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&ids).arg(&vec).arg(&dedup).arg(&err).arg(&op);
+    // SAFETY: `set_rows(dst, dst_dt, src, src_dt, ids, vec, dedup, err, op)`: ids is i32 of shape
     // [src.ne1, src.ne2, src.ne3] and dst has src's ne0, ne2, ne3 (shape rules); nothing is
     // written when any id is outside 0..dst.ne1; dst is a plain float dtype, src any float dtype
     // with dense rows when quantized; vec only with ne0 % 8 == 0 and 16-byte aligned plain rows.
-    unsafe { a.launch(config((blocks_for(rows, 1).min(1 << 20), 1, 1), (row_threads(dst.ne[0], vec != 0), 1, 1), 0)) }
-        .map(drop)
-        .map_err(|e| launch_error(SET_ROWS, e))
+    unsafe {
+        a.launch(config(
+            (blocks_for(rows, 1).min(SET_ROWS_MAX_BLOCKS), 1, 1),
+            (row_threads(dst.ne[0], vec != 0), 1, 1),
+            0,
+        ))
+    }
+    .map(drop)
+    .map_err(|e| launch_error(SET_ROWS, e))
 }
 
 fn concat(
@@ -265,7 +302,9 @@ mod tests {
 
     fn out_of_range(e: ExecError) -> (&'static str, i64, usize) {
         match e {
-            ExecError::Backend(BackendError::Kernel(KernelError::IndexOutOfRange { op, index, limit, .. })) => (op, index, limit),
+            ExecError::Backend(BackendError::Kernel(KernelError::IndexOutOfRange { op, index, limit, .. })) => {
+                (op, index, limit)
+            }
             other => panic!("expected IndexOutOfRange, got {other:?}"),
         }
     }

@@ -22,8 +22,8 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     let sections_fit = p.sections.is_none_or(|s| {
         s.iter().try_fold(0usize, |a, &v| a.checked_add(v)).is_some_and(|t| t <= (i32::MAX / 4) as usize)
     });
-    // The kernel indexes one block's heads (at most 8, or n_head / 65535) with 32-bit math.
-    let small = inputs.first().is_some_and(|m| m.ne[0] <= 1 << 20 && m.ne[1] <= 1 << 19);
+    // The kernel indexes one block's heads (up to all of a token's) with 32-bit math.
+    let small = inputs.first().is_some_and(|m| m.ne[0].saturating_mul(m.ne[1]) <= i32::MAX as usize);
     float_x && small && p.n_rot <= MAX_N_ROT && sections_fit
 }
 
@@ -41,9 +41,10 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     if out.nelements() == 0 {
         return Ok(());
     }
-    // Enough blocks to fill the chip at decode, fewer angle tables at prefill.
-    let mut heads_per_block: i64 = if n_tokens >= 256 { 8 } else { 1 };
-    heads_per_block = heads_per_block.max((n_head + 65534) / 65535).max(1);
+    // About 512 blocks: enough to fill the chip at decode, and at prefill one angle table per
+    // token (its f64 sines and cosines are the slow part of a block).
+    let groups = (512 / n_tokens.max(1)).clamp(1, n_head.max(1));
+    let heads_per_block = ((n_head + groups - 1) / groups).max((n_head + 65534) / 65535).max(1);
     let groups = ((n_head + heads_per_block - 1) / heads_per_block).max(1) as u32;
     let n_rot = p.n_rot as i32;
     let pairing: i32 = match p.pairing {
