@@ -1,13 +1,15 @@
 //! CUDA graph capture and replay of whole steps.
 //!
 //! A step (one `compute` call) is identified by its [`StepKey`]: the ops with their params, the
-//! descriptors of every input and output, and the device addresses they resolve to. The first time
-//! a structure is seen its kernels are captured into a CUDA graph and instantiated; the same key
-//! again replays the executable graph with one launch. A step with the same structure but other
-//! addresses (the pool handed out other blocks, a new batch of tokens in the same shapes) is
-//! captured again and *updated* into the existing executable graph (`cuGraphExecUpdate`), which
-//! is much cheaper than instantiating; only when the update is refused is it re-instantiated.
-//! Counters let tests and benches see which happened.
+//! descriptors of every input and output, and the device addresses they resolve to. Its
+//! *structure* is the sequence of op kinds alone. The first time a structure is seen the step's
+//! kernels are captured into a CUDA graph and instantiated; the same full key again replays the
+//! executable graph with one launch. A step of the same structure that differs in shapes, params
+//! or addresses (the next decode step: one more KV cell; the pool handed out other blocks) is
+//! captured again and *updated* into the existing executable graph (`cuGraphExecUpdate`), which is
+//! much cheaper than instantiating; only when the driver refuses the update (a different kernel
+//! was chosen, so the topology changed) is it re-instantiated. Counters let tests and benches see
+//! which happened.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -16,6 +18,7 @@ use std::hash::{Hash, Hasher};
 use cudarc::driver::sys;
 use tessera_graph::BackendError;
 use tessera_ops::{Op, TensorMeta};
+
 
 use crate::errors::NAME;
 
@@ -46,14 +49,17 @@ impl StepKey {
     fn structure_hash(&self) -> u64 {
         let mut h = DefaultHasher::new();
         for op in &self.ops {
-            std::mem::discriminant(op).hash(&mut h);
+            op.name().hash(&mut h);
         }
-        self.metas.hash(&mut h);
         h.finish()
     }
 
     fn same_structure(&self, other: &StepKey) -> bool {
-        self.ops == other.ops && self.metas == other.metas
+        self.ops.len() == other.ops.len() && self.ops.iter().zip(&other.ops).all(|(a, b)| a.name() == b.name())
+    }
+
+    fn same(&self, other: &StepKey) -> bool {
+        self.addrs == other.addrs && self.metas == other.metas && self.ops == other.ops
     }
 }
 
@@ -99,10 +105,7 @@ impl Graphs {
     ) -> Result<(), BackendError> {
         let hash = key.structure_hash();
         let bucket = self.entries.entry(hash).or_default();
-        let existing = bucket.iter().position(|e| e.key.same_structure(&key));
-        if let Some(i) = existing
-            && bucket[i].key.addrs == key.addrs
-        {
+        if let Some(i) = bucket.iter().position(|e| e.key.same(&key)) {
             self.stats.replays += 1;
             // SAFETY: a live executable graph and our stream.
             return driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(bucket[i].exec, stream) });
@@ -138,20 +141,25 @@ impl Graphs {
         }
         let graph = Owned(graph);
 
+        // Update the most recently used executable of this structure, if the driver accepts the
+        // new graph's topology; otherwise keep it (steps of two shapes may alternate, e.g. prefill
+        // and decode) and instantiate another.
         let bucket = self.entries.get_mut(&hash).expect("bucket created above");
-        if let Some(i) = existing {
+        if let Some(i) = bucket.iter().rposition(|e| e.key.same_structure(&key)) {
+            // SAFETY: plain-data out-parameter, written by the driver.
             let mut info: sys::CUgraphExecUpdateResultInfo = unsafe { std::mem::zeroed() };
-            // SAFETY: a live executable graph and a graph of the same structure.
+            // SAFETY: a live executable graph and a captured graph; launches already queued are
+            // not affected by the update.
             let r = unsafe { sys::cuGraphExecUpdate_v2(bucket[i].exec, graph.0, &mut info) };
             if r == sys::CUresult::CUDA_SUCCESS {
                 self.stats.updates += 1;
-                bucket[i].key = key;
+                let mut e = bucket.remove(i);
+                e.key = key;
+                let exec = e.exec;
+                bucket.push(e);
                 // SAFETY: as above.
-                return driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(bucket[i].exec, stream) });
+                return driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) });
             }
-            let old = bucket.swap_remove(i);
-            // SAFETY: the executable graph is replaced; queued launches of it keep their resources.
-            unsafe { sys::cuGraphExecDestroy(old.exec) };
         }
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: a valid captured graph.

@@ -26,9 +26,12 @@ const PROMPT_LENS: [usize; 3] = [5, 23, 61];
 const N_NEW: usize = 12;
 /// The engine's per-step token budget: small, so the long prompts are chunked beside decoding.
 const BUDGET: usize = 16;
-/// Largest |logit| difference from the CPU oracle accepted for another backend (f32 weights,
-/// logits of order 1-10: f32 rounding in a different summation order stays far below this).
-const ORACLE_BOUND: f32 = 1e-3;
+/// Largest |logit| difference from the CPU oracle accepted for another backend. The weights are
+/// f32 but the KV cache is f16 (the default): K/V values that differ in their last f32 bit
+/// between backends (another summation order) can round to neighbouring f16 values, a 2^-11
+/// relative step; measured 1.4e-3 on an H200 (4.7e-5 with an f32 cache, see
+/// models/tests/cuda_backend.rs).
+const ORACLE_BOUND: f32 = 5e-3;
 
 /// Removes the temporary checkpoint when the demo ends, however it ends.
 struct TempFile(PathBuf);

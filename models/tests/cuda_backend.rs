@@ -95,7 +95,9 @@ fn f32_models_match_the_cpu_and_greedy_streams_are_identical() {
     }
     let st = cuda.stats();
     eprintln!("graphs: {:?}; pool: {:?}", st.graphs, st.pool);
-    assert!(st.graphs.replays > 0, "decode steps of one shape replay a captured graph: {:?}", st.graphs);
+    // Decode steps share one structure (one more KV cell each): after the first capture they are
+    // updated into the executable graph, not re-instantiated.
+    assert!(st.graphs.updates + st.graphs.replays > st.graphs.captures, "{:?}", st.graphs);
 }
 
 #[test]
@@ -117,8 +119,11 @@ fn quantized_models_stay_close_to_the_cpu() {
                 dtype.name(),
                 max_abs_diff(&got, &want)
             );
-            // The same quantized weights on both sides; only activations' rounding differs.
-            assert!(e <= 1e-6, "{preset} {}: nmse {e:e}", dtype.name());
+            // The same weights on both sides. With bf16 weights and more than 8 tokens the GPU feeds
+            // tensor cores bf16 activations (cuBLAS), the CPU multiplies in f32: ~2^-9 relative
+            // per product. q8_0 / nvfp4 GEMMs split activations into bf16 high + low parts.
+            let bound = if dtype == DType::BF16 { 2e-4 } else { 1e-6 };
+            assert!(e <= bound, "{preset} {}: nmse {e:e} > {bound:e}", dtype.name());
         }
     }
 }
