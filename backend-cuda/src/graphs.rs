@@ -19,7 +19,6 @@ use cudarc::driver::sys;
 use tessera_graph::BackendError;
 use tessera_ops::{Op, TensorMeta};
 
-
 use crate::errors::NAME;
 
 /// What the graph cache has done.

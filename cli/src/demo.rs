@@ -76,10 +76,19 @@ pub fn run(choice: BackendChoice) -> Result<(), String> {
         let want_tokens = oracle.tokens.get(seq).map(Vec::as_slice).unwrap_or(&[]);
         let want_logits = oracle.logits.get(seq).map(Vec::as_slice).unwrap_or(&[]);
         if tokens.as_slice() != want_tokens {
-            return Err(format!("oracle check failed: seq {seq} gave {} on {}, {} on the cpu", join(tokens), main.backend, join(want_tokens)));
+            return Err(format!(
+                "oracle check failed: seq {seq} gave {} on {}, {} on the cpu",
+                join(tokens),
+                main.backend,
+                join(want_tokens)
+            ));
         }
         if logits.len() != want_logits.len() {
-            return Err(format!("oracle check failed: seq {seq} recorded {} logits, the cpu {}", logits.len(), want_logits.len()));
+            return Err(format!(
+                "oracle check failed: seq {seq} recorded {} logits, the cpu {}",
+                logits.len(),
+                want_logits.len()
+            ));
         }
         worst = logits.iter().zip(want_logits).map(|(a, b)| (a - b).abs()).fold(worst, f32::max);
     }
