@@ -554,3 +554,289 @@ FA_MMA(fa_mma_f16_d128, DT_F16, 128)
 FA_MMA(fa_mma_f16_d256, DT_F16, 256)
 FA_MMA(fa_mma_bf16_d128, DT_BF16, 128)
 FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
+
+// ---- decode on tensor cores ----
+//
+// `fa_dec_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256) and few query tokens. A block takes up
+// to 16 query rows (`hb` heads of one kv group times `tb` tokens: the M rows of mma.sync
+// m16n8k16, so every K/V row it reads serves all of them) over one split of the kv positions.
+// Each of its FD_W warps walks its own chunks of 16 positions (chunk c of the split goes to warp
+// c % FD_W) with its own online-softmax state: the chunk's K and V rows (through the block table
+// when paged) are copied into the warp's shared-memory ring of FD_S stages with 16-byte cp.async,
+// FD_S - 1 chunks ahead of the one computed; S = Q K^T (16 x 16) and O += P V (16 x D) run on the
+// tensor cores (Q and P rounded to the K/V type, f32 accumulators), the softmax on the S fragments
+// in f32. At the end the warps' states merge in shared memory; with one split the block writes the
+// output rows, else (max, sum, acc[D]) partials for `fa_combine`. Dynamic shared memory:
+// FD_W * FD_S * 2 * 16 * (D + FT_PAD) + 16 * (D + FT_PAD) halves.
+
+#define FD_W 4   // warps per block
+#define FD_S 3   // ring stages per warp
+#define FD_N 16  // kv positions per chunk
+
+__device__ __forceinline__ void fd_cp16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void fd_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void fd_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <int DT, int D>
+__device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int mdt,
+                                            int has_mask, int paged, float scale, float softcap, int split_len, int hb,
+                                            int tb, int h_blocks, int t_blocks, float* part, u64 err, u32 opcode) {
+    extern __shared__ __align__(16) u16 fd_smem[];
+    __shared__ u32 s_valid[FD_W][FD_S];
+    __shared__ float s_m[FD_W][16];
+    __shared__ float s_l[FD_W][16];
+    constexpr int LD = D + FT_PAD;                    // halves per K/V/Q row in shared memory
+    constexpr int STAGE = 2 * FD_N * LD;              // halves per stage (K then V)
+    constexpr int WARP_HALVES = FD_S * STAGE;         // a warp's ring
+    constexpr int CPR = D / 8;                        // 16-byte pieces per row
+    static_assert(WARP_HALVES * 2 >= 16 * D * 4, "a warp's ring holds its f32 accumulators");
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
+    const int n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
+    const int n_kv = paged ? (int)table.ne[0] : n_cells;
+    const int group = n_head / n_head_kv;
+    const int n_splits = (int)gridDim.y;
+
+    const int tile = blockIdx.x, split = blockIdx.y, s = blockIdx.z;
+    const int tbi = tile % t_blocks, hbi = (tile / t_blocks) % h_blocks, hk = tile / (t_blocks * h_blocks);
+    const int h0 = hk * group + hbi * hb, t0 = tbi * tb;
+    const int hn = min(hb, group - hbi * hb), tn = min(tb, n_tokens - t0);
+    const int nrows = hn * tn;
+    const int j_begin = split * split_len, j_end = min(n_kv, j_begin + split_len);
+    const i64 ks = paged ? 0 : s;
+    const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
+    const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
+    const i64 m_seq = has_mask ? (s % mask.ne[3]) * mask.nb[3] : 0;
+    const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
+
+    u16* sQ = fd_smem + FD_W * WARP_HALVES;
+    u16* ring = fd_smem + warp * WARP_HALVES;
+    for (int idx = tid; idx < 16 * D; idx += blockDim.x) {
+        const int r = idx / D, c = idx % D;
+        float x = 0.0f;
+        if (r < nrows) {
+            const int h = h0 + r / tn, t = t0 + r % tn;
+            x = *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]);
+        }
+        sQ[r * LD + c] = ft_half<DT>(x);
+    }
+    const int tok[2] = {t0 + (g < nrows ? g % tn : 0), t0 + (g + 8 < nrows ? (g + 8) % tn : 0)};
+
+    const int n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
+    const int my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
+    // The table entry (unchecked; j itself when not paged) of lane's position in chunk `it`.
+    // Loaded an iteration before `issue` needs it, so that its latency hides behind a chunk.
+    auto raw_of = [&](int it) -> int {
+        const int j = j_begin + (warp + it * FD_W) * FD_N + lane;
+        if (!paged || it >= my_chunks || lane >= FD_N || j >= j_end) return j;
+        return *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]);
+    };
+    // The mask bits (f32, f16 or bf16; converted by `mask_val` only when used) of the fragment's
+    // positions in chunk `it`, loaded a chunk ahead for the same reason.
+    auto mask_bits = [&](int it, u32* mb) {
+        const int j0 = j_begin + (warp + it * FD_W) * FD_N;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int j = j0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+            mb[i] = 0;
+            if (has_mask && it < my_chunks && j < j_end) {
+                const char* mp = mask.data + (i64)j * mask.nb[0] + (i64)tok[(i >> 1) & 1] * mask.nb[1] + m_seq;
+                mb[i] = mdt == DT_F32 ? *(const u32*)mp : (u32)*(const u16*)mp;
+            }
+        }
+    };
+    auto mask_val = [&](u32 b) -> float {
+        return mdt == DT_F32 ? __uint_as_float(b) : mdt == DT_F16 ? f16_to_f32((u16)b) : bf16_to_f32((u16)b);
+    };
+    // Starts the copy of this warp's chunk `it` (table entry `raw` from `raw_of`) into ring stage
+    // `st`; invalid positions read as 0.
+    auto issue = [&](int it, int st, int raw) {
+        const int j0 = j_begin + (warp + it * FD_W) * FD_N;
+        int cell = -1;
+        if (lane < FD_N && j0 + lane < j_end) {
+            if (raw < 0 || raw >= n_cells) {
+                report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
+            } else {
+                cell = raw;
+            }
+        }
+        const u32 valid = __ballot_sync(0xffffffffu, cell >= 0);
+        if (lane == 0) s_valid[warp][st] = valid;
+        u16* sK = ring + st * STAGE;
+        u16* sV = sK + FD_N * LD;
+#pragma unroll
+        for (int i = 0; i < FD_N * CPR / 32; i++) {
+            const int idx = i * 32 + lane, p = idx / CPR, c = idx % CPR;
+            const int cl = __shfl_sync(0xffffffffu, cell, p);
+            const bool ok = cl >= 0;
+            const i64 row = ok ? cl : 0;
+            fd_cp16(ft_smem_addr(&sK[p * LD + c * 8]), kbase + row * k.nb[1] + c * 16, ok);
+            fd_cp16(ft_smem_addr(&sV[p * LD + c * 8]), vbase + row * v.nb[1] + c * 16, ok);
+        }
+    };
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
+
+#pragma unroll
+    for (int st = 0; st < FD_S - 1; st++) {
+        if (st < my_chunks) issue(st, st, raw_of(st));
+        fd_commit();
+    }
+    int raw_next = raw_of(FD_S - 1);
+    u32 mb[8];
+    mask_bits(0, mb);
+    __syncthreads();  // sQ written
+    for (int it = 0; it < my_chunks; it++) {
+        const int nx = it + FD_S - 1;
+        if (nx < my_chunks) issue(nx, nx % FD_S, raw_next);  // that stage was consumed in iteration it - 1
+        fd_commit();
+        raw_next = raw_of(nx + 1);
+        float mv[2][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) mv[i >> 2][i & 3] = mask_val(mb[i]);
+        mask_bits(it + 1, mb);
+        const int st = it % FD_S;
+        fd_wait<FD_S - 1>();
+        __syncwarp();
+        const u16* sK = ring + st * STAGE;
+        const u16* sV = sK + FD_N * LD;
+        const u32 valid = s_valid[warp][st];
+
+        // S = Q K^T: 16 rows x 16 positions, two accumulator sets to shorten the mma chains.
+        float sa[2][4], sb[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) sa[n][0] = sa[n][1] = sa[n][2] = sa[n][3] = sb[n][0] = sb[n][1] = sb[n][2] = sb[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D; kk += 32) {
+            u32 a[4], b[4], a2[4], b2[4];
+            ft_ldsm4(a, &sQ[(lane & 15) * LD + kk + (lane >> 4) * 8]);
+            ft_ldsm4(b, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
+            ft_ldsm4(a2, &sQ[(lane & 15) * LD + kk + 16 + (lane >> 4) * 8]);
+            ft_ldsm4(b2, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + 16 + ((lane >> 3) & 1) * 8]);
+            ft_mma<DT>(sa[0], a, b[0], b[1]);
+            ft_mma<DT>(sa[1], a, b[2], b[3]);
+            ft_mma<DT>(sb[0], a2, b2[0], b2[1]);
+            ft_mma<DT>(sb[1], a2, b2[2], b2[3]);
+        }
+        // Logits and the online-softmax update (rows g and g + 8).
+        float sc[2][4], mx[2] = {-TS_INF, -TS_INF};
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int col = n * 8 + 2 * tq + (i & 1);
+                const float d = sa[n][i] + sb[n][i];
+                float x = (softcap > 0.0f ? softcap * tanhf(d * inner) : d * scale) + mv[n][i];
+                x = (valid >> col) & 1 ? x : -TS_INF;
+                sc[n][i] = x;
+                mx[i >> 1] = fmaxf(mx[i >> 1], x);
+            }
+        }
+        float ms[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+            const float m_new = fmaxf(m[rr], mx[rr]);
+            ms[rr] = m_new == -TS_INF ? 0.0f : m_new;
+            const float alpha = expf(m[rr] - ms[rr]);
+            l[rr] *= alpha;
+            m[rr] = m_new;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][2 * rr] *= alpha;
+                o[n][2 * rr + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p = expf(sc[n][i] - ms[i >> 1]);
+                sc[n][i] = p;
+                l[i >> 1] += p;
+            }
+        }
+        // O += P V.
+        const u32 pa[4] = {ft_pack<DT>(sc[0][0], sc[0][1]), ft_pack<DT>(sc[0][2], sc[0][3]), ft_pack<DT>(sc[1][0], sc[1][1]),
+                           ft_pack<DT>(sc[1][2], sc[1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            u32 b[4];
+            ft_ldsm4_trans(b, &sV[((lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
+            ft_mma<DT>(o[n], pa, b[0], b[1]);
+            ft_mma<DT>(o[n + 1], pa, b[2], b[3]);
+        }
+        __syncwarp();  // the stage is consumed before a later iteration refills it
+    }
+
+    // Merge the warps: each writes (m, l) and its f32 accumulators (into its own ring).
+    fd_wait<0>();
+    __syncthreads();
+    float* so = (float*)ring;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+        if (tq == 0) {
+            s_m[warp][g + 8 * rr] = m[rr];
+            s_l[warp][g + 8 * rr] = l[rr];
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            so[(g + 8 * rr) * D + n * 8 + 2 * tq] = o[n][2 * rr];
+            so[(g + 8 * rr) * D + n * 8 + 2 * tq + 1] = o[n][2 * rr + 1];
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nrows * D; idx += blockDim.x) {
+        const int r = idx / D, e = idx % D;
+        float mm = -TS_INF;
+#pragma unroll
+        for (int w = 0; w < FD_W; w++) mm = fmaxf(mm, s_m[w][r]);
+        float ll = 0.0f, a = 0.0f;
+        if (mm != -TS_INF) {
+#pragma unroll
+            for (int w = 0; w < FD_W; w++) {
+                const float f = expf(s_m[w][r] - mm);
+                ll += s_l[w][r] * f;
+                a += ((const float*)(fd_smem + w * WARP_HALVES))[r * D + e] * f;
+            }
+        }
+        const int h = h0 + r / tn, t = t0 + r % tn;
+        if (n_splits == 1) {
+            const float ov = mm == -TS_INF ? 0.0f : a / ll;
+            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)s * out.nb[3]) = ov;
+        } else {
+            const i64 gi = ((i64)s * n_head + h) * n_tokens + t;
+            const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
+            float* pp = part + ((i64)split * n_rows_g + gi) * (D + 2);
+            if (e == 0) {
+                pp[0] = mm;
+                pp[1] = ll;
+            }
+            pp[2 + e] = a;
+        }
+    }
+}
+
+#define FA_DEC(NAME, DT, D)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(FD_W * 32, 1) NAME(                                                    \
+        Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int mdt, int has_mask, int paged,          \
+        float scale, float softcap, int split_len, int hb, int tb, int h_blocks, int t_blocks, float* part, u64 err,   \
+        u32 opcode) {                                                                                                   \
+        fa_dec_impl<DT, D>(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, split_len, hb, tb,         \
+                           h_blocks, t_blocks, part, err, opcode);                                                      \
+    }
+
+FA_DEC(fa_dec_f16_d128, DT_F16, 128)
+FA_DEC(fa_dec_f16_d256, DT_F16, 256)
+FA_DEC(fa_dec_bf16_d128, DT_BF16, 128)
+FA_DEC(fa_dec_bf16_d256, DT_BF16, 256)

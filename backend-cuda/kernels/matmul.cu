@@ -273,19 +273,6 @@ __device__ __forceinline__ void gemv_body(Tensor a, int adt, const float* bp, i6
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
-}
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
-}
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
-}
-extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
-}
-
 // One block: groups the pairs s = u + n_used * t of ids [n_used, T] by expert. offsets[e] ..
 // offsets[e + 1] index list[] (the pairs of expert e, in no particular order); cursor has
 // n_expert ints of scratch. Bad ids are reported and their pairs dropped.
@@ -420,4 +407,243 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm(Tensor as, int adt, c
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fast decode GEMV (contiguous-row weights, 1..8 tokens per weight read).
+//
+// One block of GF_THREADS threads per weight row: the threads stride over the row in units of
+// 16 values (q8_0: half a block, 17 bytes; nvfp4: one 16-value sub-block, 8.5 bytes; f16 / bf16:
+// 8 values, 16 bytes), GF_UNITS units loaded straight from global memory before any is used, then
+// a block reduction. Quantized weights multiply int16 activations split in two int8 halves
+// (x_q = 256 hi + lo, per-16-value f32 scale, written once per call by `quant_x`) with `dp4a`,
+// so a unit costs a few integer instructions per weight byte; the int16 activations keep
+// |x - d x_q| <= amax / 65278 per block, far inside the f32 bound. f16 / bf16 weights use
+// the packed f32 activations of `pack_b`.
+
+#define GF_THREADS 128
+#define GF_UNITS 4
+// Largest |x_q|: hi = (x_q + 128) >> 8 and lo = x_q - 256 hi both stay in int8.
+#define XQ_MAX 32639.0f
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Activation row r (a flat row of b) as 16-value blocks: at xq + r * 2 k + 32 j the 16 hi bytes
+// then the 16 lo bytes of block j, at xs[r * k / 16 + j] its scale. One thread per block.
+extern "C" __global__ void quant_x(Tensor b, char* xq, float* xs) {
+    const i64 k = b.ne[0], nbk = k / 16, total = nbk * (nelements(b) / k);
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        const i64 r = i / nbk, j = i % nbk;
+        i64 i1, i2, i3;
+        row_coords(b, r, i1, i2, i3);
+        const char* src = b.data + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3] + 16 * j * b.nb[0];
+        float v[16], amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            v[e] = *(const float*)(src + e * b.nb[0]);
+            amax = fmaxf(amax, fabsf(v[e]));
+        }
+        const float d = amax / XQ_MAX, id = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+        u32 hi[4], lo[4];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            hi[w] = lo[w] = 0;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int q = (int)fminf(fmaxf(rintf(v[4 * w + e] * id), -XQ_MAX), XQ_MAX);
+                const int h = (q + 128) >> 8, l = q - 256 * h;
+                hi[w] |= (u32)(h & 0xff) << (8 * e);
+                lo[w] |= (u32)(l & 0xff) << (8 * e);
+            }
+        }
+        uint4* dst = (uint4*)(xq + r * 2 * k + 32 * j);
+        dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        dst[1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        xs[r * nbk + j] = d;
+    }
+}
+
+// 8 E2M1 codes (the nibbles of q) to 2 x E2M1 as int8: x = the low nibbles of bytes 0..3, y =
+// their high nibbles (two 8-entry byte lookups per nibble pair and a select on the sign bit).
+__device__ __forceinline__ int2 e2m1x8_i8(u32 q) {
+    const u32 pos_lo = 0x03020100u, pos_hi = 0x0C080604u, neg_lo = 0xFDFEFF00u, neg_hi = 0xF4F8FAFCu;
+    const u32 sel = 0x32103210u | ((q & 0x88888888u) >> 1);
+    u32 t[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const u32 s = (q >> (16 * i)) & 0x7777u;
+        const u32 p = __byte_perm(pos_lo, pos_hi, s), n = __byte_perm(neg_lo, neg_hi, s);
+        t[i] = __byte_perm(p, n, sel >> (16 * i));
+    }
+    return make_int2((int)__byte_perm(t[0], t[1], 0x6420), (int)__byte_perm(t[0], t[1], 0x7531));
+}
+
+// One unit's raw weight bytes as loaded.
+struct GfRaw {
+    uint4 w;
+    u32 w4, sc;
+};
+
+__device__ __forceinline__ GfRaw gf_load(const char* row, int dt, i64 u) {
+    GfRaw r;
+    if (dt == DT_Q8_0) {
+        const char* blk = row + (u >> 1) * Q8_0_BYTES;
+        const char* q = blk + 2 + 16 * (u & 1);
+        const u32* p = (const u32*)((u64)q & ~(u64)3);
+        r.sc = *(const u16*)blk;
+        r.w = make_uint4(p[0], p[1], p[2], p[3]);
+        // the fifth word only when the quants start mid-word (it may lie past the row otherwise)
+        r.w4 = ((u64)q & 2) ? p[4] : 0u;
+        if ((u64)q & 2) r.sc |= 0x10000u;
+    } else if (dt == DT_NVFP4) {
+        const u8* blk = (const u8*)row + (u >> 2) * NVFP4_BYTES;
+        const u32* p = (const u32*)(blk + 4 + 8 * (u & 3));
+        r.sc = blk[u & 3];
+        r.w = make_uint4(p[0], p[1], 0u, 0u);
+        r.w4 = 0u;
+    } else {
+        r.w = ((const uint4*)row)[u];
+        r.w4 = r.sc = 0u;
+    }
+    return r;
+}
+
+// acc[t] += unit u's values . activation row t.
+template <int NT>
+__device__ __forceinline__ void gf_dot(const GfRaw& r, int dt, i64 u, const char* const* xt, const float* const* st, float* acc) {
+    if (dt == DT_Q8_0 || dt == DT_NVFP4) {
+        int w[4];
+        float dw;
+        if (dt == DT_Q8_0) {
+            const u32 s = (r.sc & 0x10000u) ? 0x5432u : 0x3210u;
+            w[0] = (int)__byte_perm(r.w.x, r.w.y, s);
+            w[1] = (int)__byte_perm(r.w.y, r.w.z, s);
+            w[2] = (int)__byte_perm(r.w.z, r.w.w, s);
+            w[3] = (int)__byte_perm(r.w.w, r.w4, s);
+            dw = f16_to_f32((u16)(r.sc & 0xffff));
+        } else {
+            const int2 a = e2m1x8_i8(r.w.x), b = e2m1x8_i8(r.w.y);
+            w[0] = a.x;
+            w[1] = b.x;
+            w[2] = a.y;
+            w[3] = b.y;
+            dw = 0.5f * ue4m3_fast(r.sc);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const uint4 h = ((const uint4*)xt[t])[2 * u], l = ((const uint4*)xt[t])[2 * u + 1];
+            const int ih = dp4a(w[3], (int)h.w, dp4a(w[2], (int)h.z, dp4a(w[1], (int)h.y, dp4a(w[0], (int)h.x, 0))));
+            const int il = dp4a(w[3], (int)l.w, dp4a(w[2], (int)l.z, dp4a(w[1], (int)l.y, dp4a(w[0], (int)l.x, 0))));
+            acc[t] += (float)(ih * 256 + il) * (dw * st[t][u]);
+        }
+    } else {
+        const float4 w0 = make_float4(half_lo(r.w.x, dt), half_hi(r.w.x, dt), half_lo(r.w.y, dt), half_hi(r.w.y, dt));
+        const float4 w1 = make_float4(half_lo(r.w.z, dt), half_hi(r.w.z, dt), half_lo(r.w.w, dt), half_hi(r.w.w, dt));
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4* x = (const float4*)xt[t] + 2 * u;
+            acc[t] += dot4(w0, x[0]) + dot4(w1, x[1]);
+        }
+    }
+}
+
+// out[m, n, i2, i3] = a row m (of batch (i2 / (b2 / A2), i3 / (b3 / A3))) . activation rows.
+// g (32 or GF_THREADS) threads take one weight row, so a block holds GF_THREADS / g rows; grid
+// (ceil(M / rows per block), batches). x: the activation rows at x + row * ldx (bytes);
+// quantized weights: the `quant_x` rows (ldx = 2 k), their scales after them at the next
+// 256-byte boundary; f16 / bf16: packed f32 rows.
+template <int NT>
+__device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out, int g) {
+    constexpr int U = NT >= 4 ? 2 : GF_UNITS;
+    __shared__ float red[GF_THREADS / 32][NT];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gl = tid % g;
+    const i64 m = (i64)blockIdx.x * (GF_THREADS / g) + tid / g, k = a.ne[0];
+    const bool valid = m < a.ne[1];
+    const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
+    const float* xs = (const float*)(x + ((n * b2 * b3 * ldx + 255) & ~(i64)255));
+    for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
+        const i64 i2 = batch % b2, i3 = batch / b2;
+        const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
+        const char* row = a.data + m * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
+        for (i64 n0 = 0; n0 < n; n0 += NT) {
+            const int nt = (int)min((i64)NT, n - n0);
+            const char* xt[NT];
+            const float* st[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const i64 r = batch * n + n0 + min(t, nt - 1);
+                xt[t] = x + r * ldx;
+                st[t] = xs + r * (k / 16);
+            }
+            float acc[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+            for (i64 u0 = gl; valid && u0 < nu; u0 += U * g) {
+                GfRaw raw[U];
+#pragma unroll
+                for (int i = 0; i < U; i++) {
+                    if (u0 + i * g < nu) raw[i] = gf_load(row, adt, u0 + i * g);
+                }
+#pragma unroll
+                for (int i = 0; i < U; i++) {
+                    if (u0 + i * g < nu) gf_dot<NT>(raw[i], adt, u0 + i * g, xt, st, acc);
+                }
+            }
+            if (g == 32) {
+                // a warp per row: no block barrier
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float v = warp_sum(acc[t]);
+                    if (valid && lane == 0 && t < nt) *(float*)(out.data + offset_of(out, m, n0 + t, i2, i3)) = v;
+                }
+                continue;
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float v = warp_sum(acc[t]);
+                if (lane == 0) red[warp][t] = v;
+            }
+            __syncthreads();
+            if (valid && tid < nt) {
+                float v = 0.0f;
+#pragma unroll
+                for (int w = 0; w < GF_THREADS / 32; w++) v += red[w][tid];
+                *(float*)(out.data + offset_of(out, m, n0 + tid, i2, i3)) = v;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    if (parts < 0) {
+        gemv_fast_body<1>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
+        return;
+    }
+    gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
+}
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    if (parts < 0) {
+        gemv_fast_body<2>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
+        return;
+    }
+    gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
+}
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    if (parts < 0) {
+        gemv_fast_body<4>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
+        return;
+    }
+    gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
+}
+extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    if (parts < 0) {
+        gemv_fast_body<8>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
+        return;
+    }
+    gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }

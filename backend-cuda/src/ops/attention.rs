@@ -25,6 +25,10 @@ const MMA_F16_D128: Kernel = Kernel::new(Module::Attention, "fa_mma_f16_d128");
 const MMA_F16_D256: Kernel = Kernel::new(Module::Attention, "fa_mma_f16_d256");
 const MMA_BF16_D128: Kernel = Kernel::new(Module::Attention, "fa_mma_bf16_d128");
 const MMA_BF16_D256: Kernel = Kernel::new(Module::Attention, "fa_mma_bf16_d256");
+const DEC_F16_D128: Kernel = Kernel::new(Module::Attention, "fa_dec_f16_d128");
+const DEC_F16_D256: Kernel = Kernel::new(Module::Attention, "fa_dec_f16_d256");
+const DEC_BF16_D128: Kernel = Kernel::new(Module::Attention, "fa_dec_bf16_d128");
+const DEC_BF16_D256: Kernel = Kernel::new(Module::Attention, "fa_dec_bf16_d256");
 
 /// TAG(fa-tile): FA_W, FA_R and FA_D in attention.cu.
 const WARPS: u32 = 4;
@@ -40,6 +44,14 @@ const COMBINE_THREADS: u32 = 256;
 const MMA_BM: usize = 64;
 const MMA_BN: usize = 64;
 const MMA_PAD: usize = 8;
+/// TAG(fa-dec-tile): FD_W, FD_S and FD_N in attention.cu (query rows per block: one mma M tile).
+const DEC_WARPS: u32 = 4;
+const DEC_STAGES: usize = 3;
+const DEC_CHUNK: usize = 16;
+const DEC_ROWS: usize = 16;
+/// Blocks the decode kernel's split-K choice aims for: one per SM of an H100/H200 (at d 256 its
+/// ring fills an SM's shared memory; fixed so that `scratch_bytes` can compute it from the task).
+const DEC_TARGET_BLOCKS: usize = 132;
 /// Fewest query tokens for the tensor-core kernel (below it the split-K kernel, which shares each
 /// K/V row between a kv group's heads, wins).
 const MMA_MIN_TOKENS: usize = 4;
@@ -61,18 +73,40 @@ struct Plan {
 }
 
 fn plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
+    tile_plan(q, k, v, table, ROWS, TARGET_BLOCKS, MIN_SPLIT, 32)
+}
+
+/// The decode kernel's geometry: 16-row tiles, splits that are multiples of a block's chunks.
+fn dec_plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
+    let step = DEC_WARPS as usize * DEC_CHUNK;
+    tile_plan(q, k, v, table, DEC_ROWS, DEC_TARGET_BLOCKS, step, step)
+}
+
+/// Tiles of up to `rows` query rows (heads of one kv group times tokens), and the split-K over
+/// the kv positions that brings tiles x splits x sequences up to at most `target` blocks (splits of at
+/// least `min_split` positions, multiples of `align`).
+fn tile_plan(
+    q: &TensorMeta,
+    k: &TensorMeta,
+    v: &TensorMeta,
+    table: Option<&TensorMeta>,
+    rows: usize,
+    target: usize,
+    min_split: usize,
+    align: usize,
+) -> Plan {
     let [_, n_tokens, n_head, n_seq] = q.ne;
     let n_head_kv = k.ne[2].max(1);
     let n_kv = table.map_or(k.ne[1], |t| t.ne[0]);
     let group = (n_head / n_head_kv).max(1);
-    let hb = group.min(ROWS);
-    let tb = (ROWS / hb).clamp(1, n_tokens.max(1));
+    let hb = group.min(rows);
+    let tb = (rows / hb).clamp(1, n_tokens.max(1));
     let h_blocks = group.div_ceil(hb);
     let t_blocks = n_tokens.div_ceil(tb);
     let tiles = n_head_kv * h_blocks * t_blocks;
     let base = (tiles * n_seq).max(1);
-    let want = TARGET_BLOCKS.div_ceil(base).clamp(1, n_kv.div_ceil(MIN_SPLIT).max(1));
-    let split_len = n_kv.div_ceil(want).div_ceil(32).max(1) * 32;
+    let want = (target / base).clamp(1, n_kv.div_ceil(min_split).max(1));
+    let split_len = n_kv.div_ceil(want).div_ceil(align).max(1) * align;
     let splits = n_kv.div_ceil(split_len).max(1);
     Plan { hb, tb, h_blocks, t_blocks, tiles, splits, split_len, n_seq, rows: n_head * n_tokens * n_seq, d_v: v.ne[0] }
 }
@@ -100,8 +134,12 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     let m: Vec<&TensorMeta> = task.inputs.iter().map(|t| &t.meta).collect();
     let [q, k, v, ..] = m.as_slice() else { return 0 };
     let table = if p.paged { m.last().copied() } else { None };
-    let pl = plan(q, k, v, table);
-    if pl.splits == 1 { 0 } else { pl.splits * pl.rows * (pl.d_v + 2) * 4 }
+    // The decode kernel's choice depends on alignment (unknown here): room for either plan.
+    [plan(q, k, v, table), dec_plan(q, k, v, table)]
+        .iter()
+        .map(|pl| if pl.splits == 1 { 0 } else { pl.splits * pl.rows * (pl.d_v + 2) * 4 })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Whether a tensor's rows (at dims 1..3 offsets) all start 16-byte aligned.
@@ -142,12 +180,45 @@ fn mma_kernel(
     (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
 }
 
+/// The tensor-core decode kernel for these K/V, if it applies: one f16/bf16 dtype, d_k = d_v =
+/// 128 or 256, 16-byte aligned rows, fewer tokens than the prefill kernel takes, sm_80 or newer.
+fn dec_kernel(
+    cx: &Cx<'_>,
+    q: &TensorArg,
+    k: &TensorArg,
+    v: &TensorArg,
+    kdt: DType,
+    vdt: DType,
+) -> Option<(Kernel, u32)> {
+    let d = q.ne[0];
+    if kdt != vdt
+        || d != v.ne[0]
+        || (q.ne[1] as usize) >= MMA_MIN_TOKENS
+        || cx.info.compute_capability < (8, 0)
+        || !(rows_aligned(k) && rows_aligned(v))
+    {
+        return None;
+    }
+    let kernel = match (kdt, d) {
+        (DType::F16, 128) => DEC_F16_D128,
+        (DType::F16, 256) => DEC_F16_D256,
+        (DType::BF16, 128) => DEC_BF16_D128,
+        (DType::BF16, 256) => DEC_BF16_D256,
+        _ => return None,
+    };
+    let row = (d as usize + MMA_PAD) * 2;
+    let shared = (DEC_WARPS as usize * DEC_STAGES * 2 * DEC_CHUNK + DEC_ROWS) * row;
+    (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
+}
+
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
-    if let Some((kernel, shared)) =
-        mma_kernel(cx, &ins[0], &ins[1], &ins[2], task.inputs[1].meta.dtype, task.inputs[2].meta.dtype)
-    {
+    let (kdt, vdt) = (task.inputs[1].meta.dtype, task.inputs[2].meta.dtype);
+    if let Some((kernel, shared)) = mma_kernel(cx, &ins[0], &ins[1], &ins[2], kdt, vdt) {
         return run_mma(cx, task, ins, out, kernel, shared);
+    }
+    if let Some((kernel, shared)) = dec_kernel(cx, &ins[0], &ins[1], &ins[2], kdt, vdt) {
+        return run_dec(cx, task, ins, out, kernel, shared);
     }
     let meta = |i: usize| &task.inputs[i].meta;
     let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
@@ -187,7 +258,13 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     // the vector kernels run only on 16-byte aligned rows of one dtype with dims multiple of 8;
     // with n_splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`).
     unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
+    combine(cx, pl, q, out)
+}
+
+/// Merges the split-K partials of `pl` into `out` (nothing with one split).
+fn combine(cx: &mut Cx<'_>, pl: Plan, q: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     if pl.splits > 1 {
+        let (part, n_splits) = (cx.scratch, pl.splits as i32);
         let f = cx.function(COMBINE)?;
         let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
         let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
@@ -233,4 +310,46 @@ fn run_mma(
     // entries are checked before any K/V read.
     unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
+}
+
+/// The tensor-core decode: one block per 16-row tile of a kv group, split and sequence.
+fn run_dec(
+    cx: &mut Cx<'_>,
+    task: &Task<'_>,
+    ins: &[TensorArg],
+    out: TensorArg,
+    kernel: Kernel,
+    shared: u32,
+) -> Result<(), BackendError> {
+    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
+    let meta = |i: usize| &task.inputs[i].meta;
+    let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
+    let (q, k, v) = (ins[0], ins[1], ins[2]);
+    let mask = if p.mask { ins[3] } else { none };
+    let table = if p.paged { ins[3 + usize::from(p.mask)] } else { none };
+    let table_meta = p.paged.then(|| meta(3 + usize::from(p.mask)));
+    let pl = dec_plan(meta(0), meta(1), meta(2), table_meta);
+    let mdt = if p.mask { dt(meta(3).dtype) } else { dt(DType::F32) };
+    let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
+    let (scale, softcap, split_len) = (p.scale, p.softcap, pl.split_len as i32);
+    let (hb, tb, h_blocks, t_blocks) = (pl.hb as i32, pl.tb as i32, pl.h_blocks as i32, pl.t_blocks as i32);
+    let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
+    cx.allow_shared(kernel, shared)?;
+    let f = cx.function(kernel)?;
+    let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (DEC_WARPS * 32, 1, 1), shared);
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&out);
+    a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
+    a.arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks);
+    a.arg(&part).arg(&err).arg(&opcode);
+    // SAFETY: `fa_dec(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, split_len,
+    // hb, tb, h_blocks, t_blocks, part, err, opcode)`: shapes as for `fa_partial` (shape rules);
+    // `dec_kernel` checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows
+    // (its 16-byte cp.async copies); `shared` is the kernel's (FD_W * FD_S * 2 * 16 + 16) rows of
+    // D + 8 halves, within the device limit (raised above); the grid is exactly tiles x splits x
+    // n_seq of `dec_plan`, whose tiles hold at most 16 rows (hb * tb <= 16); table entries are
+    // checked against n_cells before any K/V read; with splits > 1 `part` holds
+    // splits * rows * (d_v + 2) f32 (`scratch_bytes` takes the larger of both plans).
+    unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
+    combine(cx, pl, q, out)
 }

@@ -30,6 +30,7 @@ const GEMV: [Kernel; 4] = [
     Kernel::new(Module::Matmul, "gemv_4"),
     Kernel::new(Module::Matmul, "gemv_8"),
 ];
+const QUANT_X: Kernel = Kernel::new(Module::Matmul, "quant_x");
 const MOE_GROUP: Kernel = Kernel::new(Module::Matmul, "moe_group");
 const MOE_GEMV: Kernel = Kernel::new(Module::Matmul, "moe_gemv");
 const MOE_GEMM: Kernel = Kernel::new(Module::Matmul, "moe_gemm");
@@ -113,11 +114,17 @@ fn moe_scratch(w: &TensorMeta, b: &TensorMeta, ids: &TensorMeta) -> usize {
     align((2 * w.ne[2] + 1 + ids.nelements()) * 4) + packed_f32_bytes(b)
 }
 
+/// Bytes of `quant_x`'s int16 activations (2 bytes a value) and their per-16-value f32 scales.
+fn quant_x_bytes(n: usize) -> (usize, usize) {
+    (align(n * 2), align(n / 16 * 4))
+}
+
 pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     let m = |i: usize| task.inputs.get(i).map(|t| t.meta);
     match (task.op, m(0), m(1), m(2)) {
         (Op::MulMat, Some(a), Some(b), _) => {
-            let gemv = packed_f32_bytes(&b);
+            let (xq, xs) = quant_x_bytes(b.nelements());
+            let gemv = packed_f32_bytes(&b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
             if (b.ne[1] as i64) > GEMV_MAX_N { gemv.max(blas_scratch(&a, &b)) } else { gemv }
         }
         (Op::MulMatId, Some(w), Some(b), Some(ids)) => moe_scratch(&w, &b, &ids),
@@ -147,6 +154,9 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
     }
+    if fast_gemv_fits(&a, d) && std::env::var_os("TESSERA_TMP_SLOW_GEMV").is_none() {
+        return gemv_fast(cx, a, d, b, out);
+    }
     let (ldb, bp) = (packed_len(b.ne[0] as usize) as i64, cx.scratch);
     pack_b(cx, b, bp, 0, 0, 0, ldb)?;
     let kernel = GEMV[match n {
@@ -169,6 +179,71 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     // (i2 / (b2 / a2), i3 / (b3 / a3)) inside a; bp holds b2 * b3 * n packed rows of ldb >= k f32 (scratch_bytes); out is [m, n, b2, b3]
     // f32; `vec` only when every row start is 16-byte aligned and rows are whole 16-byte pieces.
     unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    Ok(())
+}
+
+/// `gemv_fast` takes q8_0 / nvfp4 weights whose rows start 4-byte aligned, and f16 / bf16
+/// weights read in 16-byte pieces (`rows_vectorizable`).
+fn fast_gemv_fits(a: &TensorArg, d: DType) -> bool {
+    let aligned4 = a.data.is_multiple_of(4) && (1..4).all(|i| a.ne[i] <= 1 || a.nb[i] % 4 == 0);
+    match d {
+        DType::Q8_0 | DType::NvFp4 => aligned4,
+        DType::F16 | DType::BF16 => rows_vectorizable(a, d),
+        _ => false,
+    }
+}
+
+/// The decode GEMV through `gemv_N`'s fast mode (`parts` = -threads per row): activations
+/// quantized to int16 halves by `quant_x` (quantized weights) or packed to f32 rows (f16 /
+/// bf16), then a warp per weight row, or a whole block per row for few long rows.
+fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    let (n, k) = (b.ne[1], b.ne[0]);
+    let (x, ldx) = if d.is_quantized() {
+        let (xq_bytes, _) = quant_x_bytes(b.nelements() as usize);
+        quant_x(cx, b, cx.scratch, cx.scratch + xq_bytes as u64)?;
+        (cx.scratch, 2 * k)
+    } else {
+        let ldb = packed_len(k as usize) as i64;
+        pack_b(cx, b, cx.scratch, 0, 0, 0, ldb)?;
+        (cx.scratch, 4 * ldb)
+    };
+    let kernel = GEMV[match n {
+        ..=1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        _ => 3,
+    }];
+    let f = cx.function(kernel)?;
+    let (adt, b2, b3, vec) = (dt(d), b.ne[2], b.ne[3], 0i32);
+    let per_row = if a.ne[1] * b2 * b3 <= SPLIT_ROWS && k >= SPLIT_K { MM_WARPS } else { 1 };
+    let parts = -(32 * per_row as i32);
+    let blocks = (a.ne[1] as u64 * per_row as u64).div_ceil(MM_WARPS as u64);
+    let grid = (blocks.min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, 65535) as u32, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&a).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out).arg(&vec).arg(&parts);
+    // SAFETY: `gemv_N(a, adt, x, ldx, n, b2, b3, out, vec, parts < 0)`: the rows of a block
+    // below M read weight row m of batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside a, dense of
+    // dtype adt (shape rules: k a multiple of the block size), 4-byte aligned (quantized; a q8_0
+    // unit reads its fifth word only when it lies inside the block) or 16-byte aligned whole
+    // rows (f16 / bf16, `fast_gemv_fits`); x holds b2 * b3 * n rows of ldx bytes (int16 halves,
+    // 2 k, with k / 16 scales each from the next 256-byte boundary after them, as `quant_x`
+    // writes; or packed f32 rows of packed_len(k)) in scratch (scratch_bytes); out is
+    // [M, n, b2, b3] f32.
+    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    Ok(())
+}
+
+/// Quantizes the f32 activations `b` (any strides, k a multiple of 16) to `quant_x`'s int16
+/// halves at `xq` (2 k bytes a row) and per-16-value scales at `xs`.
+fn quant_x(cx: &mut Cx<'_>, b: TensorArg, xq: u64, xs: u64) -> Result<(), BackendError> {
+    let f = cx.function(QUANT_X)?;
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&b).arg(&xq).arg(&xs);
+    // SAFETY: `quant_x(b, xq, xs)` reads b inside its span (k a multiple of 16: the weights are
+    // q8_0 / nvfp4) and writes 2 k bytes a row at xq and k / 16 f32 a row at xs, for every row
+    // of b (scratch_bytes sizes both).
+    let blocks = blocks_for(b.nelements() / 16, THREADS);
+    unsafe { args.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(QUANT_X, e))?;
     Ok(())
 }
 

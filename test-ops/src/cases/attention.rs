@@ -216,6 +216,7 @@ pub(super) fn perf_cases() -> Vec<Case> {
         Fa::new(256, 1, 16, 2, 4096, 4).mask_per_seq(F16, 0).case(),
         Fa::new(256, 1, 24, 4, 4096, 4).mask_per_seq(F16, 0).paged(4 * 4096 + 256).case(),
         Fa::new(256, 1, 24, 4, 4096, 32).mask_per_seq(F16, 0).paged(32 * 4096 + 256).case(),
+        Fa::new(256, 1, 16, 2, 4096, 32).kv(BF16).mask_per_seq(F16, 0).paged(32 * 4096 + 256).case(),
         Fa::new(256, 512, 24, 4, 512, 1).mask(F16).q_layout(Layout::SWAP12).case(),
         Fa::new(256, 512, 16, 2, 2048, 1).kv(BF16).mask(F16).case(),
     ]
