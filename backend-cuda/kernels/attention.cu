@@ -615,15 +615,6 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 
     u16* sQ = fd_smem + FD_W * WARP_HALVES;
     u16* ring = fd_smem + warp * WARP_HALVES;
-    for (int idx = tid; idx < 16 * D; idx += blockDim.x) {
-        const int r = idx / D, c = idx % D;
-        float x = 0.0f;
-        if (r < nrows) {
-            const int h = h0 + r / tn, t = t0 + r % tn;
-            x = *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]);
-        }
-        sQ[r * LD + c] = ft_half<DT>(x);
-    }
     const int tok[2] = {t0 + (g < nrows ? g % tn : 0), t0 + (g + 8 < nrows ? (g + 8) % tn : 0)};
 
     const int n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
@@ -692,6 +683,17 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     int raw_next = raw_of(FD_S - 1);
     u32 mb[8];
     mask_bits(0, mb);
+    // The tile's query rows (rounded to the K/V type, zero rows past nrows), while the first
+    // chunks' copies are under way.
+    for (int idx = tid; idx < 16 * D; idx += blockDim.x) {
+        const int r = idx / D, c = idx % D;
+        float x = 0.0f;
+        if (r < nrows) {
+            const int h = h0 + r / tn, t = t0 + r % tn;
+            x = *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]);
+        }
+        sQ[r * LD + c] = ft_half<DT>(x);
+    }
     __syncthreads();  // sQ written
     for (int it = 0; it < my_chunks; it++) {
         const int nx = it + FD_S - 1;

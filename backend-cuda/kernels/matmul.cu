@@ -6,6 +6,10 @@
 //   f32 accumulation; passes loop over the tokens, so `gemv_8` is also the general path.
 //   Plain weights stream through 16-byte loads; q8_0 / nvfp4 rows are staged 32 blocks at a
 //   time through shared memory with 16-byte loads and decoded from there, one block per lane.
+// - `quant_x` + `gemv_fast_{1,2,4,8}`: the decode GEMV for aligned q8_0 / nvfp4 rows (and few
+//   long f16 / bf16 rows), one block per weight row, units loaded straight from global memory,
+//   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
+//   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
 // - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
 //   remainder) for the cuBLAS path of quantized weights with many tokens.
 // - `moe_group` groups the (slot, token) pairs of mul_mat_id by expert on the device (counts,
@@ -412,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm(Tensor as, int adt, c
 // ---------------------------------------------------------------------------------------------
 // Fast decode GEMV (contiguous-row weights, 1..8 tokens per weight read).
 //
-// One block of GF_THREADS threads per weight row: the threads stride over the row in units of
+// gemv_fast: one block of GF_THREADS threads per weight row; the threads stride over the row in units of
 // 16 values (q8_0: half a block, 17 bytes; nvfp4: one 16-value sub-block, 8.5 bytes; f16 / bf16:
 // 8 values, 16 bytes), GF_UNITS units loaded straight from global memory before any is used, then
 // a block reduction. Quantized weights multiply int16 activations split in two int8 halves
@@ -551,18 +555,32 @@ __device__ __forceinline__ void gf_dot(const GfRaw& r, int dt, i64 u, const char
     }
 }
 
-// out[m, n, i2, i3] = a row m (of batch (i2 / (b2 / A2), i3 / (b3 / A3))) . activation rows.
-// g (32 or GF_THREADS) threads take one weight row, so a block holds GF_THREADS / g rows; grid
-// (ceil(M / rows per block), batches). x: the activation rows at x + row * ldx (bytes);
-// quantized weights: the `quant_x` rows (ldx = 2 k), their scales after them at the next
+// acc[t] += units gl, gl + g, ... of a weight row . activation row t, U units loaded at a time.
+template <int NT>
+__device__ __forceinline__ void gf_row(const char* row, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float* acc) {
+    constexpr int U = GF_UNITS;
+    for (i64 u0 = gl; u0 < nu; u0 += U * g) {
+        GfRaw raw[U];
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            if (u0 + i * g < nu) raw[i] = gf_load(row, adt, u0 + i * g);
+        }
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            if (u0 + i * g < nu) gf_dot<NT>(raw[i], adt, u0 + i * g, xt, st, acc);
+        }
+    }
+}
+
+// out[m, n, i2, i3] = a row m (of batch (i2 / (b2 / A2), i3 / (b3 / A3))) . activation rows;
+// one block per weight row, grid (M, batches). x: the activation rows at x + row * ldx (bytes);
+// quantized weights: the `quant_x` rows (ldx = 2 k), their scales after them from the next
 // 256-byte boundary; f16 / bf16: packed f32 rows.
 template <int NT>
-__device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out, int g) {
-    constexpr int U = NT >= 4 ? 2 : GF_UNITS;
+__device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
     __shared__ float red[GF_THREADS / 32][NT];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gl = tid % g;
-    const i64 m = (i64)blockIdx.x * (GF_THREADS / g) + tid / g, k = a.ne[0];
-    const bool valid = m < a.ne[1];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const i64 m = blockIdx.x, k = a.ne[0];
     const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
     const float* xs = (const float*)(x + ((n * b2 * b3 * ldx + 255) & ~(i64)255));
     for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
@@ -582,33 +600,14 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
             float acc[NT];
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-            for (i64 u0 = gl; valid && u0 < nu; u0 += U * g) {
-                GfRaw raw[U];
-#pragma unroll
-                for (int i = 0; i < U; i++) {
-                    if (u0 + i * g < nu) raw[i] = gf_load(row, adt, u0 + i * g);
-                }
-#pragma unroll
-                for (int i = 0; i < U; i++) {
-                    if (u0 + i * g < nu) gf_dot<NT>(raw[i], adt, u0 + i * g, xt, st, acc);
-                }
-            }
-            if (g == 32) {
-                // a warp per row: no block barrier
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const float v = warp_sum(acc[t]);
-                    if (valid && lane == 0 && t < nt) *(float*)(out.data + offset_of(out, m, n0 + t, i2, i3)) = v;
-                }
-                continue;
-            }
+            gf_row<NT>(row, adt, nu, tid, GF_THREADS, xt, st, acc);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const float v = warp_sum(acc[t]);
                 if (lane == 0) red[warp][t] = v;
             }
             __syncthreads();
-            if (valid && tid < nt) {
+            if (tid < nt) {
                 float v = 0.0f;
 #pragma unroll
                 for (int w = 0; w < GF_THREADS / 32; w++) v += red[w][tid];
@@ -619,31 +618,53 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
     }
 }
 
+extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_1(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
+    gemv_fast_body<1>(a, adt, x, ldx, n, b2, b3, out);
+}
+extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_2(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
+    gemv_fast_body<2>(a, adt, x, ldx, n, b2, b3, out);
+}
+extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_4(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
+    gemv_fast_body<4>(a, adt, x, ldx, n, b2, b3, out);
+}
+extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_8(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
+    gemv_fast_body<8>(a, adt, x, ldx, n, b2, b3, out);
+}
+
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    if (parts < 0) {
-        gemv_fast_body<1>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
-        return;
-    }
     gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    if (parts < 0) {
-        gemv_fast_body<2>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
-        return;
-    }
     gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    if (parts < 0) {
-        gemv_fast_body<4>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
-        return;
-    }
     gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
-    if (parts < 0) {
-        gemv_fast_body<8>(a, adt, (const char*)bp, ldb, n, b2, b3, out, -parts);
+    gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
+}
+
+// mul_mat_id decode: block (x, s) runs the rows x * 4 .. + 3 (a warp each) of the expert of pair
+// s = u + n_used * t only, against activation row (u mod n_b) + n_b * t of `quant_x` (quantized
+// weights, scales after the rows at the next 256-byte boundary) or packed f32 rows; a bad id is
+// reported and its pair skipped.
+extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+    const i64 n_used = ids.ne[0], s = blockIdx.y, u = s % n_used, t = s / n_used;
+    const int id = *(const int*)(ids.data + u * ids.nb[0] + t * ids.nb[1]);
+    if (id < 0 || id >= as.ne[2]) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, as.ne[2], 0, 0);
         return;
     }
-    gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
+    const int lane = threadIdx.x & 31;
+    const i64 m = (i64)blockIdx.x * (GF_THREADS / 32) + (threadIdx.x >> 5), k = as.ne[0];
+    if (m >= as.ne[1]) return;
+    const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
+    const i64 r = u % n_b + n_b * t;
+    const float* xs = (const float*)(x + ((n_b * ids.ne[1] * ldx + 255) & ~(i64)255));
+    const char* xt[1] = {x + r * ldx};
+    const float* st[1] = {xs + r * (k / 16)};
+    float acc[1] = {0.0f};
+    gf_row<1>(as.data + m * as.nb[1] + id * as.nb[2], adt, nu, lane, 32, xt, st, acc);
+    const float v = warp_sum(acc[0]);
+    if (lane == 0) *(float*)(out.data + offset_of(out, m, u, t, 0)) = v;
 }

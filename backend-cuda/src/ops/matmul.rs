@@ -4,12 +4,17 @@
 //! - **GEMV** (`n <= GEMV_MAX_N`, and the general path for anything cuBLAS cannot take): the
 //!   activations are packed into f32 scratch rows, then one warp per weight row reads the row
 //!   once for up to 8 tokens (`gemv_{1,2,4,8}`), any weight dtype and outer strides.
+//!   Aligned q8_0 / nvfp4 weights (and few long f16 / bf16 rows) take `gemv_fast_{1,2,4,8}`
+//!   instead: one block per weight row reading 16-value units straight from global memory;
+//!   quantized weights against activations quantized once per call to int16 (two int8 halves,
+//!   `quant_x`) with `dp4a`.
 //! - **GEMM** (`n > GEMV_MAX_N`): cuBLAS. f32 weights go through `sgemm` in place; f16 / bf16
 //!   weights through `gemm_ex` in place with the activations converted to the weights' type;
 //!   q8_0 / nvfp4 weights are dequantized in row chunks to bf16 (nvfp4 values are exact in bf16;
 //!   q8_0 values are split into hi + lo bf16 parts) and multiplied by hi + lo bf16 activations,
 //!   so the result keeps f32-level accuracy (the quantized cases take the f32 bound).
-//! - **mul_mat_id**: `moe_group` groups the (slot, token) pairs by expert on the device (no host
+//! - **mul_mat_id**: up to `MOE_DECODE_TOKENS` tokens, `moe_decode` runs a warp per weight row
+//!   over the routed (slot, token) pairs only, with `gemv_fast`'s units. Otherwise `moe_group` groups the (slot, token) pairs by expert on the device (no host
 //!   sync), then `moe_gemv` runs the rows of experts with few pairs over them 8 at a time and
 //!   `moe_gemm` (shared-memory tiles) the experts with many.
 
@@ -31,6 +36,15 @@ const GEMV: [Kernel; 4] = [
     Kernel::new(Module::Matmul, "gemv_8"),
 ];
 const QUANT_X: Kernel = Kernel::new(Module::Matmul, "quant_x");
+const GEMV_FAST: [Kernel; 4] = [
+    Kernel::new(Module::Matmul, "gemv_fast_1"),
+    Kernel::new(Module::Matmul, "gemv_fast_2"),
+    Kernel::new(Module::Matmul, "gemv_fast_4"),
+    Kernel::new(Module::Matmul, "gemv_fast_8"),
+];
+/// Threads (one weight row) per `gemv_fast_N` block: `GF_THREADS` in matmul.cu.
+const GF_THREADS: u32 = 128;
+const MOE_DECODE: Kernel = Kernel::new(Module::Matmul, "moe_decode");
 const MOE_GROUP: Kernel = Kernel::new(Module::Matmul, "moe_group");
 const MOE_GEMV: Kernel = Kernel::new(Module::Matmul, "moe_gemv");
 const MOE_GEMM: Kernel = Kernel::new(Module::Matmul, "moe_gemm");
@@ -55,6 +69,9 @@ const ALIGN: usize = 256;
 /// Experts with more (slot, token) pairs than this take `moe_gemm`, the others `moe_gemv`
 /// (8 rather than 16: 256 experts top-8 at 512 tokens 4.7 -> 5.4 TFLOP/s on an H200).
 const MOE_GEMV_MAX: i32 = 8;
+/// mul_mat_id with at most this many tokens runs `moe_decode` over the (slot, token) pairs
+/// (each pair reads its expert's rows; no grouping).
+const MOE_DECODE_TOKENS: i64 = 2;
 /// Threads of the single `moe_group` block.
 const GROUP_THREADS: u32 = 1024;
 
@@ -111,7 +128,8 @@ fn blas_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
 
 /// Scratch of mul_mat_id: expert offsets, cursors and pair lists (i32), then packed activations.
 fn moe_scratch(w: &TensorMeta, b: &TensorMeta, ids: &TensorMeta) -> usize {
-    align((2 * w.ne[2] + 1 + ids.nelements()) * 4) + packed_f32_bytes(b)
+    let (xq, xs) = quant_x_bytes(b.nelements());
+    align((2 * w.ne[2] + 1 + ids.nelements()) * 4) + packed_f32_bytes(b).max(xq + xs)
 }
 
 /// Bytes of `quant_x`'s int16 activations (2 bytes a value) and their per-16-value f32 scales.
@@ -154,7 +172,7 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
     }
-    if fast_gemv_fits(&a, d) && std::env::var_os("TESSERA_TMP_SLOW_GEMV").is_none() {
+    if fast_gemv_fits(&a, d) {
         return gemv_fast(cx, a, d, b, out);
     }
     let (ldb, bp) = (packed_len(b.ne[0] as usize) as i64, cx.scratch);
@@ -182,54 +200,65 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     Ok(())
 }
 
-/// `gemv_fast` takes q8_0 / nvfp4 weights whose rows start 4-byte aligned, and f16 / bf16
-/// weights read in 16-byte pieces (`rows_vectorizable`).
+/// Whether `gemv_fast_N` takes the weights: q8_0 / nvfp4 whose rows start 4-byte aligned, and
+/// f16 / bf16 read in 16-byte pieces (`rows_vectorizable`) when rows are few and long. Measured
+/// on an H200 at 1 token, % of copy bandwidth, `gemv_N` -> `gemv_fast_N`: q8_0 17408 x 5120
+/// 32 -> 37, 5120 x 17408 29 -> 47; nvfp4 18 -> 20, 17 -> 30; bf16 5120 x 17408 66 -> 77, but
+/// bf16 17408 x 5120 73 -> 70 and 6144 x 2048 42 -> 33, so many rows stay on `gemv_N`.
 fn fast_gemv_fits(a: &TensorArg, d: DType) -> bool {
-    let aligned4 = a.data.is_multiple_of(4) && (1..4).all(|i| a.ne[i] <= 1 || a.nb[i] % 4 == 0);
+    let rows = a.ne[1] * a.ne[2] * a.ne[3];
+    fast_rows(a, d) && (d.is_quantized() || (rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K))
+}
+
+/// Whether the fast GEMV units can read the weight rows: q8_0 / nvfp4 rows start 4-byte
+/// aligned, f16 / bf16 rows are whole 16-byte pieces (`rows_vectorizable`).
+fn fast_rows(a: &TensorArg, d: DType) -> bool {
     match d {
-        DType::Q8_0 | DType::NvFp4 => aligned4,
+        DType::Q8_0 | DType::NvFp4 => a.data.is_multiple_of(4) && (1..4).all(|i| a.ne[i] <= 1 || a.nb[i] % 4 == 0),
         DType::F16 | DType::BF16 => rows_vectorizable(a, d),
         _ => false,
     }
 }
 
-/// The decode GEMV through `gemv_N`'s fast mode (`parts` = -threads per row): activations
-/// quantized to int16 halves by `quant_x` (quantized weights) or packed to f32 rows (f16 /
-/// bf16), then a warp per weight row, or a whole block per row for few long rows.
-fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
-    let (n, k) = (b.ne[1], b.ne[0]);
-    let (x, ldx) = if d.is_quantized() {
+/// Activations for `gemv_fast_N` / `moe_decode` at the start of scratch: int16 halves by
+/// `quant_x` (quantized weights; their scales follow at the next 256-byte boundary) or packed f32
+/// rows. Returns the row stride in bytes.
+fn fast_activations(cx: &mut Cx<'_>, d: DType, b: TensorArg) -> Result<i64, BackendError> {
+    let k = b.ne[0];
+    if d.is_quantized() {
         let (xq_bytes, _) = quant_x_bytes(b.nelements() as usize);
         quant_x(cx, b, cx.scratch, cx.scratch + xq_bytes as u64)?;
-        (cx.scratch, 2 * k)
+        Ok(2 * k)
     } else {
         let ldb = packed_len(k as usize) as i64;
         pack_b(cx, b, cx.scratch, 0, 0, 0, ldb)?;
-        (cx.scratch, 4 * ldb)
-    };
-    let kernel = GEMV[match n {
+        Ok(4 * ldb)
+    }
+}
+
+/// The decode GEMV `gemv_fast_N`: one block per weight row over up to 8 tokens a pass.
+fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    let n = b.ne[1];
+    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let kernel = GEMV_FAST[match n {
         ..=1 => 0,
         2 => 1,
         3..=4 => 2,
         _ => 3,
     }];
     let f = cx.function(kernel)?;
-    let (adt, b2, b3, vec) = (dt(d), b.ne[2], b.ne[3], 0i32);
-    let per_row = if a.ne[1] * b2 * b3 <= SPLIT_ROWS && k >= SPLIT_K { MM_WARPS } else { 1 };
-    let parts = -(32 * per_row as i32);
-    let blocks = (a.ne[1] as u64 * per_row as u64).div_ceil(MM_WARPS as u64);
-    let grid = (blocks.min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, 65535) as u32, 1);
+    let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
+    let grid = (a.ne[1].clamp(1, i32::MAX as i64) as u32, (b2 * b3).clamp(1, 65535) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
-    args.arg(&a).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out).arg(&vec).arg(&parts);
-    // SAFETY: `gemv_N(a, adt, x, ldx, n, b2, b3, out, vec, parts < 0)`: the rows of a block
-    // below M read weight row m of batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside a, dense of
-    // dtype adt (shape rules: k a multiple of the block size), 4-byte aligned (quantized; a q8_0
-    // unit reads its fifth word only when it lies inside the block) or 16-byte aligned whole
-    // rows (f16 / bf16, `fast_gemv_fits`); x holds b2 * b3 * n rows of ldx bytes (int16 halves,
-    // 2 k, with k / 16 scales each from the next 256-byte boundary after them, as `quant_x`
-    // writes; or packed f32 rows of packed_len(k)) in scratch (scratch_bytes); out is
-    // [M, n, b2, b3] f32.
-    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    args.arg(&a).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
+    // SAFETY: `gemv_fast_N(a, adt, x, ldx, n, b2, b3, out)`: block m < M reads weight row m of
+    // batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside a, dense of dtype adt (shape rules: k a
+    // multiple of the block size), 4-byte aligned (quantized; a q8_0 unit reads its fifth word
+    // only when it lies inside the block) or 16-byte aligned whole rows (f16 / bf16,
+    // `fast_gemv_fits`); x holds b2 * b3 * n rows of ldx bytes (int16 halves, 2 k, with k / 16
+    // scales each from the next 256-byte boundary after them; or packed f32 rows of
+    // packed_len(k)) in scratch (scratch_bytes); out is [M, n, b2, b3] f32.
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
 
@@ -422,6 +451,9 @@ fn mul_mat_id(
     ids: TensorArg,
     out: TensorArg,
 ) -> Result<(), BackendError> {
+    if ids.ne[1] <= MOE_DECODE_TOKENS && fast_rows(&w, d) {
+        return moe_decode(cx, w, d, b, ids, out);
+    }
     let n_expert = w.ne[2];
     let n_pairs = ids.nelements();
     let offsets = cx.scratch;
@@ -478,5 +510,32 @@ fn mul_mat_id(
     // SAFETY: `moe_gemm(as, adt, bp, ldb, n_b, n_used, offsets, list, out, gemv_max)`: as moe_gemv (the
     // experts with many pairs); weight rows and k beyond the tensor are masked to zero.
     unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMM, e))?;
+    Ok(())
+}
+
+/// mul_mat_id for a few tokens: `moe_decode` over the (slot, token) pairs, after the activations
+/// are quantized (`quant_x`) or packed to f32 rows at the start of scratch.
+fn moe_decode(
+    cx: &mut Cx<'_>,
+    w: TensorArg,
+    d: DType,
+    b: TensorArg,
+    ids: TensorArg,
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let f = cx.function(MOE_DECODE)?;
+    let (adt, n_b, err, op) = (dt(d), b.ne[1], cx.errors, op_code("mul_mat_id"));
+    let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
+    let grid = (blocks, ids.nelements().clamp(1, 65535) as u32, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&w).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&out).arg(&err).arg(&op);
+    // SAFETY: `moe_decode(as, adt, x, ldx, n_b, ids, out, err, op)`: pair s = blockIdx.y <
+    // n_used * T (at most 2 tokens: far below the grid limit) reads ids[s mod n_used, s / n_used]
+    // and skips ids outside [0, n_expert); weight rows m < M of that expert are dense of dtype
+    // adt and aligned as `fast_gemv_fits` checked; activation row (u mod n_b) + n_b t is one of
+    // b's n_b * T rows of ldx bytes in scratch (scales after them as `quant_x` writes them;
+    // scratch_bytes sizes both); out[m, u, t] lies in out [M, n_used, T].
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE, e))?;
     Ok(())
 }

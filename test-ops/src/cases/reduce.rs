@@ -282,7 +282,7 @@ fn argsort_case(dtype: DType, ne: [usize; 4], order: SortOrder, layout: Layout) 
 /// 512-token prefill's GDN q (16 key heads, plus the dense model's 48 value-head width).
 pub(super) fn perf_cases() -> Vec<Case> {
     vec![
-        top_k_case(F32, [256, 1, 1, 1], 8, Layout::Contiguous, Init::SIGNED),
+        // 8 of 256 for one row (the router at decode) is an eval case: `perf --eval-cases` times it.
         top_k_case(F32, [256, 512, 1, 1], 8, Layout::Contiguous, Init::SIGNED),
         top_k_case(F32, [256, 2048, 1, 1], 8, Layout::Contiguous, Init::SIGNED),
         top_k_case(F32, [248_320, 4, 1, 1], 40, Layout::Contiguous, Init::SIGNED),
