@@ -7,7 +7,9 @@
 //! 16-byte aligned); `fa_partial_any` takes any K/V dtypes and alignments.
 //!
 //! Prefills (at least [`MMA_MIN_TOKENS`] tokens) with f16/bf16 K/V and d_k = d_v = 128 or 256
-//! run on tensor cores instead (`fa_mma_*`: mma.sync m16n8k16, 64 tokens of one head per block).
+//! run on tensor cores instead (`fa_mma_*`: mma.sync m16n8k16, 64 tokens of one head per block);
+//! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 16
+//! M rows, K/V chunks copied to shared memory with cp.async, split-K merged by `fa_combine`).
 
 use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
@@ -46,14 +48,15 @@ const MMA_BN: usize = 64;
 const MMA_PAD: usize = 8;
 /// TAG(fa-dec-tile): FD_W, FD_S and FD_N in attention.cu (query rows per block: one mma M tile).
 const DEC_WARPS: u32 = 4;
-const DEC_STAGES: usize = 3;
+const DEC_STAGES: usize = 2;
 const DEC_CHUNK: usize = 16;
 const DEC_ROWS: usize = 16;
-/// Blocks the decode kernel's split-K choice aims for: one per SM of an H100/H200 (at d 256 its
-/// ring fills an SM's shared memory; fixed so that `scratch_bytes` can compute it from the task).
+/// Blocks the decode kernel's split-K choice aims for: one per SM of an H100/H200 (at d 256 a
+/// block takes 140 KiB of shared memory; fixed so that `scratch_bytes` can compute it from the
+/// task alone).
 const DEC_TARGET_BLOCKS: usize = 132;
-/// Fewest query tokens for the tensor-core kernel (below it the split-K kernel, which shares each
-/// K/V row between a kv group's heads, wins).
+/// Fewest query tokens for the tensor-core prefill kernel (below it the split-K kernels, which
+/// share each K/V row between a kv group's heads, win).
 const MMA_MIN_TOKENS: usize = 4;
 
 /// The launch geometry of one task.
@@ -72,29 +75,37 @@ struct Plan {
     d_v: usize,
 }
 
-fn plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
-    tile_plan(q, k, v, table, ROWS, TARGET_BLOCKS, MIN_SPLIT, 32)
-}
-
-/// The decode kernel's geometry: 16-row tiles, splits that are multiples of a block's chunks.
-fn dec_plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
-    let step = DEC_WARPS as usize * DEC_CHUNK;
-    tile_plan(q, k, v, table, DEC_ROWS, DEC_TARGET_BLOCKS, step, step)
-}
-
-/// Tiles of up to `rows` query rows (heads of one kv group times tokens), and the split-K over
-/// the kv positions that brings tiles x splits x sequences up to at most `target` blocks (splits of at
-/// least `min_split` positions, multiples of `align`).
-fn tile_plan(
-    q: &TensorMeta,
-    k: &TensorMeta,
-    v: &TensorMeta,
-    table: Option<&TensorMeta>,
+/// A kernel's tiling rules: tiles of up to `rows` query rows (heads of one kv group times
+/// tokens), and a split-K over the kv positions that brings tiles x splits x sequences up to at
+/// most `target` blocks, with splits of at least `min_split` positions, multiples of `align`.
+#[derive(Clone, Copy)]
+struct Tiling {
     rows: usize,
     target: usize,
     min_split: usize,
     align: usize,
-) -> Plan {
+}
+
+const SIMT_TILING: Tiling = Tiling { rows: ROWS, target: TARGET_BLOCKS, min_split: MIN_SPLIT, align: 32 };
+/// 16-row tiles (one mma M tile), splits that are multiples of a block's chunks.
+const DEC_TILING: Tiling = Tiling {
+    rows: DEC_ROWS,
+    target: DEC_TARGET_BLOCKS,
+    min_split: DEC_WARPS as usize * DEC_CHUNK,
+    align: DEC_WARPS as usize * DEC_CHUNK,
+};
+
+fn plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
+    tile_plan(q, k, v, table, &SIMT_TILING)
+}
+
+/// The decode kernel's geometry.
+fn dec_plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
+    tile_plan(q, k, v, table, &DEC_TILING)
+}
+
+fn tile_plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>, t: &Tiling) -> Plan {
+    let Tiling { rows, target, min_split, align } = *t;
     let [_, n_tokens, n_head, n_seq] = q.ne;
     let n_head_kv = k.ne[2].max(1);
     let n_kv = table.map_or(k.ne[1], |t| t.ne[0]);
