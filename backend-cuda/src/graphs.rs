@@ -7,9 +7,11 @@
 //! executable graph with one launch. A step of the same structure that differs in shapes, params
 //! or addresses (the next decode step: one more KV cell; the pool handed out other blocks) is
 //! captured again and *updated* into the existing executable graph (`cuGraphExecUpdate`), which is
-//! much cheaper than instantiating; only when the driver refuses the update (a different kernel
-//! was chosen, so the topology changed) is it re-instantiated. Counters let tests and benches see
-//! which happened.
+//! much cheaper than instantiating, provided it launched the same kernels in the same order (and,
+//! when it calls cuBLAS, which picks kernels by shape, has the same shapes). The driver accepts
+//! some updates that change a node's function but keeps the node's launch attributes (cuBLAS's
+//! Hopper kernels run in thread-block clusters), which gave wrong results; so a different kernel
+//! sequence is instantiated instead. Counters let tests and benches see which happened.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -64,7 +66,18 @@ impl StepKey {
 
 struct Entry {
     key: StepKey,
+    /// The kernels the step launched (see `Cx::trace`).
+    trace: Vec<&'static str>,
     exec: sys::CUgraphExec,
+}
+
+impl Entry {
+    /// Whether a step of `key` that launched `trace` may be applied to this executable graph.
+    fn updatable_to(&self, key: &StepKey, trace: &[&'static str]) -> bool {
+        self.key.same_structure(key)
+            && self.trace == trace
+            && (!trace.contains(&crate::launch::BLAS_TRACE) || (self.key.metas == key.metas && self.key.ops == key.ops))
+    }
 }
 
 /// Executable graphs by step structure, least recently captured evicted first.
@@ -100,7 +113,7 @@ impl Graphs {
         &mut self,
         stream: sys::CUstream,
         key: StepKey,
-        mut record: impl FnMut() -> Result<(), BackendError>,
+        mut record: impl FnMut() -> Result<Vec<&'static str>, BackendError>,
     ) -> Result<(), BackendError> {
         let hash = key.structure_hash();
         let bucket = self.entries.entry(hash).or_default();
@@ -119,17 +132,20 @@ impl Graphs {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: ends the capture begun above, whatever `record` did.
         let ended = unsafe { sys::cuStreamEndCapture(stream, &mut graph) };
-        if let Err(e) = recorded {
-            if !graph.is_null() {
-                // SAFETY: the graph just captured, owned here.
-                unsafe { sys::cuGraphDestroy(graph) };
+        let trace = match recorded {
+            Ok(trace) => trace,
+            Err(e) => {
+                if !graph.is_null() {
+                    // SAFETY: the graph just captured, owned here.
+                    unsafe { sys::cuGraphDestroy(graph) };
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         if ended != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
             self.stats.capture_failures += 1;
             self.stats.eager += 1;
-            return record();
+            return record().map(|_| ());
         }
         struct Owned(sys::CUgraph);
         impl Drop for Owned {
@@ -144,7 +160,7 @@ impl Graphs {
         // new graph's topology; otherwise keep it (steps of two shapes may alternate, e.g. prefill
         // and decode) and instantiate another.
         let bucket = self.entries.get_mut(&hash).expect("bucket created above");
-        if let Some(i) = bucket.iter().rposition(|e| e.key.same_structure(&key)) {
+        if let Some(i) = bucket.iter().rposition(|e| e.updatable_to(&key, &trace)) {
             // SAFETY: plain-data out-parameter, written by the driver.
             let mut info: sys::CUgraphExecUpdateResultInfo = unsafe { std::mem::zeroed() };
             // SAFETY: a live executable graph and a captured graph; launches already queued are
@@ -164,7 +180,7 @@ impl Graphs {
         // SAFETY: a valid captured graph.
         driver("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) })?;
         self.stats.captures += 1;
-        bucket.push(Entry { key, exec });
+        bucket.push(Entry { key, trace, exec });
         self.order.push_back(hash);
         // SAFETY: just instantiated.
         let launched = driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) });

@@ -44,6 +44,9 @@ pub(crate) struct Blas {
 
 pub(crate) use cudarc::cublas::sys as sys_blas;
 
+/// The trace entry of a cuBLAS call (cuBLAS picks its kernels by shape, invisibly to us).
+pub(crate) const BLAS_TRACE: &str = "cublas";
+
 /// cuBLAS workspace bytes (cuBLAS asks for up to 32 MiB on Hopper).
 pub(crate) const BLAS_WORKSPACE: usize = 32 << 20;
 
@@ -113,16 +116,21 @@ pub(crate) struct Cx<'a> {
     pub blas: &'a mut Blas,
     /// Allocates cuBLAS's workspace on first use.
     pub alloc_workspace: &'a mut dyn FnMut() -> Result<u64, CudaError>,
+    /// The kernels this step launched, in order (`"cublas"` for a cuBLAS call): what decides
+    /// whether a captured graph may be applied to an executable one as an update.
+    pub trace: &'a mut Vec<&'static str>,
 }
 
 impl Cx<'_> {
     /// The loaded function for `kernel` (compiling its module on first use).
     pub fn function(&mut self, kernel: Kernel) -> Result<CudaFunction, BackendError> {
+        self.trace.push(kernel.name);
         Ok(self.kernels.get(kernel)?.clone())
     }
 
     /// The cuBLAS handle, bound to the stream.
     pub fn cublas(&mut self) -> Result<sys_blas::cublasHandle_t, BackendError> {
+        self.trace.push(BLAS_TRACE);
         let alloc = &mut *self.alloc_workspace;
         Ok(self.blas.handle(self.stream, alloc)?)
     }

@@ -370,7 +370,8 @@ impl Backend for CudaBackend {
         let mut alloc_workspace = || -> Result<u64, CudaError> {
             pool.alloc(launch::BLAS_WORKSPACE, || unsafe { result::stream::synchronize(stream) }).map(|(p, _)| p)
         };
-        let mut record = || -> Result<(), BackendError> {
+        let mut record = || -> Result<Vec<&'static str>, BackendError> {
+            let mut trace = Vec::new();
             let mut cx = Cx {
                 stream: &dev.stream,
                 kernels,
@@ -379,15 +380,16 @@ impl Backend for CudaBackend {
                 errors: *errors,
                 blas,
                 alloc_workspace: &mut alloc_workspace,
+                trace: &mut trace,
             };
             for r in &resolved {
                 ops::run(&mut cx, r.task, &r.inputs, r.output)?;
             }
-            Ok(())
+            Ok(trace)
         };
         if !*use_graphs {
             graphs.stats.eager += 1;
-            return record();
+            return record().map(|_| ());
         }
         let mut key = StepKey { ops: Vec::with_capacity(tasks.len()), metas: Vec::new(), addrs: Vec::new() };
         for r in &resolved {

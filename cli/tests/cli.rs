@@ -80,7 +80,10 @@ fn demo_runs_and_self_checks() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     // The best backend present: the CPU here, CUDA on a GPU machine (then checked against the CPU).
-    assert!(stdout.contains("oracle check: skipped") || stdout.contains("oracle check: cuda tokens identical"), "{stdout}");
+    assert!(
+        stdout.contains("oracle check: skipped") || stdout.contains("oracle check: cuda tokens identical"),
+        "{stdout}"
+    );
     for line in [
         "backend: ",
         "arch qwen35moe: 4 layers",
