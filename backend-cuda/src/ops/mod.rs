@@ -14,22 +14,10 @@ mod rope;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Op, TensorMeta};
 
+use crate::compile::Module as Family;
 use crate::launch::{Cx, TensorArg, unsupported};
 
-/// The op families, as in `kernels/*.cu`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Family {
-    Elementwise,
-    Data,
-    Reduce,
-    Rope,
-    Quant,
-    Matmul,
-    Attention,
-    Conv,
-    DeltaNet,
-}
-
+/// The kernel module (`kernels/<family>.cu`) whose wrappers run `op`; `None` for views.
 fn family(op: &Op) -> Option<Family> {
     Some(match op {
         Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Family::Elementwise,
