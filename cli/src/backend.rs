@@ -39,6 +39,13 @@ pub fn describe(backend: &dyn Backend) -> String {
     }
 }
 
+/// The `ModelOptions::kv_pad` for a backend: 256 on a GPU, so decode steps keep one shape for
+/// 256 tokens and their captured CUDA graph is replayed; exact (1) on the CPU, where the masked
+/// padding would only cost time.
+pub fn kv_pad(backend: &dyn Backend) -> usize {
+    if backend.name() == "cuda" { 256 } else { 1 }
+}
+
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }

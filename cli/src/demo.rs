@@ -114,7 +114,8 @@ struct BatchedRun {
 
 impl BatchedRun {
     fn new(gguf: &GgufFile, mut backend: Box<dyn Backend>, verbose: bool) -> Result<BatchedRun, String> {
-        let model = Model::load(gguf, backend.as_mut(), ModelOptions::default()).map_err(|e| e.to_string())?;
+        let opts = ModelOptions { kv_pad: backend::kv_pad(backend.as_ref()), ..ModelOptions::default() };
+        let model = Model::load(gguf, backend.as_mut(), opts).map_err(|e| e.to_string())?;
         if verbose {
             println!("model: {}", model.config);
         }

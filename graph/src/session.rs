@@ -324,7 +324,10 @@ fn overlap(a: &TensorRef, b: &TensorRef) -> bool {
 
 impl Drop for Session<'_, '_> {
     fn drop(&mut self) {
-        for o in self.owned.drain(..) {
+        // Newest first: a pool that reuses the last freed block of a size (the CUDA backend's)
+        // then hands the same graph's next session the same addresses node for node, so a
+        // captured step replays rather than updates.
+        for o in self.owned.drain(..).rev() {
             self.backend.free(o.buffer);
         }
     }

@@ -50,6 +50,11 @@ pub struct ModelOptions {
     pub policy: AllocPolicy,
     /// Sequences live at once (recurrent state slots).
     pub n_slots: usize,
+    /// The attention's KV length (`n_kv`, the block table's and mask's width) is rounded up to a
+    /// multiple of this; the padding is masked. 1 = exact. A GPU backend wants e.g. 256: decode
+    /// steps then keep one shape for 256 tokens, so a captured CUDA graph is replayed instead of
+    /// re-captured every step (the extra masked cells cost a little attention work).
+    pub kv_pad: usize,
 }
 
 impl Default for ModelOptions {
@@ -61,6 +66,7 @@ impl Default for ModelOptions {
             kv_dtype: DType::F16,
             policy: AllocPolicy::InOrder,
             n_slots: 4,
+            kv_pad: 1,
         }
     }
 }
@@ -91,6 +97,8 @@ pub struct Model {
     pub kv: PagedKvCache,
     pub recurrent: RecurrentCache,
     layers: Vec<LayerCache>,
+    /// [`ModelOptions::kv_pad`].
+    kv_pad: usize,
 }
 
 /// The per-step inputs of one group (equal token counts).
@@ -179,7 +187,7 @@ impl Model {
         );
         let recurrent = RecurrentCache::new(rec_cfg)?;
         let weights = ModelWeights::load(file, &config, backend)?;
-        let mut model = Model { config, weights, kv, recurrent, layers: Vec::new() };
+        let mut model = Model { config, weights, kv, recurrent, layers: Vec::new(), kv_pad: opts.kv_pad.max(1) };
         for il in 0..n_main {
             let lc = match model.config.layer_kind(il) {
                 LayerKind::FullAttention => LayerCache::Attn {
@@ -323,7 +331,7 @@ impl Model {
         positions.resize(4 * n, 0);
         let step: Vec<(SeqId, Range<usize>)> = group.iter().map(|g| (g.0, g.2.clone())).collect();
         let write_cells = self.kv.write_cells(&step)?;
-        let n_kv = self.kv.max_len(&ids)?;
+        let n_kv = self.kv.padded_n_kv(&ids, self.kv_pad)?;
         let block_table = self.kv.block_table(&ids, n_kv)?;
         let mask = self.kv.causal_mask(&step, n_kv, n_t)?;
         let slots = self.recurrent.slots(&ids)?;

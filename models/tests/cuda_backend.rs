@@ -101,6 +101,28 @@ fn f32_models_match_the_cpu_and_greedy_streams_are_identical() {
 }
 
 #[test]
+fn with_a_padded_kv_length_decode_steps_replay_one_graph() {
+    let Some(mut cuda) = gpu(true) else { return };
+    let f = file("tiny-moe", DType::F32);
+    let prompt = tokens(20, 6);
+    let mut cpu = CpuBackend::new();
+    let mut mc = Model::load(&f, &mut cpu, opts()).unwrap();
+    let (_, want) = prompt_and_greedy(&mut mc, &mut cpu, &prompt, 40);
+    let padded = ModelOptions { kv_pad: 64, ..opts() };
+    let mut mg = Model::load(&f, &mut cuda, padded).unwrap();
+    let before = cuda.stats().graphs;
+    let (_, got) = prompt_and_greedy(&mut mg, &mut cuda, &prompt, 40);
+    mg.free(&mut cuda);
+    let st = cuda.stats().graphs;
+    let (replays, captures, updates) =
+        (st.replays - before.replays, st.captures - before.captures, st.updates - before.updates);
+    eprintln!("40 greedy steps with n_kv padded to 64: {replays} replays, {updates} updates, {captures} captures");
+    assert_eq!(got, want, "padding the kv length must not change the tokens");
+    // Positions 20..59 fall into two 64-wide shapes at most (prefill and decode share none).
+    assert!(replays >= 35, "decode steps should replay their graph: {st:?}");
+}
+
+#[test]
 fn quantized_models_stay_close_to_the_cpu() {
     let Some(mut cuda) = gpu(true) else { return };
     for preset in ["tiny", "tiny-moe"] {
