@@ -225,13 +225,11 @@ fn qwen(out: &mut Vec<Case>) {
 
 /// Model-sized runs (for the perf catalogue, `cases/perf.rs`): 27B decode of 128 sequences (the
 /// state of the 128 slots is 400 MB) and a 2048-token prefill of one sequence, chunked (serial
-/// over 512 tokens for comparison; chunked over 512 and 8192 tokens for scaling).
+/// over 512 tokens for comparison).
 pub(super) fn perf_cases() -> Vec<Case> {
     vec![
         Gdn::new(128, 16, 48, 1, 128).slots(128).case(),
         Gdn::new(128, 16, 48, 2048, 1).slots(1).algo(chunk(64)).case(),
         Gdn::new(128, 16, 48, 512, 1).slots(1).case(),
-        Gdn::new(128, 16, 48, 512, 1).slots(1).algo(chunk(64)).case(),
-        Gdn::new(128, 16, 48, 8192, 1).slots(1).algo(chunk(64)).case(),
     ]
 }
