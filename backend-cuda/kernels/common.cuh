@@ -217,3 +217,31 @@ __device__ __forceinline__ void report_error(ErrorRecord* rec, u32 code, u32 wha
 #define WHAT_EXPERT_ID 3u
 #define WHAT_KV_CELL 4u
 #define WHAT_DEST_ROW 5u
+
+// Slots must be in range and distinct; the first bad one in sequence order is reported, as
+// `tessera_ops::checked_slots` does. Call with one whole block; sequence s is bad when its slot is
+// out of range or an earlier sequence names the same slot. Kernels that write state run after it
+// on the stream and return early when the error record is set.
+__device__ void check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32 op) {
+    __shared__ long long first_bad;
+    if (threadIdx.x == 0) first_bad = 0x7fffffffffffffffLL;
+    __syncthreads();
+    i64 n = slots.ne[0];
+    for (i64 s = threadIdx.x; s < n; s += blockDim.x) {
+        i64 v = *(const int*)(slots.data + s * slots.nb[0]);
+        bool bad = v < 0 || v >= n_slots;
+        for (i64 e = 0; e < s && !bad; e++) bad = *(const int*)(slots.data + e * slots.nb[0]) == v;
+        if (bad) atomicMin(&first_bad, (long long)s);
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 || first_bad >= n) return;
+    i64 s = first_bad;
+    i64 v = *(const int*)(slots.data + s * slots.nb[0]);
+    if (v < 0 || v >= n_slots) {
+        report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_STATE_SLOT, op, v, n_slots, 0, 0);
+        return;
+    }
+    i64 e = 0;
+    while (*(const int*)(slots.data + e * slots.nb[0]) != v) e++;
+    report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
+}

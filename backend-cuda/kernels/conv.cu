@@ -77,32 +77,9 @@ extern "C" __global__ void ssm_conv_direct(Tensor out, Tensor sx, int sdt, Tenso
     }
 }
 
-// Slots must be in range and distinct; the first bad one in sequence order is reported, as
-// `tessera_ops::checked_slots` does. One block; sequence s is bad when its slot is out of range or
-// an earlier sequence names the same slot.
-extern "C" __global__ void conv_check_slots(Tensor slots, i64 n_slots, u64 err, u32 op) {
-    __shared__ long long first_bad;
-    if (threadIdx.x == 0) first_bad = 0x7fffffffffffffffLL;
-    __syncthreads();
-    i64 n = slots.ne[0];
-    for (i64 s = threadIdx.x; s < n; s += blockDim.x) {
-        i64 v = *(const int*)(slots.data + s * slots.nb[0]);
-        bool bad = v < 0 || v >= n_slots;
-        for (i64 e = 0; e < s && !bad; e++) bad = *(const int*)(slots.data + e * slots.nb[0]) == v;
-        if (bad) atomicMin(&first_bad, (long long)s);
-    }
-    __syncthreads();
-    if (threadIdx.x != 0 || first_bad >= n) return;
-    i64 s = first_bad;
-    i64 v = *(const int*)(slots.data + s * slots.nb[0]);
-    if (v < 0 || v >= n_slots) {
-        report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_STATE_SLOT, op, v, n_slots, 0, 0);
-        return;
-    }
-    i64 e = 0;
-    while (*(const int*)(slots.data + e * slots.nb[0]) != v) e++;
-    report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
-}
+// The state-slot check of `check_state_slots` (common.cuh), run as one block before any state is
+// written.
+extern "C" __global__ void conv_check_slots(Tensor slots, i64 n_slots, u64 err, u32 op) { check_state_slots(slots, n_slots, err, op); }
 
 // Sample j of channel c's window for sequence s: the slot's state for j < keep, then x.
 __device__ __forceinline__ float window_at(const Tensor& x, int xdt, const char* st, i64 st_nb0, i64 keep, i64 c,
