@@ -10,6 +10,8 @@
 //   long f16 / bf16 rows), one block per weight row, units loaded straight from global memory,
 //   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
 //   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
+// - `quant_x32` + `gemv_q8w` / `gemv_f4w`: the 1-token GEMV for q8_0 / nvfp4 rows of whole
+//   16-byte words, a thread per word with its activations in registers (see the end).
 // - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
 //   remainder) for the cuBLAS path of quantized weights with many tokens.
 // - `moe_group` groups the (slot, token) pairs of mul_mat_id by expert on the device (counts,
@@ -667,4 +669,196 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
     gf_row<1>(as.data + m * as.nb[1] + id * as.nb[2], adt, nu, lane, 32, xt, st, acc);
     const float v = warp_sum(acc[0]);
     if (lane == 0) *(float*)(out.data + offset_of(out, m, u, t, 0)) = v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// q8_0 decode GEMV over whole 16-byte words (1 token, one weight matrix, rows of k % 256 == 0
+// values, so 34-byte blocks fill whole 16-byte words, and at most GW_MAX_THREADS words a row).
+//
+// Thread t of a block owns word t of every weight row; as all rows share one layout, the
+// activations of the word's bytes are built once per block, in registers, byte-aligned with the
+// word: int16 values (`quant_x32`, one scale per 32 values) split into int8 hi / lo quads, zero at
+// the scale bytes, apart for block A (the one the word starts in) and B (the next). A step takes
+// GW_R rows: one 16-byte load per row (a warp reads 512 contiguous bytes) plus the two blocks' f16
+// scales, 16 dp4a per row, one block reduction for the GW_R sums; the next step's loads are
+// issued before this step's arithmetic and reduction.
+
+#define GW_R 4
+#define GW_MAX_THREADS 512
+
+__device__ __forceinline__ uint4 ldg_nc_v4(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// Activation row r of b (k values) as int16 at xq + r * k and one f32 scale per 32 values at
+// xs + r * k / 32 (|x - d x_q| <= amax / 65278). One thread per 32 values.
+extern "C" __global__ void quant_x32(Tensor b, short* xq, float* xs) {
+    const i64 k = b.ne[0], nbk = k / 32, total = nbk * (nelements(b) / k);
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        const i64 r = i / nbk, j = i % nbk;
+        i64 i1, i2, i3;
+        row_coords(b, r, i1, i2, i3);
+        const char* src = b.data + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3] + 32 * j * b.nb[0];
+        float v[32], amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            v[e] = *(const float*)(src + e * b.nb[0]);
+            amax = fmaxf(amax, fabsf(v[e]));
+        }
+        const float id = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+        u32 q[16];
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            const int q0 = (int)fminf(fmaxf(rintf(v[2 * e] * id), -XQ_MAX), XQ_MAX);
+            const int q1 = (int)fminf(fmaxf(rintf(v[2 * e + 1] * id), -XQ_MAX), XQ_MAX);
+            q[e] = ((u32)q0 & 0xffffu) | ((u32)q1 << 16);
+        }
+        uint4* dst = (uint4*)(xq + r * k + 32 * j);
+#pragma unroll
+        for (int e = 0; e < 4; e++) dst[e] = make_uint4(q[4 * e], q[4 * e + 1], q[4 * e + 2], q[4 * e + 3]);
+        xs[r * nbk + j] = amax / XQ_MAX;
+    }
+}
+
+// One step's weights: word `w` of rows m0 .. m0 + GW_R - 1 (clamped to the last row) and the
+// scales of its blocks A (at byte oa) and B (`bsz` bytes on): q8_0's f16, nvfp4's scale word.
+struct GwRaw {
+    uint4 v[GW_R];
+    u32 da[GW_R], db[GW_R];
+};
+
+__device__ __forceinline__ void gw_load(GwRaw& raw, const Tensor& a, i64 m0, int w, int oa, bool live, bool has_b, int bsz) {
+#pragma unroll
+    for (int r = 0; r < GW_R; r++) {
+        const char* rp = a.data + min(m0 + r, a.ne[1] - 1) * a.nb[1];
+        raw.v[r] = live ? ldg_nc_v4(rp + 16 * w) : make_uint4(0u, 0u, 0u, 0u);
+        if (bsz == Q8_0_BYTES) {
+            raw.da[r] = live ? *(const u16*)(rp + oa) : 0u;
+            raw.db[r] = has_b ? *(const u16*)(rp + oa + bsz) : 0u;
+        } else {
+            raw.da[r] = live ? *(const u32*)(rp + oa) : 0u;
+            raw.db[r] = has_b ? *(const u32*)(rp + oa + bsz) : 0u;
+        }
+    }
+}
+
+__device__ __forceinline__ int dp4a_x4(uint4 v, const u32* x) {
+    return dp4a((int)v.w, (int)x[3], dp4a((int)v.z, (int)x[2], dp4a((int)v.y, (int)x[1], dp4a((int)v.x, (int)x[0], 0))));
+}
+
+// out[m] = a row m . x for a: [k, M] q8_0 (rows 16-byte aligned, k % 256 == 0, k / 32 * 34 / 16
+// <= blockDim.x words) and one activation row x (`quant_x32`: xq, xs). Grid-stride over GW_R
+// rows a step.
+extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_q8w(Tensor a, const short* xq, const float* xs, Tensor out) {
+    __shared__ float red[GW_MAX_THREADS / 32][GW_R];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const i64 rows = a.ne[1];
+    const int nblk = (int)(a.ne[0] / QK8_0), words = nblk * Q8_0_BYTES / 16;
+    const int w = tid, ba = 16 * w / Q8_0_BYTES, oa = ba * Q8_0_BYTES;
+    const bool live = w < words, has_b = live && ba + 1 < nblk && 16 * w + 15 >= oa + Q8_0_BYTES + 2;
+    const float sa = live ? xs[ba] : 0.0f, sb = has_b ? xs[ba + 1] : 0.0f;
+    u32 ha[4], la[4], hb[4], lb[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) ha[c] = la[c] = hb[c] = lb[c] = 0u;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int o = 16 * w + i, bi = o / Q8_0_BYTES, p = o - bi * Q8_0_BYTES;
+        const int q = live && p >= 2 ? (int)xq[bi * QK8_0 + p - 2] : 0;
+        const int h = (q + 128) >> 8, l = q - 256 * h;
+        const u32 hv = (u32)(h & 0xff) << (8 * (i & 3)), lv = (u32)(l & 0xff) << (8 * (i & 3));
+        if (bi == ba) {
+            ha[i >> 2] |= hv;
+            la[i >> 2] |= lv;
+        } else {
+            hb[i >> 2] |= hv;
+            lb[i >> 2] |= lv;
+        }
+    }
+    const i64 stride = (i64)gridDim.x * GW_R;
+    i64 m0 = (i64)blockIdx.x * GW_R;
+    GwRaw next;
+    if (m0 < rows) gw_load(next, a, m0, w, oa, live, has_b, Q8_0_BYTES);
+    for (; m0 < rows; m0 += stride) {
+        const GwRaw cur = next;
+        if (m0 + stride < rows) gw_load(next, a, m0 + stride, w, oa, live, has_b, Q8_0_BYTES);
+#pragma unroll
+        for (int r = 0; r < GW_R; r++) {
+            const float va = (float)(dp4a_x4(cur.v[r], ha) * 256 + dp4a_x4(cur.v[r], la)) * (f16_to_f32((u16)cur.da[r]) * sa);
+            const float vb = (float)(dp4a_x4(cur.v[r], hb) * 256 + dp4a_x4(cur.v[r], lb)) * (f16_to_f32((u16)cur.db[r]) * sb);
+            const float v = warp_sum(va + vb);
+            if (lane == 0) red[warp][r] = v;
+        }
+        __syncthreads();
+        if (tid < GW_R && m0 + tid < rows) {
+            float v = 0.0f;
+            for (int i = 0; i < (int)(blockDim.x >> 5); i++) v += red[i][tid];
+            *(float*)(out.data + offset_of(out, m0 + tid, 0, 0, 0)) = v;
+        }
+        __syncthreads();
+    }
+}
+
+// `gemv_q8w` for nvfp4 rows (k % 256 == 0: 36-byte blocks fill whole words). Every 4-byte piece
+// of a word lies in one block's scale word (zero activations) or in one half of a 16-value
+// sub-block s: its low nibbles are values 16 s + 4 h + 0..3, its high nibbles 16 s + 8 + 4 h +
+// 0..3. Per piece: int8 hi / lo activation quads for both nibble sets, the activation scale and
+// which scale byte (block A's or B's scale word, byte s) applies.
+extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f4w(Tensor a, const short* xq, const float* xs, Tensor out) {
+    __shared__ float red[GW_MAX_THREADS / 32][GW_R];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const i64 rows = a.ne[1];
+    const int nblk = (int)(a.ne[0] / QK_NVFP4), words = nblk * NVFP4_BYTES / 16;
+    const int w = tid, ba = 16 * w / NVFP4_BYTES, oa = ba * NVFP4_BYTES;
+    const bool live = w < words, has_b = live && ba + 1 < nblk && 16 * w + 15 >= oa + NVFP4_BYTES + 4;
+    u32 hl[4], ll[4], hh[4], lh[4], sel[4];
+    float sx[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int o = 16 * w + 4 * c, bi = o / NVFP4_BYTES, p = o - bi * NVFP4_BYTES;
+        const bool quants = live && p >= 4;
+        const int s = quants ? (p - 4) >> 3 : 0, e0 = 64 * bi + 16 * s + 4 * (((p - 4) >> 2) & 1);
+        hl[c] = ll[c] = hh[c] = lh[c] = 0u;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int ql = quants ? (int)xq[e0 + e] : 0, qh = quants ? (int)xq[e0 + 8 + e] : 0;
+            const int h0 = (ql + 128) >> 8, l0 = ql - 256 * h0, h1 = (qh + 128) >> 8, l1 = qh - 256 * h1;
+            hl[c] |= (u32)(h0 & 0xff) << (8 * e);
+            ll[c] |= (u32)(l0 & 0xff) << (8 * e);
+            hh[c] |= (u32)(h1 & 0xff) << (8 * e);
+            lh[c] |= (u32)(l1 & 0xff) << (8 * e);
+        }
+        sx[c] = quants ? 0.5f * xs[2 * bi + (s >> 1)] : 0.0f;
+        sel[c] = (bi == ba ? 0u : 4u) + (u32)s;
+    }
+    const i64 stride = (i64)gridDim.x * GW_R;
+    i64 m0 = (i64)blockIdx.x * GW_R;
+    GwRaw next;
+    if (m0 < rows) gw_load(next, a, m0, w, oa, live, has_b, NVFP4_BYTES);
+    for (; m0 < rows; m0 += stride) {
+        const GwRaw cur = next;
+        if (m0 + stride < rows) gw_load(next, a, m0 + stride, w, oa, live, has_b, NVFP4_BYTES);
+#pragma unroll
+        for (int r = 0; r < GW_R; r++) {
+            const u32 q[4] = {cur.v[r].x, cur.v[r].y, cur.v[r].z, cur.v[r].w};
+            float v = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int2 t = e2m1x8_i8(q[c]);
+                const int ih = dp4a(t.y, (int)hh[c], dp4a(t.x, (int)hl[c], 0));
+                const int il = dp4a(t.y, (int)lh[c], dp4a(t.x, (int)ll[c], 0));
+                v += (float)(ih * 256 + il) * (ue4m3_fast(__byte_perm(cur.da[r], cur.db[r], sel[c])) * sx[c]);
+            }
+            v = warp_sum(v);
+            if (lane == 0) red[warp][r] = v;
+        }
+        __syncthreads();
+        if (tid < GW_R && m0 + tid < rows) {
+            float v = 0.0f;
+            for (int i = 0; i < (int)(blockDim.x >> 5); i++) v += red[i][tid];
+            *(float*)(out.data + offset_of(out, m0 + tid, 0, 0, 0)) = v;
+        }
+        __syncthreads();
+    }
 }
