@@ -11,7 +11,9 @@
 //   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
 //   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
 // - `quant_x32` + `gemv_q8w` / `gemv_f4w`: the 1-token GEMV for q8_0 / nvfp4 rows of whole
-//   16-byte words, a thread per word with its activations in registers (see the end).
+//   16-byte words, a thread per word with its activations in registers; `pack_b` +
+//   `gemv_f16w` / `gemv_bf16w[_long]`: the same for f16 / bf16 rows, 2 or 5 words a thread
+//   (see the end).
 // - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
 //   remainder) for the cuBLAS path of quantized weights with many tokens.
 // - `moe_group` groups the (slot, token) pairs of mul_mat_id by expert on the device (counts,
@@ -861,4 +863,92 @@ extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f4w(Tensor a, 
         }
         __syncthreads();
     }
+}
+
+// `gemv_q8w` for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole
+// words of 8 values, at most WORDS words a thread): thread t owns words t + blockDim.x j of every
+// row and their 8 f32 activations (packed by `pack_b`) in registers; a step takes R rows, the
+// next step's loads issued before this step's arithmetic and reduction. `gemv_*w`: 2 words a
+// thread, GW_R rows a step, up to GW_MAX_THREADS threads; `gemv_*w_long`: 5 words, 2 rows, up to
+// GH_LONG_THREADS threads (the register budget of 40 activations and 2 x 10 words in flight).
+#define GH_LONG_THREADS 448
+
+// w's 8 halves (type DT) . x[0..7].
+template <int DT>
+__device__ __forceinline__ float dot_half8(uint4 w, const float* x) {
+    const u32 q[4] = {w.x, w.y, w.z, w.w};
+    float v = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const float lo = DT == DT_F16 ? f16_to_f32((u16)(q[c] & 0xffff)) : __uint_as_float(q[c] << 16);
+        const float hi = DT == DT_F16 ? f16_to_f32((u16)(q[c] >> 16)) : __uint_as_float(q[c] & 0xffff0000u);
+        v = fmaf(lo, x[2 * c], fmaf(hi, x[2 * c + 1], v));
+    }
+    return v;
+}
+
+template <int DT, int WORDS, int R>
+__device__ __forceinline__ void gemv_half_words(Tensor a, const float* x, Tensor out) {
+    __shared__ float red[GW_MAX_THREADS / 32][R];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = (int)blockDim.x;
+    const i64 rows = a.ne[1];
+    const int words = (int)(a.ne[0] / 8);
+    float xr[WORDS][8];
+    bool live[WORDS];
+#pragma unroll
+    for (int j = 0; j < WORDS; j++) {
+        const int w = tid + nt * j;
+        live[j] = w < words;
+#pragma unroll
+        for (int e = 0; e < 8; e++) xr[j][e] = live[j] ? x[8 * w + e] : 0.0f;
+    }
+    const i64 stride = (i64)gridDim.x * R;
+    i64 m0 = (i64)blockIdx.x * R;
+    uint4 next[R][WORDS];
+    auto load = [&](i64 m) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const char* rp = a.data + min(m + r, rows - 1) * a.nb[1];
+#pragma unroll
+            for (int j = 0; j < WORDS; j++) next[r][j] = live[j] ? ldg_nc_v4(rp + 16 * (tid + nt * j)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    if (m0 < rows) load(m0);
+    for (; m0 < rows; m0 += stride) {
+        uint4 cur[R][WORDS];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int j = 0; j < WORDS; j++) cur[r][j] = next[r][j];
+        }
+        if (m0 + stride < rows) load(m0 + stride);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < WORDS; j++) v += dot_half8<DT>(cur[r][j], xr[j]);
+            v = warp_sum(v);
+            if (lane == 0) red[warp][r] = v;
+        }
+        __syncthreads();
+        if (tid < R && m0 + tid < rows) {
+            float v = 0.0f;
+            for (int i = 0; i < nt >> 5; i++) v += red[i][tid];
+            *(float*)(out.data + offset_of(out, m0 + tid, 0, 0, 0)) = v;
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f16w(Tensor a, const float* x, Tensor out) {
+    gemv_half_words<DT_F16, 2, GW_R>(a, x, out);
+}
+extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_bf16w(Tensor a, const float* x, Tensor out) {
+    gemv_half_words<DT_BF16, 2, GW_R>(a, x, out);
+}
+extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_f16w_long(Tensor a, const float* x, Tensor out) {
+    gemv_half_words<DT_F16, 5, 2>(a, x, out);
+}
+extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_bf16w_long(Tensor a, const float* x, Tensor out) {
+    gemv_half_words<DT_BF16, 5, 2>(a, x, out);
 }

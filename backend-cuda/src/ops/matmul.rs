@@ -11,7 +11,10 @@
 //!   whole 16-byte words takes `gemv_q8w` / `gemv_f4w` (after `quant_x32`): a thread per word
 //!   of the row, its activations built once in registers, GW_R rows a step (measured on an H200
 //!   at 17408 x 5120, 1 token: q8_0 60.4 -> 34.0 us, 37% -> 66% of copy bandwidth; nvfp4 59.9 ->
-//!   47.2 us, 20% -> 25%).
+//!   47.2 us, 20% -> 25%). One token against one f16 / bf16 matrix of 16-byte words takes
+//!   `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a thread
+//!   (H200, 1 token, bf16: 17408 x 5120 58.2 -> 46.6 us, 73% -> 91%; 5120 x 17408 54.2 ->
+//!   47.4 us, 78% -> 90%; 6144 x 2048 42% -> 73%).
 //! - **GEMM** (`n > GEMV_MAX_N`): cuBLAS. f32 weights go through `sgemm` in place; f16 / bf16
 //!   weights through `gemm_ex` in place with the activations converted to the weights' type;
 //!   q8_0 / nvfp4 weights are dequantized in row chunks to bf16 (nvfp4 values are exact in bf16;
@@ -49,6 +52,16 @@ const GEMV_FAST: [Kernel; 4] = [
 const QUANT_X32: Kernel = Kernel::new(Module::Matmul, "quant_x32");
 const GEMV_Q8W: Kernel = Kernel::new(Module::Matmul, "gemv_q8w");
 const GEMV_F4W: Kernel = Kernel::new(Module::Matmul, "gemv_f4w");
+const GEMV_F16W: Kernel = Kernel::new(Module::Matmul, "gemv_f16w");
+const GEMV_BF16W: Kernel = Kernel::new(Module::Matmul, "gemv_bf16w");
+const GEMV_F16W_LONG: Kernel = Kernel::new(Module::Matmul, "gemv_f16w_long");
+const GEMV_BF16W_LONG: Kernel = Kernel::new(Module::Matmul, "gemv_bf16w_long");
+/// 16-byte words of a weight row per `gemv_f16w` / `gemv_bf16w` thread (matmul.cu).
+const GH_WORDS: u64 = 2;
+/// Words per thread and most threads of `gemv_f16w_long` / `gemv_bf16w_long`: 5 and
+/// `GH_LONG_THREADS` in matmul.cu.
+const GH_LONG_WORDS: u64 = 5;
+const GH_LONG_THREADS: u64 = 448;
 /// Most threads (16-byte words of a weight row) of a `gemv_q8w` / `gemv_f4w` block: `GW_MAX_THREADS` in
 /// matmul.cu.
 const GW_MAX_THREADS: u64 = 512;
@@ -184,8 +197,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
     }
-    if let Some(threads) = word_gemv_threads(&a, d, &b) {
-        return gemv_words(cx, a, d, b, out, threads);
+    if let Some(kernel) = word_gemv(&a, d, &b) {
+        return gemv_words(cx, a, d, b, out, kernel);
     }
     if fast_gemv_fits(&a, d) {
         return gemv_fast(cx, a, d, b, out);
@@ -219,7 +232,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
 /// f16 / bf16 read in 16-byte pieces (`rows_vectorizable`) when rows are few and long. Measured
 /// on an H200 at 1 token, % of copy bandwidth, `gemv_N` -> `gemv_fast_N`: q8_0 17408 x 5120
 /// 32 -> 37, 5120 x 17408 29 -> 47; nvfp4 18 -> 20, 17 -> 30; bf16 5120 x 17408 66 -> 77, but
-/// bf16 17408 x 5120 73 -> 70 and 6144 x 2048 42 -> 33, so many rows stay on `gemv_N`.
+/// bf16 17408 x 5120 73 -> 70 and 6144 x 2048 42 -> 33, so many rows stay on `gemv_N`
+/// (one token against one f16 / bf16 matrix takes `word_gemv` before this).
 fn fast_gemv_fits(a: &TensorArg, d: DType) -> bool {
     let rows = a.ne[1] * a.ne[2] * a.ne[3];
     fast_rows(a, d) && (d.is_quantized() || (rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K))
@@ -277,51 +291,76 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     Ok(())
 }
 
-/// Threads of `gemv_q8w` / `gemv_f4w` (one per 16-byte word of a weight row, rounded up to whole
-/// warps), when it takes the product: one token, one q8_0 / nvfp4 weight matrix whose rows are
-/// at most `GW_MAX_THREADS` whole 16-byte words (k % 256 == 0, 16-byte aligned). Longer rows stay
-/// on `gemv_fast_1`: several words a thread ran q8_0 5120 x 17408 at 31% of copy bandwidth
-/// (H200), against 48% there.
-fn word_gemv_threads(a: &TensorArg, d: DType, b: &TensorArg) -> Option<u32> {
+/// The word GEMV kernel and its threads, when one takes the product: one token, one weight
+/// matrix whose rows are 16-byte aligned whole words. `gemv_q8w` / `gemv_f4w`: q8_0 / nvfp4 with
+/// k % 256 == 0, a thread per word, at most `GW_MAX_THREADS` words (longer rows stay on
+/// `gemv_fast_1`: several words a thread ran q8_0 5120 x 17408 at 31% of copy bandwidth on an
+/// H200, against 48% there). `gemv_f16w` / `gemv_bf16w`: `GH_WORDS` words a thread, at most
+/// `GW_MAX_THREADS` threads; longer rows `gemv_f16w_long` / `gemv_bf16w_long` (`GH_LONG_WORDS`
+/// words, at most `GH_LONG_THREADS` threads). Threads are rounded up to whole warps.
+fn word_gemv(a: &TensorArg, d: DType, b: &TensorArg) -> Option<(Kernel, u32)> {
     let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
-    if !d.is_quantized() || !single || a.ne[0] % 256 != 0 || !rows_vectorizable(a, d) {
+    if !single || !rows_vectorizable(a, d) {
         return None;
     }
     let words = d.row_bytes(a.ne[0] as usize)? as u64 / 16;
-    (words <= GW_MAX_THREADS).then(|| words.next_multiple_of(32) as u32)
+    let (kernel, threads) = match d {
+        DType::Q8_0 | DType::NvFp4 if a.ne[0] % 256 == 0 && words <= GW_MAX_THREADS => {
+            (if d == DType::Q8_0 { GEMV_Q8W } else { GEMV_F4W }, words)
+        }
+        DType::F16 | DType::BF16 if words.div_ceil(GH_WORDS) <= GW_MAX_THREADS => {
+            (if d == DType::F16 { GEMV_F16W } else { GEMV_BF16W }, words.div_ceil(GH_WORDS))
+        }
+        DType::F16 | DType::BF16 if words.div_ceil(GH_LONG_WORDS).next_multiple_of(32) <= GH_LONG_THREADS => {
+            (if d == DType::F16 { GEMV_F16W_LONG } else { GEMV_BF16W_LONG }, words.div_ceil(GH_LONG_WORDS))
+        }
+        _ => return None,
+    };
+    Some((kernel, threads.next_multiple_of(32) as u32))
 }
 
-/// The q8_0 / nvfp4 decode GEMV `gemv_q8w` / `gemv_f4w` after `quant_x32`, on a grid of the
-/// blocks that fit the GPU at once.
+/// The decode GEMV over whole words: `gemv_q8w` / `gemv_f4w` after `quant_x32`, or `gemv_f16w`
+/// / `gemv_bf16w` after `pack_b`, on a grid of the blocks that fit the GPU at once.
 fn gemv_words(
     cx: &mut Cx<'_>,
     a: TensorArg,
     d: DType,
     b: TensorArg,
     out: TensorArg,
-    threads: u32,
+    (kernel, threads): (Kernel, u32),
 ) -> Result<(), BackendError> {
     let (xq_bytes, _) = quant_x_bytes(b.nelements() as usize);
     let (xq, xs) = (cx.scratch, cx.scratch + xq_bytes as u64);
-    let f = cx.function(QUANT_X32)?;
-    let mut args = cx.stream.launch_builder(&f);
-    args.arg(&b).arg(&xq).arg(&xs);
-    // SAFETY: `quant_x32(b, xq, xs)` reads b inside its span (k a multiple of 256) and writes k
-    // int16 a row at xq and k / 32 f32 a row at xs (scratch_bytes: quant_x_bytes covers both).
-    let blocks = blocks_for(b.nelements() / 32, THREADS);
-    unsafe { args.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(QUANT_X32, e))?;
-    let kernel = if d == DType::Q8_0 { GEMV_Q8W } else { GEMV_F4W };
+    if d.is_quantized() {
+        let f = cx.function(QUANT_X32)?;
+        let mut args = cx.stream.launch_builder(&f);
+        args.arg(&b).arg(&xq).arg(&xs);
+        // SAFETY: `quant_x32(b, xq, xs)` reads b inside its span (k a multiple of 256) and writes
+        // k int16 a row at xq and k / 32 f32 a row at xs (scratch_bytes: quant_x_bytes covers
+        // both).
+        let blocks = blocks_for(b.nelements() / 32, THREADS);
+        unsafe { args.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(QUANT_X32, e))?;
+    } else {
+        pack_b(cx, b, cx.scratch, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
+    }
     let f = cx.function(kernel)?;
     let per_sm =
         f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None).map_err(|e| launch_error(kernel, e))?;
     let resident = per_sm.max(1) as u64 * cx.info.multiprocessors.max(1) as u64;
     let grid = ((a.ne[1] as u64).div_ceil(GW_R).min(resident).max(1) as u32, 1, 1);
     let mut args = cx.stream.launch_builder(&f);
-    args.arg(&a).arg(&xq).arg(&xs).arg(&out);
+    if d.is_quantized() {
+        args.arg(&a).arg(&xq).arg(&xs).arg(&out);
+    } else {
+        args.arg(&a).arg(&xq).arg(&out);
+    }
     // SAFETY: `gemv_q8w` / `gemv_f4w(a, xq, xs, out)`: a is one [k, M] q8_0 / nvfp4 matrix whose
     // rows are 16-byte aligned whole words, row_bytes / 16 <= threads <= GW_MAX_THREADS
-    // (`word_gemv_threads`); row reads are clamped to row M - 1; xq / xs hold one `quant_x32`
-    // row; out is [M, 1, 1, 1] f32.
+    // (`word_gemv`); xq / xs hold one `quant_x32` row. `gemv_f16w` / `gemv_bf16w[_long](a, x,
+    // out)`: a is one [k, M] f16 / bf16 matrix of 16-byte aligned rows of whole words,
+    // row_bytes / 16 <= words a thread * threads, threads <= the kernel's launch bound
+    // (`word_gemv`); x (= xq) holds one `pack_b` f32 row of k values. Row reads are clamped to
+    // row M - 1; out is [M, 1, 1, 1] f32.
     unsafe { args.launch(config(grid, (threads, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
