@@ -3,7 +3,8 @@
 # own tests, the models against the CPU, the demo, the perf catalogue, and end-to-end decode speed
 # on the tiny models and on a real-size synthetic qwen35moe (35B-A3B shapes, nvfp4 weights)
 # generated on the machine. Binaries come from a folder staged by the caller (default .gpu-lead):
-#   tessera-test-ops, tessera, device-tests, model-tests
+#   tessera-test-ops, tessera, device-tests, model-tests, and optionally cuda-unit-tests (the
+#   tessera-cuda lib tests: byte-exact quantize, data errors)
 # Logs go to $OUT (default /tmp/out); a short table is printed last.
 set -uo pipefail
 G=${1:-.gpu-lead}
@@ -21,6 +22,10 @@ timeout 240 "$G/tessera-test-ops" eval --backend cuda > "$OUT/eval.txt" 2>&1
 note "eval --backend cuda: rc=$? $(tail -1 "$OUT/eval.txt")"
 timeout 120 "$G/device-tests" --test-threads=1 > "$OUT/device.txt" 2>&1
 note "tessera-cuda device tests: rc=$? $(grep '^test result' "$OUT/device.txt")"
+if [ -x "$G/cuda-unit-tests" ]; then
+    timeout 120 "$G/cuda-unit-tests" --test-threads=1 > "$OUT/cuda-unit.txt" 2>&1
+    note "tessera-cuda unit tests: rc=$? $(grep '^test result' "$OUT/cuda-unit.txt")"
+fi
 timeout 180 "$G/model-tests" --test-threads=1 --nocapture > "$OUT/models.txt" 2>&1
 note "models/tests/cuda_backend: rc=$? $(grep '^test result' "$OUT/models.txt")"
 timeout 120 "$G/tessera" demo > "$OUT/demo.txt" 2>&1
