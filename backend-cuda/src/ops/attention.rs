@@ -13,7 +13,7 @@
 
 use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{DType, Op, TensorMeta};
+use tessera_ops::{DType, FlashAttnParams, Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::launch::{Cx, TensorArg, config, dt, launch_error, unsupported};
@@ -222,6 +222,27 @@ fn dec_kernel(
     (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
 }
 
+/// The optional operands of a flash_attn_ext task as every kernel takes them: the mask and the
+/// block table (an empty descriptor when absent), the mask's dtype code, and the table's
+/// descriptor for planning.
+struct Optional<'t> {
+    mask: TensorArg,
+    table: TensorArg,
+    mask_dt: i32,
+    table_meta: Option<&'t TensorMeta>,
+}
+
+fn optional_operands<'t>(p: &FlashAttnParams, task: &'t Task<'_>, ins: &[TensorArg]) -> Optional<'t> {
+    let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
+    let table_at = 3 + usize::from(p.mask);
+    Optional {
+        mask: if p.mask { ins[3] } else { none },
+        table: if p.paged { ins[table_at] } else { none },
+        mask_dt: dt(if p.mask { task.inputs[3].meta.dtype } else { DType::F32 }),
+        table_meta: p.paged.then(|| &task.inputs[table_at].meta),
+    }
+}
+
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let (kdt, vdt) = (task.inputs[1].meta.dtype, task.inputs[2].meta.dtype);
@@ -232,14 +253,10 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         return run_dec(cx, task, ins, out, kernel, shared);
     }
     let meta = |i: usize| &task.inputs[i].meta;
-    let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let mask = if p.mask { ins[3] } else { none };
-    let table = if p.paged { ins[3 + usize::from(p.mask)] } else { none };
-    let table_meta = p.paged.then(|| meta(3 + usize::from(p.mask)));
+    let Optional { mask, table, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
     let pl = plan(meta(0), meta(1), meta(2), table_meta);
     let (kdt, vdt) = (meta(1).dtype, meta(2).dtype);
-    let mdt = if p.mask { dt(meta(3).dtype) } else { dt(DType::F32) };
     let vec = kdt == vdt && q.ne[0] % 8 == 0 && v.ne[0] % 8 == 0 && rows_aligned(&k) && rows_aligned(&v);
     let kernel = match (vec, kdt) {
         (true, DType::F32) => PARTIAL_F32,
@@ -298,11 +315,8 @@ fn run_mma(
     shared: u32,
 ) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
-    let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let mask = if p.mask { ins[3] } else { none };
-    let table = if p.paged { ins[3 + usize::from(p.mask)] } else { none };
-    let mdt = if p.mask { dt(task.inputs[3].meta.dtype) } else { dt(DType::F32) };
+    let Optional { mask, table, mask_dt: mdt, .. } = optional_operands(p, task, ins);
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap) = (p.scale, p.softcap);
     let (err, opcode) = (cx.errors, crate::errors::op_code("flash_attn_ext"));
@@ -334,13 +348,9 @@ fn run_dec(
 ) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let meta = |i: usize| &task.inputs[i].meta;
-    let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let mask = if p.mask { ins[3] } else { none };
-    let table = if p.paged { ins[3 + usize::from(p.mask)] } else { none };
-    let table_meta = p.paged.then(|| meta(3 + usize::from(p.mask)));
+    let Optional { mask, table, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
     let pl = dec_plan(meta(0), meta(1), meta(2), table_meta);
-    let mdt = if p.mask { dt(meta(3).dtype) } else { dt(DType::F32) };
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap, split_len) = (p.scale, p.softcap, pl.split_len as i32);
     let (hb, tb, h_blocks, t_blocks) = (pl.hb as i32, pl.tb as i32, pl.h_blocks as i32, pl.t_blocks as i32);
