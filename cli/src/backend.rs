@@ -13,49 +13,43 @@ pub enum BackendChoice {
     Cuda,
 }
 
+/// An opened backend, with what a command prints about it and the model options it wants.
+pub struct Opened {
+    pub backend: Box<dyn Backend>,
+    /// One line naming the device (`cuda on NVIDIA H200 (...)`, `cpu (16 threads)`).
+    pub description: String,
+    /// The `ModelOptions::kv_pad` for this backend: 256 on a GPU, so decode steps keep one shape
+    /// for 256 tokens and their captured CUDA graph is replayed; exact (1) on the CPU, where the
+    /// masked padding would only cost time.
+    pub kv_pad: usize,
+}
+
 /// Opens the chosen backend. `auto` says on stderr why it fell back to the CPU.
-pub fn open(choice: BackendChoice) -> Result<Box<dyn Backend>, String> {
+pub fn open(choice: BackendChoice) -> Result<Opened, String> {
     match choice {
-        BackendChoice::Cpu => Ok(Box::new(CpuBackend::new())),
+        BackendChoice::Cpu => Ok(cpu()),
         BackendChoice::Cuda => cuda(),
         BackendChoice::Auto => cuda().or_else(|why| {
             eprintln!("note: running on the CPU: {why}");
-            Ok(Box::new(CpuBackend::new()))
+            Ok(cpu())
         }),
     }
 }
 
-/// One line describing the device of a backend opened by [`open`].
-pub fn describe(backend: &dyn Backend) -> String {
-    #[cfg(feature = "cuda")]
-    if backend.name() == "cuda"
-        && let Ok(info) = tessera_cuda::CudaBackend::probe()
-    {
-        return format!("cuda on {info}");
-    }
-    match backend.name() {
-        "cpu" => format!("cpu ({} threads)", rayon_threads()),
-        other => other.to_string(),
-    }
-}
-
-/// The `ModelOptions::kv_pad` for a backend: 256 on a GPU, so decode steps keep one shape for
-/// 256 tokens and their captured CUDA graph is replayed; exact (1) on the CPU, where the masked
-/// padding would only cost time.
-pub fn kv_pad(backend: &dyn Backend) -> usize {
-    if backend.name() == "cuda" { 256 } else { 1 }
-}
-
-fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+fn cpu() -> Opened {
+    let b = CpuBackend::new();
+    let description = format!("cpu ({} threads)", b.num_threads());
+    Opened { backend: Box::new(b), description, kv_pad: 1 }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda() -> Result<Box<dyn Backend>, String> {
-    tessera_cuda::CudaBackend::new().map(|b| Box::new(b) as Box<dyn Backend>).map_err(|e| e.to_string())
+fn cuda() -> Result<Opened, String> {
+    let b = tessera_cuda::CudaBackend::new().map_err(|e| e.to_string())?;
+    let description = format!("cuda on {}", b.info());
+    Ok(Opened { backend: Box::new(b), description, kv_pad: 256 })
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda() -> Result<Box<dyn Backend>, String> {
+fn cuda() -> Result<Opened, String> {
     Err("this build has no CUDA backend (build tessera-cli with the `cuda` feature)".into())
 }

@@ -55,20 +55,20 @@ pub fn run(choice: BackendChoice) -> Result<(), String> {
     let t0 = Instant::now();
     synthesize(&config, DType::F32, 1, &path.0, None).map_err(|e| e.to_string())?;
     let gguf = GgufFile::open(&path.0).map_err(|e| e.to_string())?;
-    let backend = backend::open(choice)?;
-    let on_cpu = backend.name() == "cpu";
-    println!("backend: {}", backend::describe(backend.as_ref()));
+    let opened = backend::open(choice)?;
+    let on_cpu = opened.backend.name() == "cpu";
+    println!("backend: {}", opened.description);
     println!("model: synthetic tiny-moe, f32 weights, seed 1, built in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
     let prompts: Vec<Vec<u32>> =
         PROMPT_LENS.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 1, config.n_vocab)).collect();
-    let mut main = BatchedRun::new(&gguf, backend, true)?;
+    let mut main = BatchedRun::new(&gguf, opened.backend, opened.kv_pad, true)?;
     main.run(&prompts, true)?;
     main.self_check_alone(&prompts)?;
     if on_cpu {
         println!("oracle check: skipped (the demo ran on the CPU oracle itself)");
         return Ok(());
     }
-    let mut oracle = BatchedRun::new(&gguf, Box::new(CpuBackend::new()), false)?;
+    let mut oracle = BatchedRun::new(&gguf, Box::new(CpuBackend::new()), 1, false)?;
     oracle.run(&prompts, false)?;
     let mut worst = 0f32;
     for (seq, tokens) in &main.tokens {
@@ -113,8 +113,8 @@ struct BatchedRun {
 }
 
 impl BatchedRun {
-    fn new(gguf: &GgufFile, mut backend: Box<dyn Backend>, verbose: bool) -> Result<BatchedRun, String> {
-        let opts = ModelOptions { kv_pad: backend::kv_pad(backend.as_ref()), ..ModelOptions::default() };
+    fn new(gguf: &GgufFile, mut backend: Box<dyn Backend>, kv_pad: usize, verbose: bool) -> Result<BatchedRun, String> {
+        let opts = ModelOptions { kv_pad, ..ModelOptions::default() };
         let model = Model::load(gguf, backend.as_mut(), opts).map_err(|e| e.to_string())?;
         if verbose {
             println!("model: {}", model.config);

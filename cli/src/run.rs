@@ -46,15 +46,14 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     // Caches sized for these requests: every sequence's lifetime at once.
     let lens: Vec<usize> = args.prompts.iter().map(|p| p.len() + args.n_new).collect();
     let max_context = lens.iter().copied().max().unwrap_or(1).next_multiple_of(BLOCK_SIZE);
-    let mut backend = backend::open(args.backend)?;
-    let device = backend::describe(backend.as_ref());
+    let backend::Opened { mut backend, description: device, kv_pad } = backend::open(args.backend)?;
     let opts = ModelOptions {
         kv_blocks: lens.iter().map(|l| l.div_ceil(BLOCK_SIZE)).sum(),
         block_size: BLOCK_SIZE,
         max_context,
         n_slots: args.prompts.len(),
         kv_dtype: args.kv_dtype,
-        kv_pad: backend::kv_pad(backend.as_ref()),
+        kv_pad,
         ..ModelOptions::default()
     };
     let model = Model::load(&gguf, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", file.display()))?;
