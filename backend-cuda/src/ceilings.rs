@@ -110,12 +110,9 @@ impl CudaBackend {
         }
         let [a, b, c] = [0, 1, 2].map(|i| self.block(ids[i]).map(|blk| blk.ptr));
         let (a, b, c) = (a.map_err(be)?, b.map_err(be)?, c.map_err(be)?);
-        let stream_for_pool = stream;
         let pool = &mut self.pool;
-        let handle = self.blas.handle(&self.dev.stream, || {
-            pool.alloc(crate::launch::BLAS_WORKSPACE, || unsafe { result::stream::synchronize(stream_for_pool) })
-                .map(|(p, _)| p)
-        })?;
+        let handle =
+            self.blas.handle(&self.dev.stream, || pool.alloc(crate::launch::BLAS_WORKSPACE).map(|(p, _)| p))?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let gemm_ms = events.median_ms(stream, 10, || {
             // SAFETY: a, b, c hold n*n bf16 each; alpha/beta are host f32 (the default pointer

@@ -106,10 +106,8 @@ impl CudaBackend {
     pub fn with_options(opts: CudaOptions) -> Result<CudaBackend, CudaError> {
         let dev = Device::open(opts.device)?;
         let kernels = compile::Kernels::new(dev.ctx.clone(), dev.info.arch(), dev.info.nvrtc_version);
-        let mut pool = Pool::new();
-        let stream = dev.stream.cu_stream();
-        let sync = || unsafe { result::stream::synchronize(stream) };
-        let (errors, _) = pool.alloc(std::mem::size_of::<ErrorRecord>(), sync)?;
+        let mut pool = Pool::new(dev.stream.cu_stream());
+        let (errors, _) = pool.alloc(std::mem::size_of::<ErrorRecord>())?;
         // SAFETY: a fresh block of at least size_of::<ErrorRecord>() bytes.
         unsafe { result::memset_d8_sync(errors, 0, std::mem::size_of::<ErrorRecord>()) }
             .map_err(CudaError::driver("zeroing the error record"))?;
@@ -199,12 +197,11 @@ impl CudaBackend {
         {
             return Ok(ptr);
         }
-        let stream = self.stream();
         if let Some((ptr, class)) = self.scratch.take() {
             self.pool.free(ptr, class);
         }
         self.graphs.clear();
-        let (ptr, class) = self.pool.alloc(bytes, || unsafe { result::stream::synchronize(stream) })?;
+        let (ptr, class) = self.pool.alloc(bytes)?;
         self.scratch = Some((ptr, class));
         Ok(ptr)
     }
@@ -253,8 +250,7 @@ impl Backend for CudaBackend {
 
     fn alloc(&mut self, bytes: usize) -> Result<BufferId, BackendError> {
         self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
-        let stream = self.stream();
-        let (ptr, class) = self.pool.alloc(bytes, || unsafe { result::stream::synchronize(stream) })?;
+        let (ptr, class) = self.pool.alloc(bytes)?;
         let block = Block { ptr, len: bytes, class };
         let id = match self.free_ids.pop() {
             Some(i) => {
@@ -367,9 +363,7 @@ impl Backend for CudaBackend {
         let scratch = self.ensure_scratch(scratch)?;
         let stream = self.stream();
         let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, .. } = self;
-        let mut alloc_workspace = || -> Result<u64, CudaError> {
-            pool.alloc(launch::BLAS_WORKSPACE, || unsafe { result::stream::synchronize(stream) }).map(|(p, _)| p)
-        };
+        let mut alloc_workspace = || -> Result<u64, CudaError> { pool.alloc(launch::BLAS_WORKSPACE).map(|(p, _)| p) };
         let mut record = || -> Result<Vec<&'static str>, BackendError> {
             let mut trace = Vec::new();
             let mut cx = Cx {

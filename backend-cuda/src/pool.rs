@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use cudarc::driver::{DriverError, result, sys};
+use cudarc::driver::{result, sys};
 
 use crate::CudaError;
 
@@ -50,21 +50,20 @@ pub fn size_class(bytes: usize) -> usize {
 }
 
 pub(crate) struct Pool {
+    /// The stream all work using the pool's blocks runs on (waited for before blocks go back
+    /// to the driver).
+    stream: sys::CUstream,
     free: BTreeMap<usize, Vec<sys::CUdeviceptr>>,
     pub stats: PoolStats,
 }
 
 impl Pool {
-    pub fn new() -> Pool {
-        Pool { free: BTreeMap::new(), stats: PoolStats::default() }
+    pub fn new(stream: sys::CUstream) -> Pool {
+        Pool { stream, free: BTreeMap::new(), stats: PoolStats::default() }
     }
 
     /// A block of at least `bytes` bytes; returns its address and class size.
-    pub fn alloc(
-        &mut self,
-        bytes: usize,
-        sync: impl Fn() -> Result<(), DriverError>,
-    ) -> Result<(sys::CUdeviceptr, usize), CudaError> {
+    pub fn alloc(&mut self, bytes: usize) -> Result<(sys::CUdeviceptr, usize), CudaError> {
         let class = size_class(bytes);
         self.stats.allocs += 1;
         if let Some(ptr) = self.free.get_mut(&class).and_then(Vec::pop) {
@@ -77,7 +76,7 @@ impl Pool {
         let ptr = match unsafe { result::malloc_sync(class) } {
             Ok(p) => p,
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                self.trim(&sync)?;
+                self.trim()?;
                 // SAFETY: as above.
                 unsafe { result::malloc_sync(class) }.map_err(|e| CudaError::OutOfMemory {
                     requested: bytes,
@@ -101,9 +100,11 @@ impl Pool {
         self.free.entry(class).or_default().push(ptr);
     }
 
-    /// Gives every cached block back to the driver (after `sync`, so no queued work uses them).
-    pub fn trim(&mut self, sync: impl Fn() -> Result<(), DriverError>) -> Result<(), CudaError> {
-        sync().map_err(|e| CudaError::Driver {
+    /// Gives every cached block back to the driver, after waiting for the stream so no queued
+    /// work uses them.
+    pub fn trim(&mut self) -> Result<(), CudaError> {
+        // SAFETY: the backend's stream, alive as long as the pool.
+        unsafe { result::stream::synchronize(self.stream) }.map_err(|e| CudaError::Driver {
             what: "synchronising before trimming the pool".into(),
             detail: e.to_string(),
         })?;
