@@ -245,3 +245,38 @@ __device__ void check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32
     while (*(const int*)(slots.data + e * slots.nb[0]) != v) e++;
     report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
 }
+
+// ---- Tensor-core building blocks (sm_80+ PTX): shared-memory addresses, cp.async, ldmatrix and
+// the f16 m16n8k16 mma with f32 accumulators.
+
+// The 32-bit shared-window address PTX's shared-memory instructions take.
+__device__ __forceinline__ u32 tc_smem(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// Asynchronous global -> shared copies of 16 or 4 bytes; `valid == false` zero-fills instead of
+// reading (the source is not touched).
+__device__ __forceinline__ void tc_cp16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(tc_smem(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void tc_cp4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(tc_smem(dst)), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// Four 8x8 b16 matrices: lanes 8i .. 8i + 7 give the row addresses of matrix i; register i of lane
+// l receives matrix i's row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1.
+__device__ __forceinline__ void tc_ldsm4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_smem(p)));
+}
+// c += a * b for one m16n8k16 tile, f16 operands (row-major A, column-major B), f32 accumulators.
+__device__ __forceinline__ void tc_mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}

@@ -28,6 +28,7 @@ pub enum Module {
     Rope,
     Quant,
     Matmul,
+    Mmq,
     Attention,
     Conv,
     DeltaNet,
@@ -35,13 +36,14 @@ pub enum Module {
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 9] = [
+    pub const ALL: [Module; 10] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
         Module::Rope,
         Module::Quant,
         Module::Matmul,
+        Module::Mmq,
         Module::Attention,
         Module::Conv,
         Module::DeltaNet,
@@ -56,6 +58,7 @@ impl Module {
             Module::Rope => "rope",
             Module::Quant => "quant",
             Module::Matmul => "matmul",
+            Module::Mmq => "mmq",
             Module::Attention => "attention",
             Module::Conv => "conv",
             Module::DeltaNet => "delta_net",
@@ -70,6 +73,7 @@ impl Module {
             Module::Rope => include_str!("../kernels/rope.cu"),
             Module::Quant => include_str!("../kernels/quant.cu"),
             Module::Matmul => include_str!("../kernels/matmul.cu"),
+            Module::Mmq => include_str!("../kernels/mmq.cu"),
             Module::Attention => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::DeltaNet => include_str!("../kernels/delta_net.cu"),
@@ -96,9 +100,11 @@ impl Kernel {
     }
 }
 
-/// NVRTC options for an architecture such as `sm_90`.
-pub fn options(arch: &str) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--device-as-default-execution-space".into()]
+/// NVRTC options for `module` on an architecture such as `sm_90`. `mmq` targets Hopper's
+/// architecture-specific features (`sm_90a`: `wgmma`) on sm_90; its CUBIN then runs on 9.0 only.
+pub fn options(module: Module, arch: &str) -> Vec<String> {
+    let target = if module == Module::Mmq && arch == "sm_90" { "sm_90a" } else { arch };
+    vec![format!("--gpu-architecture={target}"), "--std=c++17".into(), "--device-as-default-execution-space".into()]
 }
 
 /// Compiles `module` to a CUBIN for `arch` with NVRTC. Needs only libnvrtc, not a GPU (this is
@@ -108,7 +114,7 @@ pub fn compile(module: Module, arch: &str) -> Result<Vec<u8>, CudaError> {
     let src =
         CString::new(module.source()).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
     let name = CString::new(format!("{}.cu", module.name())).expect("module names have no NUL");
-    let opts = options(arch);
+    let opts = options(module, arch);
     let fail = |what: &str, r: nvrtc_sys::nvrtcResult| CudaError::Nvrtc(format!("{what} for {}: {r:?}", module.name()));
     let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid C strings that outlive the program; no headers are passed.
@@ -180,7 +186,7 @@ pub fn cache_dir() -> PathBuf {
 pub fn cache_key(module: Module, arch: &str, nvrtc: (i32, i32)) -> String {
     let mut h = Sha256::new();
     h.update(module.source().as_bytes());
-    for o in options(arch) {
+    for o in options(module, arch) {
         h.update(o.as_bytes());
         h.update([0]);
     }

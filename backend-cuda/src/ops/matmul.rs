@@ -30,6 +30,7 @@ use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, TensorMeta};
 
+use super::mmq;
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
 use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, sys_blas, unsupported};
@@ -153,8 +154,15 @@ fn blas_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
 
 /// Scratch of mul_mat_id: expert offsets, cursors and pair lists (i32), then packed activations.
 fn moe_scratch(w: &TensorMeta, b: &TensorMeta, ids: &TensorMeta) -> usize {
-    let (xq, xs) = quant_x_bytes(b.nelements());
-    align((2 * w.ne[2] + 1 + ids.nelements()) * 4) + packed_f32_bytes(b).max(xq + xs)
+    moe_packed_at(w.ne[2], ids.nelements(), b.nelements(), b.ne[0]) + mmq::packed_bytes(b)
+}
+
+/// Where mul_mat_id's scratch holds `mmq`'s packed activations: after the expert grouping and
+/// the f32 / `quant_x` activations (`n_b` values of `k` per row).
+fn moe_packed_at(n_expert: usize, n_pairs: usize, n_b: usize, k: usize) -> usize {
+    let (xq, xs) = quant_x_bytes(n_b);
+    let f32_rows = align(n_b / k.max(1) * packed_len(k) * 4);
+    align((2 * n_expert + 1 + n_pairs) * 4) + f32_rows.max(xq + xs)
 }
 
 /// Bytes of `quant_x`'s int16 activations (2 bytes a value) and their per-16-value f32 scales.
@@ -168,7 +176,7 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
         (Op::MulMat, Some(a), Some(b), _) => {
             let (xq, xs) = quant_x_bytes(b.nelements());
             let gemv = packed_f32_bytes(&b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
-            if (b.ne[1] as i64) > GEMV_MAX_N { gemv.max(blas_scratch(&a, &b)) } else { gemv }
+            if (b.ne[1] as i64) > GEMV_MAX_N { gemv.max(blas_scratch(&a, &b)).max(mmq::packed_bytes(&b)) } else { gemv }
         }
         (Op::MulMatId, Some(w), Some(b), Some(ids)) => moe_scratch(&w, &b, &ids),
         _ => 0,
@@ -194,6 +202,13 @@ fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
 
 fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     let n = b.ne[1];
+    let x = cx.scratch;
+    if n > GEMV_MAX_N
+        && mmq::weights_fit(&a, d)
+        && let Some(done) = mmq::mul_mat(cx, a, d, b, out, x)
+    {
+        return done;
+    }
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
     }
@@ -597,6 +612,13 @@ fn mul_mat_id(
     // packed rows and out[:, u, t] is inside out [m, n_used, T].
     unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMV, e))?;
 
+    if mmq::weights_fit(&w, d) {
+        let at = moe_packed_at(n_expert as usize, n_pairs as usize, b.nelements() as usize, b.ne[0] as usize);
+        let x = cx.scratch + at as u64;
+        if let Some(done) = mmq::mul_mat_id(cx, w, d, b, n_used, n_pairs, offsets, list, MOE_GEMV_MAX, out, x) {
+            return done;
+        }
+    }
     let f = cx.function(MOE_GEMM)?;
     let grid = ((w.ne[1] as u64).div_ceil(MT_M).min(i32::MAX as u64) as u32, grid.1, 1);
     let mut args = cx.stream.launch_builder(&f);

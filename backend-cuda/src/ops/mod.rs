@@ -7,6 +7,7 @@ mod data;
 mod delta_net;
 mod elementwise;
 mod matmul;
+mod mmq;
 mod quant;
 mod reduce;
 mod rope;
@@ -17,7 +18,8 @@ use tessera_ops::{Op, TensorMeta};
 use crate::compile::Module as Family;
 use crate::launch::{Cx, TensorArg, unsupported};
 
-/// The kernel module (`kernels/<family>.cu`) whose wrappers run `op`; `None` for views.
+/// The kernel module (`kernels/<family>.cu`) whose wrappers run `op`; `None` for views. (`mmq.cu`,
+/// the quantized tensor-core GEMM, serves mul_mat / mul_mat_id under `matmul.rs`.)
 fn family(op: &Op) -> Option<Family> {
     Some(match op {
         Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Family::Elementwise,
@@ -50,7 +52,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
         Some(Family::Reduce) => reduce::supports(op, inputs),
         Some(Family::Rope) => rope::supports(op, inputs),
         Some(Family::Quant) => quant::supports(op, inputs),
-        Some(Family::Matmul) => matmul::supports(op, inputs),
+        Some(Family::Matmul | Family::Mmq) => matmul::supports(op, inputs),
         Some(Family::Attention) => attention::supports(op, inputs),
         Some(Family::Conv) => conv::supports(op, inputs),
         Some(Family::DeltaNet) => delta_net::supports(op, inputs),
@@ -78,7 +80,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Some(Family::Reduce) => reduce::run(cx, task, ins, out),
         Some(Family::Rope) => rope::run(cx, task, ins, out),
         Some(Family::Quant) => quant::run(cx, task, ins, out),
-        Some(Family::Matmul) => matmul::run(cx, task, ins, out),
+        Some(Family::Matmul | Family::Mmq) => matmul::run(cx, task, ins, out),
         Some(Family::Attention) => attention::run(cx, task, ins, out),
         Some(Family::Conv) => conv::run(cx, task, ins, out),
         Some(Family::DeltaNet) => delta_net::run(cx, task, ins, out),

@@ -105,7 +105,8 @@ pub(super) fn cases(out: &mut Vec<Case>) {
 }
 
 /// q8_0 / nvfp4 weights: odd sizes, slices of the 2048- and 5120-wide projections at 1, 2, 5
-/// and 17 tokens (GEMV and GEMM paths), batch broadcast, windowed weights, strided activations.
+/// and 17 tokens (GEMV and GEMM paths), batch broadcast, windowed weights, strided activations,
+/// and products of 12 to 130 tokens with partial tiles.
 fn quantized(out: &mut Vec<Case>) {
     for type_a in QUANTS {
         for (m, n, k) in [(1, 1, 64), (7, 3, 64), (33, 7, 128), (19, 4, 192), (5, 9, 320)] {
@@ -119,7 +120,15 @@ fn quantized(out: &mut Vec<Case>) {
         out.push(MulMat::new(type_a, 16, 2, 128).batched([1, 2], [3, 2]).case());
         out.push(MulMat::new(type_a, 9, 6, 128).layouts(BLOCK_WINDOW, Layout::TRANSPOSED).case());
         out.push(MulMat::new(type_a, 9, 2, 128).layouts(BLOCK_WINDOW, Layout::WINDOW).case());
+        // Many tokens (a backend's tiled GEMM): partial tiles in both dimensions, one and three
+        // 64-value k-steps, batch broadcast, windowed weights with transposed activations.
+        out.push(MulMat::new(type_a, 200, 130, 192).case());
+        out.push(MulMat::new(type_a, 64, 20, 64).case());
+        out.push(MulMat::new(type_a, 16, 12, 128).batched([2, 1], [4, 1]).case());
+        out.push(MulMat::new(type_a, 40, 24, 128).layouts(BLOCK_WINDOW, Layout::TRANSPOSED).case());
     }
+    // q8_0 rows that are not whole 64-value steps.
+    out.push(MulMat::new(QUANTS[0], 33, 12, 96).case());
 }
 
 /// One mul_mat_id case: experts `[k, n, n_expert]` of `type_a`, activations `[k, n_b, n_tokens]`,
@@ -225,6 +234,12 @@ fn mul_mat_id(out: &mut Vec<Case>) {
         out.push(MulMatId::new(type_a, 16, 8, 8, 2048, 512, 3).case());
     }
     out.push(MulMatId::new(F16, 16, 8, 1, 512, 2048, 1).case());
+    // Prefill: tens of tokens per expert (a backend's grouped GEMM), more than 128 in one, and
+    // expert rows that are not a whole tile.
+    for type_a in QUANTS {
+        out.push(MulMatId::new(type_a, 4, 2, 1, 150, 128, 40).case());
+        out.push(MulMatId::new(type_a, 2, 2, 2, 64, 64, 150).case());
+    }
 }
 
 /// Attention-shaped products with grouped-query broadcast: `kq = k^T q` with q permuted from

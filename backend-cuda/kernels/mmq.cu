@@ -1,0 +1,430 @@
+// mmq.cu: mul_mat and mul_mat_id with q8_0 or nvfp4 weights for many tokens, on tensor cores
+// (f16 operands, f32 accumulators), dequantizing weight tiles in shared memory.
+//
+// Accuracy: weights are exact in f16 (q8_0 quants as integers, their f16 scale applied in f32 to
+// the partial sums of each 32-value block; nvfp4 values, E2M1 times a UE4M3 scale, at most 6
+// significant bits, with the scale folded in). Activations are rounded to f16 after scaling each
+// row by a power of two that brings its largest magnitude just under 2^15 (`mmq_pack_x`), so no
+// row overflows or loses its small values, and the output is scaled back exactly. f16 keeps 11
+// significant bits: a product's relative error is at most 2^-12, which puts a dot product's
+// normalized squared error near 2e-8, under the f32 bound (1e-7) of the CPU oracle.
+//
+// Tiles: a block computes 128 weight rows x 128 activation columns of one batch (or one expert's
+// columns), k in steps of 64. Each k-tile's raw weight bytes (4-byte cp.async) and packed
+// activations (16-byte cp.async) go through a ring of S shared-memory slots; the raw weights of
+// tile kt + 1 are decoded to an f16 tile while the tensor cores multiply tile kt, so one barrier
+// per k-tile orders everything. Shared tiles have 128-byte rows whose 16-byte chunks are
+// XOR-swizzled (chunk c of row r at c ^ (r % 8)): Hopper's 128-byte swizzle, which also keeps
+// ldmatrix and the decode stores free of bank conflicts.
+//
+// Two multiply paths over the same tiles: on sm_90a (Hopper) two warpgroups issue asynchronous
+// `wgmma` (64 x 128 x 16 each) straight from shared memory, and the decode of the next tile runs
+// while they work; elsewhere (sm_80, sm_100) 8 warps of 64 x 32 use `ldmatrix` and `mma.sync`.
+
+#define MQ_BM 128
+#define MQ_BN 128
+#define MQ_BK 64
+#define MQ_THREADS 256
+// Bytes of one row of a shared tile (64 f16: a k-tile) and of one tile; the packed activations
+// use the same 128-byte rows.
+#define MQ_ROW 128
+#define MQ_TILE (MQ_BM * MQ_ROW)
+
+// Raw weight bytes of one row's k-tile: two q8_0 blocks or one nvfp4 block.
+constexpr int mq_raw_bytes(int qt) { return qt == DT_Q8_0 ? 2 * Q8_0_BYTES : NVFP4_BYTES; }
+// One ring slot: the activation tile, then the raw weights (16 bytes of slack: q8_0 decoding reads
+// a whole word past a row's end), 1024-byte aligned.
+constexpr int mq_slot_bytes(int qt) { return (MQ_TILE + MQ_BM * mq_raw_bytes(qt) + 16 + 1023) & ~1023; }
+// The ring, two decoded weight tiles and two sets of q8_0 row scales, plus 1 KiB to align the
+// base to 1024 bytes (wgmma's swizzle is on address bits). TAG(mmq-smem): `shared_bytes` in
+// src/ops/mmq.rs.
+constexpr int mq_shared_bytes(int qt, int stages) {
+    return stages * mq_slot_bytes(qt) + 2 * MQ_TILE + 2 * MQ_BM * 2 * (int)sizeof(float) + 1024;
+}
+
+// Activations as mmq reads them, one warp per flat row r of b (f32, any strides): the row times
+// 2^(15 - e), where 2^e bounds its largest magnitude, as f16 in k-tiles of 64 at
+// x + (r * (k / 64) + kt) * MQ_ROW bytes, and xs[r] = 2^(e - 15) to undo it.
+extern "C" __global__ void mmq_pack_x(Tensor b, char* x, float* xs) {
+    const i64 k = b.ne[0], rows = nelements(b) / k;
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 r = blockIdx.x * (i64)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
+        i64 i1, i2, i3;
+        row_coords(b, r, i1, i2, i3);
+        const char* src = b.data + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
+        float amax = 0.0f;
+        for (i64 i = lane; i < k; i += 32) amax = fmaxf(amax, fabsf(*(const float*)(src + i * b.nb[0])));
+        amax = warp_max(amax);
+        int e = 0;
+        if (amax > 0.0f && amax <= 3.0e38f) frexpf(amax, &e);
+        e = max(e, -100);
+        const float scale = ldexpf(1.0f, 15 - e);
+        if (lane == 0) xs[r] = ldexpf(1.0f, e - 15);
+        for (i64 c = lane; c < k / 8; c += 32) {
+            u32 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float v0 = *(const float*)(src + (8 * c + 2 * j) * b.nb[0]) * scale;
+                const float v1 = *(const float*)(src + (8 * c + 2 * j + 1) * b.nb[0]) * scale;
+                h[j] = (u32)f32_to_f16(v0) | ((u32)f32_to_f16(v1) << 16);
+            }
+            *(uint4*)(x + (r * (k / MQ_BK) + c / 8) * MQ_ROW + (c % 8) * 16) = make_uint4(h[0], h[1], h[2], h[3]);
+        }
+    }
+}
+
+// Byte offset of 16-byte chunk c of row r in a swizzled shared tile.
+__device__ __forceinline__ int mq_swz(int r, int c) { return r * MQ_ROW + ((c ^ (r & 7)) << 4); }
+
+// Four int8 (one word) to four f16 (two words), exactly: each byte, offset to unsigned, becomes
+// the low mantissa byte of the f16 1024 + u; subtracting 1024 + 128 leaves the integer.
+__device__ __forceinline__ uint2 mq_i8x4_f16(u32 w) {
+    const u32 u = w ^ 0x80808080u;
+    u32 v[2] = {__byte_perm(u, 0x64646464u, 0x4140), __byte_perm(u, 0x64646464u, 0x4342)};
+#pragma unroll
+    for (int i = 0; i < 2; i++) asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(v[i]) : "r"(0x64806480u));
+    return make_uint2(v[0], v[1]);
+}
+
+// Four E2M1 codes (nibbles 0-3 of `codes`) to four f16 (two words) times the f16 pair `d2`. The
+// magnitudes' f16 high bytes come from an 8-entry byte table (__byte_perm; their low bytes are 0),
+// the sign picks the negated byte; the product is exact (at most 6 significant bits, and at least
+// 2^-10: normal in f16).
+__device__ __forceinline__ uint2 mq_e2m1x4_f16(u32 codes, u32 d2) {
+    const u32 pos = __byte_perm(0x3E3C3800u, 0x46444240u, codes & 0x7777u);
+    const u32 hi = __byte_perm(pos, pos | 0x80808080u, 0x3210u | ((codes & 0x8888u) >> 1));
+    u32 v[2] = {__byte_perm(hi, 0u, 0x1404), __byte_perm(hi, 0u, 0x3424)};
+#pragma unroll
+    for (int i = 0; i < 2; i++) asm("fma.rn.f16x2 %0, %0, %1, %2;" : "+r"(v[i]) : "r"(d2), "r"(0x80008000u));
+    return make_uint2(v[0], v[1]);
+}
+
+// The nibbles of bytes 0-3 of `x` (each in bits 0-3 of its byte) as nibbles 0-3 of the result.
+__device__ __forceinline__ u32 mq_gather_nibbles(u32 x) {
+    const u32 t = x | (x >> 4);
+    return __byte_perm(t, 0u, 0x4420);
+}
+
+// Decodes the raw k-tile `raw` (MQ_BM rows of mq_raw_bytes) into the swizzled f16 tile `dst` and,
+// for q8_0, the per-row block scales `scale` [MQ_BM][2]. Thread t takes row t / 2, half t % 2.
+template <int QT>
+__device__ __forceinline__ void mq_decode(const char* raw, char* dst, float* scale) {
+    const int r = threadIdx.x >> 1, h = threadIdx.x & 1;
+    const char* row = raw + r * mq_raw_bytes(QT);
+    if (QT == DT_Q8_0) {
+        // block h: f16 scale at 34 h, 32 quants from 34 h + 2 (word-aligned for h = 1 only)
+        const u32* w = (const u32*)(row + (h ? 36 : 0));
+        u32 q[9];
+#pragma unroll
+        for (int i = 0; i < 9; i++) q[i] = w[i];
+        if (!h) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] = __byte_perm(q[i], q[i + 1], 0x5432);
+        }
+        scale[r * 2 + h] = f16_to_f32(*(const u16*)(row + Q8_0_BYTES * h));
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const uint2 a = mq_i8x4_f16(q[2 * c]), b = mq_i8x4_f16(q[2 * c + 1]);
+            *(uint4*)(dst + mq_swz(r, 4 * h + c)) = make_uint4(a.x, a.y, b.x, b.y);
+        }
+    } else {
+        // sub-blocks 2 h and 2 h + 1: scale byte s, codes at 4 + 8 s (byte j: value j low nibble,
+        // value j + 8 high nibble)
+        const u32 scales = *(const u32*)row;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int s = 2 * h + i;
+            const u32 d = f32_to_f16(ue4m3_to_f32((u8)(scales >> (8 * s))));
+            const u32 d2 = d | (d << 16);
+            const u32 w0 = *(const u32*)(row + 4 + 8 * s), w1 = *(const u32*)(row + 8 + 8 * s);
+            const uint2 v0 = mq_e2m1x4_f16(mq_gather_nibbles(w0 & 0x0F0F0F0Fu), d2);
+            const uint2 v1 = mq_e2m1x4_f16(mq_gather_nibbles(w1 & 0x0F0F0F0Fu), d2);
+            const uint2 v2 = mq_e2m1x4_f16(mq_gather_nibbles((w0 >> 4) & 0x0F0F0F0Fu), d2);
+            const uint2 v3 = mq_e2m1x4_f16(mq_gather_nibbles((w1 >> 4) & 0x0F0F0F0Fu), d2);
+            *(uint4*)(dst + mq_swz(r, 2 * s)) = make_uint4(v0.x, v0.y, v1.x, v1.y);
+            *(uint4*)(dst + mq_swz(r, 2 * s + 1)) = make_uint4(v2.x, v2.y, v3.x, v3.y);
+        }
+    }
+}
+
+// What a block works on: weight rows from `w` (row m at w + m * nb1, `rows` of them) and output
+// element m of column c at ocol[c] + m * onb0. Its columns' packed activation rows are xrow[c]
+// (-1: none) with scales xscale[c].
+struct MqTile {
+    const char* w;
+    i64 nb1, rows, onb0;
+};
+
+// Issues the copies of k-tile kt into `slot`.
+template <int QT>
+__device__ __forceinline__ void mq_load(char* slot, const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 ktiles, i64 kt) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < MQ_BN * (MQ_ROW / 16) / MQ_THREADS; i++) {
+        const int q = tid + i * MQ_THREADS, c = q >> 3, ch = q & 7;
+        const i64 r = xrow[c];
+        const char* src = x + ((r < 0 ? 0 : r) * ktiles + kt) * MQ_ROW + ch * 16;
+        tc_cp16(slot + mq_swz(c, ch), src, r >= 0);
+    }
+    // raw weights: thread t copies half t % 2 of row t / 2's words
+    constexpr int RW = mq_raw_bytes(QT) / 4, HALF = (RW + 1) / 2;
+    const int r = tid >> 1, w0 = (tid & 1) * HALF;
+    const bool valid = m0 + r < t.rows;
+    const char* src = valid ? t.w + (m0 + r) * t.nb1 + kt * mq_raw_bytes(QT) : t.w;
+    char* dst = slot + MQ_TILE + r * mq_raw_bytes(QT);
+#pragma unroll
+    for (int i = 0; i < HALF; i++) {
+        if (w0 + i < RW) tc_cp4(dst + 4 * (w0 + i), src + (valid ? 4 * (w0 + i) : 0), valid);
+    }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MQ_WGMMA 1
+#endif
+
+// The accumulators of one thread: 64 f32 of its warp's (mma.sync: 64 x 32, fragment (i, j) at
+// 16 i + 4 j) or warpgroup's (wgmma: 64 x 128, n8 tile j at 4 j) output tile.
+struct MqAcc {
+    float v[64];
+};
+
+// Row and column in the block tile of accumulator `idx` of this thread (the m16n8 fragment
+// layout: element e of a fragment is row g + 8 (e / 2), column 2 (lane % 4) + e % 2).
+__device__ __forceinline__ void mq_acc_coords(int idx, int& row, int& col) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, e = idx & 3;
+    const int r = (lane >> 2) + 8 * (e >> 1), c = 2 * (lane & 3) + (e & 1);
+#ifdef MQ_WGMMA
+    row = (warp >> 2) * 64 + (warp & 3) * 16 + r;
+    col = (idx >> 2) * 8 + c;
+#else
+    row = (warp & 1) * 64 + (idx >> 4) * 16 + r;
+    col = (warp >> 1) * 32 + ((idx >> 2) & 3) * 8 + c;
+#endif
+}
+
+#ifdef MQ_WGMMA
+// Shared-memory matrix descriptor of a swizzled tile (1024-byte aligned, 128-byte rows, K-major):
+// start address, stride between 8-row groups 1024 bytes, 128-byte swizzle. Adding 2 moves the
+// start 32 bytes (16 f16) along k.
+__device__ __forceinline__ u64 wg_desc(const char* tile) {
+    const u64 a = tc_smem(tile);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Orders this thread's generic-proxy shared writes (stores, cp.async) before later wgmma reads.
+__device__ __forceinline__ void wg_fence_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// d = A (64 x 16, descriptor a) B^T (128 x 16, descriptor b) + (accumulate ? d : 0), issued
+// asynchronously by the warpgroup.
+__device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(accumulate)
+                 : "memory");
+}
+
+// acc += the warpgroup's 64 rows of the decoded weight tile `at` times the activation tile `xt`,
+// with `decode_next` run while the tensor cores work.
+template <int QT, typename Decode>
+__device__ __forceinline__ void mq_multiply(MqAcc& acc, const char* at, const char* xt, const float* sc, Decode decode_next) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u64 da = wg_desc(at + (warp >> 2) * 64 * MQ_ROW), db = wg_desc(xt);
+    if (QT == DT_NVFP4) {
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) wg_mma(acc.v, da + 2 * ks, db + 2 * ks, 1);
+        wg_commit();
+        decode_next();
+        wg_wait_all();
+    } else {
+        // one group per 32-value block: its partial sums, times the rows' scales, into acc
+        const int r = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            float part[64];
+            wg_fence();
+            wg_mma(part, da + 4 * p, db + 4 * p, 0);
+            wg_mma(part, da + 4 * p + 2, db + 4 * p + 2, 1);
+            wg_commit();
+            if (p == 0) decode_next();
+            wg_wait_all();
+            const float d0 = sc[r * 2 + p], d1 = sc[(r + 8) * 2 + p];
+#pragma unroll
+            for (int i = 0; i < 64; i++) acc.v[i] += ((i & 2) ? d1 : d0) * part[i];
+        }
+    }
+}
+#else
+// The warp's A fragment of m16 tile i of the f16 weight tile `at`, k = 16 ks .. 16 ks + 15.
+__device__ __forceinline__ void mq_frag_a(u32* a, const char* at, int ks, int i, int wm, int lane) {
+    const int r = wm * 64 + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+    tc_ldsm4(a, at + mq_swz(r, 2 * ks + (lane >> 4)));
+}
+
+// The warp's B fragments of its four n8 tiles of the activation tile `xt`, k = 16 ks .. 16 ks + 15.
+__device__ __forceinline__ void mq_frag_b(u32 (&b)[4][2], const char* xt, int ks, int wn, int lane) {
+#pragma unroll
+    for (int jp = 0; jp < 2; jp++) {
+        const int c = wn * 32 + jp * 16 + (lane & 7) + 8 * (lane >> 4);
+        u32 v[4];
+        tc_ldsm4(v, xt + mq_swz(c, 2 * ks + ((lane >> 3) & 1)));
+        b[2 * jp][0] = v[0], b[2 * jp][1] = v[1], b[2 * jp + 1][0] = v[2], b[2 * jp + 1][1] = v[3];
+    }
+}
+
+// acc += the warp's 64 x 32 product over the k-tile (mma.sync); the decode of the next tile runs
+// first (mma.sync blocks the warp). q8_0 sums each 32-value block apart, one m16 tile at a time
+// (few registers), and scales it into acc.
+template <int QT, typename Decode>
+__device__ __forceinline__ void mq_multiply(MqAcc& acc, const char* at, const char* xt, const float* sc, Decode decode_next) {
+    decode_next();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp & 1, wn = warp >> 1;
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+        u32 b[2][4][2];
+        mq_frag_b(b[0], xt, 2 * p, wn, lane);
+        mq_frag_b(b[1], xt, 2 * p + 1, wn, lane);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 a[2][4];
+            mq_frag_a(a[0], at, 2 * p, i, wm, lane);
+            mq_frag_a(a[1], at, 2 * p + 1, i, wm, lane);
+            float part[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float* d = QT == DT_Q8_0 ? part[j] : acc.v + 16 * i + 4 * j;
+                if (QT == DT_Q8_0) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) d[e] = 0.0f;
+                }
+                tc_mma_f16(d, a[0], b[0][j][0], b[0][j][1]);
+                tc_mma_f16(d, a[1], b[1][j][0], b[1][j][1]);
+            }
+            if (QT == DT_Q8_0) {
+                const int r = wm * 64 + i * 16 + (lane >> 2);
+                const float d0 = sc[r * 2 + p], d1 = sc[(r + 8) * 2 + p];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc.v[16 * i + 4 * j + e] += (e < 2 ? d0 : d1) * part[j][e];
+            }
+        }
+    }
+}
+#endif
+
+// The block's product: rows m0 .. m0 + MQ_BM of the tile's weights times its MQ_BN columns.
+template <int QT, int S>
+__device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow, const float* xscale, char* const* ocol, const char* x, i64 k) {
+    extern __shared__ __align__(16) char smem_raw[];
+    char* smem = (char*)(((u64)smem_raw + 1023) & ~(u64)1023);
+    char* abf = smem + S * mq_slot_bytes(QT);
+    float* scales = (float*)(abf + 2 * MQ_TILE);
+    const i64 ktiles = k / MQ_BK;
+
+    MqAcc acc;
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc.v[i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < ktiles) mq_load<QT>(smem + s * mq_slot_bytes(QT), t, m0, xrow, x, ktiles, s);
+        tc_commit();
+    }
+    tc_wait<S - 2>();
+    __syncthreads();
+    mq_decode<QT>(smem + MQ_TILE, abf, scales);
+
+    for (i64 kt = 0; kt < ktiles; kt++) {
+        // tile kt + 1 has landed and everyone is done with tile kt - 1's buffers
+        tc_wait<S - 3>();
+#ifdef MQ_WGMMA
+        wg_fence_shared();
+#endif
+        __syncthreads();
+        if (kt + S - 1 < ktiles) mq_load<QT>(smem + ((kt + S - 1) % S) * mq_slot_bytes(QT), t, m0, xrow, x, ktiles, kt + S - 1);
+        tc_commit();
+        const int nb = (int)((kt + 1) & 1);
+        auto decode_next = [&]() {
+            if (kt + 1 < ktiles) mq_decode<QT>(smem + ((kt + 1) % S) * mq_slot_bytes(QT) + MQ_TILE, abf + nb * MQ_TILE, scales + nb * MQ_BM * 2);
+        };
+        mq_multiply<QT>(acc, abf + (nb ^ 1) * MQ_TILE, smem + (kt % S) * mq_slot_bytes(QT), scales + (nb ^ 1) * MQ_BM * 2, decode_next);
+    }
+    tc_wait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        int row, col;
+        mq_acc_coords(i, row, col);
+        const i64 m = m0 + row;
+        char* dst = ocol[col];
+        if (dst && m < t.rows) *(float*)(dst + m * t.onb0) = acc.v[i] * xscale[col];
+    }
+}
+
+// out [M, N, b2, b3] = a^T b for weights a [K, M, A2, A3] (K % 64 == 0, rows 4-byte aligned) and
+// the packed activations x, xs of b [K, N, b2, b3]. Grid: (N / MQ_BN, M / MQ_BM, b2 * b3), rounded
+// up.
+template <int QT, int S>
+__device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out) {
+    __shared__ i64 xrow[MQ_BN];
+    __shared__ float xscale[MQ_BN];
+    __shared__ char* ocol[MQ_BN];
+    const i64 batch = blockIdx.z, i2 = batch % b2, i3 = batch / b2;
+    const i64 n0 = (i64)blockIdx.x * MQ_BN, m0 = (i64)blockIdx.y * MQ_BM;
+    for (int c = threadIdx.x; c < MQ_BN; c += MQ_THREADS) {
+        const bool valid = n0 + c < n;
+        xrow[c] = valid ? batch * n + n0 + c : -1;
+        xscale[c] = valid ? xs[batch * n + n0 + c] : 0.0f;
+        ocol[c] = valid ? out.data + (n0 + c) * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3] : nullptr;
+    }
+    __syncthreads();
+    const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
+    const MqTile t = {a.data + a2 * a.nb[2] + a3 * a.nb[3], a.nb[1], a.ne[1], out.nb[0]};
+    mq_gemm<QT, S>(t, m0, xrow, xscale, ocol, x, a.ne[0]);
+}
+
+// mul_mat_id: out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs s = u + n_used t of
+// expert e = blockIdx.z, listed at list[offsets[e] .. offsets[e + 1]] (by `moe_group`, matmul.cu),
+// for experts with more than min_pairs pairs (the others are matmul.cu's). x, xs hold the packed
+// rows of b. Grid: (pairs / MQ_BN, M / MQ_BM, n_expert), rounded up; blocks past an expert's pairs
+// return at once.
+template <int QT, int S>
+__device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const float* xs, i64 n_b, i64 n_used, const int* offsets, const int* list, int min_pairs, Tensor out) {
+    __shared__ i64 xrow[MQ_BN];
+    __shared__ float xscale[MQ_BN];
+    __shared__ char* ocol[MQ_BN];
+    const i64 e = blockIdx.z, first = offsets[e], count = offsets[e + 1] - first;
+    const i64 n0 = (i64)blockIdx.x * MQ_BN, m0 = (i64)blockIdx.y * MQ_BM;
+    if (n0 >= count || count <= min_pairs) return;
+    for (int c = threadIdx.x; c < MQ_BN; c += MQ_THREADS) {
+        const bool valid = n0 + c < count;
+        const i64 s = valid ? list[first + n0 + c] : 0, u = s % n_used, t = s / n_used, r = (u % n_b) + n_b * t;
+        xrow[c] = valid ? r : -1;
+        xscale[c] = valid ? xs[r] : 0.0f;
+        ocol[c] = valid ? out.data + u * out.nb[1] + t * out.nb[2] : nullptr;
+    }
+    __syncthreads();
+    const MqTile t = {as.data + e * as.nb[2], as.nb[1], as.ne[1], out.nb[0]};
+    mq_gemm<QT, S>(t, m0, xrow, xscale, ocol, x, as.ne[0]);
+}
+
+// Entry points: weight type x ring depth (4 slots where a block may have the shared memory, 3
+// otherwise).
+#define MQ_ENTRY(NAME, QT, S)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
+        NAME(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out) {                   \
+        mmq_body<QT, S>(a, x, xs, n, b2, b3, out);                                                            \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
+        NAME##_id(Tensor as, const char* x, const float* xs, i64 n_b, i64 n_used, const int* offsets,         \
+                  const int* list, int min_pairs, Tensor out) {                                               \
+        mmq_id_body<QT, S>(as, x, xs, n_b, n_used, offsets, list, min_pairs, out);                            \
+    }
+MQ_ENTRY(mmq_q8_0_s3, DT_Q8_0, 3)
+MQ_ENTRY(mmq_q8_0_s4, DT_Q8_0, 4)
+MQ_ENTRY(mmq_nvfp4_s3, DT_NVFP4, 3)
+MQ_ENTRY(mmq_nvfp4_s4, DT_NVFP4, 4)
