@@ -11,9 +11,10 @@
 //
 // Tiles: a block computes 128 weight rows x 128 activation columns of one batch (or one expert's
 // columns), k in steps of 64. Each k-tile's raw weight bytes (4-byte cp.async) and packed
-// activations (16-byte cp.async) go through a ring of S shared-memory slots; the raw weights of
-// tile kt + 1 are decoded to an f16 tile while the tensor cores multiply tile kt, so one barrier
-// per k-tile orders everything. Shared tiles have 128-byte rows whose 16-byte chunks are
+// activations (16-byte cp.async) go through a ring of S shared-memory slots, loaded S - 2 tiles
+// ahead; the raw weights of tile kt + 1 are decoded into one of three f16 tiles while the tensor
+// cores multiply tile kt (and, with wgmma, finish tile kt - 1), so one barrier per k-tile orders
+// everything. Shared tiles have 128-byte rows whose 16-byte chunks are
 // XOR-swizzled (chunk c of row r at c ^ (r % 8)): Hopper's 128-byte swizzle, which also keeps
 // ldmatrix and the decode stores free of bank conflicts.
 //
@@ -32,14 +33,19 @@
 
 // Raw weight bytes of one row's k-tile: two q8_0 blocks or one nvfp4 block.
 constexpr int mq_raw_bytes(int qt) { return qt == DT_Q8_0 ? 2 * Q8_0_BYTES : NVFP4_BYTES; }
-// One ring slot: the activation tile, then the raw weights (16 bytes of slack: q8_0 decoding reads
-// a whole word past a row's end), 1024-byte aligned.
-constexpr int mq_slot_bytes(int qt) { return (MQ_TILE + MQ_BM * mq_raw_bytes(qt) + 16 + 1023) & ~1023; }
-// The ring, two decoded weight tiles and two sets of q8_0 row scales, plus 1 KiB to align the
+// Bytes between raw weight rows in a slot: q8_0 rows padded from 68 to 72 bytes so that the
+// decode's word reads (rows 17 words apart, blocks 9 apart) spread over all 32 banks.
+constexpr int mq_raw_stride(int qt) { return qt == DT_Q8_0 ? 72 : NVFP4_BYTES; }
+
+// One ring slot: the activation tile, then the raw weights (`mq_raw_stride` bytes a row; 16 bytes
+// of slack: q8_0 decoding reads a whole word past a row's end), 1024-byte aligned.
+constexpr int mq_slot_bytes(int qt) { return (MQ_TILE + MQ_BM * mq_raw_stride(qt) + 16 + 1023) & ~1023; }
+// The ring, three decoded weight tiles and three sets of q8_0 row scales, plus 1 KiB to align the
 // base to 1024 bytes (wgmma's swizzle is on address bits). TAG(mmq-smem): `shared_bytes` in
 // src/ops/mmq.rs.
+#define MQ_DECODED 3
 constexpr int mq_shared_bytes(int qt, int stages) {
-    return stages * mq_slot_bytes(qt) + 2 * MQ_TILE + 2 * MQ_BM * 2 * (int)sizeof(float) + 1024;
+    return stages * mq_slot_bytes(qt) + MQ_DECODED * (MQ_TILE + MQ_BM * 2 * (int)sizeof(float)) + 1024;
 }
 
 // Activations as mmq reads them, one warp per flat row r of b (f32, any strides): the row times
@@ -87,12 +93,17 @@ __device__ __forceinline__ uint2 mq_i8x4_f16(u32 w) {
     return make_uint2(v[0], v[1]);
 }
 
-// Four E2M1 codes (nibbles 0-3 of `codes`) to four f16 (two words) times the f16 pair `d2`. The
-// magnitudes' f16 high bytes come from an 8-entry byte table (__byte_perm; their low bytes are 0),
-// the sign picks the negated byte; the product is exact (at most 6 significant bits, and at least
-// 2^-10: normal in f16).
+// A UE4M3 scale as f16 bits worth 1/256 of its value: its exponent and mantissa bits moved into
+// f16's (exponent bias 15 instead of 7: a factor 2^-8, exact for normal and subnormal codes), 0x7F
+// read as 0 as ggml does.
+__device__ __forceinline__ u32 mq_ue4m3_f16_div256(u32 code) { return code == 0x7F ? 0u : (code & 0x7F) << 7; }
+
+// Four E2M1 codes (nibbles 0-3 of `codes`) to four f16 (two words) times the f16 pair `d2`, which
+// holds the block scale / 256. The magnitudes times 256 have f16 high bytes from an 8-entry byte
+// table (__byte_perm; their low bytes are 0), the sign picks the negated byte; the product is
+// exact (at most 6 significant bits, at least 2^-10).
 __device__ __forceinline__ uint2 mq_e2m1x4_f16(u32 codes, u32 d2) {
-    const u32 pos = __byte_perm(0x3E3C3800u, 0x46444240u, codes & 0x7777u);
+    const u32 pos = __byte_perm(0x5E5C5800u, 0x66646260u, codes & 0x7777u);
     const u32 hi = __byte_perm(pos, pos | 0x80808080u, 0x3210u | ((codes & 0x8888u) >> 1));
     u32 v[2] = {__byte_perm(hi, 0u, 0x1404), __byte_perm(hi, 0u, 0x3424)};
 #pragma unroll
@@ -111,7 +122,7 @@ __device__ __forceinline__ u32 mq_gather_nibbles(u32 x) {
 template <int QT>
 __device__ __forceinline__ void mq_decode(const char* raw, char* dst, float* scale) {
     const int r = threadIdx.x >> 1, h = threadIdx.x & 1;
-    const char* row = raw + r * mq_raw_bytes(QT);
+    const char* row = raw + r * mq_raw_stride(QT);
     if (QT == DT_Q8_0) {
         // block h: f16 scale at 34 h, 32 quants from 34 h + 2 (word-aligned for h = 1 only)
         const u32* w = (const u32*)(row + (h ? 36 : 0));
@@ -135,7 +146,7 @@ __device__ __forceinline__ void mq_decode(const char* raw, char* dst, float* sca
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int s = 2 * h + i;
-            const u32 d = f32_to_f16(ue4m3_to_f32((u8)(scales >> (8 * s))));
+            const u32 d = mq_ue4m3_f16_div256((scales >> (8 * s)) & 0xFF);
             const u32 d2 = d | (d << 16);
             const u32 w0 = *(const u32*)(row + 4 + 8 * s), w1 = *(const u32*)(row + 8 + 8 * s);
             const uint2 v0 = mq_e2m1x4_f16(mq_gather_nibbles(w0 & 0x0F0F0F0Fu), d2);
@@ -156,31 +167,54 @@ struct MqTile {
     i64 nb1, rows, onb0;
 };
 
-// Issues the copies of k-tile kt into `slot`.
+// This thread's share of every k-tile's copies, addresses worked out once per block: the packed
+// activation chunks (chunk tid % 8 of tile columns tid / 8 + 32 i) and half tid % 2 of weight row
+// tid / 2's raw words (consecutive words per thread).
 template <int QT>
-__device__ __forceinline__ void mq_load(char* slot, const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 ktiles, i64 kt) {
-    const int tid = threadIdx.x;
+struct MqLoader {
+    static constexpr int RW = mq_raw_bytes(QT) / 4, HALF = (RW + 1) / 2, XCOPIES = MQ_BN * (MQ_ROW / 16) / MQ_THREADS;
+    const char* xsrc[XCOPIES];
+    u32 xvalid;
+    const char* asrc;
+    bool avalid;
+
+    __device__ __forceinline__ MqLoader(const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 ktiles) {
+        const int tid = threadIdx.x;
+        xvalid = 0;
 #pragma unroll
-    for (int i = 0; i < MQ_BN * (MQ_ROW / 16) / MQ_THREADS; i++) {
-        const int q = tid + i * MQ_THREADS, c = q >> 3, ch = q & 7;
-        const i64 r = xrow[c];
-        const char* src = x + ((r < 0 ? 0 : r) * ktiles + kt) * MQ_ROW + ch * 16;
-        tc_cp16(slot + mq_swz(c, ch), src, r >= 0);
+        for (int i = 0; i < XCOPIES; i++) {
+            const i64 r = xrow[(tid >> 3) + 32 * i];
+            xsrc[i] = x + (r < 0 ? 0 : r) * ktiles * MQ_ROW + (tid & 7) * 16;
+            xvalid |= (u32)(r >= 0) << i;
+        }
+        const i64 row = m0 + (tid >> 1);
+        avalid = row < t.rows;
+        asrc = avalid ? t.w + row * t.nb1 + 4 * ((tid & 1) * HALF) : t.w;
     }
-    // raw weights: thread t copies half t % 2 of row t / 2's words
-    constexpr int RW = mq_raw_bytes(QT) / 4, HALF = (RW + 1) / 2;
-    const int r = tid >> 1, w0 = (tid & 1) * HALF;
-    const bool valid = m0 + r < t.rows;
-    const char* src = valid ? t.w + (m0 + r) * t.nb1 + kt * mq_raw_bytes(QT) : t.w;
-    char* dst = slot + MQ_TILE + r * mq_raw_bytes(QT);
+
+    // Issues the copies of k-tile kt into `slot`.
+    __device__ __forceinline__ void load(char* slot, i64 kt) const {
+        const int tid = threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < HALF; i++) {
-        if (w0 + i < RW) tc_cp4(dst + 4 * (w0 + i), src + (valid ? 4 * (w0 + i) : 0), valid);
+        for (int i = 0; i < XCOPIES; i++) {
+            const int c = (tid >> 3) + 32 * i;
+            tc_cp16(slot + mq_swz(c, tid & 7), xsrc[i] + kt * MQ_ROW, (xvalid >> i) & 1);
+        }
+        const int w0 = (tid & 1) * HALF;
+        char* dst = slot + MQ_TILE + (tid >> 1) * mq_raw_stride(QT) + 4 * w0;
+        const char* src = asrc + (avalid ? kt * mq_raw_bytes(QT) : 0);
+#pragma unroll
+        for (int i = 0; i < HALF; i++) {
+            if (w0 + i < RW) tc_cp4(dst + 4 * i, src + 4 * i, avalid);
+        }
     }
-}
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MQ_WGMMA 1
+#define MQ_WGMMA_ON true
+#else
+#define MQ_WGMMA_ON false
 #endif
 
 // The accumulators of one thread: 64 f32 of its warp's (mma.sync: 64 x 32, fragment (i, j) at
@@ -213,7 +247,15 @@ __device__ __forceinline__ u64 wg_desc(const char* tile) {
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Waits until at most N of the warpgroup's committed wgmma groups are still running.
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+
+// acc += row scale x part for a q8_0 block's partial sums (d0: the thread's rows g, d1: g + 8).
+__device__ __forceinline__ void mq_scale_into(MqAcc& acc, const float* part, float d0, float d1) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc.v[i] += ((i & 2) ? d1 : d0) * part[i];
+}
 // Orders this thread's generic-proxy shared writes (stores, cp.async) before later wgmma reads.
 __device__ __forceinline__ void wg_fence_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // d = A (64 x 16, descriptor a) B^T (128 x 16, descriptor b) + (accumulate ? d : 0), issued
@@ -227,36 +269,42 @@ __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {
 }
 
 // acc += the warpgroup's 64 rows of the decoded weight tile `at` times the activation tile `xt`,
-// with `decode_next` run while the tensor cores work.
+// with `decode_next` run while the tensor cores work. nvfp4 returns with this tile's products
+// still running (the previous tile's are done): the caller keeps its buffers until the next
+// barrier after that. q8_0 needs each 32-value block's partial sums back to scale them, so it
+// returns with everything done.
+// `first` (the first k-tile) starts nvfp4's sums from zero: acc is only ever written by wgmma,
+// so that tiles' products may stay in flight across iterations (a plain store to acc would make
+// the compiler serialize them).
 template <int QT, typename Decode>
-__device__ __forceinline__ void mq_multiply(MqAcc& acc, const char* at, const char* xt, const float* sc, Decode decode_next) {
+__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool first, const char* at, const char* xt, const float* sc, Decode decode_next) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u64 da = wg_desc(at + (warp >> 2) * 64 * MQ_ROW), db = wg_desc(xt);
     if (QT == DT_NVFP4) {
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) wg_mma(acc.v, da + 2 * ks, db + 2 * ks, 1);
+        for (int ks = 0; ks < 4; ks++) wg_mma(acc.v, da + 2 * ks, db + 2 * ks, !first || ks > 0);
         wg_commit();
         decode_next();
-        wg_wait_all();
+        wg_wait<1>();
     } else {
-        // one group per 32-value block: its partial sums, times the rows' scales, into acc
         const int r = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
+        float part[2][64];
+        wg_fence();
 #pragma unroll
         for (int p = 0; p < 2; p++) {
-            float part[64];
-            wg_fence();
-            wg_mma(part, da + 4 * p, db + 4 * p, 0);
-            wg_mma(part, da + 4 * p + 2, db + 4 * p + 2, 1);
+            wg_mma(part[p], da + 4 * p, db + 4 * p, 0);
+            wg_mma(part[p], da + 4 * p + 2, db + 4 * p + 2, 1);
             wg_commit();
-            if (p == 0) decode_next();
-            wg_wait_all();
-            const float d0 = sc[r * 2 + p], d1 = sc[(r + 8) * 2 + p];
-#pragma unroll
-            for (int i = 0; i < 64; i++) acc.v[i] += ((i & 2) ? d1 : d0) * part[i];
         }
+        decode_next();
+        wg_wait<1>();
+        mq_scale_into(acc, part[0], sc[r * 2], sc[(r + 8) * 2]);
+        wg_wait<0>();
+        mq_scale_into(acc, part[1], sc[r * 2 + 1], sc[(r + 8) * 2 + 1]);
     }
 }
+
 #else
 // The warp's A fragment of m16 tile i of the f16 weight tile `at`, k = 16 ks .. 16 ks + 15.
 __device__ __forceinline__ void mq_frag_a(u32* a, const char* at, int ks, int i, int wm, int lane) {
@@ -279,7 +327,7 @@ __device__ __forceinline__ void mq_frag_b(u32 (&b)[4][2], const char* xt, int ks
 // first (mma.sync blocks the warp). q8_0 sums each 32-value block apart, one m16 tile at a time
 // (few registers), and scales it into acc.
 template <int QT, typename Decode>
-__device__ __forceinline__ void mq_multiply(MqAcc& acc, const char* at, const char* xt, const float* sc, Decode decode_next) {
+__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, const char* xt, const float* sc, Decode decode_next) {
     decode_next();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp & 1, wn = warp >> 1;
 #pragma unroll
@@ -322,37 +370,45 @@ __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow
     extern __shared__ __align__(16) char smem_raw[];
     char* smem = (char*)(((u64)smem_raw + 1023) & ~(u64)1023);
     char* abf = smem + S * mq_slot_bytes(QT);
-    float* scales = (float*)(abf + 2 * MQ_TILE);
+    float* scales = (float*)(abf + MQ_DECODED * MQ_TILE);
     const i64 ktiles = k / MQ_BK;
 
+    // (nvfp4 with wgmma: its first product overwrites acc)
     MqAcc acc;
+    if (!(MQ_WGMMA_ON && QT == DT_NVFP4)) {
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc.v[i] = 0.0f;
+        for (int i = 0; i < 64; i++) acc.v[i] = 0.0f;
+    }
 
+    const MqLoader<QT> loader(t, m0, xrow, x, ktiles);
 #pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        if (s < ktiles) mq_load<QT>(smem + s * mq_slot_bytes(QT), t, m0, xrow, x, ktiles, s);
+    for (int s = 0; s < S - 2; s++) {
+        if (s < ktiles) loader.load(smem + s * mq_slot_bytes(QT), s);
         tc_commit();
     }
-    tc_wait<S - 2>();
+    tc_wait<S - 3>();
     __syncthreads();
     mq_decode<QT>(smem + MQ_TILE, abf, scales);
 
     for (i64 kt = 0; kt < ktiles; kt++) {
-        // tile kt + 1 has landed and everyone is done with tile kt - 1's buffers
-        tc_wait<S - 3>();
+        // Tile kt + 1 has landed, tile kt is decoded, and every product of tile kt - 2 is done,
+        // so its slot takes tile kt + S - 2 and its decoded tile takes tile kt + 1.
+        tc_wait<S - 4>();
 #ifdef MQ_WGMMA
         wg_fence_shared();
 #endif
         __syncthreads();
-        if (kt + S - 1 < ktiles) mq_load<QT>(smem + ((kt + S - 1) % S) * mq_slot_bytes(QT), t, m0, xrow, x, ktiles, kt + S - 1);
+        if (kt + S - 2 < ktiles) loader.load(smem + ((kt + S - 2) % S) * mq_slot_bytes(QT), kt + S - 2);
         tc_commit();
-        const int nb = (int)((kt + 1) & 1);
+        const int cur = (int)(kt % MQ_DECODED), next = (int)((kt + 1) % MQ_DECODED);
         auto decode_next = [&]() {
-            if (kt + 1 < ktiles) mq_decode<QT>(smem + ((kt + 1) % S) * mq_slot_bytes(QT) + MQ_TILE, abf + nb * MQ_TILE, scales + nb * MQ_BM * 2);
+            if (kt + 1 < ktiles) mq_decode<QT>(smem + ((kt + 1) % S) * mq_slot_bytes(QT) + MQ_TILE, abf + next * MQ_TILE, scales + next * MQ_BM * 2);
         };
-        mq_multiply<QT>(acc, abf + (nb ^ 1) * MQ_TILE, smem + (kt % S) * mq_slot_bytes(QT), scales + (nb ^ 1) * MQ_BM * 2, decode_next);
+        mq_multiply<QT>(acc, kt == 0, abf + cur * MQ_TILE, smem + (kt % S) * mq_slot_bytes(QT), scales + cur * MQ_BM * 2, decode_next);
     }
+#ifdef MQ_WGMMA
+    wg_wait<0>();
+#endif
     tc_wait<0>();
 
 #pragma unroll
@@ -412,7 +468,7 @@ __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const floa
     mq_gemm<QT, S>(t, m0, xrow, xscale, ocol, x, as.ne[0]);
 }
 
-// Entry points: weight type x ring depth (4 slots where a block may have the shared memory, 3
+// Entry points: weight type x ring depth (5 slots where a block may have the shared memory, 4
 // otherwise).
 #define MQ_ENTRY(NAME, QT, S)                                                                                 \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
@@ -424,7 +480,7 @@ __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const floa
                   const int* list, int min_pairs, Tensor out) {                                               \
         mmq_id_body<QT, S>(as, x, xs, n_b, n_used, offsets, list, min_pairs, out);                            \
     }
-MQ_ENTRY(mmq_q8_0_s3, DT_Q8_0, 3)
 MQ_ENTRY(mmq_q8_0_s4, DT_Q8_0, 4)
-MQ_ENTRY(mmq_nvfp4_s3, DT_NVFP4, 3)
+MQ_ENTRY(mmq_q8_0_s5, DT_Q8_0, 5)
 MQ_ENTRY(mmq_nvfp4_s4, DT_NVFP4, 4)
+MQ_ENTRY(mmq_nvfp4_s5, DT_NVFP4, 5)

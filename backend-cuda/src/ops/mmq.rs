@@ -13,15 +13,17 @@ use crate::compile::{Kernel, Module};
 use crate::launch::{Cx, TensorArg, blocks_for, config, launch_error};
 
 const PACK_X: Kernel = Kernel::new(Module::Mmq, "mmq_pack_x");
-/// `[weights q8_0, nvfp4][3 ring slots, 4]`.
+/// `[weights q8_0, nvfp4][4 ring slots, 5]`.
 const MMQ: [[Kernel; 2]; 2] = [
-    [Kernel::new(Module::Mmq, "mmq_q8_0_s3"), Kernel::new(Module::Mmq, "mmq_q8_0_s4")],
-    [Kernel::new(Module::Mmq, "mmq_nvfp4_s3"), Kernel::new(Module::Mmq, "mmq_nvfp4_s4")],
+    [Kernel::new(Module::Mmq, "mmq_q8_0_s4"), Kernel::new(Module::Mmq, "mmq_q8_0_s5")],
+    [Kernel::new(Module::Mmq, "mmq_nvfp4_s4"), Kernel::new(Module::Mmq, "mmq_nvfp4_s5")],
 ];
 const MMQ_ID: [[Kernel; 2]; 2] = [
-    [Kernel::new(Module::Mmq, "mmq_q8_0_s3_id"), Kernel::new(Module::Mmq, "mmq_q8_0_s4_id")],
-    [Kernel::new(Module::Mmq, "mmq_nvfp4_s3_id"), Kernel::new(Module::Mmq, "mmq_nvfp4_s4_id")],
+    [Kernel::new(Module::Mmq, "mmq_q8_0_s4_id"), Kernel::new(Module::Mmq, "mmq_q8_0_s5_id")],
+    [Kernel::new(Module::Mmq, "mmq_nvfp4_s4_id"), Kernel::new(Module::Mmq, "mmq_nvfp4_s5_id")],
 ];
+/// Decoded weight tiles (and q8_0 scale sets) in shared memory: `MQ_DECODED`.
+const DECODED: usize = 3;
 
 /// Block tile: weight rows, activation columns, k per step (`MQ_BM`, `MQ_BN`, `MQ_BK`).
 const BM: i64 = 128;
@@ -40,33 +42,34 @@ fn tiles(n: i64, t: i64) -> i64 {
     (n + t - 1) / t
 }
 
-/// Raw weight bytes of one row's k-tile (`mq_raw_bytes`).
-fn raw_bytes(d: DType) -> usize {
-    if d == DType::Q8_0 { 2 * 34 } else { 36 }
+/// Bytes of one row's raw weights in a slot (`mq_raw_stride`: q8_0's 68 padded to 72).
+fn raw_stride(d: DType) -> usize {
+    if d == DType::Q8_0 { 72 } else { 36 }
 }
 
 /// Dynamic shared memory of a block with `stages` ring slots: TAG(mmq-smem), `mq_shared_bytes`
-/// (slots of an activation tile and the raw weights, two decoded weight tiles, two sets of q8_0
-/// scales, 1 KiB to align the base).
+/// (slots of an activation tile and the raw weights, the decoded weight tiles and q8_0 scales,
+/// 1 KiB to align the base).
 fn shared_bytes(d: DType, stages: usize) -> usize {
-    let slot = (TILE + BM as usize * raw_bytes(d) + 16).next_multiple_of(1024);
-    stages * slot + 2 * TILE + 2 * BM as usize * 2 * 4 + 1024
+    let slot = (TILE + BM as usize * raw_stride(d) + 16).next_multiple_of(1024);
+    stages * slot + DECODED * (TILE + BM as usize * 2 * 4) + 1024
 }
 
-/// The kernel variant for `d` on this device: 4 ring slots where a block may have that much
-/// shared memory, else 3. The static shared arrays of the entry points (column tables, 2.5 KiB)
+/// The kernel variant for `d` on this device: 5 ring slots where a block may have that much
+/// shared memory (Hopper: 181 KiB for q8_0), else 4 (155 KiB: sm_80's 163 KiB fits). The static shared arrays of the entry points (column tables, 2.5 KiB)
 /// come on top.
 fn variant(cx: &Cx<'_>, d: DType) -> Option<(usize, usize, u32)> {
     let ty = usize::from(d == DType::NvFp4);
     let fits = |stages| shared_bytes(d, stages) + STATIC_SHARED <= cx.info.max_shared_per_block;
-    let stages = [4, 3].into_iter().find(|&s| fits(s))?;
-    Some((ty, stages - 3, shared_bytes(d, stages) as u32))
+    let stages = [5, 4].into_iter().find(|&s| fits(s))?;
+    Some((ty, stages - 4, shared_bytes(d, stages) as u32))
 }
 
 /// Whether these kernels can take weights `a` (dtype `d`): q8_0 / nvfp4 rows of whole k-tiles
 /// starting 4-byte aligned (the raw tiles are copied in words).
 pub(super) fn weights_fit(a: &TensorArg, d: DType) -> bool {
     matches!(d, DType::Q8_0 | DType::NvFp4)
+        && a.ne[0] > 0
         && a.ne[0] % BK == 0
         && a.data.is_multiple_of(4)
         && (1..4).all(|i| a.nb[i] % 4 == 0)
