@@ -368,7 +368,9 @@ __device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, co
 template <int QT, int S>
 __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow, const float* xscale, char* const* ocol, const char* x, i64 k) {
     extern __shared__ __align__(16) char smem_raw[];
-    char* smem = (char*)(((u64)smem_raw + 1023) & ~(u64)1023);
+    // aligned by pointer arithmetic on the shared array, so the compiler keeps shared-space loads
+    // and stores (an integer round trip would make every access generic)
+    char* smem = smem_raw + ((1024 - (tc_smem(smem_raw) & 1023)) & 1023);
     char* abf = smem + S * mq_slot_bytes(QT);
     float* scales = (float*)(abf + MQ_DECODED * MQ_TILE);
     const i64 ktiles = k / MQ_BK;
