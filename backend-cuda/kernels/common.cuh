@@ -247,7 +247,7 @@ __device__ void check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32
 }
 
 // ---- Tensor-core building blocks (sm_80+ PTX): shared-memory addresses, cp.async, ldmatrix and
-// the f16 m16n8k16 mma with f32 accumulators.
+// the bf16 / f16 m16n8k16 mma with f32 accumulators.
 
 // The 32-bit shared-window address PTX's shared-memory instructions take.
 __device__ __forceinline__ u32 tc_smem(const void* p) {
@@ -273,6 +273,12 @@ __device__ __forceinline__ void tc_ldsm4(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(tc_smem(p)));
+}
+// c += a * b for one m16n8k16 tile, bf16 operands (row-major A, column-major B), f32 accumulators.
+__device__ __forceinline__ void tc_mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // c += a * b for one m16n8k16 tile, f16 operands (row-major A, column-major B), f32 accumulators.
 __device__ __forceinline__ void tc_mma_f16(float* c, const u32* a, u32 b0, u32 b1) {

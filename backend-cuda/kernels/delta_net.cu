@@ -201,21 +201,6 @@ GDN_KERNEL(gdn_n4, 4, false)
 GDN_KERNEL(gdn_n8, 8, false)
 GDN_KERNEL(gdn_n4_vec, 4, true)
 
-// Asynchronous 16- and 4-byte copies from global to shared memory (sm_80+).
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
 // Prefill: as gdn_body, but the block stages TT = 64 / NC tokens at a time in shared memory,
 // double buffered: k and q rows and k . q by cp.async from gdn_prep's buffers, v, g and beta
 // through registers, the next tile's loads in flight while the current tile is computed. Needs
@@ -250,11 +235,11 @@ __device__ __forceinline__ void gdn_tiled_body(Tensor out, Tensor v, int vdt, Te
         const float* ksrc = kbuf + (row0 + t0) * KS;
         const float* qsrc = qbuf + (row0 + t0) * KS;
         for (int c = tid; c < tn * KS / 4; c += blockDim.x) {
-            cp_async16(buf + c * 4, ksrc + c * 4);
-            cp_async16(buf + TT * KS + c * 4, qsrc + c * 4);
+            tc_cp16(buf + c * 4, ksrc + c * 4, true);
+            tc_cp16(buf + TT * KS + c * 4, qsrc + c * 4, true);
         }
-        if (tid < tn) cp_async4(buf + 2 * TT * KS + TT * GDN_COLS + 2 * TT + tid, kqbuf + row0 + t0 + tid);
-        cp_async_commit();
+        if (tid < tn) tc_cp4(buf + 2 * TT * KS + TT * GDN_COLS + 2 * TT + tid, kqbuf + row0 + t0 + tid, true);
+        tc_commit();
 #pragma unroll
         for (int m = 0; m < VM; m++) {
             const int idx = tid + m * GDN_WARPS * 32, tt = idx / GDN_COLS, c = idx % GDN_COLS;
@@ -274,7 +259,7 @@ __device__ __forceinline__ void gdn_tiled_body(Tensor out, Tensor v, int vdt, Te
 #pragma unroll
         for (int m = 0; m < VM; m++) vs[tid + m * GDN_WARPS * 32] = rv[m];
         if (tid < tn) gs[tid] = expf(rg), bs[tid] = rb;
-        cp_async_wait_all();
+        tc_wait<0>();
         __syncthreads();
         if (t0 + TT < n_t) issue(t0 + TT, sh + ((i + 1) & 1) * BUF);
         for (int tt = 0; tt < tn; tt++) {
@@ -298,4 +283,575 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32)
                      Tensor slots, int h_k, int grouped, const float* kbuf, const float* qbuf, const float* kq,
                      u64 err) {
     gdn_tiled_body<4, true>(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq, err);
+}
+
+// ---- Chunked form on tensor cores (S_k = S_v = 128, chunks of 64 tokens) ----
+//
+// The WY / UT-transform form of backend-cpu's `chunked` (formulas in tessera_ops' reference),
+// with every product on bf16 tensor cores in bf16x3: each f32 operand is split into a bf16 `hi`
+// and the bf16 rounding of its remainder `lo`, and a b ~ a_hi b_lo + a_lo b_hi + a_hi b_hi with
+// f32 accumulation keeps about 16 significant bits per product (NMSE ~1e-10 on the model shapes;
+// plain tf32 or bf16 misses the f32 cases' 1e-7). The chunk is 64 tokens whatever the op's
+// chunk length: both forms compute the same values.
+//
+// `gdn_cw_prep`, one block per (chunk, value head, sequence), builds what depends only on the
+// chunk's inputs (gamma the cumulative sum of g over the chunk):
+//   A[i][j] = beta_i (k_i . k_j) exp(gamma_i - gamma_j) (j < i),  T = (I + A)^-1,
+//   W = T (beta exp(gamma) K),  U = T (beta V),  P[i][j] = (q_i . k_j) exp(gamma_i - gamma_j) (j <= i),
+// and writes W and P as pre-split A-operand tiles, U in accumulator layout and exp(gamma),
+// exp(gamma_last - gamma) to scratch; the block of the first value head of each key head also
+// writes Q and K^T as pre-split A tiles. `gdn_cw_scan<NT>`, one block per 8 NT state columns of
+// a (value head, sequence), then runs the chunks in order with its columns of the state in
+// registers (accumulator layout) and, per chunk,
+//   X = W S, Y = Q S, V_new = U - X,  O = exp(gamma) Y + P V_new,
+//   S <- exp(gamma_last) S + K^T (exp(gamma_last - gamma) V_new),
+// staging S and V_new in shared memory as pre-split B tiles. Rows past the sequence are zero in
+// every buffer (g = beta = k = q = v = 0), so they change nothing.
+//
+// Fragment layouts (mma.m16n8k16, lane = 4 g + t): A a0 (g, 2t..+1), a1 (g + 8, 2t..), a2 (g,
+// 2t + 8..), a3 (g + 8, 2t + 8..); B b0 (k 2t..+1, n g), b1 (k 2t + 8.., n g); C c0 (g, 2t),
+// c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1); the lower-indexed element of a pair in the
+// low half. A pre-split A tile is 32 lanes x {hi a0..a3, lo a0..a3} (1 KiB, lane-major), a
+// pre-split B tile 32 lanes x {hi b0, hi b1, lo b0, lo b1} (512 B).
+
+#define CW_C 64       // tokens per chunk
+#define CW_D 128      // S_k = S_v
+#define CW_LD 136     // padded shared row of k, q, v (fragment loads conflict-free)
+#define CW_TLD 72     // padded shared row of A and T
+#define CW_TILE 256   // u32 per pre-split A tile
+
+struct CwA {
+    u32 h[4], l[4];
+};
+struct CwB {
+    u32 h[2], l[2];
+};
+
+// x0 ~ hi0 + lo0, x1 ~ hi1 + lo1 as two packed bf16 pairs (x0 in the low halves).
+__device__ __forceinline__ void cw_split2(float x0, float x1, u32& hi, u32& lo) {
+    u32 h, l;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+    const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(r1), "f"(r0));
+    hi = h, lo = l;
+}
+
+// Term `term` of c += a b in bf16x3: a_lo b_hi, a_hi b_lo, then a_hi b_hi (small terms first).
+// Callers issue one term over several independent tiles at a time, so that no mma waits on the
+// one just issued (the three terms of one tile accumulate into the same registers).
+__device__ __forceinline__ void cw_mma_term(float* c, const CwA& a, const CwB& b, int term) {
+    if (term == 0) tc_mma_bf16(c, a.l, b.h[0], b.h[1]);
+    else if (term == 1) tc_mma_bf16(c, a.h, b.l[0], b.l[1]);
+    else tc_mma_bf16(c, a.h, b.h[0], b.h[1]);
+}
+// c[j] += a b[j] in bf16x3 for N independent tiles.
+template <int N>
+__device__ __forceinline__ void cw_mma3n(float (&c)[N][4], const CwA& a, const CwB (&b)[N]) {
+#pragma unroll
+    for (int term = 0; term < 3; term++)
+#pragma unroll
+        for (int j = 0; j < N; j++) cw_mma_term(c[j], a, b[j], term);
+}
+
+// A tile from f32 with element (r, k) at p[r * ld + k].
+__device__ __forceinline__ CwA cw_a_rows(const float* p, int ld, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const float2 x0 = *(const float2*)(p + g * ld + 2 * t), x1 = *(const float2*)(p + (g + 8) * ld + 2 * t);
+    const float2 x2 = *(const float2*)(p + g * ld + 2 * t + 8), x3 = *(const float2*)(p + (g + 8) * ld + 2 * t + 8);
+    CwA a;
+    cw_split2(x0.x, x0.y, a.h[0], a.l[0]);
+    cw_split2(x1.x, x1.y, a.h[1], a.l[1]);
+    cw_split2(x2.x, x2.y, a.h[2], a.l[2]);
+    cw_split2(x3.x, x3.y, a.h[3], a.l[3]);
+    return a;
+}
+// A tile from f32 with element (r, k) at p[k * ld + r].
+__device__ __forceinline__ CwA cw_a_cols(const float* p, int ld, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    CwA a;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = g + 8 * (i & 1), k = 2 * t + 8 * (i >> 1);
+        cw_split2(p[k * ld + r], p[(k + 1) * ld + r], a.h[i], a.l[i]);
+    }
+    return a;
+}
+// B tile from f32 with element (k, n) at p[n * ld + k].
+__device__ __forceinline__ CwB cw_b_nmaj(const float* p, int ld, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const float2 x0 = *(const float2*)(p + g * ld + 2 * t), x1 = *(const float2*)(p + g * ld + 2 * t + 8);
+    CwB b;
+    cw_split2(x0.x, x0.y, b.h[0], b.l[0]);
+    cw_split2(x1.x, x1.y, b.h[1], b.l[1]);
+    return b;
+}
+// B tile from f32 with element (k, n) at p[k * ld + n].
+__device__ __forceinline__ CwB cw_b_kmaj(const float* p, int ld, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    CwB b;
+    cw_split2(p[2 * t * ld + g], p[(2 * t + 1) * ld + g], b.h[0], b.l[0]);
+    cw_split2(p[(2 * t + 8) * ld + g], p[(2 * t + 9) * ld + g], b.h[1], b.l[1]);
+    return b;
+}
+
+// Pre-split tiles: an A tile in global memory (this lane's 32 bytes), a B tile in shared memory.
+__device__ __forceinline__ CwA cw_a_load(const u32* tile, int lane) {
+    const uint4 x = ((const uint4*)tile)[2 * lane], y = ((const uint4*)tile)[2 * lane + 1];
+    CwA a;
+    a.h[0] = x.x, a.h[1] = x.y, a.h[2] = x.z, a.h[3] = x.w;
+    a.l[0] = y.x, a.l[1] = y.y, a.l[2] = y.z, a.l[3] = y.w;
+    return a;
+}
+__device__ __forceinline__ void cw_a_store(u32* tile, int lane, const CwA& a) {
+    ((uint4*)tile)[2 * lane] = make_uint4(a.h[0], a.h[1], a.h[2], a.h[3]);
+    ((uint4*)tile)[2 * lane + 1] = make_uint4(a.l[0], a.l[1], a.l[2], a.l[3]);
+}
+// The A tile made of two accumulator tiles side by side (columns 0..7 and 8..15).
+__device__ __forceinline__ void cw_a_store_acc(u32* tile, int lane, const float* c0, const float* c1) {
+    CwA a;
+    cw_split2(c0[0], c0[1], a.h[0], a.l[0]);
+    cw_split2(c0[2], c0[3], a.h[1], a.l[1]);
+    cw_split2(c1[0], c1[1], a.h[2], a.l[2]);
+    cw_split2(c1[2], c1[3], a.h[3], a.l[3]);
+    cw_a_store(tile, lane, a);
+}
+__device__ __forceinline__ CwB cw_b_load(const uint4* tile, int lane) {
+    const uint4 x = tile[lane];
+    CwB b;
+    b.h[0] = x.x, b.h[1] = x.y, b.l[0] = x.z, b.l[1] = x.w;
+    return b;
+}
+// Element (k, n) of a pre-split B tile in shared memory.
+__device__ __forceinline__ void cw_b_put(uint4* tile, int k, int n, float x) {
+    u16* p = (u16*)tile;
+    const int lane = n * 4 + ((k & 7) >> 1), r = k >> 3, half = k & 1;
+    const u16 hi = f32_to_bf16(x);
+    p[(lane * 4 + r) * 2 + half] = hi;
+    p[(lane * 4 + 2 + r) * 2 + half] = f32_to_bf16(x - bf16_to_f32(hi));
+}
+
+// Grid (H_v, n_chunks, n_seq), 256 threads, dynamic shared memory CW_PREP_SHARED (110336 bytes).
+// VEC: q, k and v are f32 with 16-byte aligned rows of 128 contiguous floats (their rows then
+// move as float4, k and q by cp.async); else any float dtype and strides, one element at a time.
+// Scratch per (sequence, value head, chunk) `vch`: wf 32 A tiles [mt 4][kk 8], pf 16 A tiles
+// [mt 4][kk 4] (kk <= mt written), uf [mt 4][nt 16][32 lanes][4] floats, gm [exp(gamma) 64]
+// [exp(gamma_last - gamma) 64]; per (sequence, key head, chunk) `kch`: qf 32 A tiles [mt 4][kk 8]
+// (q times scale), ktf 32 A tiles [key mt 8][token kk 4].
+#define CW_PREP_SHARED (4 * (2 * CW_C * CW_LD + 2 * CW_C * CW_TLD + 3 * 256 + 3 * CW_C))
+template <bool VEC>
+__device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kdt, Tensor v, int vdt, Tensor g, int gdt,
+                                             Tensor beta, int bdt, float scale, int h_k, int grouped, u32* wf, u32* pf,
+                                             float* uf, float* gm, u32* qf, u32* ktf, u64 err) {
+    extern __shared__ __align__(16) float sh[];
+    float* ks = sh;                   // k rows, then beta exp(gamma) k [C][LD]
+    float* qs = ks + CW_C * CW_LD;    // q rows (times scale), then beta v [C][LD]
+    float* as = qs + CW_C * CW_LD;    // A [C][TLD]
+    float* ts = as + CW_C * CW_TLD;   // T [C][TLD]
+    float* rs = ts + CW_C * CW_TLD;   // the solve's partial products, 3 x 16 x 16
+    float* gam = rs + 3 * 256;        // gamma
+    float* bet = gam + CW_C;          // beta
+    float* bw = bet + CW_C;           // beta exp(gamma)
+    if (((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 n_t = v.ne[2], h_v = v.ne[1], nch = gridDim.y;
+    // Heads fastest and the last chunks first: the early chunks' buffers, written last, are
+    // still in L2 when gdn_cw_scan starts reading them.
+    const i64 h = blockIdx.x, ci = nch - 1 - blockIdx.y, s = blockIdx.z;
+    const i64 ratio = h_v / h_k;
+    const i64 kh = grouped ? h / ratio : h % h_k;
+    const bool kwriter = grouped ? h % ratio == 0 : h < h_k;  // first value head of key head kh
+    const i64 t0 = ci * CW_C;
+    const int cn = (int)min((i64)CW_C, n_t - t0);
+    const i64 vch = (s * h_v + h) * nch + ci, kch = (s * h_k + kh) * nch + ci;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    // v rows in registers until q is done with (element (r, c) of vr[m] is idx = tid + 256 m,
+    // r = idx / 128, c = idx % 128; VEC: four consecutive c per float4); k and q rows to shared.
+    float vr[32];
+    if (VEC) {
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const int idx = tid + 256 * m, r = idx >> 5, c = (idx & 31) * 4;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < cn) x = *(const float4*)(v.data + offset_of(v, c, h, t0 + r, s));
+            vr[4 * m] = x.x, vr[4 * m + 1] = x.y, vr[4 * m + 2] = x.z, vr[4 * m + 3] = x.w;
+        }
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const int idx = tid + 256 * m, r = idx >> 5, c = (idx & 31) * 4;
+            if (r < cn) {
+                tc_cp16(ks + r * CW_LD + c, k.data + offset_of(k, c, kh, t0 + r, s), true);
+                tc_cp16(qs + r * CW_LD + c, q.data + offset_of(q, c, kh, t0 + r, s), true);
+            } else {
+                *(float4*)(ks + r * CW_LD + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+                *(float4*)(qs + r * CW_LD + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        tc_commit();
+    } else {
+#pragma unroll 4
+        for (int m = 0; m < 32; m++) {
+            const int idx = tid + 256 * m, r = idx >> 7, c = idx & 127;
+            vr[m] = r < cn ? load_f32(v.data + offset_of(v, c, h, t0 + r, s), vdt) : 0.0f;
+            ks[r * CW_LD + c] = r < cn ? load_f32(k.data + offset_of(k, c, kh, t0 + r, s), kdt) : 0.0f;
+            qs[r * CW_LD + c] = r < cn ? load_f32(q.data + offset_of(q, c, kh, t0 + r, s), qdt) * scale : 0.0f;
+        }
+    }
+    if (tid < CW_C) {
+        const bool in = tid < cn;
+        gam[tid] = in ? load_f32(g.data + offset_of(g, 0, h, t0 + tid, s), gdt) : 0.0f;
+        bet[tid] = in ? load_f32(beta.data + offset_of(beta, 0, h, t0 + tid, s), bdt) : 0.0f;
+    }
+    if (VEC) {
+        tc_wait<0>();
+        __syncthreads();
+#pragma unroll 8
+        for (int m = 0; m < CW_C * CW_D / 256; m++) {
+            const int idx = tid + 256 * m;
+            qs[(idx >> 7) * CW_LD + (idx & 127)] *= scale;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {  // inclusive scan of g, two tokens per lane
+        const float a = gam[2 * lane], b = a + gam[2 * lane + 1];
+        float x = b;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        gam[2 * lane] = x - b + a;
+        gam[2 * lane + 1] = x;
+    }
+    __syncthreads();
+    if (tid < CW_C) {
+        const float gi = gam[tid];
+        gm[vch * 2 * CW_C + tid] = expf(gi);
+        gm[vch * 2 * CW_C + CW_C + tid] = expf(gam[CW_C - 1] - gi);
+        bw[tid] = bet[tid] * expf(gi);
+    }
+
+    const int g8 = lane >> 2, t4 = lane & 3;
+    {
+        // K K^T and Q K^T: warp owns rows 16 mt.. and columns 8 (nb + j).. (tiles right of the
+        // diagonal are skipped: they are masked). Warps w and w + 4 share a scheduler, so they
+        // take rows from opposite ends.
+        const int mt = warp < 4 ? warp : 7 - warp, nb = (warp >> 2) * 4;
+        float ca[4][4], cp[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ca[j][e] = 0.0f, cp[j][e] = 0.0f;
+#pragma unroll 2
+        for (int kk = 0; kk < CW_D / 16; kk++) {
+            const CwA ak = cw_a_rows(ks + 16 * mt * CW_LD + 16 * kk, CW_LD, lane);
+            const CwA aq = cw_a_rows(qs + 16 * mt * CW_LD + 16 * kk, CW_LD, lane);
+            CwB b[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = cw_b_nmaj(ks + 8 * (nb + j) * CW_LD + 16 * kk, CW_LD, lane);
+#pragma unroll
+            for (int term = 0; term < 3; term++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (8 * (nb + j) > 16 * mt + 15) continue;
+                    cw_mma_term(ca[j], ak, b[j], term);
+                    cw_mma_term(cp[j], aq, b[j], term);
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 16 * mt + g8 + 8 * (e >> 1), jj = 8 * (nb + j) + 2 * t4 + (e & 1);
+                const float d = jj <= i ? expf(gam[i] - gam[jj]) : 0.0f;
+                as[i * CW_TLD + jj] = jj < i ? ca[j][e] * (bet[i] * d) : 0.0f;
+                cp[j][e] = jj <= i ? cp[j][e] * d : 0.0f;
+            }
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const int kk = nb / 2 + q;
+            if (kk <= mt) cw_a_store_acc(pf + (vch * 16 + mt * 4 + kk) * CW_TILE, lane, cp[2 * q], cp[2 * q + 1]);
+        }
+        if (kwriter) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int kk = (warp >> 2) * 4 + q;
+                cw_a_store(qf + (kch * 32 + mt * 8 + kk) * CW_TILE, lane,
+                           cw_a_rows(qs + 16 * mt * CW_LD + 16 * kk, CW_LD, lane));
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                cw_a_store(ktf + (kch * 32 + warp * 4 + kk) * CW_TILE, lane,
+                           cw_a_cols(ks + 16 * kk * CW_LD + 16 * warp, CW_LD, lane));
+        }
+    }
+    __syncthreads();
+
+    // beta exp(gamma) k in place; beta v in place of q.
+#pragma unroll 8
+    for (int m = 0; m < CW_C * CW_D / 256; m++) {
+        const int idx = tid + 256 * m, r = idx >> 7, c = idx & 127;
+        ks[r * CW_LD + c] *= bw[r];
+    }
+#pragma unroll
+    for (int m = 0; m < 32; m++) {
+        const int idx = VEC ? tid + 256 * (m >> 2) : tid + 256 * m;
+        const int r = VEC ? idx >> 5 : idx >> 7, c = VEC ? (idx & 31) * 4 + (m & 3) : idx & 127;
+        qs[r * CW_LD + c] = vr[m] * bet[r];
+    }
+    // T = (I + A)^-1, unit lower triangular. The 16 x 16 diagonal blocks first: lane c of warp I
+    // solves column c of (I + A_II) by forward substitution in registers.
+    if (warp < 4 && lane < 16) {
+        const int c = lane, o = 16 * warp;
+        float tc[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int m = 0; m < r; m++) acc = fmaf(as[(o + r) * CW_TLD + o + m], tc[m], acc);
+            tc[r] = r == c ? 1.0f : (r < c ? 0.0f : -acc);
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++) ts[(o + r) * CW_TLD + o + c] = tc[r];
+    }
+    __syncthreads();
+    // Then block rows I = 1..3: T_IJ = -T_II sum_{K=J}^{I-1} A_IK T_KJ for J < I; thread (r, c)
+    // of 16 x 16 does element (r, c) of every J (T_II is zero right of its diagonal).
+    {
+        const int r = tid >> 4, c = tid & 15;
+#pragma unroll
+        for (int I = 1; I < 4; I++) {
+#pragma unroll
+            for (int J = 0; J < I; J++) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int m = 16 * J; m < 16 * I; m++) acc = fmaf(as[(16 * I + r) * CW_TLD + m], ts[m * CW_TLD + 16 * J + c], acc);
+                rs[J * 256 + tid] = acc;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int J = 0; J < I; J++) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int m = 0; m < 16; m++) acc = fmaf(ts[(16 * I + r) * CW_TLD + 16 * I + m], rs[J * 256 + m * 16 + c], acc);
+                ts[(16 * I + r) * CW_TLD + 16 * J + c] = -acc;
+            }
+            __syncthreads();
+        }
+    }
+
+    {
+        // W = T (beta exp(gamma) K), U = T (beta V): warp owns rows 16 mt.. and columns 8 (nb +
+        // j)..; T is zero right of its diagonal, so kk stops at mt (rows from opposite ends for
+        // warps w and w + 4, as above).
+        const int mt = warp < 4 ? warp : 7 - warp, nb = (warp >> 2) * 8;
+        float cw[8][4], cu[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) cw[j][e] = 0.0f, cu[j][e] = 0.0f;
+        for (int kk = 0; kk <= mt; kk++) {
+            const CwA a = cw_a_rows(ts + 16 * mt * CW_TLD + 16 * kk, CW_TLD, lane);
+#pragma unroll
+            for (int jg = 0; jg < 8; jg += 4) {
+                CwB bk[4], bv[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    bk[j] = cw_b_kmaj(ks + 16 * kk * CW_LD + 8 * (nb + jg + j), CW_LD, lane);
+                    bv[j] = cw_b_kmaj(qs + 16 * kk * CW_LD + 8 * (nb + jg + j), CW_LD, lane);
+                }
+#pragma unroll
+                for (int term = 0; term < 3; term++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        cw_mma_term(cw[jg + j], a, bk[j], term);
+                        cw_mma_term(cu[jg + j], a, bv[j], term);
+                    }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            cw_a_store_acc(wf + (vch * 32 + mt * 8 + nb / 2 + q) * CW_TILE, lane, cw[2 * q], cw[2 * q + 1]);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            *(float4*)(uf + ((vch * 4 + mt) * 16 + nb + j) * 128 + lane * 4) = make_float4(cu[j][0], cu[j][1], cu[j][2], cu[j][3]);
+    }
+}
+
+#define CW_PREP_KERNEL(name, VEC)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
+        name(Tensor q, int qdt, Tensor k, int kdt, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt,  \
+             float scale, int h_k, int grouped, u32* wf, u32* pf, float* uf, float* gm, u32* qf, u32* ktf,      \
+             u64 err) {                                                                                         \
+        cw_prep_body<VEC>(q, qdt, k, kdt, v, vdt, g, gdt, beta, bdt, scale, h_k, grouped, wf, pf, uf, gm, qf,  \
+                          ktf, err);                                                                            \
+    }
+
+CW_PREP_KERNEL(gdn_cw_prep, false)
+CW_PREP_KERNEL(gdn_cw_prep_vec, true)
+
+// Grid (S_v / 64, H_v, n_seq), 512 threads (16 warps), dynamic shared memory CW_SCAN_SHARED
+// (213 KiB). Each block owns CW_COLS = 64 state columns (NT = 8 column tiles). Warps 0..7 compute
+// X = W S (then V_new), warps 8..15 Y = Q S (then the outputs), each for token rows 16 mt.. and
+// four column tiles 4 ng..; every warp then updates the state tiles it holds in registers: keys
+// 16 sm.., column tiles 4 sg.. . Chunk ci + 1's W, Q and decays (one cp.async group) and its P
+// and K^T (a second group, double buffered) are copied to shared memory while chunk ci finishes;
+// X warps read U straight into registers.
+#define CW_NT 8
+#define CW_SCAN_SHARED (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 32 * CW_NT * (8 + 4 + 4) + 2 * 32))
+extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
+    gdn_cw_scan(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,
+                const float* uf, const float* gm, const u32* qf, const u32* ktf, u64 err) {
+    const int NT = CW_NT;
+    extern __shared__ __align__(16) uint4 shq[];
+    uint4* wsm = shq;                 // W, 32 A tiles of 64 uint4
+    uint4* qsm = wsm + 32 * 64;       // Q
+    uint4* ksm = qsm + 32 * 64;       // K^T [2 buffers][32 tiles]
+    uint4* psm = ksm + 2 * 32 * 64;   // P [2 buffers][10 tiles: (mt, kk <= mt) at mt (mt + 1) / 2 + kk]
+    uint4* sb = psm + 2 * 10 * 64;    // S as B tiles [kk 8][NT][32]
+    uint4* vb = sb + 8 * NT * 32;     // V_new as B tiles [kk 4][NT][32]
+    uint4* vbs = vb + 4 * NT * 32;    // exp(gamma_last - gamma) V_new as B tiles
+    float* gsm = (float*)(vbs + 4 * NT * 32);  // the decays [2 buffers][128] (gm's layout)
+    if (((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 n_t = out.ne[2], h_v = out.ne[1];
+    const i64 h = blockIdx.y, s = blockIdx.z, nch = (n_t + CW_C - 1) / CW_C;
+    const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
+    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+    if (slot < 0 || slot >= state.ne[3]) return;  // unreachable after gdn_check_slots
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+    const int col0 = blockIdx.x * 8 * NT;
+    const int sm = warp & 7, sg = warp >> 3;
+    const bool xw = warp < NT;
+    // Y warps w and w + 4 share a scheduler: rows from opposite ends (the outputs' work grows
+    // with mt).
+    const int w2 = xw ? warp : warp - NT, ng = w2 >> 2;
+    const int mt = xw || ng == 0 ? (w2 & 3) : 3 - (w2 & 3);
+
+    // Chunk ci's W, Q and decays (one group), then its P and K^T into buffer ci & 1 (another).
+    auto copy_chunk = [&](i64 ci) {
+        const i64 vch = (s * h_v + h) * nch + ci, kch = (s * h_k + kh) * nch + ci;
+        const uint4* w = (const uint4*)(wf + vch * 32 * CW_TILE);
+        const uint4* qq = (const uint4*)(qf + kch * 32 * CW_TILE);
+        for (int i = tid; i < 32 * 64; i += 64 * NT) tc_cp16(wsm + i, w + i, true), tc_cp16(qsm + i, qq + i, true);
+        if (tid < 32) tc_cp16(gsm + (ci & 1) * 2 * CW_C + tid * 4, gm + vch * 2 * CW_C + tid * 4, true);
+        tc_commit();
+        const uint4* kt = (const uint4*)(ktf + kch * 32 * CW_TILE);
+        uint4* kd = ksm + (ci & 1) * 32 * 64;
+        for (int i = tid; i < 32 * 64; i += 64 * NT) tc_cp16(kd + i, kt + i, true);
+        const uint4* p = (const uint4*)(pf + vch * 16 * CW_TILE);
+        uint4* pd = psm + (ci & 1) * 10 * 64;
+        for (int i = tid; i < 10 * 64; i += 64 * NT) {
+            const int tile = i >> 6, pm = tile >= 6 ? 3 : tile >= 3 ? 2 : tile >= 1 ? 1 : 0;
+            const int pk = tile - pm * (pm + 1) / 2;
+            tc_cp16(pd + i, p + (pm * 4 + pk) * 64 + (i & 63), true);
+        }
+        tc_commit();
+    };
+
+    char* sbase = state.data + h * state.nb[2] + slot * state.nb[3];
+    float st[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = 16 * sm + g8 + 8 * (e >> 1), col = col0 + 8 * (4 * sg + j) + 2 * t4 + (e & 1);
+            st[j][e] = *(const float*)(sbase + col * state.nb[1] + key * state.nb[0]);
+        }
+
+    copy_chunk(0);
+    for (i64 ci = 0; ci < nch; ci++) {
+        const i64 vch = (s * h_v + h) * nch + ci;
+        const float* gv = gsm + (ci & 1) * 2 * CW_C;
+        const uint4* kbuf = ksm + (ci & 1) * 32 * 64;
+        const uint4* pbuf = psm + (ci & 1) * 10 * 64;
+        float4 u[4];
+        if (xw) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) u[j] = *(const float4*)(uf + ((vch * 4 + mt) * 16 + col0 / 8 + 4 * ng + j) * 128 + lane * 4);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                cw_b_put(sb + (sm * NT + 4 * sg + j) * 32, g8 + 8 * (e >> 1), 2 * t4 + (e & 1), st[j][e]);
+        tc_wait<1>();  // W, Q and the decays of this chunk
+        __syncthreads();
+
+        float acc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+        {
+            const u32* at = (const u32*)((xw ? wsm : qsm) + mt * 8 * 64);
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const CwA a = cw_a_load(at + kk * CW_TILE, lane);
+                CwB b[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) b[j] = cw_b_load(sb + (kk * NT + 4 * ng + j) * 32, lane);
+                cw_mma3n<4>(acc, a, b);
+            }
+        }
+        if (xw) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int nt = 4 * ng + j;
+                const float uu[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = g8 + 8 * (e >> 1), c = 2 * t4 + (e & 1);
+                    const float vn = uu[e] - acc[j][e];
+                    cw_b_put(vb + (mt * NT + nt) * 32, r, c, vn);
+                    cw_b_put(vbs + (mt * NT + nt) * 32, r, c, vn * gv[CW_C + 16 * mt + r]);
+                }
+            }
+        }
+        tc_wait<0>();  // P and K^T of this chunk
+        __syncthreads();
+        // W, Q and decay buffer (ci + 1) & 1 were last read before the barrier, P and K^T buffer
+        // (ci + 1) & 1 in chunk ci - 1.
+        if (ci + 1 < nch) copy_chunk(ci + 1);
+        if (!xw) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[j][e] *= gv[16 * mt + g8 + 8 * (e >> 1)];
+            for (int kk = 0; kk <= mt; kk++) {
+                const CwA p = cw_a_load((const u32*)(pbuf + (mt * (mt + 1) / 2 + kk) * 64), lane);
+                CwB b[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) b[j] = cw_b_load(vb + (kk * NT + 4 * ng + j) * 32, lane);
+                cw_mma3n<4>(acc, p, b);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const i64 tok = ci * CW_C + 16 * mt + g8 + 8 * (e >> 1);
+                    const int col = col0 + 8 * (4 * ng + j) + 2 * t4 + (e & 1);
+                    if (tok < n_t) *(float*)(out.data + offset_of(out, col, h, tok, s)) = acc[j][e];
+                }
+        }
+        const float el = gv[CW_C - 1];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[j][e] *= el;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const CwA a = cw_a_load((const u32*)(kbuf + (sm * 4 + kk) * 64), lane);
+            CwB b[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = cw_b_load(vbs + (kk * NT + 4 * sg + j) * 32, lane);
+            cw_mma3n<4>(st, a, b);
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = 16 * sm + g8 + 8 * (e >> 1), col = col0 + 8 * (4 * sg + j) + 2 * t4 + (e & 1);
+            *(float*)(sbase + col * state.nb[1] + key * state.nb[0]) = st[j][e];
+        }
 }
