@@ -255,14 +255,17 @@ __device__ __forceinline__ u32 tc_smem(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
-// Asynchronous global -> shared copies of 16 or 4 bytes; `valid == false` zero-fills instead of
-// reading (the source is not touched).
-__device__ __forceinline__ void tc_cp16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(tc_smem(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+// Asynchronous global -> shared copies of 16 or 4 bytes to a shared-window address; `valid ==
+// false` zero-fills instead of reading (the source is not touched).
+__device__ __forceinline__ void tc_cp16_at(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void tc_cp4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(tc_smem(dst)), "l"(src), "r"(valid ? 4 : 0) : "memory");
+__device__ __forceinline__ void tc_cp4_at(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
+// The same at a generic pointer into shared memory.
+__device__ __forceinline__ void tc_cp16(void* dst, const void* src, bool valid) { tc_cp16_at(tc_smem(dst), src, valid); }
+__device__ __forceinline__ void tc_cp4(void* dst, const void* src, bool valid) { tc_cp4_at(tc_smem(dst), src, valid); }
 __device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N of this thread's committed copy groups are still in flight.
 template <int N>

@@ -167,14 +167,15 @@ struct MqTile {
     i64 nb1, rows, onb0;
 };
 
-// This thread's share of every k-tile's copies, addresses worked out once per block: the packed
-// activation chunks (chunk tid % 8 of tile columns tid / 8 + 32 i) and half tid % 2 of weight row
-// tid / 2's raw words (consecutive words per thread).
+// This thread's share of every k-tile's copies, in order from tile 0, with addresses worked out
+// once per block: the packed activation chunks (chunk tid % 8 of tile columns tid / 8 + 32 i) and
+// half tid % 2 of weight row tid / 2's raw words (consecutive words per thread; the shorter half
+// copies its last word twice, so every thread issues the same copies without predicates).
 template <int QT>
 struct MqLoader {
     static constexpr int RW = mq_raw_bytes(QT) / 4, HALF = (RW + 1) / 2, XCOPIES = MQ_BN * (MQ_ROW / 16) / MQ_THREADS;
     const char* xsrc[XCOPIES];
-    u32 xvalid;
+    u32 xdst[XCOPIES], xvalid, adst;
     const char* asrc;
     bool avalid;
 
@@ -183,30 +184,33 @@ struct MqLoader {
         xvalid = 0;
 #pragma unroll
         for (int i = 0; i < XCOPIES; i++) {
-            const i64 r = xrow[(tid >> 3) + 32 * i];
+            const int c = (tid >> 3) + 32 * i;
+            const i64 r = xrow[c];
             xsrc[i] = x + (r < 0 ? 0 : r) * ktiles * MQ_ROW + (tid & 7) * 16;
+            xdst[i] = mq_swz(c, tid & 7);
             xvalid |= (u32)(r >= 0) << i;
         }
         const i64 row = m0 + (tid >> 1);
+        const int w0 = (tid & 1) * HALF;
         avalid = row < t.rows;
-        asrc = avalid ? t.w + row * t.nb1 + 4 * ((tid & 1) * HALF) : t.w;
+        asrc = avalid ? t.w + row * t.nb1 + 4 * w0 : t.w;
+        adst = MQ_TILE + (tid >> 1) * mq_raw_stride(QT) + 4 * w0;
     }
 
-    // Issues the copies of k-tile kt into `slot`.
-    __device__ __forceinline__ void load(char* slot, i64 kt) const {
-        const int tid = threadIdx.x;
+    // Issues the copies of the next k-tile into the slot at shared address `slot`.
+    __device__ __forceinline__ void load_next(u32 slot) {
+        const int last = (threadIdx.x & 1) ? RW - HALF - 1 : HALF - 1;
 #pragma unroll
         for (int i = 0; i < XCOPIES; i++) {
-            const int c = (tid >> 3) + 32 * i;
-            tc_cp16(slot + mq_swz(c, tid & 7), xsrc[i] + kt * MQ_ROW, (xvalid >> i) & 1);
+            tc_cp16_at(slot + xdst[i], xsrc[i], (xvalid >> i) & 1);
+            xsrc[i] += MQ_ROW;
         }
-        const int w0 = (tid & 1) * HALF;
-        char* dst = slot + MQ_TILE + (tid >> 1) * mq_raw_stride(QT) + 4 * w0;
-        const char* src = asrc + (avalid ? kt * mq_raw_bytes(QT) : 0);
 #pragma unroll
         for (int i = 0; i < HALF; i++) {
-            if (w0 + i < RW) tc_cp4(dst + 4 * i, src + 4 * i, avalid);
+            const int w = min(i, last);
+            tc_cp4_at(slot + adst + 4 * w, asrc + 4 * w, avalid);
         }
+        if (avalid) asrc += mq_raw_bytes(QT);
     }
 };
 
@@ -373,7 +377,7 @@ __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow
     char* smem = smem_raw + ((1024 - (tc_smem(smem_raw) & 1023)) & 1023);
     char* abf = smem + S * mq_slot_bytes(QT);
     float* scales = (float*)(abf + MQ_DECODED * MQ_TILE);
-    const i64 ktiles = k / MQ_BK;
+    const int ktiles = (int)(k / MQ_BK);
 
     // (nvfp4 with wgmma: its first product overwrites acc)
     MqAcc acc;
@@ -382,17 +386,20 @@ __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow
         for (int i = 0; i < 64; i++) acc.v[i] = 0.0f;
     }
 
-    const MqLoader<QT> loader(t, m0, xrow, x, ktiles);
+    MqLoader<QT> loader(t, m0, xrow, x, ktiles);
+    const u32 ring = tc_smem(smem);
 #pragma unroll
     for (int s = 0; s < S - 2; s++) {
-        if (s < ktiles) loader.load(smem + s * mq_slot_bytes(QT), s);
+        if (s < ktiles) loader.load_next(ring + s * mq_slot_bytes(QT));
         tc_commit();
     }
     tc_wait<S - 3>();
     __syncthreads();
     mq_decode<QT>(smem + MQ_TILE, abf, scales);
 
-    for (i64 kt = 0; kt < ktiles; kt++) {
+    // ring slots of the tile being multiplied and of the next load; decoded tile in use
+    int cur = 0, load = S - 2, dec = 0;
+    for (int kt = 0; kt < ktiles; kt++) {
         // Tile kt + 1 has landed, tile kt is decoded, and every product of tile kt - 2 is done,
         // so its slot takes tile kt + S - 2 and its decoded tile takes tile kt + 1.
         tc_wait<S - 4>();
@@ -400,13 +407,14 @@ __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow
         wg_fence_shared();
 #endif
         __syncthreads();
-        if (kt + S - 2 < ktiles) loader.load(smem + ((kt + S - 2) % S) * mq_slot_bytes(QT), kt + S - 2);
+        if (kt + S - 2 < ktiles) loader.load_next(ring + load * mq_slot_bytes(QT));
         tc_commit();
-        const int cur = (int)(kt % MQ_DECODED), next = (int)((kt + 1) % MQ_DECODED);
+        const int next = cur + 1 == S ? 0 : cur + 1, dec_next = dec + 1 == MQ_DECODED ? 0 : dec + 1;
         auto decode_next = [&]() {
-            if (kt + 1 < ktiles) mq_decode<QT>(smem + ((kt + 1) % S) * mq_slot_bytes(QT) + MQ_TILE, abf + next * MQ_TILE, scales + next * MQ_BM * 2);
+            if (kt + 1 < ktiles) mq_decode<QT>(smem + next * mq_slot_bytes(QT) + MQ_TILE, abf + dec_next * MQ_TILE, scales + dec_next * MQ_BM * 2);
         };
-        mq_multiply<QT>(acc, kt == 0, abf + cur * MQ_TILE, smem + (kt % S) * mq_slot_bytes(QT), scales + cur * MQ_BM * 2, decode_next);
+        mq_multiply<QT>(acc, kt == 0, abf + dec * MQ_TILE, smem + cur * mq_slot_bytes(QT), scales + dec * MQ_BM * 2, decode_next);
+        cur = next, dec = dec_next, load = load + 1 == S ? 0 : load + 1;
     }
 #ifdef MQ_WGMMA
     wg_wait<0>();
