@@ -354,20 +354,10 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, int n_split
 #define FT_BN 64
 #define FT_PAD 8
 
-__device__ __forceinline__ u32 ft_smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-__device__ __forceinline__ void ft_ldsm4(u32* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ft_smem_addr(p)));
-}
 __device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ft_smem_addr(p)));
+                 : "r"(tc_smem(p)));
 }
 template <int DT>
 __device__ __forceinline__ u16 ft_half(float x) {
@@ -380,15 +370,8 @@ __device__ __forceinline__ u32 ft_pack(float lo, float hi) {
 // c += a * b for one m16n8k16 tile (row.col, f32 accumulators).
 template <int DT>
 __device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
-    if (DT == DT_BF16) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
+    if (DT == DT_BF16) tc_mma_bf16(c, a, b0, b1);
+    else tc_mma_f16(c, a, b0, b1);
 }
 
 template <int DT, int D>
@@ -460,11 +443,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll 4
         for (int kk = 0; kk < D; kk += 16) {
             u32 a[4];
-            ft_ldsm4(a, &sQ[(warp * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8]);
+            tc_ldsm4(a, &sQ[(warp * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8]);
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n += 2) {
                 u32 b[4];
-                ft_ldsm4(b, &sK[(n * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
+                tc_ldsm4(b, &sK[(n * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
                 ft_mma<DT>(sc[n], a, b[0], b[1]);
                 ft_mma<DT>(sc[n + 1], a, b[2], b[3]);
             }
@@ -578,12 +561,6 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 #define FD_S 2   // ring stages per warp
 #define FD_N 16  // kv positions per chunk
 
-__device__ __forceinline__ void fd_cp16(u32 dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void fd_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void fd_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 template <int DT, int D>
 __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int mdt,
@@ -670,8 +647,8 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
             const int cl = __shfl_sync(0xffffffffu, cell, p);
             const bool ok = cl >= 0;
             const i64 row = ok ? cl : 0;
-            fd_cp16(ft_smem_addr(&sK[p * LD + c * 8]), kbase + row * k.nb[1] + c * 16, ok);
-            fd_cp16(ft_smem_addr(&sV[p * LD + c * 8]), vbase + row * v.nb[1] + c * 16, ok);
+            tc_cp16(&sK[p * LD + c * 8], kbase + row * k.nb[1] + c * 16, ok);
+            tc_cp16(&sV[p * LD + c * 8], vbase + row * v.nb[1] + c * 16, ok);
         }
     };
 
@@ -683,7 +660,7 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
     for (int st = 0; st < FD_S - 1; st++) {
         if (st < my_chunks) issue(st, st, raw_of(st));
-        fd_commit();
+        tc_commit();
     }
     int raw_next = raw_of(FD_S - 1);
     u32 mb[8];
@@ -703,14 +680,14 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     for (int it = 0; it < my_chunks; it++) {
         const int nx = it + FD_S - 1;
         if (nx < my_chunks) issue(nx, nx % FD_S, raw_next);  // that stage was consumed in iteration it - 1
-        fd_commit();
+        tc_commit();
         raw_next = raw_of(nx + 1);
         float mv[2][4];
 #pragma unroll
         for (int i = 0; i < 8; i++) mv[i >> 2][i & 3] = mask_val(mb[i]);
         mask_bits(it + 1, mb);
         const int st = it % FD_S;
-        fd_wait<FD_S - 1>();
+        tc_wait<FD_S - 1>();
         __syncwarp();
         const u16* sK = ring + st * STAGE;
         const u16* sV = sK + FD_N * LD;
@@ -723,10 +700,10 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
         for (int kk = 0; kk < D; kk += 32) {
             u32 a[4], b[4], a2[4], b2[4];
-            ft_ldsm4(a, &sQ[(lane & 15) * LD + kk + (lane >> 4) * 8]);
-            ft_ldsm4(b, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
-            ft_ldsm4(a2, &sQ[(lane & 15) * LD + kk + 16 + (lane >> 4) * 8]);
-            ft_ldsm4(b2, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + 16 + ((lane >> 3) & 1) * 8]);
+            tc_ldsm4(a, &sQ[(lane & 15) * LD + kk + (lane >> 4) * 8]);
+            tc_ldsm4(b, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
+            tc_ldsm4(a2, &sQ[(lane & 15) * LD + kk + 16 + (lane >> 4) * 8]);
+            tc_ldsm4(b2, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + 16 + ((lane >> 3) & 1) * 8]);
             ft_mma<DT>(sa[0], a, b[0], b[1]);
             ft_mma<DT>(sa[1], a, b[2], b[3]);
             ft_mma<DT>(sb[0], a2, b2[0], b2[1]);
@@ -785,7 +762,7 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     }
 
     // Merge the warps: each writes (m, l) and its f32 accumulators (into its own ring).
-    fd_wait<0>();
+    tc_wait<0>();
     __syncthreads();
     float* so = (float*)ring;
 #pragma unroll
