@@ -33,7 +33,7 @@ note "demo: rc=$? $(grep 'oracle check' "$OUT/demo.txt" | cut -c1-140)"
 timeout 300 "$G/tessera-test-ops" perf --backend cuda > "$OUT/perf.txt" 2>&1
 note "perf --backend cuda: rc=$? ($(grep -c 'us/run\|^[a-z_]*(' "$OUT/perf.txt") lines)"
 
-# End to end: decode tokens/s.
+# End to end: decode tokens/s, and prefill of a 512-token prompt on the big model.
 P16=$(seq -s, 1 16)
 for preset in tiny tiny-moe; do
     "$G/tessera" synth --preset $preset --dtype f32 -q -o /tmp/$preset.gguf > /dev/null 2>&1
@@ -45,6 +45,8 @@ timeout 300 "$G/tessera" synth --preset qwen35moe-35b-a3b --dtype nvfp4 -q -o /t
 note "synth qwen35moe-35b-a3b nvfp4: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/synth-big.txt" | cut -c1-120)"
 timeout 240 "$G/tessera" run /tmp/big.gguf --backend cuda --tokens $P16 -n 64 > "$OUT/run-big-1.txt" 2>&1
 note "35B-A3B nvfp4, 1 seq: rc=$? $(grep -E '^(prefill|decode)' "$OUT/run-big-1.txt" | tr '\n' ' ')"
+timeout 240 "$G/tessera" run /tmp/big.gguf --backend cuda --max-tokens-per-step 512 --tokens "$(seq -s, 1 512)" -n 8 > "$OUT/run-big-512.txt" 2>&1
+note "35B-A3B nvfp4, 512-token prompt: rc=$? $(grep -E '^(prefill|decode)' "$OUT/run-big-512.txt" | tr '\n' ' ')"
 args=""; for s in 1 2 3 4 5 6 7 8; do args="$args --tokens $(seq -s, $s $((s+15)))"; done
 timeout 240 "$G/tessera" run /tmp/big.gguf --backend cuda $args -n 64 > "$OUT/run-big-8.txt" 2>&1
 note "35B-A3B nvfp4, 8 seqs: rc=$? $(grep -E '^(prefill|decode)' "$OUT/run-big-8.txt" | tr '\n' ' ')"
