@@ -139,7 +139,10 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let (qdt, kdt, vdt, gdt, bdt) = (idt(0), idt(1), idt(2), idt(3), idt(4));
     let (h_k, grouped) = (k.ne[1] as i32, i32::from(p.head_map == HeadMap::Grouped));
     let (qm, vm) = (&task.inputs[0].meta, &task.inputs[2].meta);
-    if chunked_kernels(task.op, qm, vm) && cx.scratch.is_multiple_of(256) {
+    // (the in-order pass needs 213 KiB of shared memory a block: Hopper and later; sm_80 parts
+    // run the serial kernel)
+    let shared_fits = cx.info.max_shared_per_block >= CW_SCAN_SHARED as usize;
+    if chunked_kernels(task.op, qm, vm) && shared_fits && cx.scratch.is_multiple_of(256) {
         let sc = ChunkScratch::new(qm, vm);
         let at = |off: usize| cx.scratch + off as u64;
         let (wf, pf, uf, gm, qf, ktf) = (at(sc.wf), at(sc.pf), at(sc.uf), at(sc.gm), at(sc.qf), at(sc.ktf));
