@@ -270,6 +270,9 @@ __device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_grou
 // Waits until at most N of this thread's committed copy groups are still in flight.
 template <int N>
 __device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// Orders this thread's earlier generic-proxy shared accesses (stores, cp.async) before later
+// async-proxy ones (wgmma operand reads, bulk copies). sm_90+.
+__device__ __forceinline__ void tc_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Four 8x8 b16 matrices: lanes 8i .. 8i + 7 give the row addresses of matrix i; register i of lane
 // l receives matrix i's row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1.
 __device__ __forceinline__ void tc_ldsm4(u32* r, const void* p) {

@@ -10,9 +10,10 @@
 //   long f16 / bf16 rows), one block per weight row, units loaded straight from global memory,
 //   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
 //   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
-// - `quant_x32` + `gemv_q8w` / `gemv_f4w`: the 1-token GEMV for q8_0 / nvfp4 rows of whole
-//   16-byte words, a thread per word with its activations in registers; `pack_b` +
-//   `gemv_f16w` / `gemv_bf16w[_long]`: the same for f16 / bf16 rows, 2 or 5 words a thread
+// - `gemv1_q8_0` / `gemv1_nvfp4`: the 1-token GEMV for contiguous q8_0 / nvfp4 rows, rows
+//   streamed through shared memory by cp.async, a thread per 64-value unit of the row with its
+//   activations (quantized in the kernel) in registers; `pack_b` + `gemv_f16w` /
+//   `gemv_bf16w[_long]`: a 1-token GEMV for f16 / bf16 rows, a thread per 2 or 5 16-byte words
 //   (see the end).
 // - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
 //   remainder) for the cuBLAS path of quantized weights with many tokens.
@@ -674,204 +675,394 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// q8_0 decode GEMV over whole 16-byte words (1 token, one weight matrix, rows of k % 256 == 0
-// values, so 34-byte blocks fill whole 16-byte words, and at most GW_MAX_THREADS words a row).
+// 1-token GEMV over q8_0 / nvfp4 weights (`gemv1_q8_0`, `gemv1_nvfp4`): one weight matrix of
+// contiguous rows (row r at r * row_bytes, 16-byte aligned), k % 256 == 0, one activation row.
 //
-// Thread t of a block owns word t of every weight row; as all rows share one layout, the
-// activations of the word's bytes are built once per block, in registers, byte-aligned with the
-// word: int16 values (`quant_x32`, one scale per 32 values) split into int8 hi / lo quads, zero at
-// the scale bytes, apart for block A (the one the word starts in) and B (the next). A step takes
-// GW_R rows: one 16-byte load per row (a warp reads 512 contiguous bytes) plus the two blocks' f16
-// scales, 16 dp4a per row, one block reduction for the GW_R sums; the next step's loads are
-// issued before this step's arithmetic and reduction.
+// A row is read in units of 64 values: one nvfp4 block (36 bytes) or two q8_0 blocks (68 bytes),
+// both 4-byte aligned. Thread (g, j) of a block owns unit j of the rows of group g, so its 64
+// activations live in registers, quantized once to int16 pairs from the f32 row (no separate
+// quantization kernel). Each block streams a contiguous range of rows through a ring of
+// G1_STAGES shared-memory stages, G1_STAGES - 1 stages of rows_stage rows in flight: on sm_90+
+// one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
+// per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
+// against cp.async), on sm_80 every thread copies 16-byte pieces with cp.async; one block barrier
+// a stage frees the buffer before it is refilled. A thread reads its unit with 4-byte shared loads
+// (no bank conflicts: the unit strides 9 and 17 words are odd) and writes one partial per row
+// (nvfp4: two rows at a time, interleaved, for instruction-level parallelism), and the next
+// stage's first warps add up the partials of each row. Per unit: q8_0 32 dp2a (int16
+// activations x int8 quants) and 2 f16 scales; nvfp4 8 code words, each decoded with 4 byte
+// permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per word (the +128 is taken
+// back by a per-sub-block constant folded into the dot's start), 4 UE4M3 scales decoded as f16.
 
+// TAG(gemv1-consts): G1_STAGES, G1_MAX_THREADS and G1_XSTRIDE are mirrored in src/ops/matmul.rs.
+#define G1_STAGES 4
+#define G1_MAX_THREADS 576
+// Bytes of staged f32 activations per 64-value unit: 256 and 16 of padding, so that the
+// threads' 16-byte reads of their own units spread over all banks.
+#define G1_XSTRIDE 272
+// E2M1 magnitudes times 2 (0, 0.5, 1, 1.5, 2, 3, 4, 6), bytes 0..7 of the lookup pair.
+#define G1_E2M1_LO 0x03020100u
+#define G1_E2M1_HI 0x0C080604u
+
+// PTX prmt in its default mode: selector nibble i picks byte (nibble & 7) of {b, a} into byte i,
+// and a nibble with its top bit set replicates that byte's sign bit instead (`__byte_perm` masks
+// the top bits away, so it cannot do this).
+__device__ __forceinline__ u32 g1_prmt(u32 a, u32 b, u32 s) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+    return d;
+}
+
+// c + a.lo16 * b.byte0 + a.hi16 * b.byte1 (`lo`) or bytes 2 and 3 (`hi`); a holds two int16,
+// b four signed (`ss`) or unsigned (`su`) bytes.
+__device__ __forceinline__ int g1_dp2a_lo_ss(u32 a, u32 b, int c) {
+    int d;
+    asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int g1_dp2a_hi_ss(u32 a, u32 b, int c) {
+    int d;
+    asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int g1_dp2a_lo_su(u32 a, u32 b, int c) {
+    int d;
+    asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int g1_dp2a_hi_su(u32 a, u32 b, int c) {
+    int d;
+    asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+
+// sm_90+: bulk (TMA) copies global -> shared completing on an mbarrier (one per stage buffer).
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void g1_bar_init(u32 bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void g1_fence_bar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void g1_bar_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void g1_bulk(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void g1_bar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "G1_WAIT:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+        "@!p bra G1_WAIT;\n\t}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+#endif
+
+// Two int16 in one word, a in the low half.
+__device__ __forceinline__ u32 g1_pair(int a, int b) { return ((u32)a & 0xffffu) | ((u32)b << 16); }
+
+// Four E2M1 codes (the nibbles of the low 16 bits of p; the same codes with their sign bits
+// flipped in n) to unsigned bytes 2 * value + 128: the positive codes look up their magnitude in
+// p (negative ones replicate a clear sign bit: 0), the negative ones in n, and p + 128 - n never
+// carries between bytes. `lo` is G1_E2M1_LO in a register.
+__device__ __forceinline__ u32 g1_e2m1x4(u32 lo, u32 p, u32 n) {
+    return g1_prmt(lo, G1_E2M1_HI, p) + 0x80808080u - g1_prmt(lo, G1_E2M1_HI, n);
+}
+
+// UE4M3 scales (the four bytes of sw) as f16 bit patterns (code & 0x7f) << 7 (= value / 256),
+// to f32; 0x7F alone reads 0: bit 7 of `nz` is clear exactly for the bytes equal to 0x7F, and the
+// sign-replicating prmt turns those bits into byte masks.
+__device__ __forceinline__ void g1_ue4m3x4(u32 sw, float* ws) {
+    const u32 nz = ((~sw & 0x7f7f7f7fu) + 0x7f7f7f7fu) | sw;
+    const u32 c7 = sw & g1_prmt(nz, 0u, 0xBA98u) & 0x7f7f7f7fu;
+    const u32 h01 = g1_prmt(c7, 0u, 0x1404u) >> 1, h23 = g1_prmt(c7, 0u, 0x3424u) >> 1;
+    ws[0] = f16_to_f32((u16)h01);
+    ws[1] = f16_to_f32((u16)(h01 >> 16));
+    ws[2] = f16_to_f32((u16)h23);
+    ws[3] = f16_to_f32((u16)(h23 >> 16));
+}
+
+// R nvfp4 blocks (9 words at w + i * stride each, i < R) . the same 64 activations, in lockstep
+// so that the R independent chains interleave: x[8 s + 4 h + i] holds the int16 pair of values
+// 16 s + 4 h + i and + 8 (code word 1 + 2 s + h, bytes i), cs[s] = -128 * (sum of the int16
+// activations of sub-block s); lo = G1_E2M1_LO. out[i] = sum_s scale_s / 256 * dot_s (E2M1
+// values times 2).
+template <int R>
+__device__ __forceinline__ void g1_units_nvfp4(const u32* w, int stride, const u32* x, const int* cs, u32 lo, float* out) {
+    u32 u[R][9];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int i = 0; i < 9; i++) u[r][i] = w[r * stride + i];
+    }
+    float ws[R][4];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        g1_ue4m3x4(u[r][0], ws[r]);
+        out[r] = 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        int dot[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) dot[r] = cs[s];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32* xp = x + 8 * s + 4 * h;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const u32 q = u[r][1 + 2 * s + h], n = q ^ 0x88888888u;
+                const u32 d0 = g1_e2m1x4(lo, q, n), d1 = g1_e2m1x4(lo, q >> 16, n >> 16);
+                dot[r] = g1_dp2a_lo_su(xp[0], d0, dot[r]);
+                dot[r] = g1_dp2a_hi_su(xp[1], d0, dot[r]);
+                dot[r] = g1_dp2a_lo_su(xp[2], d1, dot[r]);
+                dot[r] = g1_dp2a_hi_su(xp[3], d1, dot[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) out[r] = fmaf((float)dot[r], ws[r][s], out[r]);
+    }
+}
+
+// Two q8_0 blocks (17 words at w: f16 scale, 32 quants, f16 scale, 32 quants) . their 64
+// activations, x[p] the int16 pair of values 2 p and 2 p + 1. Two dp2a chains per block.
+__device__ __forceinline__ float g1_unit_q8_0(const u32* w, const u32* x) {
+    u32 u[17];
+#pragma unroll
+    for (int i = 0; i < 17; i++) u[i] = w[i];
+    // block 0: quants at bytes 2 .. 33 (words 0 hi, 1 .. 7, 8 lo); block 1 at bytes 36 .. 67
+    int a0 = g1_dp2a_hi_ss(x[0], u[0], 0), a1 = 0;
+#pragma unroll
+    for (int i = 1; i < 8; i++) {
+        a0 = g1_dp2a_lo_ss(x[2 * i - 1], u[i], a0);
+        a1 = g1_dp2a_hi_ss(x[2 * i], u[i], a1);
+    }
+    a0 = g1_dp2a_lo_ss(x[15], u[8], a0);
+    int b0 = 0, b1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        b0 = g1_dp2a_lo_ss(x[16 + 2 * i], u[9 + i], b0);
+        b1 = g1_dp2a_hi_ss(x[17 + 2 * i], u[9 + i], b1);
+    }
+    return fmaf((float)(a0 + a1), f16_to_f32((u16)u[0]), (float)(b0 + b1) * f16_to_f32((u16)(u[8] >> 16)));
+}
+
+// out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
+// above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
+// rows a stage (a multiple of groups). Dynamic shared memory: G1_STAGES stages of rows_stage rows,
+// then 2 x rows_stage x nu partials; the f32 activations are staged over the last stage and the
+// partials before the first barrier of the loop (the host sizes it for the larger of the two).
+template <int DT>
+__device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, const Tensor& out, int groups, int rows_stage) {
+    constexpr int UB = DT == DT_NVFP4 ? NVFP4_BYTES : 2 * Q8_0_BYTES;
+    extern __shared__ __align__(16) char g1_shared[];
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
+    const int nu = (int)(a.ne[0] / 64), row_bytes = nu * UB, stage_bytes = rows_stage * row_bytes;
+    const i64 rows = a.ne[1];
+    const i64 m0 = (i64)blockIdx.x * rows / gridDim.x, m1 = ((i64)blockIdx.x + 1) * rows / gridDim.x;
+    const int nst = (int)((m1 - m0 + rows_stage - 1) / rows_stage);
+    float* parts = (float*)(g1_shared + G1_STAGES * stage_bytes);
+    char* xf = g1_shared + (G1_STAGES - 1) * stage_bytes;
+    const u32 ring = tc_smem(g1_shared);
+    const char* src0 = a.data + m0 * row_bytes;
+    auto stage_rows = [&](int s) { return (int)min((i64)rows_stage, m1 - m0 - (i64)s * rows_stage); };
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(8) u64 g1_bars[G1_STAGES];
+    const u32 bars = tc_smem(g1_bars);
+    // bulk path: thread 0 copies stage s (contiguous rows) in pieces of at most 32 KiB, all
+    // completing on the buffer's barrier
+    auto issue_bulk = [&](int s) {
+        if (s >= nst) return;
+        const u32 bytes = (u32)(stage_rows(s) * row_bytes), bar = bars + 8 * (s % G1_STAGES);
+        const u32 dst = ring + (u32)((s % G1_STAGES) * stage_bytes);
+        const char* src = src0 + (i64)s * stage_bytes;
+        g1_bar_expect(bar, bytes);
+        for (u32 o = 0; o < bytes; o += 32768u) g1_bulk(dst + o, src + o, min(bytes - o, 32768u), bar);
+    };
+#else
+    // cp.async path: every thread copies 16-byte pieces, one commit group a stage
+    auto issue = [&](int s) {
+        if (s < nst) {
+            const int n16 = stage_rows(s) * row_bytes / 16;
+            const char* src = src0 + (i64)s * stage_bytes + 16 * tid;
+            u32 dst = ring + (u32)((s % G1_STAGES) * stage_bytes) + 16 * tid;
+#pragma unroll 4
+            for (int c = tid; c < n16; c += nt, src += 16 * nt, dst += 16 * nt) tc_cp16_at(dst, src, true);
+        }
+        tc_commit();
+    };
+#endif
+
+    // The activations as f32, unit j at xf + G1_XSTRIDE j: the first loads go out before the
+    // first stages' copies (they are L2 hits that should not queue behind them).
+    const bool vec = b.nb[0] == 4 && ((u64)b.data & 15) == 0;
+    const int n4 = nu * 16;
+    auto load_x = [&](int c) {
+        if (vec) return ((const float4*)b.data)[c];
+        const char* p = b.data + 4 * (i64)c * b.nb[0];
+        return make_float4(*(const float*)p, *(const float*)(p + b.nb[0]), *(const float*)(p + 2 * b.nb[0]), *(const float*)(p + 3 * b.nb[0]));
+    };
+    float4 xv[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (tid + i * nt < n4) xv[i] = load_x(tid + i * nt);
+    }
+#if __CUDA_ARCH__ >= 900
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < G1_STAGES; i++) g1_bar_init(bars + 8 * i);
+        g1_fence_bar_init();
+#pragma unroll
+        for (int s = 0; s < G1_STAGES - 1; s++) issue_bulk(s);
+    }
+#else
+#pragma unroll
+    for (int s = 0; s < G1_STAGES - 1; s++) issue(s);
+#endif
+    for (int c0 = tid; c0 < n4; c0 += 8 * nt) {
+        if (c0 != tid) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (c0 + i * nt < n4) xv[i] = load_x(c0 + i * nt);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c = c0 + i * nt;
+            if (c < n4) *(float4*)(xf + 16 * c + 16 * (c >> 4)) = xv[i];
+        }
+    }
+    __syncthreads();
+    const int g = tid / nu, j = tid - g * nu;
+    const bool worker = g < groups;
+    // 0, but opaque and per thread: or-ed into values that the compiler would otherwise copy from
+    // a uniform register or negate before every use.
+    const u32 zero = (u32)(rows_stage + tid) & 0x80000000u;
+    // This thread's unit as int16 with one scale (|x - dx q| <= dx / 2, dx = amax / 32767).
+    u32 x[32];
+    int cs[4];
+    float dx = 0.0f;
+    if (worker) {
+        float v[64], amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float4 f = *(const float4*)(xf + G1_XSTRIDE * j + 16 * i);
+            v[4 * i] = f.x;
+            v[4 * i + 1] = f.y;
+            v[4 * i + 2] = f.z;
+            v[4 * i + 3] = f.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 64; e++) amax = fmaxf(amax, fabsf(v[e]));
+        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        int q[64];
+#pragma unroll
+        for (int e = 0; e < 64; e++) q[e] = (int)fminf(fmaxf(rintf(v[e] * id), -32767.0f), 32767.0f);
+        dx = amax / 32767.0f;
+        if (DT == DT_NVFP4) {
+            dx *= 128.0f;  // E2M1 values are doubled, scales read as value / 256
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                int sum = 0;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int e = 16 * s + 4 * h + i;
+                        x[8 * s + 4 * h + i] = g1_pair(q[e], q[e + 8]);
+                        sum += q[e] + q[e + 8];
+                    }
+                }
+                cs[s] = (int)((u32)(-128 * sum) | zero);
+            }
+        } else {
+#pragma unroll
+            for (int p = 0; p < 32; p++) x[p] = g1_pair(q[2 * p], q[2 * p + 1]);
+#pragma unroll
+            for (int s = 0; s < 4; s++) cs[s] = 0;
+        }
+    }
+
+    // Row r of stage s: its nu partials at parts[(s & 1) rows_stage nu + r nu ..]; the warps add
+    // up one row each.
+    auto reduce = [&](int s) {
+        const float* p = parts + (s & 1) * rows_stage * nu;
+        const int n = stage_rows(s);
+        for (int r = warp; r < n; r += nwarps) {
+            float v = 0.0f;
+            for (int i = lane; i < nu; i += 32) v += p[r * nu + i];
+            v = warp_sum(v);
+            if (lane == 0) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, 0, 0, 0)) = v;
+        }
+    };
+    const u32 e2m1_lo = G1_E2M1_LO | zero;
+    for (int s = 0; s < nst; s++) {
+#if __CUDA_ARCH__ >= 900
+        __syncthreads();  // stage s - 1's buffer and partials are free
+        if (tid == 0) {
+            tc_fence_async();
+            issue_bulk(s + G1_STAGES - 1);
+        }
+        if (s > 0) reduce(s - 1);
+        g1_bar_wait(bars + 8 * (s % G1_STAGES), (u32)(s / G1_STAGES) & 1u);  // stage s landed
+#else
+        tc_wait<G1_STAGES - 2>();
+        __syncthreads();  // stage s landed for every thread; stage s - 1's buffer and partials are free
+        issue(s + G1_STAGES - 1);
+        if (s > 0) reduce(s - 1);
+#endif
+        if (worker) {
+            const char* sb = g1_shared + (s % G1_STAGES) * stage_bytes;
+            float* p = parts + (s & 1) * rows_stage * nu;
+            const int n = stage_rows(s);
+            if (DT == DT_NVFP4) {
+                // two rows at a time: two independent units for the scheduler to interleave
+                for (int r = g; r < n; r += 2 * groups) {
+                    const u32* w = (const u32*)(sb + r * row_bytes + UB * j);
+                    float v[2];
+                    if (r + groups < n) {
+                        g1_units_nvfp4<2>(w, groups * row_bytes / 4, x, cs, e2m1_lo, v);
+                        p[(r + groups) * nu + j] = dx * v[1];
+                    } else {
+                        g1_units_nvfp4<1>(w, 0, x, cs, e2m1_lo, v);
+                    }
+                    p[r * nu + j] = dx * v[0];
+                }
+            } else {
+                for (int r = g; r < n; r += groups) p[r * nu + j] = dx * g1_unit_q8_0((const u32*)(sb + r * row_bytes + UB * j), x);
+            }
+        }
+    }
+    __syncthreads();
+    if (nst > 0) reduce(nst - 1);
+}
+
+extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_q8_0(Tensor a, Tensor b, Tensor out, int groups, int rows_stage) {
+    gemv1_body<DT_Q8_0>(a, b, out, groups, rows_stage);
+}
+extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_nvfp4(Tensor a, Tensor b, Tensor out, int groups, int rows_stage) {
+    gemv1_body<DT_NVFP4>(a, b, out, groups, rows_stage);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Word GEMVs for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole
+// words of 8 values, at most WORDS words a thread): thread t owns words t + blockDim.x j of every
+// row and their 8 f32 activations (packed by `pack_b`) in registers; a step takes R rows, the
+// next step's loads issued before this step's arithmetic and reduction. `gemv_*w`: 2 words a
+// thread, GW_R rows a step, up to GW_MAX_THREADS threads; `gemv_*w_long`: 5 words, 2 rows, up to
+// GH_LONG_THREADS threads (the register budget of 40 activations and 2 x 10 words in flight).
 #define GW_R 4
 #define GW_MAX_THREADS 512
+#define GH_LONG_THREADS 448
 
 __device__ __forceinline__ uint4 ldg_nc_v4(const void* p) {
     uint4 v;
     asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-
-// Activation row r of b (k values) as int16 at xq + r * k and one f32 scale per 32 values at
-// xs + r * k / 32 (|x - d x_q| <= amax / 65278). One thread per 32 values.
-extern "C" __global__ void quant_x32(Tensor b, short* xq, float* xs) {
-    const i64 k = b.ne[0], nbk = k / 32, total = nbk * (nelements(b) / k);
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-        const i64 r = i / nbk, j = i % nbk;
-        i64 i1, i2, i3;
-        row_coords(b, r, i1, i2, i3);
-        const char* src = b.data + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3] + 32 * j * b.nb[0];
-        float v[32], amax = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 32; e++) {
-            v[e] = *(const float*)(src + e * b.nb[0]);
-            amax = fmaxf(amax, fabsf(v[e]));
-        }
-        const float id = amax > 0.0f ? XQ_MAX / amax : 0.0f;
-        u32 q[16];
-#pragma unroll
-        for (int e = 0; e < 16; e++) {
-            const int q0 = (int)fminf(fmaxf(rintf(v[2 * e] * id), -XQ_MAX), XQ_MAX);
-            const int q1 = (int)fminf(fmaxf(rintf(v[2 * e + 1] * id), -XQ_MAX), XQ_MAX);
-            q[e] = ((u32)q0 & 0xffffu) | ((u32)q1 << 16);
-        }
-        uint4* dst = (uint4*)(xq + r * k + 32 * j);
-#pragma unroll
-        for (int e = 0; e < 4; e++) dst[e] = make_uint4(q[4 * e], q[4 * e + 1], q[4 * e + 2], q[4 * e + 3]);
-        xs[r * nbk + j] = amax / XQ_MAX;
-    }
-}
-
-// One step's weights: word `w` of rows m0 .. m0 + GW_R - 1 (clamped to the last row) and the
-// scales of its blocks A (at byte oa) and B (`bsz` bytes on): q8_0's f16, nvfp4's scale word.
-struct GwRaw {
-    uint4 v[GW_R];
-    u32 da[GW_R], db[GW_R];
-};
-
-__device__ __forceinline__ void gw_load(GwRaw& raw, const Tensor& a, i64 m0, int w, int oa, bool live, bool has_b, int bsz) {
-#pragma unroll
-    for (int r = 0; r < GW_R; r++) {
-        const char* rp = a.data + min(m0 + r, a.ne[1] - 1) * a.nb[1];
-        raw.v[r] = live ? ldg_nc_v4(rp + 16 * w) : make_uint4(0u, 0u, 0u, 0u);
-        if (bsz == Q8_0_BYTES) {
-            raw.da[r] = live ? *(const u16*)(rp + oa) : 0u;
-            raw.db[r] = has_b ? *(const u16*)(rp + oa + bsz) : 0u;
-        } else {
-            raw.da[r] = live ? *(const u32*)(rp + oa) : 0u;
-            raw.db[r] = has_b ? *(const u32*)(rp + oa + bsz) : 0u;
-        }
-    }
-}
-
-__device__ __forceinline__ int dp4a_x4(uint4 v, const u32* x) {
-    return dp4a((int)v.w, (int)x[3], dp4a((int)v.z, (int)x[2], dp4a((int)v.y, (int)x[1], dp4a((int)v.x, (int)x[0], 0))));
-}
-
-// out[m] = a row m . x for a: [k, M] q8_0 (rows 16-byte aligned, k % 256 == 0, k / 32 * 34 / 16
-// <= blockDim.x words) and one activation row x (`quant_x32`: xq, xs). Grid-stride over GW_R
-// rows a step.
-extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_q8w(Tensor a, const short* xq, const float* xs, Tensor out) {
-    __shared__ float red[GW_MAX_THREADS / 32][GW_R];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const i64 rows = a.ne[1];
-    const int nblk = (int)(a.ne[0] / QK8_0), words = nblk * Q8_0_BYTES / 16;
-    const int w = tid, ba = 16 * w / Q8_0_BYTES, oa = ba * Q8_0_BYTES;
-    const bool live = w < words, has_b = live && ba + 1 < nblk && 16 * w + 15 >= oa + Q8_0_BYTES + 2;
-    const float sa = live ? xs[ba] : 0.0f, sb = has_b ? xs[ba + 1] : 0.0f;
-    u32 ha[4], la[4], hb[4], lb[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) ha[c] = la[c] = hb[c] = lb[c] = 0u;
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const int o = 16 * w + i, bi = o / Q8_0_BYTES, p = o - bi * Q8_0_BYTES;
-        const int q = live && p >= 2 ? (int)xq[bi * QK8_0 + p - 2] : 0;
-        const int h = (q + 128) >> 8, l = q - 256 * h;
-        const u32 hv = (u32)(h & 0xff) << (8 * (i & 3)), lv = (u32)(l & 0xff) << (8 * (i & 3));
-        if (bi == ba) {
-            ha[i >> 2] |= hv;
-            la[i >> 2] |= lv;
-        } else {
-            hb[i >> 2] |= hv;
-            lb[i >> 2] |= lv;
-        }
-    }
-    const i64 stride = (i64)gridDim.x * GW_R;
-    i64 m0 = (i64)blockIdx.x * GW_R;
-    GwRaw next;
-    if (m0 < rows) gw_load(next, a, m0, w, oa, live, has_b, Q8_0_BYTES);
-    for (; m0 < rows; m0 += stride) {
-        const GwRaw cur = next;
-        if (m0 + stride < rows) gw_load(next, a, m0 + stride, w, oa, live, has_b, Q8_0_BYTES);
-#pragma unroll
-        for (int r = 0; r < GW_R; r++) {
-            const float va = (float)(dp4a_x4(cur.v[r], ha) * 256 + dp4a_x4(cur.v[r], la)) * (f16_to_f32((u16)cur.da[r]) * sa);
-            const float vb = (float)(dp4a_x4(cur.v[r], hb) * 256 + dp4a_x4(cur.v[r], lb)) * (f16_to_f32((u16)cur.db[r]) * sb);
-            const float v = warp_sum(va + vb);
-            if (lane == 0) red[warp][r] = v;
-        }
-        __syncthreads();
-        if (tid < GW_R && m0 + tid < rows) {
-            float v = 0.0f;
-            for (int i = 0; i < (int)(blockDim.x >> 5); i++) v += red[i][tid];
-            *(float*)(out.data + offset_of(out, m0 + tid, 0, 0, 0)) = v;
-        }
-        __syncthreads();
-    }
-}
-
-// `gemv_q8w` for nvfp4 rows (k % 256 == 0: 36-byte blocks fill whole words). Every 4-byte piece
-// of a word lies in one block's scale word (zero activations) or in one half of a 16-value
-// sub-block s: its low nibbles are values 16 s + 4 h + 0..3, its high nibbles 16 s + 8 + 4 h +
-// 0..3. Per piece: int8 hi / lo activation quads for both nibble sets, the activation scale and
-// which scale byte (block A's or B's scale word, byte s) applies.
-extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f4w(Tensor a, const short* xq, const float* xs, Tensor out) {
-    __shared__ float red[GW_MAX_THREADS / 32][GW_R];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const i64 rows = a.ne[1];
-    const int nblk = (int)(a.ne[0] / QK_NVFP4), words = nblk * NVFP4_BYTES / 16;
-    const int w = tid, ba = 16 * w / NVFP4_BYTES, oa = ba * NVFP4_BYTES;
-    const bool live = w < words, has_b = live && ba + 1 < nblk && 16 * w + 15 >= oa + NVFP4_BYTES + 4;
-    u32 hl[4], ll[4], hh[4], lh[4], sel[4];
-    float sx[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        const int o = 16 * w + 4 * c, bi = o / NVFP4_BYTES, p = o - bi * NVFP4_BYTES;
-        const bool quants = live && p >= 4;
-        const int s = quants ? (p - 4) >> 3 : 0, e0 = 64 * bi + 16 * s + 4 * (((p - 4) >> 2) & 1);
-        hl[c] = ll[c] = hh[c] = lh[c] = 0u;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int ql = quants ? (int)xq[e0 + e] : 0, qh = quants ? (int)xq[e0 + 8 + e] : 0;
-            const int h0 = (ql + 128) >> 8, l0 = ql - 256 * h0, h1 = (qh + 128) >> 8, l1 = qh - 256 * h1;
-            hl[c] |= (u32)(h0 & 0xff) << (8 * e);
-            ll[c] |= (u32)(l0 & 0xff) << (8 * e);
-            hh[c] |= (u32)(h1 & 0xff) << (8 * e);
-            lh[c] |= (u32)(l1 & 0xff) << (8 * e);
-        }
-        sx[c] = quants ? 0.5f * xs[2 * bi + (s >> 1)] : 0.0f;
-        sel[c] = (bi == ba ? 0u : 4u) + (u32)s;
-    }
-    const i64 stride = (i64)gridDim.x * GW_R;
-    i64 m0 = (i64)blockIdx.x * GW_R;
-    GwRaw next;
-    if (m0 < rows) gw_load(next, a, m0, w, oa, live, has_b, NVFP4_BYTES);
-    for (; m0 < rows; m0 += stride) {
-        const GwRaw cur = next;
-        if (m0 + stride < rows) gw_load(next, a, m0 + stride, w, oa, live, has_b, NVFP4_BYTES);
-#pragma unroll
-        for (int r = 0; r < GW_R; r++) {
-            const u32 q[4] = {cur.v[r].x, cur.v[r].y, cur.v[r].z, cur.v[r].w};
-            float v = 0.0f;
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int2 t = e2m1x8_i8(q[c]);
-                const int ih = dp4a(t.y, (int)hh[c], dp4a(t.x, (int)hl[c], 0));
-                const int il = dp4a(t.y, (int)lh[c], dp4a(t.x, (int)ll[c], 0));
-                v += (float)(ih * 256 + il) * (ue4m3_fast(__byte_perm(cur.da[r], cur.db[r], sel[c])) * sx[c]);
-            }
-            v = warp_sum(v);
-            if (lane == 0) red[warp][r] = v;
-        }
-        __syncthreads();
-        if (tid < GW_R && m0 + tid < rows) {
-            float v = 0.0f;
-            for (int i = 0; i < (int)(blockDim.x >> 5); i++) v += red[i][tid];
-            *(float*)(out.data + offset_of(out, m0 + tid, 0, 0, 0)) = v;
-        }
-        __syncthreads();
-    }
-}
-
-// `gemv_q8w` for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole
-// words of 8 values, at most WORDS words a thread): thread t owns words t + blockDim.x j of every
-// row and their 8 f32 activations (packed by `pack_b`) in registers; a step takes R rows, the
-// next step's loads issued before this step's arithmetic and reduction. `gemv_*w`: 2 words a
-// thread, GW_R rows a step, up to GW_MAX_THREADS threads; `gemv_*w_long`: 5 words, 2 rows, up to
-// GH_LONG_THREADS threads (the register budget of 40 activations and 2 x 10 words in flight).
-#define GH_LONG_THREADS 448
 
 // w's 8 halves (type DT) . x[0..7].
 template <int DT>

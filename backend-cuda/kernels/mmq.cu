@@ -260,8 +260,6 @@ __device__ __forceinline__ void mq_scale_into(MqAcc& acc, const float* part, flo
 #pragma unroll
     for (int i = 0; i < 64; i++) acc.v[i] += ((i & 2) ? d1 : d0) * part[i];
 }
-// Orders this thread's generic-proxy shared writes (stores, cp.async) before later wgmma reads.
-__device__ __forceinline__ void wg_fence_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // d = A (64 x 16, descriptor a) B^T (128 x 16, descriptor b) + (accumulate ? d : 0), issued
 // asynchronously by the warpgroup.
 __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {
@@ -404,7 +402,7 @@ __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow
         // so its slot takes tile kt + S - 2 and its decoded tile takes tile kt + 1.
         tc_wait<S - 4>();
 #ifdef MQ_WGMMA
-        wg_fence_shared();
+        tc_fence_async();
 #endif
         __syncthreads();
         if (kt + S - 2 < ktiles) loader.load_next(ring + load * mq_slot_bytes(QT));

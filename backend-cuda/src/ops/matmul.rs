@@ -7,11 +7,13 @@
 //!   Aligned q8_0 / nvfp4 weights (and few long f16 / bf16 rows) take `gemv_fast_{1,2,4,8}`
 //!   instead: one block per weight row reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
-//!   `quant_x`) with `dp4a`. One token against one q8_0 / nvfp4 matrix of rows of at most 512
-//!   whole 16-byte words takes `gemv_q8w` / `gemv_f4w` (after `quant_x32`): a thread per word
-//!   of the row, its activations built once in registers, GW_R rows a step (measured on an H200
-//!   at 17408 x 5120, 1 token: q8_0 60.4 -> 34.0 us, 37% -> 66% of copy bandwidth; nvfp4 59.9 ->
-//!   47.2 us, 20% -> 25%). One token against one f16 / bf16 matrix of 16-byte words takes
+//!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
+//!   0) takes `gemv1_q8_0` / `gemv1_nvfp4` (`gemv1_plan`): rows streamed through shared memory
+//!   (bulk copies on sm_90+), a thread per 64-value unit of the row with its activations
+//!   quantized in the kernel and kept in registers, int16 x int8 `dp2a` (measured on an H200,
+//!   1 token, % of copy bandwidth, the previous word kernels -> `gemv1`: q8_0 17408 x 5120 66 ->
+//!   77, 5120 x 17408 47 -> 75-77; nvfp4 25 -> 54, 30 -> 54). One token against one f16 / bf16
+//!   matrix of 16-byte words takes
 //!   `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a thread
 //!   (H200, 1 token, bf16: 17408 x 5120 58.2 -> 46.6 us, 73% -> 91%; 5120 x 17408 54.2 ->
 //!   47.4 us, 78% -> 90%; 6144 x 2048 42% -> 73%).
@@ -50,9 +52,8 @@ const GEMV_FAST: [Kernel; 4] = [
     Kernel::new(Module::Matmul, "gemv_fast_4"),
     Kernel::new(Module::Matmul, "gemv_fast_8"),
 ];
-const QUANT_X32: Kernel = Kernel::new(Module::Matmul, "quant_x32");
-const GEMV_Q8W: Kernel = Kernel::new(Module::Matmul, "gemv_q8w");
-const GEMV_F4W: Kernel = Kernel::new(Module::Matmul, "gemv_f4w");
+const GEMV1_Q8_0: Kernel = Kernel::new(Module::Matmul, "gemv1_q8_0");
+const GEMV1_NVFP4: Kernel = Kernel::new(Module::Matmul, "gemv1_nvfp4");
 const GEMV_F16W: Kernel = Kernel::new(Module::Matmul, "gemv_f16w");
 const GEMV_BF16W: Kernel = Kernel::new(Module::Matmul, "gemv_bf16w");
 const GEMV_F16W_LONG: Kernel = Kernel::new(Module::Matmul, "gemv_f16w_long");
@@ -63,11 +64,21 @@ const GH_WORDS: u64 = 2;
 /// `GH_LONG_THREADS` in matmul.cu.
 const GH_LONG_WORDS: u64 = 5;
 const GH_LONG_THREADS: u64 = 448;
-/// Most threads (16-byte words of a weight row) of a `gemv_q8w` / `gemv_f4w` block: `GW_MAX_THREADS` in
-/// matmul.cu.
+/// Most threads of a `gemv_f16w` / `gemv_bf16w` block: `GW_MAX_THREADS` in matmul.cu.
 const GW_MAX_THREADS: u64 = 512;
-/// Weight rows a `gemv_q8w` block takes per step: `GW_R` in matmul.cu.
+/// Weight rows a `gemv_f16w` block takes per step: `GW_R` in matmul.cu.
 const GW_R: u64 = 4;
+/// `gemv1_*` (matmul.cu): shared-memory stages (`G1_STAGES`), most threads a block
+/// (`G1_MAX_THREADS`), staged f32 activation bytes per 64-value unit (`G1_XSTRIDE`).
+/// TAG(gemv1-consts)
+const G1_STAGES: usize = 4;
+const G1_MAX_THREADS: usize = 576;
+const G1_XSTRIDE: usize = 272;
+/// Bytes of weight rows a `gemv1_*` stage aims at: 3 stages in flight keep 100-120 KiB loading
+/// per block (one block a multiprocessor), and nvfp4 gets two rows a thread a stage.
+const G1_STAGE_BYTES: usize = 48 << 10;
+/// Static shared memory of `gemv1_*` (its stage barriers), kept out of the dynamic budget.
+const G1_STATIC_SHARED: usize = 64;
 /// Threads (one weight row) per `gemv_fast_N` block: `GF_THREADS` in matmul.cu.
 const GF_THREADS: u32 = 128;
 const MOE_DECODE: Kernel = Kernel::new(Module::Matmul, "moe_decode");
@@ -212,8 +223,11 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
     }
+    if let Some(plan) = gemv1_plan(&a, d, &b, cx.info.max_shared_per_block) {
+        return gemv1(cx, a, d, b, out, plan);
+    }
     if let Some(kernel) = word_gemv(&a, d, &b) {
-        return gemv_words(cx, a, d, b, out, kernel);
+        return gemv_words(cx, a, b, out, kernel);
     }
     if fast_gemv_fits(&a, d) {
         return gemv_fast(cx, a, d, b, out);
@@ -306,13 +320,90 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     Ok(())
 }
 
-/// The word GEMV kernel and its threads, when one takes the product: one token, one weight
-/// matrix whose rows are 16-byte aligned whole words. `gemv_q8w` / `gemv_f4w`: q8_0 / nvfp4 with
-/// k % 256 == 0, a thread per word, at most `GW_MAX_THREADS` words (longer rows stay on
-/// `gemv_fast_1`: several words a thread ran q8_0 5120 x 17408 at 31% of copy bandwidth on an
-/// H200, against 48% there). `gemv_f16w` / `gemv_bf16w`: `GH_WORDS` words a thread, at most
-/// `GW_MAX_THREADS` threads; longer rows `gemv_f16w_long` / `gemv_bf16w_long` (`GH_LONG_WORDS`
-/// words, at most `GH_LONG_THREADS` threads). Threads are rounded up to whole warps.
+/// How `gemv1_q8_0` / `gemv1_nvfp4` run one product: threads a block, thread groups (each takes
+/// every row of a stage once), rows a stage, dynamic shared memory bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct G1Plan {
+    threads: u32,
+    groups: i32,
+    rows_stage: i32,
+    shared: u32,
+}
+
+/// The `gemv1_*` plan when one takes the product: one token against one q8_0 / nvfp4 matrix of
+/// contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256 == 0 (rows of
+/// whole 16-byte pieces), at most `G1_MAX_THREADS` 64-value units a row, and a plan whose stages
+/// fit `max_shared` (fewer rows a stage, then fewer groups, until they do). Groups: as many as
+/// `G1_MAX_THREADS` threads hold; rows a stage: about `G1_STAGE_BYTES`, a multiple of groups.
+fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize) -> Option<G1Plan> {
+    let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
+    let unit_bytes = match d {
+        DType::Q8_0 => 2 * d.block_bytes(),
+        DType::NvFp4 => d.block_bytes(),
+        _ => return None,
+    };
+    let k = usize::try_from(a.ne[0]).ok()?;
+    let nu = k / 64;
+    let row_bytes = nu * unit_bytes;
+    let contiguous = a.nb[1] == row_bytes as i64 && a.data.is_multiple_of(16);
+    if !single || !contiguous || k % 256 != 0 || nu == 0 || nu > G1_MAX_THREADS {
+        return None;
+    }
+    for groups in (1..=G1_MAX_THREADS / nu).rev() {
+        for per_group in (1..=(G1_STAGE_BYTES / (groups * row_bytes)).max(1)).rev() {
+            let rows_stage = groups * per_group;
+            let stage = rows_stage * row_bytes;
+            let partials = 2 * rows_stage * nu * 4;
+            let shared = (G1_STAGES - 1) * stage + (stage + partials).max(nu * G1_XSTRIDE);
+            if shared + G1_STATIC_SHARED <= max_shared {
+                return Some(G1Plan {
+                    threads: (groups * nu).next_multiple_of(32) as u32,
+                    groups: groups as i32,
+                    rows_stage: rows_stage as i32,
+                    shared: u32::try_from(shared).ok()?,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The 1-token GEMV `gemv1_q8_0` / `gemv1_nvfp4` (activations quantized in the kernel; no
+/// scratch), one block per multiprocessor (as many as fit), each over an even share of the rows.
+fn gemv1(
+    cx: &mut Cx<'_>,
+    a: TensorArg,
+    d: DType,
+    b: TensorArg,
+    out: TensorArg,
+    plan: G1Plan,
+) -> Result<(), BackendError> {
+    let kernel = if d == DType::Q8_0 { GEMV1_Q8_0 } else { GEMV1_NVFP4 };
+    cx.allow_shared(kernel, plan.shared)?;
+    let f = cx.function(kernel)?;
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(plan.threads, plan.shared as usize, None)
+        .map_err(|e| launch_error(kernel, e))?;
+    let resident = per_sm.max(1) as u64 * cx.info.multiprocessors.max(1) as u64;
+    let grid = ((a.ne[1] as u64).min(resident).clamp(1, i32::MAX as u64) as u32, 1, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
+    // SAFETY: `gemv1_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
+    // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
+    // threads <= G1_MAX_THREADS (`gemv1_plan`); block i copies whole 16-byte pieces of its rows
+    // [i M / grid, (i + 1) M / grid) only; `shared` holds G1_STAGES stages of rows_stage rows
+    // plus the partials, or the staged activations (k / 64 * G1_XSTRIDE bytes) if larger, and is
+    // within the device limit (raised above); b is one f32 row of k values read through its
+    // strides; out is [M, 1, 1, 1] f32, written at rows < M.
+    unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }.map_err(|e| launch_error(kernel, e))?;
+    Ok(())
+}
+
+/// The word GEMV kernel and its threads, when one takes the product: one token, one f16 / bf16
+/// weight matrix whose rows are 16-byte aligned whole words. `gemv_f16w` / `gemv_bf16w`:
+/// `GH_WORDS` words a thread, at most `GW_MAX_THREADS` threads; longer rows `gemv_f16w_long` /
+/// `gemv_bf16w_long` (`GH_LONG_WORDS` words, at most `GH_LONG_THREADS` threads). Threads are
+/// rounded up to whole warps.
 fn word_gemv(a: &TensorArg, d: DType, b: &TensorArg) -> Option<(Kernel, u32)> {
     let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     if !single || !rows_vectorizable(a, d) {
@@ -320,9 +411,6 @@ fn word_gemv(a: &TensorArg, d: DType, b: &TensorArg) -> Option<(Kernel, u32)> {
     }
     let words = d.row_bytes(a.ne[0] as usize)? as u64 / 16;
     let (kernel, threads) = match d {
-        DType::Q8_0 | DType::NvFp4 if a.ne[0] % 256 == 0 && words <= GW_MAX_THREADS => {
-            (if d == DType::Q8_0 { GEMV_Q8W } else { GEMV_F4W }, words)
-        }
         DType::F16 | DType::BF16 if words.div_ceil(GH_WORDS) <= GW_MAX_THREADS => {
             (if d == DType::F16 { GEMV_F16W } else { GEMV_BF16W }, words.div_ceil(GH_WORDS))
         }
@@ -334,48 +422,28 @@ fn word_gemv(a: &TensorArg, d: DType, b: &TensorArg) -> Option<(Kernel, u32)> {
     Some((kernel, threads.next_multiple_of(32) as u32))
 }
 
-/// The decode GEMV over whole words: `gemv_q8w` / `gemv_f4w` after `quant_x32`, or `gemv_f16w`
-/// / `gemv_bf16w` after `pack_b`, on a grid of the blocks that fit the GPU at once.
+/// The decode GEMV over whole words: `gemv_f16w` / `gemv_bf16w[_long]` after `pack_b`, on a grid
+/// of the blocks that fit the GPU at once.
 fn gemv_words(
     cx: &mut Cx<'_>,
     a: TensorArg,
-    d: DType,
     b: TensorArg,
     out: TensorArg,
     (kernel, threads): (Kernel, u32),
 ) -> Result<(), BackendError> {
-    let (xq_bytes, _) = quant_x_bytes(b.nelements() as usize);
-    let (xq, xs) = (cx.scratch, cx.scratch + xq_bytes as u64);
-    if d.is_quantized() {
-        let f = cx.function(QUANT_X32)?;
-        let mut args = cx.stream.launch_builder(&f);
-        args.arg(&b).arg(&xq).arg(&xs);
-        // SAFETY: `quant_x32(b, xq, xs)` reads b inside its span (k a multiple of 256) and writes
-        // k int16 a row at xq and k / 32 f32 a row at xs (scratch_bytes: quant_x_bytes covers
-        // both).
-        let blocks = blocks_for(b.nelements() / 32, THREADS);
-        unsafe { args.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(QUANT_X32, e))?;
-    } else {
-        pack_b(cx, b, cx.scratch, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
-    }
+    let x = cx.scratch;
+    pack_b(cx, b, x, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
     let f = cx.function(kernel)?;
     let per_sm =
         f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None).map_err(|e| launch_error(kernel, e))?;
     let resident = per_sm.max(1) as u64 * cx.info.multiprocessors.max(1) as u64;
     let grid = ((a.ne[1] as u64).div_ceil(GW_R).min(resident).max(1) as u32, 1, 1);
     let mut args = cx.stream.launch_builder(&f);
-    if d.is_quantized() {
-        args.arg(&a).arg(&xq).arg(&xs).arg(&out);
-    } else {
-        args.arg(&a).arg(&xq).arg(&out);
-    }
-    // SAFETY: `gemv_q8w` / `gemv_f4w(a, xq, xs, out)`: a is one [k, M] q8_0 / nvfp4 matrix whose
-    // rows are 16-byte aligned whole words, row_bytes / 16 <= threads <= GW_MAX_THREADS
-    // (`word_gemv`); xq / xs hold one `quant_x32` row. `gemv_f16w` / `gemv_bf16w[_long](a, x,
-    // out)`: a is one [k, M] f16 / bf16 matrix of 16-byte aligned rows of whole words,
-    // row_bytes / 16 <= words a thread * threads, threads <= the kernel's launch bound
-    // (`word_gemv`); x (= xq) holds one `pack_b` f32 row of k values. Row reads are clamped to
-    // row M - 1; out is [M, 1, 1, 1] f32.
+    args.arg(&a).arg(&x).arg(&out);
+    // SAFETY: `gemv_f16w` / `gemv_bf16w[_long](a, x, out)`: a is one [k, M] f16 / bf16 matrix of
+    // 16-byte aligned rows of whole words, row_bytes / 16 <= words a thread * threads, threads <=
+    // the kernel's launch bound (`word_gemv`); x holds one `pack_b` f32 row of k values in scratch
+    // (scratch_bytes). Row reads are clamped to row M - 1; out is [M, 1, 1, 1] f32.
     unsafe { args.launch(config(grid, (threads, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
