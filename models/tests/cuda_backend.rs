@@ -141,11 +141,13 @@ fn quantized_models_stay_close_to_the_cpu() {
                 dtype.name(),
                 max_abs_diff(&got, &want)
             );
-            // The same weights on both sides. With bf16 weights and more than 8 tokens the GPU feeds
-            // tensor cores bf16 activations (cuBLAS), the CPU multiplies in f32: ~2^-9 relative per
-            // product. q8_0 / nvfp4 GEMMs split activations into bf16 high + low parts (f32-close).
+            // The same weights on both sides. With more than 8 tokens the GPU feeds tensor cores
+            // 16-bit activations and the CPU multiplies in f32: bf16 weights go through cuBLAS with
+            // bf16 activations (~2^-9 relative per product); q8_0 / nvfp4 weights through mmq with
+            // row-scaled f16 activations (~2^-12), which the layers amplify to ~1e-6 at the logits:
+            // the half-precision bound (test-ops' 1e-5).
             if dtype != DType::BF16 {
-                assert!(e <= 1e-6, "{preset} {}: nmse {e:e}", dtype.name());
+                assert!(e <= 1e-5, "{preset} {}: nmse {e:e}", dtype.name());
                 continue;
             }
             // In the MoE a position whose router scores are near a tie can pick another expert
