@@ -100,21 +100,27 @@ impl Kernel {
     }
 }
 
-/// NVRTC options for `module` on an architecture such as `sm_90`. `mmq` targets Hopper's
-/// architecture-specific features (`sm_90a`: `wgmma`) on sm_90; its CUBIN then runs on 9.0 only.
-pub fn options(module: Module, arch: &str) -> Vec<String> {
-    let target = if module == Module::Mmq && arch == "sm_90" { "sm_90a" } else { arch };
+/// The NVRTC target of `module` on a device of architecture `arch` (such as `sm_90`): `mmq` uses
+/// Hopper's architecture-specific features (`sm_90a`: `wgmma`) on sm_90 unless `arch_specific`
+/// is off, which makes every module take its portable path (the one sm_80 and sm_100 run). A
+/// CUBIN for `sm_90a` runs on compute capability 9.0 only.
+pub fn target(module: Module, arch: &str, arch_specific: bool) -> String {
+    if arch_specific && module == Module::Mmq && arch == "sm_90" { "sm_90a".into() } else { arch.into() }
+}
+
+/// NVRTC options for a target such as `sm_90` or `sm_90a`.
+pub fn options(target: &str) -> Vec<String> {
     vec![format!("--gpu-architecture={target}"), "--std=c++17".into(), "--device-as-default-execution-space".into()]
 }
 
-/// Compiles `module` to a CUBIN for `arch` with NVRTC. Needs only libnvrtc, not a GPU (this is
-/// what the CI compile check runs).
-pub fn compile(module: Module, arch: &str) -> Result<Vec<u8>, CudaError> {
+/// Compiles `module` to a CUBIN for `target` ([`target`]) with NVRTC. Needs only libnvrtc, not a
+/// GPU (this is what the CI compile check runs).
+pub fn compile(module: Module, target: &str) -> Result<Vec<u8>, CudaError> {
     crate::device::nvrtc_version()?;
     let src =
         CString::new(module.source()).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
     let name = CString::new(format!("{}.cu", module.name())).expect("module names have no NUL");
-    let opts = options(module, arch);
+    let opts = options(target);
     let fail = |what: &str, r: nvrtc_sys::nvrtcResult| CudaError::Nvrtc(format!("{what} for {}: {r:?}", module.name()));
     let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid C strings that outlive the program; no headers are passed.
@@ -138,7 +144,7 @@ pub fn compile(module: Module, arch: &str) -> Result<Vec<u8>, CudaError> {
     let r = unsafe { nvrtc_sys::nvrtcCompileProgram(prog.0, ptrs.len() as i32, ptrs.as_ptr()) };
     let log = program_log(prog.0);
     if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(CudaError::Compile { module: module.name(), arch: arch.to_string(), log });
+        return Err(CudaError::Compile { module: module.name(), arch: target.to_string(), log });
     }
     let mut size = 0usize;
     // SAFETY: the program compiled; `size` is a valid out-pointer.
@@ -183,14 +189,14 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// The cache key: everything that changes the CUBIN.
-pub fn cache_key(module: Module, arch: &str, nvrtc: (i32, i32)) -> String {
+pub fn cache_key(module: Module, target: &str, nvrtc: (i32, i32)) -> String {
     let mut h = Sha256::new();
     h.update(module.source().as_bytes());
-    for o in options(module, arch) {
+    for o in options(target) {
         h.update(o.as_bytes());
         h.update([0]);
     }
-    h.update(arch.as_bytes());
+    h.update(target.as_bytes());
     h.update(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
     let digest = h.finalize();
     digest.iter().take(12).map(|b| format!("{b:02x}")).collect()
@@ -209,6 +215,7 @@ pub struct CompileStats {
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
     arch: String,
+    arch_specific: bool,
     nvrtc: (i32, i32),
     modules: HashMap<Module, Arc<CudaModule>>,
     functions: HashMap<Kernel, CudaFunction>,
@@ -216,8 +223,9 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    pub fn new(ctx: Arc<CudaContext>, arch: String, nvrtc: (i32, i32)) -> Kernels {
-        Kernels { ctx, arch, nvrtc, modules: HashMap::new(), functions: HashMap::new(), stats: CompileStats::default() }
+    pub fn new(ctx: Arc<CudaContext>, arch: String, arch_specific: bool, nvrtc: (i32, i32)) -> Kernels {
+        let (modules, functions) = (HashMap::new(), HashMap::new());
+        Kernels { ctx, arch, arch_specific, nvrtc, modules, functions, stats: CompileStats::default() }
     }
 
     /// The function for `kernel`, compiling or loading its module first if needed.
@@ -245,15 +253,16 @@ impl Kernels {
         if let Some(m) = self.modules.get(&kernel.module) {
             return Ok(m.clone());
         }
-        let key = cache_key(kernel.module, &self.arch, self.nvrtc);
-        let path = cache_dir().join(format!("{}-{}-{key}.cubin", kernel.module.name(), self.arch));
+        let target = target(kernel.module, &self.arch, self.arch_specific);
+        let key = cache_key(kernel.module, &target, self.nvrtc);
+        let path = cache_dir().join(format!("{}-{target}-{key}.cubin", kernel.module.name()));
         let cubin = match std::fs::read(&path) {
             Ok(bytes) if !bytes.is_empty() => {
                 self.stats.cache_hits += 1;
                 bytes
             }
             _ => {
-                let bytes = compile(kernel.module, &self.arch).map_err(|e| match e {
+                let bytes = compile(kernel.module, &target).map_err(|e| match e {
                     CudaError::Compile { module, arch, log } => {
                         CudaError::Compile { module, arch, log: format!("(needed by kernel {})\n{log}", kernel.name) }
                     }

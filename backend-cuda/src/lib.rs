@@ -57,12 +57,21 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Executable graphs kept at most.
     pub graph_capacity: usize,
+    /// Compile kernels that have one for the device's architecture-specific features (Hopper's
+    /// `wgmma` in `mmq`); off, every kernel takes its portable path, the one other GPUs run
+    /// (default on; `TESSERA_CUDA_ARCH_SPECIFIC=0` turns it off, to test that path on Hopper).
+    pub arch_specific: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        let graphs = std::env::var("TESSERA_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
-        CudaOptions { device: 0, graphs, graph_capacity: 64 }
+        let on = |var| std::env::var(var).map(|v| v != "0").unwrap_or(true);
+        CudaOptions {
+            device: 0,
+            graphs: on("TESSERA_CUDA_GRAPHS"),
+            graph_capacity: 64,
+            arch_specific: on("TESSERA_CUDA_ARCH_SPECIFIC"),
+        }
     }
 }
 
@@ -105,7 +114,8 @@ impl CudaBackend {
 
     pub fn with_options(opts: CudaOptions) -> Result<CudaBackend, CudaError> {
         let dev = Device::open(opts.device)?;
-        let kernels = compile::Kernels::new(dev.ctx.clone(), dev.info.arch(), dev.info.nvrtc_version);
+        let kernels =
+            compile::Kernels::new(dev.ctx.clone(), dev.info.arch(), opts.arch_specific, dev.info.nvrtc_version);
         let mut pool = Pool::new(dev.stream.cu_stream());
         let (errors, _) = pool.alloc(std::mem::size_of::<ErrorRecord>())?;
         // SAFETY: a fresh block of at least size_of::<ErrorRecord>() bytes.

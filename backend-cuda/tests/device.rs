@@ -165,7 +165,7 @@ fn every_kernel_module_compiles_with_nvrtc() {
         Err(e) => eprintln!("skipping: {e}"),
         Ok(_) => {
             for m in tessera_cuda::Module::ALL {
-                if let Err(e) = tessera_cuda::compile::compile(m, "sm_90") {
+                if let Err(e) = tessera_cuda::compile::compile(m, &tessera_cuda::compile::target(m, "sm_90", true)) {
                     panic!("{e}");
                 }
             }

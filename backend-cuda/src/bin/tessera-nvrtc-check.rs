@@ -25,16 +25,17 @@ fn main() -> ExitCode {
     for arch in &archs {
         for m in Module::ALL {
             let start = Instant::now();
-            match compile::compile(m, arch) {
+            let target = compile::target(m, arch, true);
+            match compile::compile(m, &target) {
                 Ok(cubin) => println!(
-                    "ok    {arch:7} {:12} {:>8} bytes  {:>6.0} ms",
+                    "ok    {target:7} {:12} {:>8} bytes  {:>6.0} ms",
                     m.name(),
                     cubin.len(),
                     start.elapsed().as_secs_f64() * 1e3
                 ),
                 Err(e) => {
                     failed += 1;
-                    println!("FAIL  {arch:7} {:12}\n{e}", m.name());
+                    println!("FAIL  {target:7} {:12}\n{e}", m.name());
                 }
             }
         }
