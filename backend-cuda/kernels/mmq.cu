@@ -454,26 +454,29 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* x
 // mul_mat_id: out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs s = u + n_used t of
 // expert e = blockIdx.z, listed at list[offsets[e] .. offsets[e + 1]] (by `moe_group`, matmul.cu),
 // for experts with more than min_pairs pairs (the others are matmul.cu's). x, xs hold the packed
-// rows of b. Grid: (pairs / MQ_BN, M / MQ_BM, n_expert), rounded up; blocks past an expert's pairs
-// return at once.
+// rows of b. Grid: (column blocks, M / MQ_BM rounded up, n_expert); column block x takes the
+// expert's column tiles x, x + gridDim.x, ..., so a grid sized for a typical expert covers any.
 template <int QT, int S>
 __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const float* xs, i64 n_b, i64 n_used, const int* offsets, const int* list, int min_pairs, Tensor out) {
     __shared__ i64 xrow[MQ_BN];
     __shared__ float xscale[MQ_BN];
     __shared__ char* ocol[MQ_BN];
     const i64 e = blockIdx.z, first = offsets[e], count = offsets[e + 1] - first;
-    const i64 n0 = (i64)blockIdx.x * MQ_BN, m0 = (i64)blockIdx.y * MQ_BM;
-    if (n0 >= count || count <= min_pairs) return;
-    for (int c = threadIdx.x; c < MQ_BN; c += MQ_THREADS) {
-        const bool valid = n0 + c < count;
-        const i64 s = valid ? list[first + n0 + c] : 0, u = s % n_used, t = s / n_used, r = (u % n_b) + n_b * t;
-        xrow[c] = valid ? r : -1;
-        xscale[c] = valid ? xs[r] : 0.0f;
-        ocol[c] = valid ? out.data + u * out.nb[1] + t * out.nb[2] : nullptr;
-    }
-    __syncthreads();
+    const i64 m0 = (i64)blockIdx.y * MQ_BM;
+    if (count <= min_pairs) return;
     const MqTile t = {as.data + e * as.nb[2], as.nb[1], as.ne[1], out.nb[0]};
-    mq_gemm<QT, S>(t, m0, xrow, xscale, ocol, x, as.ne[0]);
+    for (i64 n0 = (i64)blockIdx.x * MQ_BN; n0 < count; n0 += (i64)gridDim.x * MQ_BN) {
+        __syncthreads();  // the previous tile is done with the tables and the shared tiles
+        for (int c = threadIdx.x; c < MQ_BN; c += MQ_THREADS) {
+            const bool valid = n0 + c < count;
+            const i64 s = valid ? list[first + n0 + c] : 0, u = s % n_used, tok = s / n_used, r = (u % n_b) + n_b * tok;
+            xrow[c] = valid ? r : -1;
+            xscale[c] = valid ? xs[r] : 0.0f;
+            ocol[c] = valid ? out.data + u * out.nb[1] + tok * out.nb[2] : nullptr;
+        }
+        __syncthreads();
+        mq_gemm<QT, S>(t, m0, xrow, xscale, ocol, x, as.ne[0]);
+    }
 }
 
 // Entry points: weight type x ring depth (5 slots where a block may have the shared memory, 4

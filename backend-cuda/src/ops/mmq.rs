@@ -161,8 +161,12 @@ pub(super) fn mul_mat_id(
         let xs = pack_x(cx, b, x)?;
         cx.allow_shared(kernel, shared)?;
         let f = cx.function(kernel)?;
-        // an expert has at most all the pairs; blocks past its own count return at once
-        let grid = (tiles(n_pairs, BN).max(1) as u32, tiles(w.ne[1], BM) as u32, w.ne[2] as u32);
+        // Column blocks per expert for twice the average pairs (the kernel loops over any more):
+        // with many experts most have one tile's worth, and empty blocks still cost a launch slot
+        // (H200, 512 tokens top-8, nvfp4: 256 experts 463 -> 404 us, 64 experts 151 -> 121 us
+        // against a block per possible tile of all pairs).
+        let per_expert = tiles(2 * n_pairs / w.ne[2].max(1), BN).clamp(1, tiles(n_pairs, BN).max(1));
+        let grid = (per_expert as u32, tiles(w.ne[1], BM) as u32, w.ne[2] as u32);
         let n_b = b.ne[1];
         let mut args = cx.stream.launch_builder(&f);
         args.arg(&w).arg(&x).arg(&xs).arg(&n_b).arg(&n_used).arg(&offsets).arg(&list).arg(&min_pairs).arg(&out);
