@@ -49,6 +49,15 @@ impl Module {
         Module::DeltaNet,
     ];
 
+    /// The architectures whose architecture-specific features (the `a` targets) the module's
+    /// source uses when present: `mmq`'s `wgmma` path on Hopper.
+    pub const fn arch_specific_on(self) -> &'static [&'static str] {
+        match self {
+            Module::Mmq => &["sm_90"],
+            _ => &[],
+        }
+    }
+
     /// The file stem in `kernels/`.
     pub const fn name(self) -> &'static str {
         match self {
@@ -100,12 +109,12 @@ impl Kernel {
     }
 }
 
-/// The NVRTC target of `module` on a device of architecture `arch` (such as `sm_90`): `mmq` uses
-/// Hopper's architecture-specific features (`sm_90a`: `wgmma`) on sm_90 unless `arch_specific`
-/// is off, which makes every module take its portable path (the one sm_80 and sm_100 run). A
-/// CUBIN for `sm_90a` runs on compute capability 9.0 only.
+/// The NVRTC target of `module` on a device of architecture `arch` (such as `sm_90`): the
+/// architecture-specific variant (`sm_90a`) where the module has a path for it
+/// ([`Module::arch_specific_on`]) and `arch_specific` is on; otherwise `arch`, where every module
+/// takes its portable path. A CUBIN for `sm_90a` runs on compute capability 9.0 only.
 pub fn target(module: Module, arch: &str, arch_specific: bool) -> String {
-    if arch_specific && module == Module::Mmq && arch == "sm_90" { "sm_90a".into() } else { arch.into() }
+    if arch_specific && module.arch_specific_on().contains(&arch) { format!("{arch}a") } else { arch.into() }
 }
 
 /// NVRTC options for a target such as `sm_90` or `sm_90a`.

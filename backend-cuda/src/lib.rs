@@ -413,6 +413,17 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn only_mmq_on_hopper_gets_the_arch_specific_target() {
+        use crate::Module;
+        use crate::compile::target;
+        assert_eq!(target(Module::Mmq, "sm_90", true), "sm_90a");
+        assert_eq!(target(Module::Mmq, "sm_90", false), "sm_90");
+        assert_eq!(target(Module::Mmq, "sm_80", true), "sm_80");
+        assert_eq!(target(Module::Mmq, "sm_100", true), "sm_100");
+        assert_eq!(target(Module::Matmul, "sm_90", true), "sm_90");
+    }
+
+    #[test]
     fn every_module_has_its_source() {
         for m in crate::Module::ALL {
             let src = m.source();
