@@ -179,21 +179,22 @@ struct MqLoader {
     const char* asrc;
     bool avalid;
 
-    __device__ __forceinline__ MqLoader(const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 ktiles) {
+    // Tiles from kt0 of rows `ktiles` tiles long.
+    __device__ __forceinline__ MqLoader(const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 ktiles, int kt0) {
         const int tid = threadIdx.x;
         xvalid = 0;
 #pragma unroll
         for (int i = 0; i < XCOPIES; i++) {
             const int c = (tid >> 3) + 32 * i;
             const i64 r = xrow[c];
-            xsrc[i] = x + (r < 0 ? 0 : r) * ktiles * MQ_ROW + (tid & 7) * 16;
+            xsrc[i] = x + ((r < 0 ? 0 : r) * ktiles + kt0) * MQ_ROW + (tid & 7) * 16;
             xdst[i] = mq_swz(c, tid & 7);
             xvalid |= (u32)(r >= 0) << i;
         }
         const i64 row = m0 + (tid >> 1);
         const int w0 = (tid & 1) * HALF;
         avalid = row < t.rows;
-        asrc = avalid ? t.w + row * t.nb1 + 4 * w0 : t.w;
+        asrc = avalid ? t.w + row * t.nb1 + (i64)kt0 * mq_raw_bytes(QT) + 4 * w0 : t.w;
         adst = MQ_TILE + (tid >> 1) * mq_raw_stride(QT) + 4 * w0;
     }
 
@@ -366,25 +367,25 @@ __device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, co
 }
 #endif
 
-// The block's product: rows m0 .. m0 + MQ_BM of the tile's weights times its MQ_BN columns.
+// acc = the block's product over k-tiles [kt0, kt1) (at least one): rows m0 .. m0 + MQ_BM of the
+// tile's weights times its MQ_BN columns (rows `k` long).
 template <int QT, int S>
-__device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow, const float* xscale, char* const* ocol, const char* x, i64 k) {
+__device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 k, int kt0, int kt1) {
     extern __shared__ __align__(16) char smem_raw[];
     // aligned by pointer arithmetic on the shared array, so the compiler keeps shared-space loads
     // and stores (an integer round trip would make every access generic)
     char* smem = smem_raw + ((1024 - (tc_smem(smem_raw) & 1023)) & 1023);
     char* abf = smem + S * mq_slot_bytes(QT);
     float* scales = (float*)(abf + MQ_DECODED * MQ_TILE);
-    const int ktiles = (int)(k / MQ_BK);
+    const int ktiles = kt1 - kt0;
 
     // (nvfp4 with wgmma: its first product overwrites acc)
-    MqAcc acc;
     if (!(MQ_WGMMA_ON && QT == DT_NVFP4)) {
 #pragma unroll
         for (int i = 0; i < 64; i++) acc.v[i] = 0.0f;
     }
 
-    MqLoader<QT> loader(t, m0, xrow, x, ktiles);
+    MqLoader<QT> loader(t, m0, xrow, x, k / MQ_BK, kt0);
     const u32 ring = tc_smem(smem);
 #pragma unroll
     for (int s = 0; s < S - 2; s++) {
@@ -418,7 +419,11 @@ __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow
     wg_wait<0>();
 #endif
     tc_wait<0>();
+}
 
+// Stores the block's product acc (rows m0 .. of the tile's weights; column c scaled by xscale[c]
+// into ocol[c], none where it is null).
+__device__ __forceinline__ void mq_store(const MqAcc& acc, const MqTile& t, i64 m0, const float* xscale, char* const* ocol) {
 #pragma unroll
     for (int i = 0; i < 64; i++) {
         int row, col;
@@ -430,15 +435,24 @@ __device__ __forceinline__ void mq_gemm(const MqTile& t, i64 m0, const i64* xrow
 }
 
 // out [M, N, b2, b3] = a^T b for weights a [K, M, A2, A3] (K % 64 == 0, rows 4-byte aligned) and
-// the packed activations x, xs of b [K, N, b2, b3]. Grid: (N / MQ_BN, M / MQ_BM, b2 * b3), rounded
-// up.
+// the packed activations x, xs of b [K, N, b2, b3]. Tiles of MQ_BM rows x MQ_BN columns, columns
+// fastest, then rows, then batches (neighbouring blocks share weight tiles in L2). The grid is
+// one block a tile for the first `dp` tiles, then `splits` blocks for each remaining tile, each
+// over `kper` k-tiles: one block a multiprocessor, a grid of whole waves plus a few tiles would
+// leave most of the GPU idle for a last tile's time. A split block stores its sums at `partial`;
+// the last of a tile's blocks to finish (counted in `count[tile - dp]`, zeroed, and left zeroed)
+// adds them up in split order, so results do not depend on timing.
 template <int QT, int S>
-__device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out) {
+__device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out, i64 dp, int splits, int kper, float* partial, unsigned* count) {
     __shared__ i64 xrow[MQ_BN];
     __shared__ float xscale[MQ_BN];
     __shared__ char* ocol[MQ_BN];
-    const i64 batch = blockIdx.z, i2 = batch % b2, i3 = batch / b2;
-    const i64 n0 = (i64)blockIdx.x * MQ_BN, m0 = (i64)blockIdx.y * MQ_BM;
+    __shared__ bool last;
+    const i64 ncols = (n + MQ_BN - 1) / MQ_BN, nrows = (a.ne[1] + MQ_BM - 1) / MQ_BM, ktiles = a.ne[0] / MQ_BK;
+    i64 tile = blockIdx.x, unit = -1;
+    if (tile >= dp) unit = tile - dp, tile = dp + unit / splits;
+    const i64 rest = tile / ncols, batch = rest / nrows, i2 = batch % b2, i3 = batch / b2;
+    const i64 n0 = (tile % ncols) * MQ_BN, m0 = (rest % nrows) * MQ_BM;
     for (int c = threadIdx.x; c < MQ_BN; c += MQ_THREADS) {
         const bool valid = n0 + c < n;
         xrow[c] = valid ? batch * n + n0 + c : -1;
@@ -448,7 +462,32 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* x
     __syncthreads();
     const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
     const MqTile t = {a.data + a2 * a.nb[2] + a3 * a.nb[3], a.nb[1], a.ne[1], out.nb[0]};
-    mq_gemm<QT, S>(t, m0, xrow, xscale, ocol, x, a.ne[0]);
+    const int kt0 = unit < 0 ? 0 : (int)(unit % splits) * kper, kt1 = unit < 0 ? (int)ktiles : min((int)ktiles, kt0 + kper);
+    MqAcc acc;
+    mq_gemm<QT, S>(acc, t, m0, xrow, x, a.ne[0], kt0, kt1);
+    if (unit >= 0) {
+        const int tid = threadIdx.x;
+        const i64 first = unit - unit % splits;  // the tile's first split block
+#pragma unroll
+        for (int i = 0; i < 64; i++) partial[(unit * 64 + i) * MQ_THREADS + tid] = acc.v[i];
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(count + (tile - dp), 1u) == (unsigned)splits - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        MqAcc sum;
+#pragma unroll
+        for (int i = 0; i < 64; i++) sum.v[i] = 0.0f;
+        for (int sp = 0; sp < splits; sp++) {
+#pragma unroll
+            for (int i = 0; i < 64; i++) sum.v[i] += __ldcg(partial + ((first + sp) * 64 + i) * MQ_THREADS + tid);
+        }
+        if (tid == 0) count[tile - dp] = 0u;
+        mq_store(sum, t, m0, xscale, ocol);
+        return;
+    }
+    mq_store(acc, t, m0, xscale, ocol);
 }
 
 // mul_mat_id: out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs s = u + n_used t of
@@ -475,7 +514,9 @@ __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const floa
             ocol[c] = valid ? out.data + u * out.nb[1] + tok * out.nb[2] : nullptr;
         }
         __syncthreads();
-        mq_gemm<QT, S>(t, m0, xrow, xscale, ocol, x, as.ne[0]);
+        MqAcc acc;
+        mq_gemm<QT, S>(acc, t, m0, xrow, x, as.ne[0], 0, (int)(as.ne[0] / MQ_BK));
+        mq_store(acc, t, m0, xscale, ocol);
     }
 }
 
@@ -483,8 +524,9 @@ __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const floa
 // otherwise).
 #define MQ_ENTRY(NAME, QT, S)                                                                                 \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
-        NAME(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out) {                   \
-        mmq_body<QT, S>(a, x, xs, n, b2, b3, out);                                                            \
+        NAME(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out, i64 dp, int splits,  \
+             int kper, float* partial, unsigned* count) {                                                     \
+        mmq_body<QT, S>(a, x, xs, n, b2, b3, out, dp, splits, kper, partial, count);                          \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
         NAME##_id(Tensor as, const char* x, const float* xs, i64 n_b, i64 n_used, const int* offsets,         \

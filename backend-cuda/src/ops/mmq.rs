@@ -36,6 +36,12 @@ const TILE: usize = 128 * 128;
 const STATIC_SHARED: usize = 128 * (8 + 4 + 8);
 /// Largest grid y / z.
 const GRID_YZ: i64 = 65535;
+/// Split blocks of the last tiles of a mul_mat at most (their partial sums are scratch), and the
+/// tiles that may be split (one zeroed queue word each).
+const MAX_SPLIT_BLOCKS: usize = 128;
+const MAX_SPLIT_TILES: i64 = (crate::launch::QUEUE_BYTES / 4) as i64;
+/// Bytes of one split block's partial sums: 64 f32 a thread.
+const SPLIT_BLOCK_BYTES: usize = 64 * 4 * THREADS as usize;
 
 /// Tiles of `t` covering `n` (n >= 0).
 fn tiles(n: i64, t: i64) -> i64 {
@@ -78,7 +84,33 @@ pub(super) fn weights_fit(a: &TensorArg, d: DType) -> bool {
 
 /// Scratch bytes of the packed activations of `b`: f16 values, then an f32 scale per row.
 pub(super) fn packed_bytes(b: &TensorMeta) -> usize {
-    values_bytes(b.nelements()) + (b.nelements() / b.ne[0].max(1) * 4).next_multiple_of(256)
+    packed_size(b.nelements(), b.ne[0])
+}
+
+fn packed_size(elements: usize, k: usize) -> usize {
+    values_bytes(elements) + (elements / k.max(1) * 4).next_multiple_of(256)
+}
+
+/// Scratch bytes of `mul_mat`: the packed activations, then the split blocks' partial sums.
+pub(super) fn mul_mat_scratch_bytes(b: &TensorMeta) -> usize {
+    packed_bytes(b) + MAX_SPLIT_BLOCKS * SPLIT_BLOCK_BYTES
+}
+
+/// How `mul_mat` covers `tiles` output tiles of `ktiles` k-tiles with `blocks` blocks resident
+/// at once: (tiles with a block each, split blocks a remaining tile, k-tiles a split block). A
+/// grid of whole waves and a few tiles would leave most multiprocessors idle while the last few
+/// run (as does a grid of fewer tiles than a wave); those tiles are split along k instead, over
+/// about a wave of blocks.
+fn split_plan(tiles: i64, ktiles: i64, blocks: i64) -> (i64, i32, i32) {
+    let tail = tiles % blocks.max(1);
+    let splits = (blocks / tail.max(1)).min(MAX_SPLIT_BLOCKS as i64 / tail.max(1)).min(ktiles).min(16);
+    if tail == 0 || tail > MAX_SPLIT_TILES || splits < 2 {
+        return (tiles, 1, ktiles as i32);
+    }
+    let kper = (ktiles + splits - 1) / splits;
+    // every split block gets at least one k-tile
+    let splits = (ktiles + kper - 1) / kper;
+    (tiles - tail, splits as i32, kper as i32)
 }
 
 fn values_bytes(n: usize) -> usize {
@@ -113,7 +145,8 @@ pub(super) fn mul_mat(
 ) -> Option<Result<(), BackendError>> {
     let (ty, s, shared) = variant(cx, d)?;
     let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
-    if b2 * b3 > GRID_YZ {
+    let all_tiles = tiles(n, BN) * tiles(a.ne[1], BM) * b2 * b3;
+    if all_tiles > i64::from(i32::MAX) - MAX_SPLIT_BLOCKS as i64 {
         return None;
     }
     let kernel = MMQ[ty][s];
@@ -121,15 +154,28 @@ pub(super) fn mul_mat(
         let xs = pack_x(cx, b, x)?;
         cx.allow_shared(kernel, shared)?;
         let f = cx.function(kernel)?;
-        let grid = (tiles(n, BN) as u32, tiles(a.ne[1], BM) as u32, (b2 * b3) as u32);
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, shared as usize, None)
+            .map_err(|e| launch_error(kernel, e))?;
+        let resident = i64::from(per_sm.max(1)) * cx.info.multiprocessors as i64;
+        let (dp, splits, kper) = split_plan(all_tiles, a.ne[0] / BK, resident);
+        let blocks = dp + (all_tiles - dp) * i64::from(splits);
+        let packed = packed_size(b.nelements() as usize, b.ne[0] as usize);
+        let (partial, count) = (x + packed as u64, cx.queue);
         let mut args = cx.stream.launch_builder(&f);
         args.arg(&a).arg(&x).arg(&xs).arg(&n).arg(&b2).arg(&b3).arg(&out);
-        // SAFETY: `mmq_*(a, x, xs, n, b2, b3, out)`: a's rows are whole 64-value k-tiles, 4-byte
-        // aligned (`weights_fit`), and rows past ne[1] are never read; batch (i2, i3) reads weight
-        // batch (i2 / (b2 / A2), i3 / (b3 / A3)) inside a (shape rules); x, xs hold the
-        // b2 * b3 * n packed rows; columns past n and rows past M are neither read nor written; out is
-        // [M, n, b2, b3] f32 at its strides; `shared` bytes were allowed above.
-        unsafe { args.launch(config(grid, (THREADS, 1, 1), shared)) }.map_err(|e| launch_error(kernel, e))?;
+        args.arg(&dp).arg(&splits).arg(&kper).arg(&partial).arg(&count);
+        // SAFETY: `mmq_*(a, x, xs, n, b2, b3, out, dp, splits, kper, partial, count)`: a's rows are
+        // whole 64-value k-tiles, 4-byte aligned (`weights_fit`), and rows past ne[1] are never
+        // read; batch (i2, i3) reads weight batch (i2 / (b2 / A2), i3 / (b3 / A3)) inside a (shape
+        // rules); x, xs hold the b2 * b3 * n packed rows; columns past n and rows past M are
+        // neither read nor written; out is [M, n, b2, b3] f32 at its strides; the blocks past dp
+        // split at most MAX_SPLIT_TILES tiles (count: zeroed queue words, one a tile, left
+        // zeroed) into at most MAX_SPLIT_BLOCKS blocks of kper >= 1 k-tiles inside K
+        // (`split_plan`), whose sums fit the scratch after the packed activations
+        // (`mul_mat_scratch_bytes`); `shared` bytes were allowed above.
+        unsafe { args.launch(config((blocks as u32, 1, 1), (THREADS, 1, 1), shared)) }
+            .map_err(|e| launch_error(kernel, e))?;
         Ok(())
     };
     Some(run(cx))
@@ -178,4 +224,26 @@ pub(super) fn mul_mat_id(
         Ok(())
     };
     Some(run(cx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_partial_last_wave_is_split_along_k() {
+        // 512 tokens x 17408 rows on 132 SMs: 4 full waves, then 16 tiles over 128 blocks
+        assert_eq!(split_plan(544, 80, 132), (528, 8, 10));
+        // whole waves stay as they are
+        assert_eq!(split_plan(264, 80, 132), (264, 1, 80));
+        // fewer tiles than a wave: 16 tokens x 2048 rows
+        assert_eq!(split_plan(16, 32, 132), (0, 8, 4));
+        // 60 tiles left: split in two, 16 k-tiles each
+        assert_eq!(split_plan(192, 32, 132), (132, 2, 16));
+        // more tiles left than the queue has words, or too few k-tiles to split
+        assert_eq!(split_plan(100, 80, 132), (100, 1, 80));
+        assert_eq!(split_plan(136, 1, 132), (136, 1, 1));
+        // every split block gets k-tiles: 5 k-tiles over up to 16 splits -> 5 blocks of 1
+        assert_eq!(split_plan(4, 5, 132), (0, 5, 1));
+    }
 }

@@ -106,7 +106,7 @@ pub(super) fn cases(out: &mut Vec<Case>) {
 
 /// q8_0 / nvfp4 weights: odd sizes, slices of the 2048- and 5120-wide projections at 1, 2, 5
 /// and 17 tokens (GEMV and GEMM paths), batch broadcast, windowed weights, strided activations,
-/// and products of 12 to 130 tokens with partial tiles.
+/// and products of 12 to 130 tokens with partial tiles, and one of more tiles than a GPU holds.
 fn quantized(out: &mut Vec<Case>) {
     for type_a in QUANTS {
         for (m, n, k) in [(1, 1, 64), (7, 3, 64), (33, 7, 128), (19, 4, 192), (5, 9, 320)] {
@@ -126,6 +126,9 @@ fn quantized(out: &mut Vec<Case>) {
         out.push(MulMat::new(type_a, 64, 20, 64).case());
         out.push(MulMat::new(type_a, 16, 12, 128).batched([2, 1], [4, 1]).case());
         out.push(MulMat::new(type_a, 40, 24, 128).layouts(BLOCK_WINDOW, Layout::TRANSPOSED).case());
+        // More 128 x 128 tiles than a GPU holds at once (150 on a 132-multiprocessor GPU), so
+        // that the last ones may be split along k (a block each, then split blocks, in one grid).
+        out.push(MulMat::new(type_a, 150 * 128 - 40, 9, 512).case());
     }
     // q8_0 rows that are not whole 64-value steps.
     out.push(MulMat::new(QUANTS[0], 33, 12, 96).case());
