@@ -682,10 +682,11 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // both 4-byte aligned. Thread (g, j) of a block owns unit j of the rows of group g, so its 64
 // activations live in registers, quantized once to int16 pairs from the f32 row (no separate
 // quantization kernel). Each block streams stages of rows_stage rows through a ring of
-// G1_STAGES shared-memory buffers, G1_STAGES - 1 stages in flight. Stages are taken from a
-// device-wide queue (`queue[0]`, one atomic add a stage), not split evenly up front: multiprocessors
-// do not get equal shares of memory bandwidth, and with an even split the kernel waited for the
-// slowest (an H100 profile showed the SMs idle 17-24% of the kernel's time). The last block to
+// G1_STAGES shared-memory buffers, G1_STAGES - 1 stages in flight. After its first stages a
+// block takes more from a device-wide queue (`queue[0]`, one atomic add a stage) rather than from
+// an even split made up front: multiprocessors do not get equal shares of memory bandwidth, and
+// with an even split the kernel waited for the slowest (an H100 profile showed the SMs idle
+// 17-24% of the kernel's time). The last block to
 // finish (`queue[1]` counts them) sets both words back to 0 for the next launch. On sm_90+
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
@@ -870,13 +871,19 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     float* parts = (float*)(g1_shared + G1_STAGES * stage_bytes);
     char* xf = g1_shared + (G1_STAGES - 1) * stage_bytes;
     const u32 ring = tc_smem(g1_shared);
-    // The queue's unit of this block's stage s at g1_units[s % 8] (-1: the queue ran out), taken
-    // by thread 0 one stage before the stage is issued, so a barrier always lies between.
+    // The unit of this block's stage s at g1_units[s % 8] (-1: none left). The first G1_STAGES
+    // stages are fixed (units blockIdx.x + s gridDim.x: no atomic before the first copies), the
+    // queue hands out the rest (units from G1_STAGES gridDim.x on), so a block's units only grow
+    // and the first -1 ends its loop. The block's last thread (`taker`, mostly idle in the
+    // arithmetic) publishes a queue unit one stage before the stage is issued (a barrier lies
+    // between) and asks the queue a stage before it publishes: the atomic's round trip never
+    // holds up a stage.
     __shared__ int g1_units[8];
-    auto take = [&](int s) {
-        const unsigned u = atomicAdd(queue, 1u);
-        g1_units[s & 7] = (i64)u < units ? (int)u : -1;
-    };
+    const bool taker = tid == nt - 1;
+    const i64 fixed = (i64)G1_STAGES * gridDim.x;
+    unsigned pending = 0;
+    auto publish = [&](int s, i64 u) { g1_units[s & 7] = u < units ? (int)u : -1; };
+    auto ask = [&]() { pending = atomicAdd(queue, 1u); };
     auto stage_rows = [&](int u) { return (int)min((i64)rows_stage, rows - (i64)u * rows_stage); };
 #if __CUDA_ARCH__ >= 900
     __shared__ __align__(8) u64 g1_bars[G1_STAGES];
@@ -923,8 +930,9 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     }
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < G1_STAGES; s++) take(s);
+        for (int s = 0; s < G1_STAGES; s++) publish(s, blockIdx.x + (i64)s * gridDim.x);
     }
+    if (taker) ask();
 #if __CUDA_ARCH__ >= 900
     if (tid == 0) {
 #pragma unroll
@@ -1020,14 +1028,20 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
 #if __CUDA_ARCH__ >= 900
         __syncthreads();  // stage s - 1's buffer and partials are free
         if (tid == 0) {
-            take(s + G1_STAGES);
             tc_fence_async();
             issue_bulk(s + G1_STAGES - 1);
+        }
+        if (taker) {
+            publish(s + G1_STAGES, fixed + pending);
+            ask();
         }
 #else
         tc_wait<G1_STAGES - 2>();
         __syncthreads();  // stage s landed for every thread; stage s - 1's buffer and partials are free
-        if (tid == 0) take(s + G1_STAGES);
+        if (taker) {
+            publish(s + G1_STAGES, fixed + pending);
+            ask();
+        }
         issue(s + G1_STAGES - 1);
 #endif
         if (prev >= 0) reduce(s - 1, prev);
@@ -1060,8 +1074,8 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         }
     }
     // The loop left at stage s (its unit -1) after reducing stage s - 1: the block is done with
-    // the queue. The last block to get here resets it (every block's takes come before its count).
-    if (tid == 0) {
+    // the queue. The last block to get here resets it (the taker's asks come before its count).
+    if (taker) {
         __threadfence();
         if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
             queue[0] = 0u;
