@@ -681,13 +681,8 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // A row is read in units of 64 values: one nvfp4 block (36 bytes) or two q8_0 blocks (68 bytes),
 // both 4-byte aligned. Thread (g, j) of a block owns unit j of the rows of group g, so its 64
 // activations live in registers, quantized once to int16 pairs from the f32 row (no separate
-// quantization kernel). Each block streams stages of rows_stage rows through a ring of
-// G1_STAGES shared-memory buffers, G1_STAGES - 1 stages in flight. After its first stages a
-// block takes more from a device-wide queue (`queue[0]`, one atomic add a stage) rather than from
-// an even split made up front: multiprocessors do not get equal shares of memory bandwidth, and
-// with an even split the kernel waited for the slowest (an H100 profile showed the SMs idle
-// 17-24% of the kernel's time). The last block to
-// finish (`queue[1]` counts them) sets both words back to 0 for the next launch. On sm_90+
+// quantization kernel). Each block streams a contiguous range of rows through a ring of
+// G1_STAGES shared-memory stages, G1_STAGES - 1 stages of rows_stage rows in flight: on sm_90+
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
 // against cp.async), on sm_80 every thread copies 16-byte pieces with cp.async; one block barrier
@@ -855,57 +850,44 @@ __device__ __forceinline__ float g1_unit_q8_0(const u32* w, const u32* x) {
     return fmaf((float)(a0 + a1), f16_to_f32((u16)u[0]), (float)(b0 + b1) * f16_to_f32((u16)(u[8] >> 16)));
 }
 
-// out[m] = a row m . b for the stages of rows this block takes from `queue` (two zeroed words);
-// see above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic),
-// `rows_stage` rows a stage (a multiple of groups). Dynamic shared memory: G1_STAGES stages of
-// rows_stage rows, then 2 x rows_stage x nu partials; the f32 activations are staged over the last
-// stage and the partials before the first barrier of the loop (the host sizes it for the larger of
-// the two).
+// out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
+// above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
+// rows a stage (a multiple of groups). Dynamic shared memory: G1_STAGES stages of rows_stage rows,
+// then 2 x rows_stage x nu partials; the f32 activations are staged over the last stage and the
+// partials before the first barrier of the loop (the host sizes it for the larger of the two).
 template <int DT>
-__device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, const Tensor& out, int groups, int rows_stage, unsigned* queue) {
+__device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, const Tensor& out, int groups, int rows_stage) {
     constexpr int UB = DT == DT_NVFP4 ? NVFP4_BYTES : 2 * Q8_0_BYTES;
     extern __shared__ __align__(16) char g1_shared[];
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
     const int nu = (int)(a.ne[0] / 64), row_bytes = nu * UB, stage_bytes = rows_stage * row_bytes;
-    const i64 rows = a.ne[1], units = (rows + rows_stage - 1) / rows_stage;
+    const i64 rows = a.ne[1];
+    const i64 m0 = (i64)blockIdx.x * rows / gridDim.x, m1 = ((i64)blockIdx.x + 1) * rows / gridDim.x;
+    const int nst = (int)((m1 - m0 + rows_stage - 1) / rows_stage);
     float* parts = (float*)(g1_shared + G1_STAGES * stage_bytes);
     char* xf = g1_shared + (G1_STAGES - 1) * stage_bytes;
     const u32 ring = tc_smem(g1_shared);
-    // The unit of this block's stage s at g1_units[s % 8] (-1: none left). The first G1_STAGES
-    // stages are fixed (units blockIdx.x + s gridDim.x: no atomic before the first copies), the
-    // queue hands out the rest (units from G1_STAGES gridDim.x on), so a block's units only grow
-    // and the first -1 ends its loop. The block's last thread (`taker`, mostly idle in the
-    // arithmetic) publishes a queue unit one stage before the stage is issued (a barrier lies
-    // between) and asks the queue a stage before it publishes: the atomic's round trip never
-    // holds up a stage.
-    __shared__ int g1_units[8];
-    const bool taker = tid == nt - 1;
-    const i64 fixed = (i64)G1_STAGES * gridDim.x;
-    unsigned pending = 0;
-    auto publish = [&](int s, i64 u) { g1_units[s & 7] = u < units ? (int)u : -1; };
-    auto ask = [&]() { pending = atomicAdd(queue, 1u); };
-    auto stage_rows = [&](int u) { return (int)min((i64)rows_stage, rows - (i64)u * rows_stage); };
+    const char* src0 = a.data + m0 * row_bytes;
+    auto stage_rows = [&](int s) { return (int)min((i64)rows_stage, m1 - m0 - (i64)s * rows_stage); };
 #if __CUDA_ARCH__ >= 900
     __shared__ __align__(8) u64 g1_bars[G1_STAGES];
     const u32 bars = tc_smem(g1_bars);
     // bulk path: thread 0 copies stage s (contiguous rows) in pieces of at most 32 KiB, all
     // completing on the buffer's barrier
     auto issue_bulk = [&](int s) {
-        const int u = g1_units[s & 7];
-        if (u < 0) return;
-        const u32 bytes = (u32)(stage_rows(u) * row_bytes), bar = bars + 8 * (s % G1_STAGES);
+        if (s >= nst) return;
+        const u32 bytes = (u32)(stage_rows(s) * row_bytes), bar = bars + 8 * (s % G1_STAGES);
         const u32 dst = ring + (u32)((s % G1_STAGES) * stage_bytes);
-        const char* src = a.data + (i64)u * stage_bytes;
+        const char* src = src0 + (i64)s * stage_bytes;
         g1_bar_expect(bar, bytes);
         for (u32 o = 0; o < bytes; o += 32768u) g1_bulk(dst + o, src + o, min(bytes - o, 32768u), bar);
     };
 #else
     // cp.async path: every thread copies 16-byte pieces, one commit group a stage
     auto issue = [&](int s) {
-        const int u = g1_units[s & 7];
-        if (u >= 0) {
-            const int n16 = stage_rows(u) * row_bytes / 16;
-            const char* src = a.data + (i64)u * stage_bytes + 16 * tid;
+        if (s < nst) {
+            const int n16 = stage_rows(s) * row_bytes / 16;
+            const char* src = src0 + (i64)s * stage_bytes + 16 * tid;
             u32 dst = ring + (u32)((s % G1_STAGES) * stage_bytes) + 16 * tid;
 #pragma unroll 4
             for (int c = tid; c < n16; c += nt, src += 16 * nt, dst += 16 * nt) tc_cp16_at(dst, src, true);
@@ -928,11 +910,6 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     for (int i = 0; i < 8; i++) {
         if (tid + i * nt < n4) xv[i] = load_x(tid + i * nt);
     }
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < G1_STAGES; s++) publish(s, blockIdx.x + (i64)s * gridDim.x);
-    }
-    if (taker) ask();
 #if __CUDA_ARCH__ >= 900
     if (tid == 0) {
 #pragma unroll
@@ -942,7 +919,6 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         for (int s = 0; s < G1_STAGES - 1; s++) issue_bulk(s);
     }
 #else
-    __syncthreads();
 #pragma unroll
     for (int s = 0; s < G1_STAGES - 1; s++) issue(s);
 #endif
@@ -1010,51 +986,38 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         }
     }
 
-    // Row r of stage s (unit u): its nu partials at parts[(s & 1) rows_stage nu + r nu ..]; the
-    // warps add up one row each.
-    auto reduce = [&](int s, int u) {
+    // Row r of stage s: its nu partials at parts[(s & 1) rows_stage nu + r nu ..]; the warps add
+    // up one row each.
+    auto reduce = [&](int s) {
         const float* p = parts + (s & 1) * rows_stage * nu;
-        const int n = stage_rows(u);
+        const int n = stage_rows(s);
         for (int r = warp; r < n; r += nwarps) {
             float v = 0.0f;
             for (int i = lane; i < nu; i += 32) v += p[r * nu + i];
             v = warp_sum(v);
-            if (lane == 0) *(float*)(out.data + offset_of(out, (i64)u * rows_stage + r, 0, 0, 0)) = v;
+            if (lane == 0) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, 0, 0, 0)) = v;
         }
     };
     const u32 e2m1_lo = G1_E2M1_LO | zero;
-    int s = 0, prev = -1;
-    for (;; s++) {
+    for (int s = 0; s < nst; s++) {
 #if __CUDA_ARCH__ >= 900
         __syncthreads();  // stage s - 1's buffer and partials are free
         if (tid == 0) {
             tc_fence_async();
             issue_bulk(s + G1_STAGES - 1);
         }
-        if (taker) {
-            publish(s + G1_STAGES, fixed + pending);
-            ask();
-        }
+        if (s > 0) reduce(s - 1);
+        g1_bar_wait(bars + 8 * (s % G1_STAGES), (u32)(s / G1_STAGES) & 1u);  // stage s landed
 #else
         tc_wait<G1_STAGES - 2>();
         __syncthreads();  // stage s landed for every thread; stage s - 1's buffer and partials are free
-        if (taker) {
-            publish(s + G1_STAGES, fixed + pending);
-            ask();
-        }
         issue(s + G1_STAGES - 1);
-#endif
-        if (prev >= 0) reduce(s - 1, prev);
-        const int u = g1_units[s & 7];
-        if (u < 0) break;
-        prev = u;
-#if __CUDA_ARCH__ >= 900
-        g1_bar_wait(bars + 8 * (s % G1_STAGES), (u32)(s / G1_STAGES) & 1u);  // stage s landed
+        if (s > 0) reduce(s - 1);
 #endif
         if (worker) {
             const char* sb = g1_shared + (s % G1_STAGES) * stage_bytes;
             float* p = parts + (s & 1) * rows_stage * nu;
-            const int n = stage_rows(u);
+            const int n = stage_rows(s);
             if (DT == DT_NVFP4) {
                 // two rows at a time: two independent units for the scheduler to interleave
                 for (int r = g; r < n; r += 2 * groups) {
@@ -1073,22 +1036,15 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
             }
         }
     }
-    // The loop left at stage s (its unit -1) after reducing stage s - 1: the block is done with
-    // the queue. The last block to get here resets it (the taker's asks come before its count).
-    if (taker) {
-        __threadfence();
-        if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
-            queue[0] = 0u;
-            queue[1] = 0u;
-        }
-    }
+    __syncthreads();
+    if (nst > 0) reduce(nst - 1);
 }
 
-extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_q8_0(Tensor a, Tensor b, Tensor out, int groups, int rows_stage, unsigned* queue) {
-    gemv1_body<DT_Q8_0>(a, b, out, groups, rows_stage, queue);
+extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_q8_0(Tensor a, Tensor b, Tensor out, int groups, int rows_stage) {
+    gemv1_body<DT_Q8_0>(a, b, out, groups, rows_stage);
 }
-extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_nvfp4(Tensor a, Tensor b, Tensor out, int groups, int rows_stage, unsigned* queue) {
-    gemv1_body<DT_NVFP4>(a, b, out, groups, rows_stage, queue);
+extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_nvfp4(Tensor a, Tensor b, Tensor out, int groups, int rows_stage) {
+    gemv1_body<DT_NVFP4>(a, b, out, groups, rows_stage);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -103,8 +103,8 @@ impl Blas {
     }
 }
 
-/// Bytes of the backend's work queue ([`Cx::queue`]).
-pub(crate) const QUEUE_BYTES: usize = 256;
+/// Bytes of the backend's block counters ([`Cx::counters`]).
+pub(crate) const COUNTER_BYTES: usize = 256;
 
 /// Everything a kernel wrapper needs to launch one task's kernels.
 pub(crate) struct Cx<'a> {
@@ -116,9 +116,9 @@ pub(crate) struct Cx<'a> {
     pub scratch: u64,
     /// The device `ErrorRecord` kernels report data errors to.
     pub errors: u64,
-    /// `QUEUE_BYTES` of zeroed device memory for a kernel whose blocks take work from a shared
-    /// counter; the kernel leaves it zeroed (kernels on the stream run one after another).
-    pub queue: u64,
+    /// `COUNTER_BYTES` of zeroed device counters for a kernel whose blocks coordinate (mmq's
+    /// split tiles); the kernel leaves them zeroed (kernels on the stream run one after another).
+    pub counters: u64,
     pub blas: &'a mut Blas,
     /// Allocates cuBLAS's workspace on first use.
     pub alloc_workspace: &'a mut dyn FnMut() -> Result<u64, CudaError>,

@@ -101,8 +101,9 @@ pub struct CudaBackend {
     scratch: Option<(u64, usize)>,
     /// The device [`ErrorRecord`] (one pool block, zeroed).
     errors: u64,
-    /// Two zeroed device words a kernel may hand out work from (`gemv1_*`); each leaves them zero.
-    queue: u64,
+    /// Zeroed device counters (`COUNTER_BYTES`) that a kernel's blocks coordinate through (mmq's
+    /// split tiles); every kernel leaves them zeroed.
+    counters: u64,
     graphs: Graphs,
     use_graphs: bool,
     staging: Option<Staging>,
@@ -123,10 +124,10 @@ impl CudaBackend {
         // SAFETY: a fresh block of at least size_of::<ErrorRecord>() bytes.
         unsafe { result::memset_d8_sync(errors, 0, std::mem::size_of::<ErrorRecord>()) }
             .map_err(CudaError::driver("zeroing the error record"))?;
-        let (queue, _) = pool.alloc(launch::QUEUE_BYTES)?;
-        // SAFETY: a fresh block of at least QUEUE_BYTES bytes.
-        unsafe { result::memset_d8_sync(queue, 0, launch::QUEUE_BYTES) }
-            .map_err(CudaError::driver("zeroing the work queue"))?;
+        let (counters, _) = pool.alloc(launch::COUNTER_BYTES)?;
+        // SAFETY: a fresh block of at least COUNTER_BYTES bytes.
+        unsafe { result::memset_d8_sync(counters, 0, launch::COUNTER_BYTES) }
+            .map_err(CudaError::driver("zeroing the block counters"))?;
         Ok(CudaBackend {
             dev,
             pool,
@@ -136,7 +137,7 @@ impl CudaBackend {
             blas: Blas::new(),
             scratch: None,
             errors,
-            queue,
+            counters,
             graphs: Graphs::new(opts.graph_capacity),
             use_graphs: opts.graphs,
             staging: None,
@@ -245,7 +246,7 @@ impl Drop for CudaBackend {
         // SAFETY: as above.
         let _ = unsafe { result::free_sync(self.errors) };
         // SAFETY: as above.
-        let _ = unsafe { result::free_sync(self.queue) };
+        let _ = unsafe { result::free_sync(self.counters) };
         self.pool.release_all();
     }
 }
@@ -381,7 +382,7 @@ impl Backend for CudaBackend {
         }
         let scratch = self.ensure_scratch(scratch)?;
         let stream = self.stream();
-        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, queue, .. } = self;
+        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, counters, .. } = self;
         let mut alloc_workspace = || -> Result<u64, CudaError> { pool.alloc(launch::BLAS_WORKSPACE).map(|(p, _)| p) };
         let mut record = || -> Result<Vec<&'static str>, BackendError> {
             let mut trace = Vec::new();
@@ -391,7 +392,7 @@ impl Backend for CudaBackend {
                 info: &dev.info,
                 scratch,
                 errors: *errors,
-                queue: *queue,
+                counters: *counters,
                 blas,
                 alloc_workspace: &mut alloc_workspace,
                 trace: &mut trace,

@@ -77,8 +77,7 @@ const G1_XSTRIDE: usize = 272;
 /// Bytes of weight rows a `gemv1_*` stage aims at: 3 stages in flight keep 100-120 KiB loading
 /// per block (one block a multiprocessor), and nvfp4 gets two rows a thread a stage.
 const G1_STAGE_BYTES: usize = 48 << 10;
-/// Static shared memory of `gemv1_*` (its stage barriers and queue units), kept out of the
-/// dynamic budget.
+/// Static shared memory of `gemv1_*` (its stage barriers), kept out of the dynamic budget.
 const G1_STATIC_SHARED: usize = 64;
 /// Threads (one weight row) per `gemv_fast_N` block: `GF_THREADS` in matmul.cu.
 const GF_THREADS: u32 = 128;
@@ -374,8 +373,7 @@ fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize) -> Opti
 }
 
 /// The 1-token GEMV `gemv1_q8_0` / `gemv1_nvfp4` (activations quantized in the kernel; no
-/// scratch), one block per multiprocessor (as many as fit), each taking stages of rows from the
-/// backend's work queue.
+/// scratch), one block per multiprocessor (as many as fit), each over an even share of the rows.
 fn gemv1(
     cx: &mut Cx<'_>,
     a: TensorArg,
@@ -392,13 +390,12 @@ fn gemv1(
         .map_err(|e| launch_error(kernel, e))?;
     let resident = per_sm.max(1) as u64 * cx.info.multiprocessors.max(1) as u64;
     let grid = ((a.ne[1] as u64).min(resident).clamp(1, i32::MAX as u64) as u32, 1, 1);
-    let queue = cx.queue;
     let mut args = cx.stream.launch_builder(&f);
-    args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage).arg(&queue);
-    // SAFETY: `gemv1_*(a, b, out, groups, rows_stage, queue)`: a is one [k, M] q8_0 / nvfp4 matrix
-    // of contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
-    // threads <= G1_MAX_THREADS (`gemv1_plan`); blocks copy whole 16-byte pieces of the stages
-    // of rows < M they take from the queue (two zeroed words, left zeroed by the last block); `shared` holds G1_STAGES stages of rows_stage rows
+    args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
+    // SAFETY: `gemv1_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
+    // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
+    // threads <= G1_MAX_THREADS (`gemv1_plan`); block i copies whole 16-byte pieces of its rows
+    // [i M / grid, (i + 1) M / grid) only; `shared` holds G1_STAGES stages of rows_stage rows
     // plus the partials, or the staged activations (k / 64 * G1_XSTRIDE bytes) if larger, and is
     // within the device limit (raised above); b is one f32 row of k values read through its
     // strides; out is [M, 1, 1, 1] f32, written at rows < M.

@@ -37,9 +37,9 @@ const STATIC_SHARED: usize = 128 * (8 + 4 + 8);
 /// Largest grid y / z.
 const GRID_YZ: i64 = 65535;
 /// Split blocks of the last tiles of a mul_mat at most (their partial sums are scratch), and the
-/// tiles that may be split (one zeroed queue word each).
+/// tiles that may be split (one zeroed block counter each).
 const MAX_SPLIT_BLOCKS: usize = 128;
-const MAX_SPLIT_TILES: i64 = (crate::launch::QUEUE_BYTES / 4) as i64;
+const MAX_SPLIT_TILES: i64 = (crate::launch::COUNTER_BYTES / 4) as i64;
 /// Bytes of one split block's partial sums: 64 f32 a thread.
 const SPLIT_BLOCK_BYTES: usize = 64 * 4 * THREADS as usize;
 
@@ -161,7 +161,7 @@ pub(super) fn mul_mat(
         let (dp, splits, kper) = split_plan(all_tiles, a.ne[0] / BK, resident);
         let blocks = dp + (all_tiles - dp) * i64::from(splits);
         let packed = packed_size(b.nelements() as usize, b.ne[0] as usize);
-        let (partial, count) = (x + packed as u64, cx.queue);
+        let (partial, count) = (x + packed as u64, cx.counters);
         let mut args = cx.stream.launch_builder(&f);
         args.arg(&a).arg(&x).arg(&xs).arg(&n).arg(&b2).arg(&b3).arg(&out);
         args.arg(&dp).arg(&splits).arg(&kper).arg(&partial).arg(&count);
@@ -170,7 +170,7 @@ pub(super) fn mul_mat(
         // read; batch (i2, i3) reads weight batch (i2 / (b2 / A2), i3 / (b3 / A3)) inside a (shape
         // rules); x, xs hold the b2 * b3 * n packed rows; columns past n and rows past M are
         // neither read nor written; out is [M, n, b2, b3] f32 at its strides; the blocks past dp
-        // split at most MAX_SPLIT_TILES tiles (count: zeroed queue words, one a tile, left
+        // split at most MAX_SPLIT_TILES tiles (count: zeroed block counters, one a tile, left
         // zeroed) into at most MAX_SPLIT_BLOCKS blocks of kper >= 1 k-tiles inside K
         // (`split_plan`), whose sums fit the scratch after the packed activations
         // (`mul_mat_scratch_bytes`); `shared` bytes were allowed above.
@@ -240,7 +240,7 @@ mod tests {
         assert_eq!(split_plan(16, 32, 132), (0, 8, 4));
         // 60 tiles left: split in two, 16 k-tiles each
         assert_eq!(split_plan(192, 32, 132), (132, 2, 16));
-        // more tiles left than the queue has words, or too few k-tiles to split
+        // more tiles left than there are counters, or too few k-tiles to split
         assert_eq!(split_plan(100, 80, 132), (100, 1, 80));
         assert_eq!(split_plan(136, 1, 132), (136, 1, 1));
         // every split block gets k-tiles: 5 k-tiles over up to 16 splits -> 5 blocks of 1
