@@ -715,27 +715,16 @@ __device__ __forceinline__ u32 g1_prmt(u32 a, u32 b, u32 s) {
 
 // c + a.lo16 * b.byte0 + a.hi16 * b.byte1 (`lo`) or bytes 2 and 3 (`hi`); a holds two int16,
 // b four signed (`ss`) or unsigned (`su`) bytes.
-__device__ __forceinline__ int g1_dp2a_lo_ss(u32 a, u32 b, int c) {
-    int d;
-    asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int g1_dp2a_hi_ss(u32 a, u32 b, int c) {
-    int d;
-    asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int g1_dp2a_lo_su(u32 a, u32 b, int c) {
-    int d;
-    asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int g1_dp2a_hi_su(u32 a, u32 b, int c) {
-    int d;
-    asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
+#define G1_DP2A(NAME, PTX)                                           \
+    __device__ __forceinline__ int NAME(u32 a, u32 b, int c) {       \
+        int d;                                                        \
+        asm(PTX " %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); \
+        return d;                                                     \
+    }
+G1_DP2A(g1_dp2a_lo_ss, "dp2a.lo.s32.s32")
+G1_DP2A(g1_dp2a_hi_ss, "dp2a.hi.s32.s32")
+G1_DP2A(g1_dp2a_lo_su, "dp2a.lo.s32.u32")
+G1_DP2A(g1_dp2a_hi_su, "dp2a.hi.s32.u32")
 
 // sm_90+: bulk (TMA) copies global -> shared completing on an mbarrier (one per stage buffer).
 #if __CUDA_ARCH__ >= 900

@@ -109,6 +109,14 @@ pub struct CudaBackend {
     staging: Option<Staging>,
 }
 
+/// A pool block of `bytes` zeroed bytes that lives as long as the backend.
+fn alloc_zeroed(pool: &mut Pool, bytes: usize, what: &'static str) -> Result<u64, CudaError> {
+    let (ptr, _) = pool.alloc(bytes)?;
+    // SAFETY: a fresh block of at least `bytes` bytes.
+    unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(CudaError::driver(what))?;
+    Ok(ptr)
+}
+
 impl CudaBackend {
     /// A backend on device 0 with default options.
     pub fn new() -> Result<CudaBackend, CudaError> {
@@ -120,14 +128,8 @@ impl CudaBackend {
         let kernels =
             compile::Kernels::new(dev.ctx.clone(), dev.info.arch(), opts.arch_specific, dev.info.nvrtc_version);
         let mut pool = Pool::new(dev.stream.cu_stream());
-        let (errors, _) = pool.alloc(std::mem::size_of::<ErrorRecord>())?;
-        // SAFETY: a fresh block of at least size_of::<ErrorRecord>() bytes.
-        unsafe { result::memset_d8_sync(errors, 0, std::mem::size_of::<ErrorRecord>()) }
-            .map_err(CudaError::driver("zeroing the error record"))?;
-        let (counters, _) = pool.alloc(launch::COUNTER_BYTES)?;
-        // SAFETY: a fresh block of at least COUNTER_BYTES bytes.
-        unsafe { result::memset_d8_sync(counters, 0, launch::COUNTER_BYTES) }
-            .map_err(CudaError::driver("zeroing the block counters"))?;
+        let errors = alloc_zeroed(&mut pool, std::mem::size_of::<ErrorRecord>(), "zeroing the error record")?;
+        let counters = alloc_zeroed(&mut pool, launch::COUNTER_BYTES, "zeroing the block counters")?;
         Ok(CudaBackend {
             dev,
             pool,
