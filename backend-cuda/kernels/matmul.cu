@@ -680,16 +680,17 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 //
 // A row is read in units of 64 values: one nvfp4 block (36 bytes) or two q8_0 blocks (68 bytes),
 // both 4-byte aligned. Thread (g, j) of a block owns unit j of the rows of group g, so its 64
-// activations live in registers, quantized once to int16 pairs from the f32 row (no separate
-// quantization kernel). Each block streams a contiguous range of rows through a ring of
+// activations live in registers as int16 pairs (no separate quantization kernel: group 0
+// quantizes each unit once, in shared memory, and every group reads the result; quantizing in
+// every thread cost 13% of the kernel's instructions). Each block streams a contiguous range of rows through a ring of
 // G1_STAGES shared-memory stages, G1_STAGES - 1 stages of rows_stage rows in flight: on sm_90+
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
 // against cp.async), on sm_80 every thread copies 16-byte pieces with cp.async; one block barrier
 // a stage frees the buffer before it is refilled. A thread reads its unit with 4-byte shared loads
 // (no bank conflicts: the unit strides 9 and 17 words are odd) and writes one partial per row
-// (nvfp4: two rows at a time, interleaved, for instruction-level parallelism), and the next
-// stage's first warps add up the partials of each row. Per unit: q8_0 32 dp2a (int16
+// (nvfp4: two rows at a time, interleaved, for instruction-level parallelism), and during the
+// next stage a few warps add up the partials of each row. Per unit: q8_0 32 dp2a (int16
 // activations x int8 quants) and 2 f16 scales; nvfp4 8 code words, each decoded with 4 byte
 // permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per word (the +128 is taken
 // back by a per-sub-block constant folded into the dot's start), 4 UE4M3 scales decoded as f16.
@@ -839,17 +840,72 @@ __device__ __forceinline__ float g1_unit_q8_0(const u32* w, const u32* x) {
     return fmaf((float)(a0 + a1), f16_to_f32((u16)u[0]), (float)(b0 + b1) * f16_to_f32((u16)(u[8] >> 16)));
 }
 
+// Quantizes one unit of 64 staged f32 activations (16-byte aligned, G1_XSTRIDE bytes) in place
+// to what the unit dots read: words 0-31 the int16 pairs (q8_0: x[p] = values 2 p, 2 p + 1;
+// nvfp4: x[8 s + 4 h + i] = values 16 s + 4 h + i and + 8, matching code word 1 + 2 s + h),
+// words 32-35 nvfp4's cs[s] = -128 * (sum of sub-block s's int16 values), word 36 the f32 scale
+// (|x - dx q| <= dx / 2, dx = amax / 32767; nvfp4's times 128: its E2M1 values are doubled and
+// its scales read as value / 256).
+template <int DT>
+__device__ __forceinline__ void g1_quantize_unit(u32* slot) {
+    float v[64], amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const float4 f = ((const float4*)slot)[i];
+        v[4 * i] = f.x;
+        v[4 * i + 1] = f.y;
+        v[4 * i + 2] = f.z;
+        v[4 * i + 3] = f.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 64; e++) amax = fmaxf(amax, fabsf(v[e]));
+    const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    int q[64];
+#pragma unroll
+    for (int e = 0; e < 64; e++) q[e] = (int)fminf(fmaxf(rintf(v[e] * id), -32767.0f), 32767.0f);
+    u32 w[37];
+    float dx = amax / 32767.0f;
+    if (DT == DT_NVFP4) {
+        dx *= 128.0f;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            int sum = 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int e = 16 * s + 4 * h + i;
+                    w[8 * s + 4 * h + i] = g1_pair(q[e], q[e + 8]);
+                    sum += q[e] + q[e + 8];
+                }
+            }
+            w[32 + s] = (u32)(-128 * sum);
+        }
+    } else {
+#pragma unroll
+        for (int p = 0; p < 32; p++) w[p] = g1_pair(q[2 * p], q[2 * p + 1]);
+#pragma unroll
+        for (int s = 0; s < 4; s++) w[32 + s] = 0u;
+    }
+    w[36] = __float_as_uint(dx);
+#pragma unroll
+    for (int i = 0; i < 9; i++) ((uint4*)slot)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    slot[36] = w[36];
+}
+
 // out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
 // above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
 // rows a stage (a multiple of groups). Dynamic shared memory: G1_STAGES stages of rows_stage rows,
-// then 2 x rows_stage x nu partials; the f32 activations are staged over the last stage and the
-// partials before the first barrier of the loop (the host sizes it for the larger of the two).
+// then 2 x rp x nu partials (rp = rows_stage | 1: an odd stride between a row's partials keeps
+// their stores and sums free of bank conflicts); the f32 activations are staged over the last
+// stage and the partials before the first barrier of the loop (the host sizes it for the larger
+// of the two).
 template <int DT>
 __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, const Tensor& out, int groups, int rows_stage) {
     constexpr int UB = DT == DT_NVFP4 ? NVFP4_BYTES : 2 * Q8_0_BYTES;
     extern __shared__ __align__(16) char g1_shared[];
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
-    const int nu = (int)(a.ne[0] / 64), row_bytes = nu * UB, stage_bytes = rows_stage * row_bytes;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int nu = (int)(a.ne[0] / 64), row_bytes = nu * UB, stage_bytes = rows_stage * row_bytes, rp = rows_stage | 1;
     const i64 rows = a.ne[1];
     const i64 m0 = (i64)blockIdx.x * rows / gridDim.x, m1 = ((i64)blockIdx.x + 1) * rows / gridDim.x;
     const int nst = (int)((m1 - m0 + rows_stage - 1) / rows_stage);
@@ -930,61 +986,57 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     // 0, but opaque and per thread: or-ed into values that the compiler would otherwise copy from
     // a uniform register or negate before every use.
     const u32 zero = (u32)(rows_stage + tid) & 0x80000000u;
-    // This thread's unit as int16 with one scale (|x - dx q| <= dx / 2, dx = amax / 32767).
+    // Group 0 quantizes each unit once, in place; then every group reads its unit's words.
+    if (g == 0) g1_quantize_unit<DT>((u32*)(xf + G1_XSTRIDE * j));
+    __syncthreads();
     u32 x[32];
-    int cs[4];
+    int cs[4] = {0, 0, 0, 0};
     float dx = 0.0f;
     if (worker) {
-        float v[64], amax = 0.0f;
+        const uint4* q = (const uint4*)(xf + G1_XSTRIDE * j);
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const float4 f = *(const float4*)(xf + G1_XSTRIDE * j + 16 * i);
-            v[4 * i] = f.x;
-            v[4 * i + 1] = f.y;
-            v[4 * i + 2] = f.z;
-            v[4 * i + 3] = f.w;
+        for (int i = 0; i < 8; i++) {
+            const uint4 v = q[i];
+            x[4 * i] = v.x;
+            x[4 * i + 1] = v.y;
+            x[4 * i + 2] = v.z;
+            x[4 * i + 3] = v.w;
         }
-#pragma unroll
-        for (int e = 0; e < 64; e++) amax = fmaxf(amax, fabsf(v[e]));
-        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        int q[64];
-#pragma unroll
-        for (int e = 0; e < 64; e++) q[e] = (int)fminf(fmaxf(rintf(v[e] * id), -32767.0f), 32767.0f);
-        dx = amax / 32767.0f;
+        const uint4 t = q[8];
         if (DT == DT_NVFP4) {
-            dx *= 128.0f;  // E2M1 values are doubled, scales read as value / 256
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                int sum = 0;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int e = 16 * s + 4 * h + i;
-                        x[8 * s + 4 * h + i] = g1_pair(q[e], q[e + 8]);
-                        sum += q[e] + q[e + 8];
-                    }
-                }
-                cs[s] = (int)((u32)(-128 * sum) | zero);
-            }
-        } else {
-#pragma unroll
-            for (int p = 0; p < 32; p++) x[p] = g1_pair(q[2 * p], q[2 * p + 1]);
-#pragma unroll
-            for (int s = 0; s < 4; s++) cs[s] = 0;
+            cs[0] = (int)t.x;
+            cs[1] = (int)t.y;
+            cs[2] = (int)t.z;
+            cs[3] = (int)t.w;
         }
+        dx = __uint_as_float(*(const u32*)(q + 9));
     }
 
-    // Row r of stage s: its nu partials at parts[(s & 1) rows_stage nu + r nu ..]; the warps add
-    // up one row each.
+    // Row r of stage s: its nu partials at parts[(s & 1) rp nu + i rp + r], unit i. L
+    // consecutive threads add up a row (every L-th partial each, then shuffles), L growing with
+    // nu so that a few warps do the work in a few instructions.
+    const int lg = nu <= 40 ? 2 : nu <= 80 ? 3 : nu <= 160 ? 4 : 5, L = 1 << lg, sub = tid & (L - 1);
+    const int row_step = nt >> lg, warp_rows = 32 >> lg;
     auto reduce = [&](int s) {
-        const float* p = parts + (s & 1) * rows_stage * nu;
-        const int n = stage_rows(s);
-        for (int r = warp; r < n; r += nwarps) {
-            float v = 0.0f;
-            for (int i = lane; i < nu; i += 32) v += p[r * nu + i];
-            v = warp_sum(v);
-            if (lane == 0) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, 0, 0, 0)) = v;
+        const float* p = parts + (s & 1) * rp * nu;
+        const int n = stage_rows(s), n_warps = (n + warp_rows - 1) & -warp_rows;
+        // whole warps take part in the shuffles
+        for (int r = tid >> lg; r < n_warps; r += row_step) {
+            float v0 = 0.0f, v1 = 0.0f;
+            if (r < n) {
+                int i = sub;
+                for (; i + L < nu; i += 2 * L) {
+                    v0 += p[i * rp + r];
+                    v1 += p[(i + L) * rp + r];
+                }
+                if (i < nu) v0 += p[i * rp + r];
+            }
+            float v = v0 + v1;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                if (o < L) v += __shfl_xor_sync(0xffffffffu, v, o);
+            }
+            if (sub == 0 && r < n) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, 0, 0, 0)) = v;
         }
     };
     const u32 e2m1_lo = G1_E2M1_LO | zero;
@@ -1005,7 +1057,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
 #endif
         if (worker) {
             const char* sb = g1_shared + (s % G1_STAGES) * stage_bytes;
-            float* p = parts + (s & 1) * rows_stage * nu;
+            float* p = parts + (s & 1) * rp * nu;
             const int n = stage_rows(s);
             if (DT == DT_NVFP4) {
                 // two rows at a time: two independent units for the scheduler to interleave
@@ -1014,14 +1066,14 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
                     float v[2];
                     if (r + groups < n) {
                         g1_units_nvfp4<2>(w, groups * row_bytes / 4, x, cs, e2m1_lo, v);
-                        p[(r + groups) * nu + j] = dx * v[1];
+                        p[j * rp + r + groups] = dx * v[1];
                     } else {
                         g1_units_nvfp4<1>(w, 0, x, cs, e2m1_lo, v);
                     }
-                    p[r * nu + j] = dx * v[0];
+                    p[j * rp + r] = dx * v[0];
                 }
             } else {
-                for (int r = g; r < n; r += groups) p[r * nu + j] = dx * g1_unit_q8_0((const u32*)(sb + r * row_bytes + UB * j), x);
+                for (int r = g; r < n; r += groups) p[j * rp + r] = dx * g1_unit_q8_0((const u32*)(sb + r * row_bytes + UB * j), x);
             }
         }
     }

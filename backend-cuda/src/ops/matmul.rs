@@ -357,7 +357,7 @@ fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize) -> Opti
         for per_group in (1..=(G1_STAGE_BYTES / (groups * row_bytes)).max(1)).rev() {
             let rows_stage = groups * per_group;
             let stage = rows_stage * row_bytes;
-            let partials = 2 * rows_stage * nu * 4;
+            let partials = 2 * (rows_stage | 1) * nu * 4;
             let shared = (G1_STAGES - 1) * stage + (stage + partials).max(nu * G1_XSTRIDE);
             if shared + G1_STATIC_SHARED <= max_shared {
                 return Some(G1Plan {
@@ -396,9 +396,9 @@ fn gemv1(
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
     // threads <= G1_MAX_THREADS (`gemv1_plan`); block i copies whole 16-byte pieces of its rows
     // [i M / grid, (i + 1) M / grid) only; `shared` holds G1_STAGES stages of rows_stage rows
-    // plus the partials, or the staged activations (k / 64 * G1_XSTRIDE bytes) if larger, and is
-    // within the device limit (raised above); b is one f32 row of k values read through its
-    // strides; out is [M, 1, 1, 1] f32, written at rows < M.
+    // plus 2 x (rows_stage | 1) x k / 64 f32 partials, or the staged activations (k / 64 *
+    // G1_XSTRIDE bytes) if larger, and is within the device limit (raised above); b is one f32
+    // row of k values read through its strides; out is [M, 1, 1, 1] f32, written at rows < M.
     unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
