@@ -141,6 +141,21 @@ impl Cx<'_> {
         Ok(self.blas.handle(self.stream, alloc)?)
     }
 
+    /// How many blocks of `kernel` (loaded as `f`; `threads` a block, `shared` bytes of dynamic
+    /// shared memory) the whole GPU holds at once: what one-wave grids are sized by.
+    pub fn resident_blocks(
+        &self,
+        kernel: Kernel,
+        f: &CudaFunction,
+        threads: u32,
+        shared: u32,
+    ) -> Result<u64, BackendError> {
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
+            .map_err(|e| launch_error(kernel, e))?;
+        Ok(per_sm.max(1) as u64 * self.info.multiprocessors.max(1) as u64)
+    }
+
     /// Raises `kernel`'s dynamic shared memory limit to `bytes` (needed above 48 KiB).
     pub fn allow_shared(&mut self, kernel: Kernel, bytes: u32) -> Result<(), BackendError> {
         let f = self.function(kernel)?;

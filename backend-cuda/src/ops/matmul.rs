@@ -385,10 +385,7 @@ fn gemv1(
     let kernel = if d == DType::Q8_0 { GEMV1_Q8_0 } else { GEMV1_NVFP4 };
     cx.allow_shared(kernel, plan.shared)?;
     let f = cx.function(kernel)?;
-    let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(plan.threads, plan.shared as usize, None)
-        .map_err(|e| launch_error(kernel, e))?;
-    let resident = per_sm.max(1) as u64 * cx.info.multiprocessors.max(1) as u64;
+    let resident = cx.resident_blocks(kernel, &f, plan.threads, plan.shared)?;
     let grid = ((a.ne[1] as u64).min(resident).clamp(1, i32::MAX as u64) as u32, 1, 1);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
@@ -438,9 +435,7 @@ fn gemv_words(
     let x = cx.scratch;
     pack_b(cx, b, x, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
     let f = cx.function(kernel)?;
-    let per_sm =
-        f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None).map_err(|e| launch_error(kernel, e))?;
-    let resident = per_sm.max(1) as u64 * cx.info.multiprocessors.max(1) as u64;
+    let resident = cx.resident_blocks(kernel, &f, threads, 0)?;
     let grid = ((a.ne[1] as u64).div_ceil(GW_R).min(resident).max(1) as u32, 1, 1);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&a).arg(&x).arg(&out);

@@ -154,10 +154,7 @@ pub(super) fn mul_mat(
         let xs = pack_x(cx, b, x)?;
         cx.allow_shared(kernel, shared)?;
         let f = cx.function(kernel)?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(THREADS, shared as usize, None)
-            .map_err(|e| launch_error(kernel, e))?;
-        let resident = i64::from(per_sm.max(1)) * cx.info.multiprocessors as i64;
+        let resident = cx.resident_blocks(kernel, &f, THREADS, shared)? as i64;
         let (dp, splits, kper) = split_plan(all_tiles, a.ne[0] / BK, resident);
         let blocks = dp + (all_tiles - dp) * i64::from(splits);
         let packed = packed_size(b.nelements() as usize, b.ne[0] as usize);
