@@ -1,13 +1,17 @@
 // mmq.cu: mul_mat and mul_mat_id with q8_0 or nvfp4 weights for many tokens, on tensor cores
 // (f16 operands, f32 accumulators), dequantizing weight tiles in shared memory.
 //
-// Accuracy: weights are exact in f16 (q8_0 quants as integers, their f16 scale applied in f32 to
-// the partial sums of each 32-value block; nvfp4 values, E2M1 times a UE4M3 scale, at most 6
-// significant bits, with the scale folded in). Activations are rounded to f16 after scaling each
-// row by a power of two that brings its largest magnitude just under 2^15 (`mmq_pack_x`), so no
-// row overflows or loses its small values, and the output is scaled back exactly. f16 keeps 11
-// significant bits: a product's relative error is at most 2^-12, which puts a dot product's
-// normalized squared error near 2e-8, under the f32 bound (1e-7) of the CPU oracle.
+// Accuracy: nvfp4 weights are exact in f16 (E2M1 times a UE4M3 scale: at most 6 significant
+// bits, with the scale folded in). q8_0 weights are their f16 scale times the 8-bit quant, rounded
+// once to f16 (relative error at most 2^-11), as a dequantize-to-f16 GEMM rounds them. Activations
+// are rounded to f16 after scaling each row by a power of two that brings its largest magnitude
+// just under 2^15 (`mmq_pack_x`), so no row overflows or loses its small values, and the output
+// is scaled back exactly. Each f16 rounding adds about 4e-8 to a dot product's normalized squared
+// error (11 significant bits): about 3e-8 for nvfp4, 7e-8 for q8_0, under the f32 bound (1e-7) of
+// the CPU oracle. (Keeping q8_0 exact meant scaling each 32-value block's partial sums in f32
+// between tensor-core steps: 128 more instructions a thread and k-tile, with every wgmma waited
+// for, 11% slower at 512 x 17408 x 5120.) A q8_0 weight beyond f16's range (|d q| > 65504) would
+// overflow; trained weights are many orders of magnitude smaller.
 //
 // Tiles: a block computes 128 weight rows x 128 activation columns of one batch (or one expert's
 // columns), k in steps of 64. Each k-tile's raw weight bytes (4-byte cp.async) and packed
@@ -40,13 +44,10 @@ constexpr int mq_raw_stride(int qt) { return qt == DT_Q8_0 ? 72 : NVFP4_BYTES; }
 // One ring slot: the activation tile, then the raw weights (`mq_raw_stride` bytes a row; 16 bytes
 // of slack: q8_0 decoding reads a whole word past a row's end), 1024-byte aligned.
 constexpr int mq_slot_bytes(int qt) { return (MQ_TILE + MQ_BM * mq_raw_stride(qt) + 16 + 1023) & ~1023; }
-// The ring, three decoded weight tiles and three sets of q8_0 row scales, plus 1 KiB to align the
-// base to 1024 bytes (wgmma's swizzle is on address bits). TAG(mmq-smem): `shared_bytes` in
-// src/ops/mmq.rs.
+// The ring and three decoded weight tiles, plus 1 KiB to align the base to 1024 bytes (wgmma's
+// swizzle is on address bits). TAG(mmq-smem): `shared_bytes` in src/ops/mmq.rs.
 #define MQ_DECODED 3
-constexpr int mq_shared_bytes(int qt, int stages) {
-    return stages * mq_slot_bytes(qt) + MQ_DECODED * (MQ_TILE + MQ_BM * 2 * (int)sizeof(float)) + 1024;
-}
+constexpr int mq_shared_bytes(int qt, int stages) { return stages * mq_slot_bytes(qt) + MQ_DECODED * MQ_TILE + 1024; }
 
 // Activations as mmq reads them, one warp per flat row r of b (f32, any strides): the row times
 // 2^(15 - e), where 2^e bounds its largest magnitude, as f16 in k-tiles of 64 at
@@ -83,13 +84,14 @@ extern "C" __global__ void mmq_pack_x(Tensor b, char* x, float* xs) {
 // Byte offset of 16-byte chunk c of row r in a swizzled shared tile.
 __device__ __forceinline__ int mq_swz(int r, int c) { return r * MQ_ROW + ((c ^ (r & 7)) << 4); }
 
-// Four int8 (one word) to four f16 (two words), exactly: each byte, offset to unsigned, becomes
-// the low mantissa byte of the f16 1024 + u; subtracting 1024 + 128 leaves the integer.
-__device__ __forceinline__ uint2 mq_i8x4_f16(u32 w) {
+// Four q8_0 quants (the int8 of one word) times the f16 pair `d2` (the block scale twice) to four
+// f16 (two words): each byte, offset to unsigned, becomes the low mantissa byte of the f16
+// 1024 + u; subtracting 1024 + 128 leaves the integer exactly, and the product is rounded once.
+__device__ __forceinline__ uint2 mq_q8x4_f16(u32 w, u32 d2) {
     const u32 u = w ^ 0x80808080u;
     u32 v[2] = {__byte_perm(u, 0x64646464u, 0x4140), __byte_perm(u, 0x64646464u, 0x4342)};
 #pragma unroll
-    for (int i = 0; i < 2; i++) asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(v[i]) : "r"(0x64806480u));
+    for (int i = 0; i < 2; i++) asm("sub.rn.f16x2 %0, %0, %1;\n\tmul.rn.f16x2 %0, %0, %2;" : "+r"(v[i]) : "r"(0x64806480u), "r"(d2));
     return make_uint2(v[0], v[1]);
 }
 
@@ -117,10 +119,10 @@ __device__ __forceinline__ u32 mq_gather_nibbles(u32 x) {
     return __byte_perm(t, 0u, 0x4420);
 }
 
-// Decodes the raw k-tile `raw` (MQ_BM rows of mq_raw_bytes) into the swizzled f16 tile `dst` and,
-// for q8_0, the per-row block scales `scale` [MQ_BM][2]. Thread t takes row t / 2, half t % 2.
+// Decodes the raw k-tile `raw` (MQ_BM rows of mq_raw_bytes) into the swizzled f16 tile `dst`.
+// Thread t takes row t / 2, half t % 2.
 template <int QT>
-__device__ __forceinline__ void mq_decode(const char* raw, char* dst, float* scale) {
+__device__ __forceinline__ void mq_decode(const char* raw, char* dst) {
     const int r = threadIdx.x >> 1, h = threadIdx.x & 1;
     const char* row = raw + r * mq_raw_stride(QT);
     if (QT == DT_Q8_0) {
@@ -133,10 +135,10 @@ __device__ __forceinline__ void mq_decode(const char* raw, char* dst, float* sca
 #pragma unroll
             for (int i = 0; i < 8; i++) q[i] = __byte_perm(q[i], q[i + 1], 0x5432);
         }
-        scale[r * 2 + h] = f16_to_f32(*(const u16*)(row + Q8_0_BYTES * h));
+        const u32 d = *(const u16*)(row + Q8_0_BYTES * h), d2 = d | (d << 16);
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const uint2 a = mq_i8x4_f16(q[2 * c]), b = mq_i8x4_f16(q[2 * c + 1]);
+            const uint2 a = mq_q8x4_f16(q[2 * c], d2), b = mq_q8x4_f16(q[2 * c + 1], d2);
             *(uint4*)(dst + mq_swz(r, 4 * h + c)) = make_uint4(a.x, a.y, b.x, b.y);
         }
     } else {
@@ -256,11 +258,6 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 template <int N>
 __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 
-// acc += row scale x part for a q8_0 block's partial sums (d0: the thread's rows g, d1: g + 8).
-__device__ __forceinline__ void mq_scale_into(MqAcc& acc, const float* part, float d0, float d1) {
-#pragma unroll
-    for (int i = 0; i < 64; i++) acc.v[i] += ((i & 2) ? d1 : d0) * part[i];
-}
 // d = A (64 x 16, descriptor a) B^T (128 x 16, descriptor b) + (accumulate ? d : 0), issued
 // asynchronously by the warpgroup.
 __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {
@@ -272,40 +269,21 @@ __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {
 }
 
 // acc += the warpgroup's 64 rows of the decoded weight tile `at` times the activation tile `xt`,
-// with `decode_next` run while the tensor cores work. nvfp4 returns with this tile's products
-// still running (the previous tile's are done): the caller keeps its buffers until the next
-// barrier after that. q8_0 needs each 32-value block's partial sums back to scale them, so it
-// returns with everything done.
-// `first` (the first k-tile) starts nvfp4's sums from zero: acc is only ever written by wgmma,
-// so that tiles' products may stay in flight across iterations (a plain store to acc would make
-// the compiler serialize them).
-template <int QT, typename Decode>
-__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool first, const char* at, const char* xt, const float* sc, Decode decode_next) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+// with `decode_next` run while the tensor cores work. Returns with this tile's products still
+// running (the previous tile's are done): the caller keeps its buffers until the next barrier
+// after that. `first` (the first k-tile) starts the sums from zero: acc is only ever written by
+// wgmma, so that tiles' products may stay in flight across iterations (a plain store to acc
+// would make the compiler serialize them).
+template <typename Decode>
+__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool first, const char* at, const char* xt, Decode decode_next) {
+    const int warp = threadIdx.x >> 5;
     const u64 da = wg_desc(at + (warp >> 2) * 64 * MQ_ROW), db = wg_desc(xt);
-    if (QT == DT_NVFP4) {
-        wg_fence();
+    wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) wg_mma(acc.v, da + 2 * ks, db + 2 * ks, !first || ks > 0);
-        wg_commit();
-        decode_next();
-        wg_wait<1>();
-    } else {
-        const int r = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
-        float part[2][64];
-        wg_fence();
-#pragma unroll
-        for (int p = 0; p < 2; p++) {
-            wg_mma(part[p], da + 4 * p, db + 4 * p, 0);
-            wg_mma(part[p], da + 4 * p + 2, db + 4 * p + 2, 1);
-            wg_commit();
-        }
-        decode_next();
-        wg_wait<1>();
-        mq_scale_into(acc, part[0], sc[r * 2], sc[(r + 8) * 2]);
-        wg_wait<0>();
-        mq_scale_into(acc, part[1], sc[r * 2 + 1], sc[(r + 8) * 2 + 1]);
-    }
+    for (int ks = 0; ks < 4; ks++) wg_mma(acc.v, da + 2 * ks, db + 2 * ks, !first || ks > 0);
+    wg_commit();
+    decode_next();
+    wg_wait<1>();
 }
 
 #else
@@ -327,10 +305,9 @@ __device__ __forceinline__ void mq_frag_b(u32 (&b)[4][2], const char* xt, int ks
 }
 
 // acc += the warp's 64 x 32 product over the k-tile (mma.sync); the decode of the next tile runs
-// first (mma.sync blocks the warp). q8_0 sums each 32-value block apart, one m16 tile at a time
-// (few registers), and scales it into acc.
-template <int QT, typename Decode>
-__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, const char* xt, const float* sc, Decode decode_next) {
+// first (mma.sync blocks the warp).
+template <typename Decode>
+__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, const char* xt, Decode decode_next) {
     decode_next();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp & 1, wn = warp >> 1;
 #pragma unroll
@@ -343,24 +320,11 @@ __device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, co
             u32 a[2][4];
             mq_frag_a(a[0], at, 2 * p, i, wm, lane);
             mq_frag_a(a[1], at, 2 * p + 1, i, wm, lane);
-            float part[4][4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                float* d = QT == DT_Q8_0 ? part[j] : acc.v + 16 * i + 4 * j;
-                if (QT == DT_Q8_0) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) d[e] = 0.0f;
-                }
+                float* d = acc.v + 16 * i + 4 * j;
                 tc_mma_f16(d, a[0], b[0][j][0], b[0][j][1]);
                 tc_mma_f16(d, a[1], b[1][j][0], b[1][j][1]);
-            }
-            if (QT == DT_Q8_0) {
-                const int r = wm * 64 + i * 16 + (lane >> 2);
-                const float d0 = sc[r * 2 + p], d1 = sc[(r + 8) * 2 + p];
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc.v[16 * i + 4 * j + e] += (e < 2 ? d0 : d1) * part[j][e];
             }
         }
     }
@@ -376,11 +340,10 @@ __device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, con
     // and stores (an integer round trip would make every access generic)
     char* smem = smem_raw + ((1024 - (tc_smem(smem_raw) & 1023)) & 1023);
     char* abf = smem + S * mq_slot_bytes(QT);
-    float* scales = (float*)(abf + MQ_DECODED * MQ_TILE);
     const int ktiles = kt1 - kt0;
 
-    // (nvfp4 with wgmma: its first product overwrites acc)
-    if (!(MQ_WGMMA_ON && QT == DT_NVFP4)) {
+    // (with wgmma, the first product overwrites acc)
+    if (!MQ_WGMMA_ON) {
 #pragma unroll
         for (int i = 0; i < 64; i++) acc.v[i] = 0.0f;
     }
@@ -394,7 +357,7 @@ __device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, con
     }
     tc_wait<S - 3>();
     __syncthreads();
-    mq_decode<QT>(smem + MQ_TILE, abf, scales);
+    mq_decode<QT>(smem + MQ_TILE, abf);
 
     // ring slots of the tile being multiplied and of the next load; decoded tile in use
     int cur = 0, load = S - 2, dec = 0;
@@ -410,9 +373,9 @@ __device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, con
         tc_commit();
         const int next = cur + 1 == S ? 0 : cur + 1, dec_next = dec + 1 == MQ_DECODED ? 0 : dec + 1;
         auto decode_next = [&]() {
-            if (kt + 1 < ktiles) mq_decode<QT>(smem + next * mq_slot_bytes(QT) + MQ_TILE, abf + dec_next * MQ_TILE, scales + dec_next * MQ_BM * 2);
+            if (kt + 1 < ktiles) mq_decode<QT>(smem + next * mq_slot_bytes(QT) + MQ_TILE, abf + dec_next * MQ_TILE);
         };
-        mq_multiply<QT>(acc, kt == 0, abf + dec * MQ_TILE, smem + cur * mq_slot_bytes(QT), scales + dec * MQ_BM * 2, decode_next);
+        mq_multiply(acc, kt == 0, abf + dec * MQ_TILE, smem + cur * mq_slot_bytes(QT), decode_next);
         cur = next, dec = dec_next, load = load + 1 == S ? 0 : load + 1;
     }
 #ifdef MQ_WGMMA

@@ -22,7 +22,7 @@ const MMQ_ID: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::Mmq, "mmq_q8_0_s4_id"), Kernel::new(Module::Mmq, "mmq_q8_0_s5_id")],
     [Kernel::new(Module::Mmq, "mmq_nvfp4_s4_id"), Kernel::new(Module::Mmq, "mmq_nvfp4_s5_id")],
 ];
-/// Decoded weight tiles (and q8_0 scale sets) in shared memory: `MQ_DECODED`.
+/// Decoded weight tiles in shared memory: `MQ_DECODED`.
 const DECODED: usize = 3;
 
 /// Block tile: weight rows, activation columns, k per step (`MQ_BM`, `MQ_BN`, `MQ_BK`).
@@ -54,15 +54,15 @@ fn raw_stride(d: DType) -> usize {
 }
 
 /// Dynamic shared memory of a block with `stages` ring slots: TAG(mmq-smem), `mq_shared_bytes`
-/// (slots of an activation tile and the raw weights, the decoded weight tiles and q8_0 scales,
-/// 1 KiB to align the base).
+/// (slots of an activation tile and the raw weights, the decoded weight tiles, 1 KiB to align the
+/// base).
 fn shared_bytes(d: DType, stages: usize) -> usize {
     let slot = (TILE + BM as usize * raw_stride(d) + 16).next_multiple_of(1024);
-    stages * slot + DECODED * (TILE + BM as usize * 2 * 4) + 1024
+    stages * slot + DECODED * TILE + 1024
 }
 
 /// The kernel variant for `d` on this device: 5 ring slots where a block may have that much
-/// shared memory (Hopper: 181 KiB for q8_0), else 4 (155 KiB: sm_80's 163 KiB fits). The static shared arrays of the entry points (column tables, 2.5 KiB)
+/// shared memory (Hopper: 179 KiB for q8_0), else 4 (153 KiB: sm_80's 163 KiB fits). The static shared arrays of the entry points (column tables, 2.5 KiB)
 /// come on top.
 fn variant(cx: &Cx<'_>, d: DType) -> Option<(usize, usize, u32)> {
     let ty = usize::from(d == DType::NvFp4);
