@@ -10,8 +10,8 @@
 //   long f16 / bf16 rows), one block per weight row, units loaded straight from global memory,
 //   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
 //   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
-// - `gemv1_q8_0` / `gemv1_nvfp4`: the 1-token GEMV for contiguous q8_0 / nvfp4 rows, rows
-//   streamed through shared memory by cp.async, a thread per 64-value unit of the row with its
+// - `gemv1_q8_0_s*` / `gemv1_nvfp4_s*`: the 1-token GEMV for contiguous q8_0 / nvfp4 rows, rows
+//   streamed through shared memory (bulk copies), a thread per 64-value unit of the row with its
 //   activations (quantized in the kernel) in registers; `pack_b` + `gemv_f16w` /
 //   `gemv_bf16w[_long]`: a 1-token GEMV for f16 / bf16 rows, a thread per 2 or 5 16-byte words
 //   (see the end).
@@ -682,8 +682,9 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // both 4-byte aligned. Thread (g, j) of a block owns unit j of the rows of group g, so its 64
 // activations live in registers as int16 pairs (no separate quantization kernel: group 0
 // quantizes each unit once, in shared memory, and every group reads the result; quantizing in
-// every thread cost 13% of the kernel's instructions). Each block streams a contiguous range of rows through a ring of
-// G1_STAGES shared-memory stages, G1_STAGES - 1 stages of rows_stage rows in flight: on sm_90+
+// every thread cost 13% of the kernel's instructions). Each block streams a contiguous range of
+// rows through a ring of S shared-memory stages, S - 1 stages of rows_stage rows in flight (S = 3
+// or 4, an entry point each: the host picks by the device's memory bandwidth): on sm_90+
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
 // against cp.async), on sm_80 every thread copies 16-byte pieces with cp.async; one block barrier
@@ -695,8 +696,7 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per word (the +128 is taken
 // back by a per-sub-block constant folded into the dot's start), 4 UE4M3 scales decoded as f16.
 
-// TAG(gemv1-consts): G1_STAGES, G1_MAX_THREADS and G1_XSTRIDE are mirrored in src/ops/matmul.rs.
-#define G1_STAGES 4
+// TAG(gemv1-consts): G1_MAX_THREADS and G1_XSTRIDE are mirrored in src/ops/matmul.rs.
 #define G1_MAX_THREADS 576
 // Bytes of staged f32 activations per 64-value unit: 256 and 16 of padding, so that the
 // threads' 16-byte reads of their own units spread over all banks.
@@ -895,12 +895,12 @@ __device__ __forceinline__ void g1_quantize_unit(u32* slot) {
 
 // out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
 // above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
-// rows a stage (a multiple of groups). Dynamic shared memory: G1_STAGES stages of rows_stage rows,
+// rows a stage (a multiple of groups). Dynamic shared memory: S stages of rows_stage rows,
 // then 2 x rp x nu partials (rp = rows_stage | 1: an odd stride between a row's partials keeps
 // their stores and sums free of bank conflicts); the f32 activations are staged over the last
 // stage and the partials before the first barrier of the loop (the host sizes it for the larger
 // of the two).
-template <int DT>
+template <int DT, int S>
 __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, const Tensor& out, int groups, int rows_stage) {
     constexpr int UB = DT == DT_NVFP4 ? NVFP4_BYTES : 2 * Q8_0_BYTES;
     extern __shared__ __align__(16) char g1_shared[];
@@ -909,20 +909,20 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     const i64 rows = a.ne[1];
     const i64 m0 = (i64)blockIdx.x * rows / gridDim.x, m1 = ((i64)blockIdx.x + 1) * rows / gridDim.x;
     const int nst = (int)((m1 - m0 + rows_stage - 1) / rows_stage);
-    float* parts = (float*)(g1_shared + G1_STAGES * stage_bytes);
-    char* xf = g1_shared + (G1_STAGES - 1) * stage_bytes;
+    float* parts = (float*)(g1_shared + S * stage_bytes);
+    char* xf = g1_shared + (S - 1) * stage_bytes;
     const u32 ring = tc_smem(g1_shared);
     const char* src0 = a.data + m0 * row_bytes;
     auto stage_rows = [&](int s) { return (int)min((i64)rows_stage, m1 - m0 - (i64)s * rows_stage); };
 #if __CUDA_ARCH__ >= 900
-    __shared__ __align__(8) u64 g1_bars[G1_STAGES];
+    __shared__ __align__(8) u64 g1_bars[S];
     const u32 bars = tc_smem(g1_bars);
     // bulk path: thread 0 copies stage s (contiguous rows) in pieces of at most 32 KiB, all
     // completing on the buffer's barrier
     auto issue_bulk = [&](int s) {
         if (s >= nst) return;
-        const u32 bytes = (u32)(stage_rows(s) * row_bytes), bar = bars + 8 * (s % G1_STAGES);
-        const u32 dst = ring + (u32)((s % G1_STAGES) * stage_bytes);
+        const u32 bytes = (u32)(stage_rows(s) * row_bytes), bar = bars + 8 * (s % S);
+        const u32 dst = ring + (u32)((s % S) * stage_bytes);
         const char* src = src0 + (i64)s * stage_bytes;
         g1_bar_expect(bar, bytes);
         for (u32 o = 0; o < bytes; o += 32768u) g1_bulk(dst + o, src + o, min(bytes - o, 32768u), bar);
@@ -933,7 +933,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         if (s < nst) {
             const int n16 = stage_rows(s) * row_bytes / 16;
             const char* src = src0 + (i64)s * stage_bytes + 16 * tid;
-            u32 dst = ring + (u32)((s % G1_STAGES) * stage_bytes) + 16 * tid;
+            u32 dst = ring + (u32)((s % S) * stage_bytes) + 16 * tid;
 #pragma unroll 4
             for (int c = tid; c < n16; c += nt, src += 16 * nt, dst += 16 * nt) tc_cp16_at(dst, src, true);
         }
@@ -958,14 +958,14 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
 #if __CUDA_ARCH__ >= 900
     if (tid == 0) {
 #pragma unroll
-        for (int i = 0; i < G1_STAGES; i++) g1_bar_init(bars + 8 * i);
+        for (int i = 0; i < S; i++) g1_bar_init(bars + 8 * i);
         g1_fence_bar_init();
 #pragma unroll
-        for (int s = 0; s < G1_STAGES - 1; s++) issue_bulk(s);
+        for (int s = 0; s < S - 1; s++) issue_bulk(s);
     }
 #else
 #pragma unroll
-    for (int s = 0; s < G1_STAGES - 1; s++) issue(s);
+    for (int s = 0; s < S - 1; s++) issue(s);
 #endif
     for (int c0 = tid; c0 < n4; c0 += 8 * nt) {
         if (c0 != tid) {
@@ -1047,18 +1047,18 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         __syncthreads();  // stage s - 1's buffer and partials are free
         if (tid == 0) {
             tc_fence_async();
-            issue_bulk(s + G1_STAGES - 1);
+            issue_bulk(s + S - 1);
         }
         if (s > 0) reduce(s - 1);
-        g1_bar_wait(bars + 8 * (s % G1_STAGES), (u32)(s / G1_STAGES) & 1u);  // stage s landed
+        g1_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
 #else
-        tc_wait<G1_STAGES - 2>();
+        tc_wait<S - 2>();
         __syncthreads();  // stage s landed for every thread; stage s - 1's buffer and partials are free
-        issue(s + G1_STAGES - 1);
+        issue(s + S - 1);
         if (s > 0) reduce(s - 1);
 #endif
         if (worker) {
-            const char* sb = g1_shared + (s % G1_STAGES) * stage_bytes;
+            const char* sb = g1_shared + (s % S) * stage_bytes;
             float* p = parts + (s & 1) * rp * nu;
             const int n = stage_rows(s);
             if (DT == DT_NVFP4) {
@@ -1083,12 +1083,15 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     if (nst > 0) reduce(nst - 1);
 }
 
-extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_q8_0(Tensor a, Tensor b, Tensor out, int groups, int rows_stage) {
-    gemv1_body<DT_Q8_0>(a, b, out, groups, rows_stage);
-}
-extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) gemv1_nvfp4(Tensor a, Tensor b, Tensor out, int groups, int rows_stage) {
-    gemv1_body<DT_NVFP4>(a, b, out, groups, rows_stage);
-}
+#define G1_ENTRY(NAME, DT, S)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) NAME(Tensor a, Tensor b, Tensor out, int groups, \
+                                                                       int rows_stage) {                        \
+        gemv1_body<DT, S>(a, b, out, groups, rows_stage);                                                      \
+    }
+G1_ENTRY(gemv1_q8_0_s3, DT_Q8_0, 3)
+G1_ENTRY(gemv1_q8_0_s4, DT_Q8_0, 4)
+G1_ENTRY(gemv1_nvfp4_s3, DT_NVFP4, 3)
+G1_ENTRY(gemv1_nvfp4_s4, DT_NVFP4, 4)
 
 // ---------------------------------------------------------------------------------------------
 // Word GEMVs for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole

@@ -19,6 +19,9 @@ pub struct DeviceInfo {
     pub l2_bytes: usize,
     /// Largest dynamic shared memory a block may opt in to.
     pub max_shared_per_block: usize,
+    /// Peak DRAM bandwidth in bytes/s from the memory clock and bus width (0 where the driver
+    /// does not report them): a tuning input, not a measurement.
+    pub peak_memory_bandwidth: u64,
     /// NVRTC's version, (major, minor).
     pub nvrtc_version: (i32, i32),
 }
@@ -34,11 +37,12 @@ impl std::fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({}, {} SMs, {:.1} GiB, {} MiB L2, NVRTC {}.{})",
+            "{} ({}, {} SMs, {:.1} GiB, {:.2} TB/s peak, {} MiB L2, NVRTC {}.{})",
             self.name,
             self.arch(),
             self.multiprocessors,
             self.total_memory as f64 / (1u64 << 30) as f64,
+            self.peak_memory_bandwidth as f64 / 1e12,
             self.l2_bytes >> 20,
             self.nvrtc_version.0,
             self.nvrtc_version.1
@@ -107,6 +111,14 @@ impl Device {
             total_memory: ctx.total_mem().map_err(CudaError::driver("total memory"))?,
             l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
             max_shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize,
+            // kHz x bits, two transfers a clock
+            peak_memory_bandwidth: match (
+                attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+                attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
+            ) {
+                (Ok(khz), Ok(bits)) if khz > 0 && bits > 0 => 2 * 1000 * khz as u64 * bits as u64 / 8,
+                _ => 0,
+            },
             nvrtc_version: nvrtc_version()?,
         };
         Ok(Device { ctx, stream, info })

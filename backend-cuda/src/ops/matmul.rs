@@ -52,8 +52,11 @@ const GEMV_FAST: [Kernel; 4] = [
     Kernel::new(Module::Matmul, "gemv_fast_4"),
     Kernel::new(Module::Matmul, "gemv_fast_8"),
 ];
-const GEMV1_Q8_0: Kernel = Kernel::new(Module::Matmul, "gemv1_q8_0");
-const GEMV1_NVFP4: Kernel = Kernel::new(Module::Matmul, "gemv1_nvfp4");
+/// `gemv1_*` entry points: `[q8_0, nvfp4][3 stages, 4]`.
+const GEMV1: [[Kernel; 2]; 2] = [
+    [Kernel::new(Module::Matmul, "gemv1_q8_0_s3"), Kernel::new(Module::Matmul, "gemv1_q8_0_s4")],
+    [Kernel::new(Module::Matmul, "gemv1_nvfp4_s3"), Kernel::new(Module::Matmul, "gemv1_nvfp4_s4")],
+];
 const GEMV_F16W: Kernel = Kernel::new(Module::Matmul, "gemv_f16w");
 const GEMV_BF16W: Kernel = Kernel::new(Module::Matmul, "gemv_bf16w");
 const GEMV_F16W_LONG: Kernel = Kernel::new(Module::Matmul, "gemv_f16w_long");
@@ -68,15 +71,24 @@ const GH_LONG_THREADS: u64 = 448;
 const GW_MAX_THREADS: u64 = 512;
 /// Weight rows a `gemv_f16w` block takes per step: `GW_R` in matmul.cu.
 const GW_R: u64 = 4;
-/// `gemv1_*` (matmul.cu): shared-memory stages (`G1_STAGES`), most threads a block
-/// (`G1_MAX_THREADS`), staged f32 activation bytes per 64-value unit (`G1_XSTRIDE`).
-/// TAG(gemv1-consts)
-const G1_STAGES: usize = 4;
+/// `gemv1_*` (matmul.cu): most threads a block (`G1_MAX_THREADS`), staged f32 activation bytes
+/// per 64-value unit (`G1_XSTRIDE`). TAG(gemv1-consts)
 const G1_MAX_THREADS: usize = 576;
 const G1_XSTRIDE: usize = 272;
-/// Bytes of weight rows a `gemv1_*` stage aims at: 3 stages in flight keep 100-120 KiB loading
-/// per block (one block a multiprocessor), and nvfp4 gets two rows a thread a stage.
+/// Bytes of weight rows a `gemv1_*` stage aims at: nvfp4 gets two rows a thread a stage (32 KiB
+/// stages cost it 20-25% on an H200; 64 KiB ones lost the gain of fewer stages in flight on an
+/// H100, their first stage arriving later).
 const G1_STAGE_BYTES: usize = 48 << 10;
+/// Peak DRAM bandwidth (bytes/s) from which `gemv1_*` keeps 3 stages in flight instead of 2.
+/// Measured (every 1-token q8_0 / nvfp4 GEMV of the perf catalogue, one call each): on an H100
+/// (3.35 TB/s) 2 in flight beat 3 by 2-4 points of copy bandwidth and 4 lost 5-10; on an H200
+/// (4.8 TB/s) 3 beat 2 by 3-4 points at 5120 x 17408 q8_0 and tied elsewhere.
+const G1_DEEP_BANDWIDTH: u64 = 4_000_000_000_000;
+
+/// Shared-memory stages of the `gemv1_*` ring on a device of peak DRAM bandwidth `bandwidth`.
+fn gemv1_stages(bandwidth: u64) -> usize {
+    if bandwidth >= G1_DEEP_BANDWIDTH { 4 } else { 3 }
+}
 /// Static shared memory of `gemv1_*` (its stage barriers), kept out of the dynamic budget.
 const G1_STATIC_SHARED: usize = 64;
 /// Threads (one weight row) per `gemv_fast_N` block: `GF_THREADS` in matmul.cu.
@@ -227,7 +239,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
     }
-    if let Some(plan) = gemv1_plan(&a, d, &b, cx.info.max_shared_per_block) {
+    let stages = gemv1_stages(cx.info.peak_memory_bandwidth);
+    if let Some(plan) = gemv1_plan(&a, d, &b, cx.info.max_shared_per_block, stages) {
         return gemv1(cx, a, d, b, out, plan);
     }
     if let Some(kernel) = word_gemv(&a, d, &b) {
@@ -324,10 +337,12 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     Ok(())
 }
 
-/// How `gemv1_q8_0` / `gemv1_nvfp4` run one product: threads a block, thread groups (each takes
-/// every row of a stage once), rows a stage, dynamic shared memory bytes.
+/// How `gemv1_q8_0_s*` / `gemv1_nvfp4_s*` run one product: ring stages (`gemv1_stages`), threads a
+/// block, thread groups (each takes every row of a stage once), rows a stage, dynamic shared
+/// memory bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct G1Plan {
+    stages: usize,
     threads: u32,
     groups: i32,
     rows_stage: i32,
@@ -339,7 +354,7 @@ struct G1Plan {
 /// whole 16-byte pieces), at most `G1_MAX_THREADS` 64-value units a row, and a plan whose stages
 /// fit `max_shared` (fewer rows a stage, then fewer groups, until they do). Groups: as many as
 /// `G1_MAX_THREADS` threads hold; rows a stage: about `G1_STAGE_BYTES`, a multiple of groups.
-fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize) -> Option<G1Plan> {
+fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize, stages: usize) -> Option<G1Plan> {
     let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     let unit_bytes = match d {
         DType::Q8_0 => 2 * d.block_bytes(),
@@ -358,9 +373,10 @@ fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize) -> Opti
             let rows_stage = groups * per_group;
             let stage = rows_stage * row_bytes;
             let partials = 2 * (rows_stage | 1) * nu * 4;
-            let shared = (G1_STAGES - 1) * stage + (stage + partials).max(nu * G1_XSTRIDE);
+            let shared = (stages - 1) * stage + (stage + partials).max(nu * G1_XSTRIDE);
             if shared + G1_STATIC_SHARED <= max_shared {
                 return Some(G1Plan {
+                    stages,
                     threads: (groups * nu).next_multiple_of(32) as u32,
                     groups: groups as i32,
                     rows_stage: rows_stage as i32,
@@ -382,7 +398,7 @@ fn gemv1(
     out: TensorArg,
     plan: G1Plan,
 ) -> Result<(), BackendError> {
-    let kernel = if d == DType::Q8_0 { GEMV1_Q8_0 } else { GEMV1_NVFP4 };
+    let kernel = GEMV1[usize::from(d == DType::NvFp4)][plan.stages - 3];
     cx.allow_shared(kernel, plan.shared)?;
     let f = cx.function(kernel)?;
     let resident = cx.resident_blocks(kernel, &f, plan.threads, plan.shared)?;
@@ -392,7 +408,7 @@ fn gemv1(
     // SAFETY: `gemv1_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
     // threads <= G1_MAX_THREADS (`gemv1_plan`); block i copies whole 16-byte pieces of its rows
-    // [i M / grid, (i + 1) M / grid) only; `shared` holds G1_STAGES stages of rows_stage rows
+    // [i M / grid, (i + 1) M / grid) only; `shared` holds plan.stages stages of rows_stage rows
     // plus 2 x (rows_stage | 1) x k / 64 f32 partials, or the staged activations (k / 64 *
     // G1_XSTRIDE bytes) if larger, and is within the device limit (raised above); b is one f32
     // row of k values read through its strides; out is [M, 1, 1, 1] f32, written at rows < M.
