@@ -747,3 +747,56 @@ fn moe_decode(
     unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE, e))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One contiguous [k, m] matrix of `d` at a 16-byte aligned address.
+    fn weights(d: DType, k: usize, m: usize) -> TensorArg {
+        let row = (k / d.block_size() * d.block_bytes()) as i64;
+        TensorArg { data: 1 << 20, ne: [k as i64, m as i64, 1, 1], nb: [1, row, row * m as i64, row * m as i64] }
+    }
+
+    /// One f32 activation row of k values.
+    fn activations(k: usize) -> TensorArg {
+        TensorArg { data: 1 << 30, ne: [k as i64, 1, 1, 1], nb: [4, 4 * k as i64, 4 * k as i64, 4 * k as i64] }
+    }
+
+    #[test]
+    fn gemv1_keeps_two_stages_in_flight_below_4_tb_s() {
+        // the peaks an H100 SXM and an H200 report (memory clock x bus width), and none
+        assert_eq!(gemv1_stages(3_352_320_000_000), 3);
+        assert_eq!(gemv1_stages(4_812_800_000_000), 4);
+        assert_eq!(gemv1_stages(0), 3);
+    }
+
+    #[test]
+    fn gemv1_plans_of_the_model_shapes_fit_and_give_nvfp4_two_rows_a_stage() {
+        // (ring stages, opt-in shared memory): Hopper with either ring, Ampere (A100) with 3
+        for (stages, max_shared) in [(3, 232_448), (4, 232_448), (3, 166_912)] {
+            for d in [DType::Q8_0, DType::NvFp4] {
+                for (k, m) in [(5120, 17408), (17408, 5120), (2048, 6144)] {
+                    let plan = gemv1_plan(&weights(d, k, m), d, &activations(k), max_shared, stages)
+                        .unwrap_or_else(|| panic!("no plan for {d:?} k={k} stages={stages}"));
+                    let (groups, rows_stage) = (plan.groups as usize, plan.rows_stage as usize);
+                    assert_eq!(plan.stages, stages);
+                    assert!(plan.shared as usize + G1_STATIC_SHARED <= max_shared, "{plan:?}");
+                    assert!(groups * k / 64 <= plan.threads as usize && plan.threads as usize <= G1_MAX_THREADS);
+                    assert_eq!(plan.threads % 32, 0);
+                    assert_eq!(rows_stage % groups, 0, "{plan:?}");
+                    if d == DType::NvFp4 && max_shared > 200_000 {
+                        assert_eq!(rows_stage, 2 * groups, "{d:?} k={k}: {plan:?}");
+                    }
+                }
+            }
+        }
+        // not one token, or rows that are not contiguous: no plan
+        let mut two = activations(5120);
+        two.ne[1] = 2;
+        assert!(gemv1_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &two, 232_448, 3).is_none());
+        let mut strided = weights(DType::Q8_0, 5120, 64);
+        strided.nb[1] += 16;
+        assert!(gemv1_plan(&strided, DType::Q8_0, &activations(5120), 232_448, 3).is_none());
+    }
+}
