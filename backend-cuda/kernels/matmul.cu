@@ -1013,10 +1013,11 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     }
 
     // Row r of stage s: its nu partials at parts[(s & 1) rp nu + i rp + r], unit i. L
-    // consecutive threads add up a row (every L-th partial each, then shuffles). nvfp4, bound by
-    // issue slots, takes L growing with nu, so that a few warps do the work in few instructions;
-    // q8_0, bound by the copies, takes a warp a row, so that no warp lags behind to the barrier
-    // that frees the next buffer (H100: L = 8 cost q8_0 1-2% of copy bandwidth).
+    // consecutive threads add up a row (every L-th partial each, then shuffles). nvfp4 takes L
+    // growing with nu, so that a few warps do the work in few instructions (16 or 32 threads a
+    // row measured the same); q8_0, bound by the copies, takes a warp a row, so that no warp lags
+    // behind to the barrier that frees the next buffer (H100: L = 8 cost q8_0 1-2% of copy
+    // bandwidth).
     const int lg = DT == DT_Q8_0 ? 5 : nu <= 40 ? 2 : nu <= 80 ? 3 : nu <= 160 ? 4 : 5, L = 1 << lg, sub = tid & (L - 1);
     const int row_step = nt >> lg, warp_rows = 32 >> lg;
     auto reduce = [&](int s) {

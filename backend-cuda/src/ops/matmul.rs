@@ -84,11 +84,6 @@ const G1_STAGE_BYTES: usize = 48 << 10;
 /// (3.35 TB/s) 2 in flight beat 3 by 2-4 points of copy bandwidth and 4 lost 5-10; on an H200
 /// (4.8 TB/s) 3 beat 2 by 3-4 points at 5120 x 17408 q8_0 and tied elsewhere.
 const G1_DEEP_BANDWIDTH: u64 = 4_000_000_000_000;
-
-/// Shared-memory stages of the `gemv1_*` ring on a device of peak DRAM bandwidth `bandwidth`.
-fn gemv1_stages(bandwidth: u64) -> usize {
-    if bandwidth >= G1_DEEP_BANDWIDTH { 4 } else { 3 }
-}
 /// Static shared memory of `gemv1_*` (its stage barriers), kept out of the dynamic budget.
 const G1_STATIC_SHARED: usize = 64;
 /// Threads (one weight row) per `gemv_fast_N` block: `GF_THREADS` in matmul.cu.
@@ -335,6 +330,11 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     // packed_len(k)) in scratch (scratch_bytes); out is [M, n, b2, b3] f32.
     unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
+}
+
+/// Shared-memory stages of the `gemv1_*` ring on a device of peak DRAM bandwidth `bandwidth`.
+fn gemv1_stages(bandwidth: u64) -> usize {
+    if bandwidth >= G1_DEEP_BANDWIDTH { 4 } else { 3 }
 }
 
 /// How `gemv1_q8_0_s*` / `gemv1_nvfp4_s*` run one product: ring stages (`gemv1_stages`), threads a

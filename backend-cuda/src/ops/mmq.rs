@@ -62,8 +62,8 @@ fn shared_bytes(d: DType, stages: usize) -> usize {
 }
 
 /// The kernel variant for `d` on this device: 5 ring slots where a block may have that much
-/// shared memory (Hopper: 179 KiB for q8_0), else 4 (153 KiB: sm_80's 163 KiB fits). The static shared arrays of the entry points (column tables, 2.5 KiB)
-/// come on top.
+/// shared memory (Hopper: 179 KiB for q8_0), else 4 (153 KiB: sm_80's 163 KiB fits). The static
+/// shared arrays of the entry points (column tables, 2.5 KiB) come on top.
 fn variant(cx: &Cx<'_>, d: DType) -> Option<(usize, usize, u32)> {
     let ty = usize::from(d == DType::NvFp4);
     let fits = |stages| shared_bytes(d, stages) + STATIC_SHARED <= cx.info.max_shared_per_block;
