@@ -19,7 +19,7 @@
 //   remainder) for the cuBLAS path of quantized weights with many tokens.
 // - `moe_group` groups the (slot, token) pairs of mul_mat_id by expert on the device (counts,
 //   prefix sum, lists), checking every id; `moe_gemv` runs the rows of each expert with few
-//   pairs over them 8 at a time, `moe_gemm` (shared-memory tiles, f32 FMA) the busy experts.
+//   pairs over them up to 8 at a time, `moe_gemm` (shared-memory tiles, f32 FMA) the busy experts.
 
 #define MM_WARPS 4
 // moe_gemm tile: weight rows x pairs x k step (256 threads, 4 x 2 outputs each).
@@ -314,33 +314,51 @@ extern "C" __global__ void moe_group(Tensor ids, i64 n_expert, int* offsets, int
     }
 }
 
+// Pairs list[0 .. nt) (nt <= NT) of one expert through weight row m (moe_gemv): one warp_dot of
+// NT tokens; the slots past nt repeat the last pair and are not written.
+template <int NT>
+__device__ __forceinline__ void moe_gemv_pairs(const char* row, int adt, i64 k, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* list, int nt, i64 m, Tensor out, uint4* stage, bool vec) {
+    const float* bt[NT];
+    i64 slot[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const i64 s = list[min(t, nt - 1)], u = s % n_used, tok = s / n_used;
+        slot[t] = s;
+        bt[t] = bp + ((u % n_b) + n_b * tok) * ldb;
+    }
+    float acc[NT];
+    warp_dot<NT>(row, adt, k, bt, acc, stage, vec, 0, 1);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if ((threadIdx.x & 31) == 0 && t < nt) *(float*)(out.data + offset_of(out, m, slot[t] % n_used, slot[t] / n_used, 0)) = v;
+    }
+}
+
 // out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs of expert e = blockIdx.y; bp is
 // the packed activations (row (u mod n_b) + n_b * t at row * ldb). Each warp is one weight row
-// and runs over the expert's pairs 8 at a time.
+// and runs over the expert's pairs 8 at a time, the last few with the narrowest dot that holds
+// them (a batch of decode steps routes most experts one or two pairs: an 8-wide dot for one pair
+// did 8 times the arithmetic).
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out, int vec, int gemv_max) {
     __shared__ uint4 stage[MM_WARPS][STAGE_CHUNKS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const i64 m = (i64)blockIdx.x * MM_WARPS + warp, e = blockIdx.y;
     if (m >= as.ne[1]) return;
     const int begin = offsets[e], end = offsets[e + 1];
     if (end - begin > gemv_max) return;  // moe_gemm's
     const char* row = as.data + m * as.nb[1] + e * as.nb[2];
+    const i64 k = as.ne[0];
     for (int c = begin; c < end; c += 8) {
         const int nt = min(8, end - c);
-        const float* bt[8];
-        i64 slot[8];
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const i64 s = list[c + min(t, nt - 1)], u = s % n_used, tok = s / n_used;
-            slot[t] = s;
-            bt[t] = bp + ((u % n_b) + n_b * tok) * ldb;
-        }
-        float acc[8];
-        warp_dot<8>(row, adt, as.ne[0], bt, acc, stage[warp], vec != 0, 0, 1);
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const float v = warp_sum(acc[t]);
-            if (lane == 0 && t < nt) *(float*)(out.data + offset_of(out, m, slot[t] % n_used, slot[t] / n_used, 0)) = v;
+        if (nt == 1) {
+            moe_gemv_pairs<1>(row, adt, k, bp, ldb, n_b, n_used, list + c, nt, m, out, stage[warp], vec != 0);
+        } else if (nt == 2) {
+            moe_gemv_pairs<2>(row, adt, k, bp, ldb, n_b, n_used, list + c, nt, m, out, stage[warp], vec != 0);
+        } else if (nt <= 4) {
+            moe_gemv_pairs<4>(row, adt, k, bp, ldb, n_b, n_used, list + c, nt, m, out, stage[warp], vec != 0);
+        } else {
+            moe_gemv_pairs<8>(row, adt, k, bp, ldb, n_b, n_used, list + c, nt, m, out, stage[warp], vec != 0);
         }
     }
 }

@@ -23,9 +23,10 @@
 //!   q8_0 values are split into hi + lo bf16 parts) and multiplied by hi + lo bf16 activations,
 //!   so the result keeps f32-level accuracy (the quantized cases take the f32 bound).
 //! - **mul_mat_id**: up to `MOE_DECODE_TOKENS` tokens, `moe_decode` runs a warp per weight row
-//!   over the routed (slot, token) pairs only, with `gemv_fast`'s units. Otherwise `moe_group` groups the (slot, token) pairs by expert on the device (no host
-//!   sync), then `moe_gemv` runs the rows of experts with few pairs over them 8 at a time and
-//!   `moe_gemm` (shared-memory tiles) the experts with many.
+//!   over the routed (slot, token) pairs only, with `gemv_fast`'s units. Otherwise `moe_group`
+//!   groups the (slot, token) pairs by expert on the device (no host sync), then `moe_gemv` runs
+//!   the rows of experts with few pairs over them 8 at a time (the last few through a dot just
+//!   wide enough) and `moe_gemm` (shared-memory tiles) the experts with many.
 
 use cudarc::cublas::result as blas;
 use cudarc::driver::PushKernelArg;
@@ -114,8 +115,12 @@ const ALIGN: usize = 256;
 /// (8 rather than 16: 256 experts top-8 at 512 tokens 4.7 -> 5.4 TFLOP/s on an H200).
 const MOE_GEMV_MAX: i32 = 8;
 /// mul_mat_id with at most this many tokens runs `moe_decode` over the (slot, token) pairs
-/// (each pair reads its expert's rows; no grouping).
-const MOE_DECODE_TOKENS: i64 = 2;
+/// (each pair reads its expert's rows; no grouping). With 256 experts top-8 few pairs share an
+/// expert, and grouping them for `moe_gemv` cost far more than the repeated reads: nvfp4 on an
+/// H100, 2048 -> 512 / 512 -> 2048, `moe_decode` against `moe_gemv` (threshold 2): 4 tokens
+/// 25 / 49 us against 120 / 251, 8 tokens 44 / 96 against 160 / 352, 16 tokens 88 / 192 against
+/// 242 / 518.
+const MOE_DECODE_TOKENS: i64 = 16;
 /// Threads of the single `moe_group` block.
 const GROUP_THREADS: u32 = 1024;
 

@@ -210,6 +210,11 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     out.push(MulMat::new(BF16, 17408, 512, 5120).case());
     // All 256 experts of the MoE, top-8, 512 tokens (gate/up): the mul_mat_id floor shape.
     out.push(MulMatId::new(QUANTS[1], 256, 8, 1, 512, 2048, 512).case());
+    // The same experts at a batch of 8 decode steps (8 sequences) and a 16-token step.
+    for n_tokens in [8, 16] {
+        out.push(MulMatId::new(QUANTS[1], 256, 8, 1, 512, 2048, n_tokens).case());
+        out.push(MulMatId::new(QUANTS[1], 256, 8, 8, 2048, 512, n_tokens).case());
+    }
     out
 }
 
