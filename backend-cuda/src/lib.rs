@@ -250,6 +250,10 @@ impl Drop for CudaBackend {
         // SAFETY: as above.
         let _ = unsafe { result::free_sync(self.counters) };
         self.pool.release_all();
+        // The staging events and pinned chunks go while the context is alive: `dev`, declared
+        // first, may hold its last reference (compute-sanitizer saw cuEventDestroy fail with
+        // CONTEXT_IS_DESTROYED at exit).
+        self.staging = None;
     }
 }
 
