@@ -580,12 +580,11 @@ impl Model {
                 let a = g.swiglu(gt, up)?;
                 let ex = g.mul_mat_id(w_de, a, sel)?; // [e, k, n]
                 let ex = g.mul(ex, w)?;
-                let nb = [4, e * k * 4, e * k * n * 4, e * k * n * 4];
-                let mut moe = g.view(ex, [e, n, 1, 1], nb, 0)?;
-                for i in 1..k {
-                    let vi = g.view(ex, [e, n, 1, 1], nb, i * e * 4)?;
-                    moe = g.add(moe, vi)?;
-                }
+                // the weighted experts summed over the slots in one reduction (k - 1 adds of
+                // slot views were k - 1 launches a layer)
+                let slots_first = g.transpose(ex)?; // [k, e, n]
+                let moe = g.sum_rows(slots_first)?; // [1, e, n]
+                let moe = g.reshape(moe, &[e, n])?;
 
                 let sg = g.mul_mat(w_sg, x)?;
                 let su = g.mul_mat(w_su, x)?;
