@@ -121,6 +121,8 @@ const MOE_GEMV_MAX: i32 = 8;
 /// 25 / 49 us against 120 / 251, 8 tokens 44 / 96 against 160 / 352, 16 tokens 88 / 192 against
 /// 242 / 518.
 const MOE_DECODE_TOKENS: i64 = 16;
+/// Most blocks along a grid's y dimension.
+const MAX_GRID_Y: i64 = 65535;
 /// Threads of the single `moe_group` block.
 const GROUP_THREADS: u32 = 1024;
 
@@ -657,7 +659,8 @@ fn mul_mat_id(
     ids: TensorArg,
     out: TensorArg,
 ) -> Result<(), BackendError> {
-    if ids.ne[1] <= MOE_DECODE_TOKENS && fast_rows(&w, d) {
+    // (one grid row a pair: a pair count past the grid's y limit takes the grouped path)
+    if ids.ne[1] <= MOE_DECODE_TOKENS && ids.nelements() <= MAX_GRID_Y && fast_rows(&w, d) {
         return moe_decode(cx, w, d, b, ids, out);
     }
     let n_expert = w.ne[2];
@@ -740,15 +743,16 @@ fn moe_decode(
     let f = cx.function(MOE_DECODE)?;
     let (adt, n_b, err, op) = (dt(d), b.ne[1], cx.errors, op_code("mul_mat_id"));
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
-    let grid = (blocks, ids.nelements().clamp(1, 65535) as u32, 1);
+    let grid = (blocks, ids.nelements().max(1) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&w).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&out).arg(&err).arg(&op);
     // SAFETY: `moe_decode(as, adt, x, ldx, n_b, ids, out, err, op)`: pair s = blockIdx.y <
-    // n_used * T (at most 2 tokens: far below the grid limit) reads ids[s mod n_used, s / n_used]
-    // and skips ids outside [0, n_expert); weight rows m < M of that expert are dense of dtype
-    // adt and aligned as `fast_gemv_fits` checked; activation row (u mod n_b) + n_b t is one of
-    // b's n_b * T rows of ldx bytes in scratch (scales after them as `quant_x` writes them;
-    // scratch_bytes sizes both); out[m, u, t] lies in out [M, n_used, T].
+    // n_used * T (at most MAX_GRID_Y pairs, as `mul_mat_id` checked: none is cut off) reads
+    // ids[s mod n_used, s / n_used] and skips ids outside [0, n_expert); weight rows m < M of
+    // that expert are dense of dtype adt and aligned as `fast_gemv_fits` checked; activation row
+    // (u mod n_b) + n_b t is one of b's n_b * T rows of ldx bytes in scratch (scales after them
+    // as `quant_x` writes them; scratch_bytes sizes both); out[m, u, t] lies in out [M, n_used,
+    // T].
     unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE, e))?;
     Ok(())
 }
