@@ -105,8 +105,9 @@ pub(super) fn cases(out: &mut Vec<Case>) {
 }
 
 /// q8_0 / nvfp4 weights: odd sizes, slices of the 2048- and 5120-wide projections at 1, 2, 5
-/// and 17 tokens (GEMV and GEMM paths), 1-token products of many widths, batch broadcast, windowed weights, strided activations,
-/// and products of 12 to 130 tokens with partial tiles, and one of more tiles than a GPU holds.
+/// and 17 tokens (GEMV and GEMM paths), 1-token products of rows 4 to 272 blocks of 64 values
+/// long, batch broadcast, windowed weights, strided activations, and products of 12 to 130
+/// tokens with partial tiles, and one of more tiles than a GPU holds.
 fn quantized(out: &mut Vec<Case>) {
     for type_a in QUANTS {
         for (m, n, k) in [(1, 1, 64), (7, 3, 64), (33, 7, 128), (19, 4, 192), (5, 9, 320)] {
@@ -116,13 +117,13 @@ fn quantized(out: &mut Vec<Case>) {
             out.push(MulMat::new(type_a, 96, n, 5120).case());
             out.push(MulMat::new(type_a, 160, n, 2048).case());
         }
-        // One token over every segment width of a backend's 1-token GEMV (4 to 32 64-value
-        // units, one to 17 segments a row), more rows than multiprocessors, odd row counts,
-        // strided activations.
+        // One token against rows of 4 to 272 64-value units (a backend's 1-token GEMV may lay
+        // out its threads by the units of a row), more rows than a GPU has multiprocessors, odd
+        // row counts, and activations that do not start 16-byte aligned.
         for (m, k) in [(1000, 256), (333, 512), (2000, 1024), (301, 3072), (150, 17408)] {
             out.push(MulMat::new(type_a, m, 1, k).case());
         }
-        out.push(MulMat::new(type_a, 300, 1, 1024).layouts(Layout::Contiguous, Layout::TRANSPOSED).case());
+        out.push(MulMat::new(type_a, 300, 1, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
         out.push(MulMat::new(type_a, 16, 5, 128).batched([2, 1], [4, 1]).case());
         out.push(MulMat::new(type_a, 16, 2, 128).batched([1, 2], [3, 2]).case());
         out.push(MulMat::new(type_a, 9, 6, 128).layouts(BLOCK_WINDOW, Layout::TRANSPOSED).case());
