@@ -11,10 +11,10 @@
 //   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
 //   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
 // - `gemv1_q8_0_s*` / `gemv1_nvfp4_s*`: the 1-token GEMV for contiguous q8_0 / nvfp4 rows, rows
-//   streamed through shared memory (bulk copies), a thread per 64-value unit of the row with its
-//   activations (quantized in the kernel) in registers; `pack_b` + `gemv_f16w` /
-//   `gemv_bf16w[_long]`: a 1-token GEMV for f16 / bf16 rows, a thread per 2 or 5 16-byte words
-//   (see the end).
+//   streamed through shared memory (bulk copies on sm_90+, cp.async on sm_80), a thread per
+//   64-value unit of the row with its activations (quantized in the kernel) in registers;
+//   `pack_b` + `gemv_f16w` / `gemv_bf16w[_long]`: a 1-token GEMV for f16 / bf16 rows, a thread
+//   per 2 or 5 16-byte words (see the end).
 // - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
 //   remainder) for the cuBLAS path of quantized weights with many tokens.
 // - `moe_group` groups the (slot, token) pairs of mul_mat_id by expert on the device (counts,

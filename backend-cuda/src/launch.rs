@@ -50,6 +50,9 @@ pub(crate) const BLAS_TRACE: &str = "cublas";
 /// cuBLAS workspace bytes (cuBLAS asks for up to 32 MiB on Hopper).
 pub(crate) const BLAS_WORKSPACE: usize = 32 << 20;
 
+/// Most blocks along a grid's y or z dimension.
+pub(crate) const GRID_YZ: i64 = 65535;
+
 impl Blas {
     pub fn new() -> Blas {
         Blas { handle: None, workspace: None }

@@ -36,7 +36,7 @@ use tessera_ops::{DType, Op, TensorMeta};
 use super::mmq;
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, sys_blas, unsupported};
+use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, dt, launch_error, sys_blas, unsupported};
 
 const PACK_B: Kernel = Kernel::new(Module::Matmul, "pack_b");
 const DEQUANT_ROWS: Kernel = Kernel::new(Module::Matmul, "dequant_rows");
@@ -121,8 +121,6 @@ const MOE_GEMV_MAX: i32 = 8;
 /// 25 / 49 us against 120 / 251, 8 tokens 44 / 96 against 160 / 352, 16 tokens 88 / 192 against
 /// 242 / 518.
 const MOE_DECODE_TOKENS: i64 = 16;
-/// Most blocks along a grid's y dimension.
-const MAX_GRID_Y: i64 = 65535;
 /// Threads of the single `moe_group` block.
 const GROUP_THREADS: u32 = 1024;
 
@@ -158,7 +156,7 @@ fn weight_parts(d: DType) -> usize {
 fn chunk_rows(k: usize, m: usize, parts: usize) -> usize {
     let rows = WEIGHT_CHUNK_BYTES / (packed_len(k) * 2 * parts).max(1);
     let rows = if rows > 128 { rows / 128 * 128 } else { rows.max(1) };
-    rows.min(m).min(65535)
+    rows.min(m).min(GRID_YZ as usize)
 }
 
 /// Scratch for the cuBLAS path: converted activations, then (quantized weights) one chunk of
@@ -265,7 +263,7 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let rows = a.ne[1] * b2 * b3;
     let parts: i32 = if rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K { MM_WARPS as i32 } else { 1 };
     let blocks = (a.ne[1] as u64 * parts as u64).div_ceil(MM_WARPS as u64);
-    let grid = (blocks.min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, 65535) as u32, 1);
+    let grid = (blocks.min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&a).arg(&adt).arg(&bp).arg(&ldb).arg(&n).arg(&b2).arg(&b3).arg(&out).arg(&vec).arg(&parts);
     // SAFETY: `gemv_N(a, adt, bp, ldb, n, b2, b3, out, vec, parts)`: parts is 1 or MM_WARPS;
@@ -325,7 +323,7 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     }];
     let f = cx.function(kernel)?;
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
-    let grid = (a.ne[1].clamp(1, i32::MAX as i64) as u32, (b2 * b3).clamp(1, 65535) as u32, 1);
+    let grid = (a.ne[1].clamp(1, i32::MAX as i64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&a).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
     // SAFETY: `gemv_fast_N(a, adt, x, ldx, n, b2, b3, out)`: block m < M reads weight row m of
@@ -660,7 +658,7 @@ fn mul_mat_id(
     out: TensorArg,
 ) -> Result<(), BackendError> {
     // (one grid row a pair: a pair count past the grid's y limit takes the grouped path)
-    if ids.ne[1] <= MOE_DECODE_TOKENS && ids.nelements() <= MAX_GRID_Y && fast_rows(&w, d) {
+    if ids.ne[1] <= MOE_DECODE_TOKENS && ids.nelements() <= GRID_YZ && fast_rows(&w, d) {
         return moe_decode(cx, w, d, b, ids, out);
     }
     let n_expert = w.ne[2];
@@ -684,7 +682,7 @@ fn mul_mat_id(
     let (adt, n_b, n_used) = (dt(d), b.ne[1], ids.ne[0]);
     let vec = i32::from(rows_vectorizable(&w, d) && bp.is_multiple_of(16));
     let grid =
-        ((w.ne[1] as u64).div_ceil(MM_WARPS as u64).min(i32::MAX as u64) as u32, n_expert.clamp(1, 65535) as u32, 1);
+        ((w.ne[1] as u64).div_ceil(MM_WARPS as u64).min(i32::MAX as u64) as u32, n_expert.clamp(1, GRID_YZ) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&w)
         .arg(&adt)
@@ -747,7 +745,7 @@ fn moe_decode(
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&w).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&out).arg(&err).arg(&op);
     // SAFETY: `moe_decode(as, adt, x, ldx, n_b, ids, out, err, op)`: pair s = blockIdx.y <
-    // n_used * T (at most MAX_GRID_Y pairs, as `mul_mat_id` checked: none is cut off) reads
+    // n_used * T (at most GRID_YZ pairs, as `mul_mat_id` checked: none is cut off) reads
     // ids[s mod n_used, s / n_used] and skips ids outside [0, n_expert); weight rows m < M of
     // that expert are dense of dtype adt and aligned as `fast_gemv_fits` checked; activation row
     // (u mod n_b) + n_b t is one of b's n_b * T rows of ldx bytes in scratch (scales after them

@@ -10,7 +10,7 @@ use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, blocks_for, config, launch_error};
+use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, launch_error};
 
 const PACK_X: Kernel = Kernel::new(Module::Mmq, "mmq_pack_x");
 /// `[weights q8_0, nvfp4][4 ring slots, 5]`.
@@ -34,8 +34,6 @@ const THREADS: u32 = 256;
 const TILE: usize = 128 * 128;
 /// Bytes of the entry points' static shared arrays (column tables).
 const STATIC_SHARED: usize = 128 * (8 + 4 + 8);
-/// Largest grid y / z.
-const GRID_YZ: i64 = 65535;
 /// Split blocks of the last tiles of a mul_mat at most (their partial sums are scratch), and the
 /// tiles that may be split (one zeroed block counter each).
 const MAX_SPLIT_BLOCKS: usize = 128;
