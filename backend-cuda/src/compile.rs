@@ -6,9 +6,10 @@
 //! the architecture and the NVRTC version, so a second process loads it without compiling.
 //! A compile error carries NVRTC's log and names the kernel that needed the module.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -90,9 +91,23 @@ impl Module {
     }
 
     /// The full translation unit NVRTC compiles: `common.cuh`, then the family's file (with a
-    /// `#line` so NVRTC's messages name the right file and line).
+    /// `#line` so NVRTC's messages name the right file and line); files in
+    /// `$TESSERA_KERNEL_DIR` replace the built-in ones ([`Module::source_from`]).
     pub fn source(self) -> String {
-        format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name(), self.body())
+        self.source_from(std::env::var_os("TESSERA_KERNEL_DIR").map(PathBuf::from).as_deref())
+    }
+
+    /// [`Module::source`] with the files of `dir` that can be read (`common.cuh`, `<name>.cu`) in
+    /// place of the copies built into the binary: kernel changes can be tried on a GPU machine
+    /// without a Rust toolchain. The cache key hashes this text, so such CUBINs never stand in
+    /// for the built-in ones.
+    pub fn source_from(self, dir: Option<&Path>) -> String {
+        let read = |file: &str, builtin: &'static str| -> Cow<'static, str> {
+            dir.and_then(|d| std::fs::read_to_string(d.join(file)).ok()).map_or(Cow::Borrowed(builtin), Cow::Owned)
+        };
+        let common = read("common.cuh", COMMON);
+        let body = read(&format!("{}.cu", self.name()), self.body());
+        format!("#line 1 \"common.cuh\"\n{common}\n#line 1 \"{}.cu\"\n{body}", self.name())
     }
 }
 

@@ -441,6 +441,20 @@ mod tests {
     }
 
     #[test]
+    fn a_kernel_dir_replaces_the_files_it_has() {
+        let dir = std::env::temp_dir().join(format!("tessera-kernel-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rope.cu"), "// trying a change\n").unwrap();
+        use crate::Module;
+        let rope = Module::Rope.source_from(Some(&dir));
+        assert!(rope.contains("// trying a change") && rope.contains("struct Tensor"), "{rope}");
+        assert!(!rope.contains("extern \"C\" __global__"));
+        // files the folder lacks come from the binary
+        assert_eq!(Module::Data.source_from(Some(&dir)), Module::Data.source_from(None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn every_module_has_its_source() {
         for m in crate::Module::ALL {
             let src = m.source();
