@@ -714,8 +714,11 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per word (the +128 is taken
 // back by a per-sub-block constant folded into the dot's start), 4 UE4M3 scales decoded as f16.
 
-// TAG(gemv1-consts): G1_MAX_THREADS and G1_XSTRIDE are mirrored in src/ops/matmul.rs.
+// TAG(gemv1-consts): G1_MAX_THREADS, G1_MAX_THREADS_NVFP4 and G1_XSTRIDE are mirrored in
+// src/ops/matmul.rs. nvfp4, bound by its arithmetic, takes more warps (96 registers fit 640
+// threads): 8 groups of 80 units instead of 7 at k = 5120.
 #define G1_MAX_THREADS 576
+#define G1_MAX_THREADS_NVFP4 640
 // Bytes of staged f32 activations per 64-value unit: 256 and 16 of padding, so that the
 // threads' 16-byte reads of their own units spread over all banks.
 #define G1_XSTRIDE 272
@@ -1102,15 +1105,15 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     if (nst > 0) reduce(nst - 1);
 }
 
-#define G1_ENTRY(NAME, DT, S)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(G1_MAX_THREADS) NAME(Tensor a, Tensor b, Tensor out, int groups, \
-                                                                       int rows_stage) {                        \
-        gemv1_body<DT, S>(a, b, out, groups, rows_stage);                                                      \
+#define G1_ENTRY(NAME, DT, S, THREADS)                                                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(Tensor a, Tensor b, Tensor out, int groups, \
+                                                                int rows_stage) {                        \
+        gemv1_body<DT, S>(a, b, out, groups, rows_stage);                                                \
     }
-G1_ENTRY(gemv1_q8_0_s3, DT_Q8_0, 3)
-G1_ENTRY(gemv1_q8_0_s4, DT_Q8_0, 4)
-G1_ENTRY(gemv1_nvfp4_s3, DT_NVFP4, 3)
-G1_ENTRY(gemv1_nvfp4_s4, DT_NVFP4, 4)
+G1_ENTRY(gemv1_q8_0_s3, DT_Q8_0, 3, G1_MAX_THREADS)
+G1_ENTRY(gemv1_q8_0_s4, DT_Q8_0, 4, G1_MAX_THREADS)
+G1_ENTRY(gemv1_nvfp4_s3, DT_NVFP4, 3, G1_MAX_THREADS_NVFP4)
+G1_ENTRY(gemv1_nvfp4_s4, DT_NVFP4, 4, G1_MAX_THREADS_NVFP4)
 
 // ---------------------------------------------------------------------------------------------
 // Word GEMVs for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole

@@ -72,9 +72,11 @@ const GH_LONG_THREADS: u64 = 448;
 const GW_MAX_THREADS: u64 = 512;
 /// Weight rows a `gemv_f16w` block takes per step: `GW_R` in matmul.cu.
 const GW_R: u64 = 4;
-/// `gemv1_*` (matmul.cu): most threads a block (`G1_MAX_THREADS`), staged f32 activation bytes
-/// per 64-value unit (`G1_XSTRIDE`). TAG(gemv1-consts)
+/// `gemv1_*` (matmul.cu): most threads a block (`G1_MAX_THREADS`, nvfp4's
+/// `G1_MAX_THREADS_NVFP4`), staged f32 activation bytes per 64-value unit (`G1_XSTRIDE`).
+/// TAG(gemv1-consts)
 const G1_MAX_THREADS: usize = 576;
+const G1_MAX_THREADS_NVFP4: usize = 640;
 const G1_XSTRIDE: usize = 272;
 /// Bytes of weight rows a `gemv1_*` stage aims at: nvfp4 gets two rows a thread a stage (32 KiB
 /// stages cost it 20-25% on an H200; 64 KiB ones lost the gain of fewer stages in flight on an
@@ -356,24 +358,25 @@ struct G1Plan {
 
 /// The `gemv1_*` plan when one takes the product: one token against one q8_0 / nvfp4 matrix of
 /// contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256 == 0 (rows of
-/// whole 16-byte pieces), at most `G1_MAX_THREADS` 64-value units a row, and a plan whose stages
+/// whole 16-byte pieces), at most `G1_MAX_THREADS` (nvfp4: `G1_MAX_THREADS_NVFP4`) 64-value units
+/// a row, and a plan whose stages
 /// fit `max_shared` (fewer rows a stage, then fewer groups, until they do). Groups: as many as
-/// `G1_MAX_THREADS` threads hold; rows a stage: about `G1_STAGE_BYTES`, a multiple of groups.
+/// those threads hold; rows a stage: about `G1_STAGE_BYTES`, a multiple of groups.
 fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize, stages: usize) -> Option<G1Plan> {
     let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
-    let unit_bytes = match d {
-        DType::Q8_0 => 2 * d.block_bytes(),
-        DType::NvFp4 => d.block_bytes(),
+    let (unit_bytes, max_threads) = match d {
+        DType::Q8_0 => (2 * d.block_bytes(), G1_MAX_THREADS),
+        DType::NvFp4 => (d.block_bytes(), G1_MAX_THREADS_NVFP4),
         _ => return None,
     };
     let k = usize::try_from(a.ne[0]).ok()?;
     let nu = k / 64;
     let row_bytes = nu * unit_bytes;
     let contiguous = a.nb[1] == row_bytes as i64 && a.data.is_multiple_of(16);
-    if !single || !contiguous || k % 256 != 0 || nu == 0 || nu > G1_MAX_THREADS {
+    if !single || !contiguous || k % 256 != 0 || nu == 0 || nu > max_threads {
         return None;
     }
-    for groups in (1..=G1_MAX_THREADS / nu).rev() {
+    for groups in (1..=max_threads / nu).rev() {
         for per_group in (1..=(G1_STAGE_BYTES / (groups * row_bytes)).max(1)).rev() {
             let rows_stage = groups * per_group;
             let stage = rows_stage * row_bytes;
@@ -412,7 +415,8 @@ fn gemv1(
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
     // SAFETY: `gemv1_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
-    // threads <= G1_MAX_THREADS (`gemv1_plan`); block i copies whole 16-byte pieces of its rows
+    // threads <= G1_MAX_THREADS or G1_MAX_THREADS_NVFP4, the entry point's launch bound
+    // (`gemv1_plan`); block i copies whole 16-byte pieces of its rows
     // [i M / grid, (i + 1) M / grid) only; `shared` holds plan.stages stages of rows_stage rows
     // plus 2 x (rows_stage | 1) x k / 64 f32 partials, or the staged activations (k / 64 *
     // G1_XSTRIDE bytes) if larger, and is within the device limit (raised above); b is one f32
@@ -789,7 +793,8 @@ mod tests {
                     let (groups, rows_stage) = (plan.groups as usize, plan.rows_stage as usize);
                     assert_eq!(plan.stages, stages);
                     assert!(plan.shared as usize + G1_STATIC_SHARED <= max_shared, "{plan:?}");
-                    assert!(groups * k / 64 <= plan.threads as usize && plan.threads as usize <= G1_MAX_THREADS);
+                    let max = if d == DType::NvFp4 { G1_MAX_THREADS_NVFP4 } else { G1_MAX_THREADS };
+                    assert!(groups * k / 64 <= plan.threads as usize && plan.threads as usize <= max);
                     assert_eq!(plan.threads % 32, 0);
                     assert_eq!(rows_stage % groups, 0, "{plan:?}");
                     if d == DType::NvFp4 && max_shared > 200_000 {
