@@ -442,10 +442,10 @@ mod tests {
 
     #[test]
     fn a_kernel_dir_replaces_the_files_it_has() {
+        use crate::Module;
         let dir = std::env::temp_dir().join(format!("tessera-kernel-dir-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("rope.cu"), "// trying a change\n").unwrap();
-        use crate::Module;
         let rope = Module::Rope.source_from(Some(&dir));
         assert!(rope.contains("// trying a change") && rope.contains("struct Tensor"), "{rope}");
         assert!(!rope.contains("extern \"C\" __global__"));

@@ -359,9 +359,9 @@ struct G1Plan {
 /// The `gemv1_*` plan when one takes the product: one token against one q8_0 / nvfp4 matrix of
 /// contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256 == 0 (rows of
 /// whole 16-byte pieces), at most `G1_MAX_THREADS` (nvfp4: `G1_MAX_THREADS_NVFP4`) 64-value units
-/// a row, and a plan whose stages
-/// fit `max_shared` (fewer rows a stage, then fewer groups, until they do). Groups: as many as
-/// those threads hold; rows a stage: about `G1_STAGE_BYTES`, a multiple of groups.
+/// a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer groups, until
+/// they do). Groups: as many as those threads hold; rows a stage: about `G1_STAGE_BYTES`, a
+/// multiple of groups.
 fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize, stages: usize) -> Option<G1Plan> {
     let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     let (unit_bytes, max_threads) = match d {
