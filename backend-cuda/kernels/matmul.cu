@@ -705,11 +705,11 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // or 4, an entry point each: the host picks by the device's memory bandwidth): on sm_90+
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
-// against cp.async), on sm_80 every thread copies 16-byte pieces with cp.async; one block barrier
-// a stage frees the buffer before it is refilled. A thread reads its unit with 4-byte shared loads
-// (no bank conflicts: the unit strides 9 and 17 words are odd) and writes one partial per row
-// (nvfp4: two rows at a time, interleaved, for instruction-level parallelism), and during the
-// next stage a few warps add up the partials of each row. Per unit: q8_0 32 dp2a (int16
+// against cp.async; which thread: `copier`), on sm_80 every thread copies 16-byte pieces with
+// cp.async; one block barrier a stage frees the buffer before it is refilled. A thread reads its
+// unit with 4-byte shared loads (no bank conflicts: the unit strides 9 and 17 words are odd) and
+// writes one partial per row (nvfp4: two rows at a time, interleaved, for instruction-level
+// parallelism), and during the next stage a few warps add up the partials of each row. Per unit: q8_0 32 dp2a (int16
 // activations x int8 quants) and 2 f16 scales; nvfp4 8 code words, each decoded with 4 byte
 // permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per word (the +128 is taken
 // back by a per-sub-block constant folded into the dot's start), 4 UE4M3 scales decoded as f16.
@@ -938,7 +938,12 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
 #if __CUDA_ARCH__ >= 900
     __shared__ __align__(8) u64 g1_bars[S];
     const u32 bars = tc_smem(g1_bars);
-    // bulk path: thread 0 copies stage s (contiguous rows) in pieces of at most 32 KiB, all
+    // Issuing a stage's copies holds the issuing thread for hundreds of cycles. With 3 stages in
+    // flight (S = 4, H200) that thread is the block's last, so that warp 0, which also adds up
+    // partials, does not hold every stage's barrier: +2% on each 1-token GEMV of the perf
+    // catalogue. With 2 in flight (H100) the last thread cost nvfp4 at k = 17408 2%.
+    const int copier = S == 4 ? nt - 1 : 0;
+    // bulk path: the copier issues stage s (contiguous rows) in pieces of at most 32 KiB, all
     // completing on the buffer's barrier
     auto issue_bulk = [&](int s) {
         if (s >= nst) return;
@@ -977,7 +982,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         if (tid + i * nt < n4) xv[i] = load_x(tid + i * nt);
     }
 #if __CUDA_ARCH__ >= 900
-    if (tid == 0) {
+    if (tid == copier) {
 #pragma unroll
         for (int i = 0; i < S; i++) g1_bar_init(bars + 8 * i);
         g1_fence_bar_init();
@@ -1067,7 +1072,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     for (int s = 0; s < nst; s++) {
 #if __CUDA_ARCH__ >= 900
         __syncthreads();  // stage s - 1's buffer and partials are free
-        if (tid == 0) {
+        if (tid == copier) {
             tc_fence_async();
             issue_bulk(s + S - 1);
         }
