@@ -709,10 +709,11 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // cp.async; one block barrier a stage frees the buffer before it is refilled. A thread reads its
 // unit with 4-byte shared loads (no bank conflicts: the unit strides 9 and 17 words are odd) and
 // writes one partial per row (nvfp4: two rows at a time, interleaved, for instruction-level
-// parallelism), and during the next stage a few warps add up the partials of each row. Per unit: q8_0 32 dp2a (int16
-// activations x int8 quants) and 2 f16 scales; nvfp4 8 code words, each decoded with 4 byte
-// permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per word (the +128 is taken
-// back by a per-sub-block constant folded into the dot's start), 4 UE4M3 scales decoded as f16.
+// parallelism), and during the next stage a few warps add up the partials of each row. Per
+// unit: q8_0 32 dp2a (int16 activations x int8 quants) and 2 f16 scales; nvfp4 8 code words,
+// each decoded with 4 byte permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per
+// word (the +128 is taken back by a per-sub-block constant folded into the dot's start), 4 UE4M3
+// scales decoded as f16.
 
 // TAG(gemv1-consts): G1_MAX_THREADS, G1_MAX_THREADS_NVFP4 and G1_XSTRIDE are mirrored in
 // src/ops/matmul.rs. nvfp4, bound by its arithmetic, takes more warps (96 registers fit 640
