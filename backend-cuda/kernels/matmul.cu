@@ -10,9 +10,10 @@
 //   long f16 / bf16 rows), one block per weight row, units loaded straight from global memory,
 //   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
 //   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
-// - `gemv1_q8_0_s*` / `gemv1_nvfp4_s*`: the 1-token GEMV for contiguous q8_0 / nvfp4 rows, rows
-//   streamed through shared memory (bulk copies on sm_90+, cp.async on sm_80), a thread per
-//   64-value unit of the row with its activations (quantized in the kernel) in registers;
+// - `gemv1_q8_0_s*` / `gemv1_nvfp4_s*` / `gemv1_nvfp4_producer_s4`: the 1-token GEMV for
+//   contiguous q8_0 / nvfp4 rows, rows streamed through shared memory (bulk copies on sm_90+,
+//   cp.async on sm_80), a thread per 64-value unit of the row with its activations (quantized
+//   in the kernel) in registers;
 //   `pack_b` + `gemv_f16w` / `gemv_bf16w[_long]`: a 1-token GEMV for f16 / bf16 rows, a thread
 //   per 2 or 5 16-byte words (see the end).
 // - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
@@ -706,10 +707,12 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
 // against cp.async; which thread: `copier`), on sm_80 every thread copies 16-byte pieces with
-// cp.async; one block barrier a stage frees the buffer before it is refilled. A thread reads its
-// unit with 4-byte shared loads (no bank conflicts: the unit strides 9 and 17 words are odd) and
-// writes one partial per row (nvfp4: two rows at a time, interleaved, for instruction-level
-// parallelism), and during the next stage a few warps add up the partials of each row. Per
+// cp.async; one block barrier a stage frees the buffer before it is refilled (in
+// `gemv1_nvfp4_producer_s4` a warp of its own copies and adds up instead, paced by per-stage
+// mbarriers: no block barrier in the loop). A thread reads its unit with 4-byte shared loads
+// (no bank conflicts: the unit strides 9 and 17 words are odd) and writes one partial per row
+// (nvfp4: two rows at a time, interleaved, for instruction-level parallelism), and during the
+// next stage a few warps (or the producer warp) add up the partials of each row. Per
 // unit: q8_0 32 dp2a (int16 activations x int8 quants) and 2 f16 scales; nvfp4 8 code words,
 // each decoded with 4 byte permutes into the E2M1 values + 128 as unsigned bytes, 4 dp2a per
 // word (the +128 is taken back by a per-sub-block constant folded into the dot's start), 4 UE4M3
@@ -751,8 +754,11 @@ G1_DP2A(g1_dp2a_hi_su, "dp2a.hi.s32.u32")
 
 // sm_90+: bulk (TMA) copies global -> shared completing on an mbarrier (one per stage buffer).
 #if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void g1_bar_init(u32 bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+__device__ __forceinline__ void g1_bar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void g1_bar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void g1_fence_bar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 __device__ __forceinline__ void g1_bar_expect(u32 bar, u32 bytes) {
@@ -917,12 +923,13 @@ __device__ __forceinline__ void g1_quantize_unit(u32* slot) {
 
 // out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
 // above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
-// rows a stage (a multiple of groups). Dynamic shared memory: S stages of rows_stage rows,
-// then 2 x rp x nu partials (rp = rows_stage | 1: an odd stride between a row's partials keeps
-// their stores and sums free of bank conflicts); the f32 activations are staged over the last
-// stage and the partials before the first barrier of the loop (the host sizes it for the larger
-// of the two).
-template <int DT, int S>
+// rows a stage (a multiple of groups). P (sm_90+ only): the block's last warp, beyond the
+// groups' threads, copies and adds up instead. Dynamic shared memory: S stages of rows_stage
+// rows, then 2 (P: S + 1) x rp x nu partials (rp = rows_stage | 1: an odd stride between a row's
+// partials keeps their stores and sums free of bank conflicts); the f32 activations are staged
+// over the last stage and the partials before the loop (the host sizes it for the larger of the
+// two).
+template <int DT, int S, bool P>
 __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, const Tensor& out, int groups, int rows_stage) {
     constexpr int UB = DT == DT_NVFP4 ? NVFP4_BYTES : 2 * Q8_0_BYTES;
     extern __shared__ __align__(16) char g1_shared[];
@@ -937,13 +944,15 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     const char* src0 = a.data + m0 * row_bytes;
     auto stage_rows = [&](int s) { return (int)min((i64)rows_stage, m1 - m0 - (i64)s * rows_stage); };
 #if __CUDA_ARCH__ >= 900
-    __shared__ __align__(8) u64 g1_bars[S];
-    const u32 bars = tc_smem(g1_bars);
+    // full barriers (stage s landed: bars + 8 (s % S)) and, with P, empty ones (every other
+    // thread is done with stage s: empty + 8 (s % S))
+    __shared__ __align__(8) u64 g1_bars[P ? 2 * S : S];
+    const u32 bars = tc_smem(g1_bars), empty = bars + 8 * S;
     // Issuing a stage's copies holds the issuing thread for hundreds of cycles. With 3 stages in
     // flight (S = 4, H200) that thread is the block's last, so that warp 0, which also adds up
     // partials, does not hold every stage's barrier: +2% on each 1-token GEMV of the perf
     // catalogue. With 2 in flight (H100) the last thread cost nvfp4 at k = 17408 2%.
-    const int copier = S == 4 ? nt - 1 : 0;
+    const int copier = S == 4 || P ? nt - 1 : 0;
     // bulk path: the copier issues stage s (contiguous rows) in pieces of at most 32 KiB, all
     // completing on the buffer's barrier
     auto issue_bulk = [&](int s) {
@@ -985,7 +994,10 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
 #if __CUDA_ARCH__ >= 900
     if (tid == copier) {
 #pragma unroll
-        for (int i = 0; i < S; i++) g1_bar_init(bars + 8 * i);
+        for (int i = 0; i < S; i++) {
+            g1_bar_init(bars + 8 * i, 1);
+            if (P) g1_bar_init(empty + 8 * i, nt - 32);
+        }
         g1_fence_bar_init();
 #pragma unroll
         for (int s = 0; s < S - 1; s++) issue_bulk(s);
@@ -1070,56 +1082,121 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         }
     };
     const u32 e2m1_lo = G1_E2M1_LO | zero;
-    for (int s = 0; s < nst; s++) {
-#if __CUDA_ARCH__ >= 900
-        __syncthreads();  // stage s - 1's buffer and partials are free
-        if (tid == copier) {
-            tc_fence_async();
-            issue_bulk(s + S - 1);
-        }
-        if (s > 0) reduce(s - 1);
-        g1_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
-#else
-        tc_wait<S - 2>();
-        __syncthreads();  // stage s landed for every thread; stage s - 1's buffer and partials are free
-        issue(s + S - 1);
-        if (s > 0) reduce(s - 1);
-#endif
-        if (worker) {
-            const char* sb = g1_shared + (s % S) * stage_bytes;
-            float* p = parts + (s & 1) * rp * nu;
-            const int n = stage_rows(s);
-            if (DT == DT_NVFP4) {
-                // two rows at a time: two independent units for the scheduler to interleave
-                for (int r = g; r < n; r += 2 * groups) {
-                    const u32* w = (const u32*)(sb + r * row_bytes + UB * j);
-                    float v[2];
-                    if (r + groups < n) {
-                        g1_units_nvfp4<2>(w, groups * row_bytes / 4, x, cs, e2m1_lo, v);
-                        p[j * rp + r + groups] = dx * v[1];
-                    } else {
-                        g1_units_nvfp4<1>(w, 0, x, cs, e2m1_lo, v);
-                    }
-                    p[j * rp + r] = dx * v[0];
+    // this thread's dots of stage s, partials into p
+    auto dots = [&](int s, float* p) {
+        if (!worker) return;
+        const char* sb = g1_shared + (s % S) * stage_bytes;
+        const int n = stage_rows(s);
+        if (DT == DT_NVFP4) {
+            // two rows at a time: two independent units for the scheduler to interleave
+            for (int r = g; r < n; r += 2 * groups) {
+                const u32* w = (const u32*)(sb + r * row_bytes + UB * j);
+                float v[2];
+                if (r + groups < n) {
+                    g1_units_nvfp4<2>(w, groups * row_bytes / 4, x, cs, e2m1_lo, v);
+                    p[j * rp + r + groups] = dx * v[1];
+                } else {
+                    g1_units_nvfp4<1>(w, 0, x, cs, e2m1_lo, v);
                 }
+                p[j * rp + r] = dx * v[0];
+            }
+        } else {
+            for (int r = g; r < n; r += groups) p[j * rp + r] = dx * g1_unit_q8_0((const u32*)(sb + r * row_bytes + UB * j), x);
+        }
+    };
+#if __CUDA_ARCH__ >= 900
+    if constexpr (P) {
+        // No block barrier in the loop: the others wait for their stage's copy, take their dots
+        // and arrive on its empty barrier; the last warp waits for that, refills the buffer, then
+        // adds up the stage. Stage s's partials go to buffer s % (S + 1): the stage that reuses
+        // it, s + S + 1, is copied after the last warp added up stage s.
+        __syncthreads();  // the activations are in registers: the last stage's buffer is free
+        const bool producer = tid >= nt - 32;
+        const int lane = tid & 31;
+        // L lanes a row, every row of a stage at once
+        const int lg = max(0, 5 - (32 - __clz(rows_stage - 1))), L = 1 << lg, sub = lane & (L - 1);
+        auto sum_stage = [&](int s) {
+            const float* p = parts + (s % (S + 1)) * rp * nu;
+            const int n = stage_rows(s);
+            for (int r0 = 0; r0 < n; r0 += 32 >> lg) {
+                const int r = r0 + (lane >> lg);
+                float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+                if (r < n) {
+                    int i = sub;
+                    for (; i + 3 * L < nu; i += 4 * L) {
+                        v0 += p[i * rp + r];
+                        v1 += p[(i + L) * rp + r];
+                        v2 += p[(i + 2 * L) * rp + r];
+                        v3 += p[(i + 3 * L) * rp + r];
+                    }
+                    for (; i < nu; i += L) v0 += p[i * rp + r];
+                }
+                float v = (v0 + v1) + (v2 + v3);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    if (o < L) v += __shfl_xor_sync(0xffffffffu, v, o);
+                }
+                if (sub == 0 && r < n) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, 0, 0, 0)) = v;
+            }
+        };
+        auto wait_free = [&](int s) { g1_bar_wait(empty + 8 * (s % S), (u32)(s / S) & 1u); };
+        for (int s = 0; s < nst; s++) {
+            if (producer) {
+                if (s > 0) wait_free(s - 1);
+                if (tid == copier) {
+                    tc_fence_async();
+                    issue_bulk(s + S - 1);
+                }
+                __syncwarp();
+                if (s > 0) sum_stage(s - 1);
             } else {
-                for (int r = g; r < n; r += groups) p[j * rp + r] = dx * g1_unit_q8_0((const u32*)(sb + r * row_bytes + UB * j), x);
+                g1_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
+                dots(s, parts + (s % (S + 1)) * rp * nu);
+                g1_bar_arrive(empty + 8 * (s % S));
             }
         }
+        if (producer && nst > 0) {
+            wait_free(nst - 1);
+            sum_stage(nst - 1);
+        }
+    } else
+#endif
+    {
+        // one block barrier a stage
+        for (int s = 0; s < nst; s++) {
+#if __CUDA_ARCH__ >= 900
+            __syncthreads();  // stage s - 1's buffer and partials are free
+            if (tid == copier) {
+                tc_fence_async();
+                issue_bulk(s + S - 1);
+            }
+            if (s > 0) reduce(s - 1);
+            g1_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
+#else
+            tc_wait<S - 2>();
+            // stage s landed for every thread; stage s - 1's buffer and partials are free
+            __syncthreads();
+            issue(s + S - 1);
+            if (s > 0) reduce(s - 1);
+#endif
+            dots(s, parts + (s & 1) * rp * nu);
+        }
+        __syncthreads();
+        if (nst > 0) reduce(nst - 1);
     }
-    __syncthreads();
-    if (nst > 0) reduce(nst - 1);
 }
 
-#define G1_ENTRY(NAME, DT, S, THREADS)                                                                 \
+#define G1_ENTRY(NAME, DT, S, P, THREADS)                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(Tensor a, Tensor b, Tensor out, int groups, \
                                                                 int rows_stage) {                        \
-        gemv1_body<DT, S>(a, b, out, groups, rows_stage);                                                \
+        gemv1_body<DT, S, P>(a, b, out, groups, rows_stage);                                             \
     }
-G1_ENTRY(gemv1_q8_0_s3, DT_Q8_0, 3, G1_MAX_THREADS)
-G1_ENTRY(gemv1_q8_0_s4, DT_Q8_0, 4, G1_MAX_THREADS)
-G1_ENTRY(gemv1_nvfp4_s3, DT_NVFP4, 3, G1_MAX_THREADS_NVFP4)
-G1_ENTRY(gemv1_nvfp4_s4, DT_NVFP4, 4, G1_MAX_THREADS_NVFP4)
+G1_ENTRY(gemv1_q8_0_s3, DT_Q8_0, 3, false, G1_MAX_THREADS)
+G1_ENTRY(gemv1_q8_0_s4, DT_Q8_0, 4, false, G1_MAX_THREADS)
+G1_ENTRY(gemv1_nvfp4_s3, DT_NVFP4, 3, false, G1_MAX_THREADS_NVFP4)
+G1_ENTRY(gemv1_nvfp4_s4, DT_NVFP4, 4, false, G1_MAX_THREADS_NVFP4)
+// taken on sm_90+ with the ring of 4 only (before sm_90 it is the entry above)
+G1_ENTRY(gemv1_nvfp4_producer_s4, DT_NVFP4, 4, true, G1_MAX_THREADS_NVFP4)
 
 // ---------------------------------------------------------------------------------------------
 // Word GEMVs for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole

@@ -53,11 +53,12 @@ const GEMV_FAST: [Kernel; 4] = [
     Kernel::new(Module::Matmul, "gemv_fast_4"),
     Kernel::new(Module::Matmul, "gemv_fast_8"),
 ];
-/// `gemv1_*` entry points: `[q8_0, nvfp4][3 stages, 4]`.
+/// `gemv1_*` entry points: `[q8_0, nvfp4][3 stages, 4]`, and nvfp4's with a producer warp.
 const GEMV1: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::Matmul, "gemv1_q8_0_s3"), Kernel::new(Module::Matmul, "gemv1_q8_0_s4")],
     [Kernel::new(Module::Matmul, "gemv1_nvfp4_s3"), Kernel::new(Module::Matmul, "gemv1_nvfp4_s4")],
 ];
+const GEMV1_NVFP4_PRODUCER: Kernel = Kernel::new(Module::Matmul, "gemv1_nvfp4_producer_s4");
 const GEMV_F16W: Kernel = Kernel::new(Module::Matmul, "gemv_f16w");
 const GEMV_BF16W: Kernel = Kernel::new(Module::Matmul, "gemv_bf16w");
 const GEMV_F16W_LONG: Kernel = Kernel::new(Module::Matmul, "gemv_f16w_long");
@@ -242,7 +243,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
         return mul_mat_blas(cx, a, d, b, out);
     }
     let stages = gemv1_stages(cx.info.peak_memory_bandwidth);
-    if let Some(plan) = gemv1_plan(&a, d, &b, cx.info.max_shared_per_block, stages) {
+    let bulk = cx.info.compute_capability.0 >= 9;
+    if let Some(plan) = gemv1_plan(&a, d, &b, cx.info.max_shared_per_block, stages, bulk) {
         return gemv1(cx, a, d, b, out, plan);
     }
     if let Some(kernel) = word_gemv(&a, d, &b) {
@@ -345,14 +347,15 @@ fn gemv1_stages(bandwidth: u64) -> usize {
 }
 
 /// How `gemv1_q8_0_s*` / `gemv1_nvfp4_s*` run one product: ring stages (`gemv1_stages`), threads a
-/// block, thread groups (each takes every row of a stage once), rows a stage, dynamic shared
-/// memory bytes.
+/// block, thread groups (each takes every row of a stage once), rows a stage, whether a warp of
+/// its own copies and adds up (`producer`), dynamic shared memory bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct G1Plan {
     stages: usize,
     threads: u32,
     groups: i32,
     rows_stage: i32,
+    producer: bool,
     shared: u32,
 }
 
@@ -361,8 +364,11 @@ struct G1Plan {
 /// whole 16-byte pieces), at most `G1_MAX_THREADS` (nvfp4: `G1_MAX_THREADS_NVFP4`) 64-value units
 /// a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer groups, until
 /// they do). Groups: as many as those threads hold; rows a stage: about `G1_STAGE_BYTES`, a
-/// multiple of groups.
-fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize, stages: usize) -> Option<G1Plan> {
+/// multiple of groups. With bulk copies (`bulk`, sm_90+) and 3 stages in flight (`stages` 4, the
+/// H200) nvfp4 takes a producer warp where the threads have a warp to spare beside the groups:
+/// long rows (H200, 5120 x 17408: 21.5 -> 19.8-20.0 us). Taking a group for it at 17408 x 5120
+/// cost 1.5%, q8_0 lost 1-3% with it, and the H100 (2 stages in flight) 7% at 5120 x 17408.
+fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize, stages: usize, bulk: bool) -> Option<G1Plan> {
     let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     let (unit_bytes, max_threads) = match d {
         DType::Q8_0 => (2 * d.block_bytes(), G1_MAX_THREADS),
@@ -376,18 +382,21 @@ fn gemv1_plan(a: &TensorArg, d: DType, b: &TensorArg, max_shared: usize, stages:
     if !single || !contiguous || k % 256 != 0 || nu == 0 || nu > max_threads {
         return None;
     }
+    let producer =
+        bulk && stages == 4 && d == DType::NvFp4 && (max_threads / nu * nu).next_multiple_of(32) + 32 <= max_threads;
     for groups in (1..=max_threads / nu).rev() {
         for per_group in (1..=(G1_STAGE_BYTES / (groups * row_bytes)).max(1)).rev() {
             let rows_stage = groups * per_group;
             let stage = rows_stage * row_bytes;
-            let partials = 2 * (rows_stage | 1) * nu * 4;
+            let partials = if producer { stages + 1 } else { 2 } * (rows_stage | 1) * nu * 4;
             let shared = (stages - 1) * stage + (stage + partials).max(nu * G1_XSTRIDE);
             if shared + G1_STATIC_SHARED <= max_shared {
                 return Some(G1Plan {
                     stages,
-                    threads: (groups * nu).next_multiple_of(32) as u32,
+                    threads: ((groups * nu).next_multiple_of(32) + if producer { 32 } else { 0 }) as u32,
                     groups: groups as i32,
                     rows_stage: rows_stage as i32,
+                    producer,
                     shared: u32::try_from(shared).ok()?,
                 });
             }
@@ -406,7 +415,8 @@ fn gemv1(
     out: TensorArg,
     plan: G1Plan,
 ) -> Result<(), BackendError> {
-    let kernel = GEMV1[usize::from(d == DType::NvFp4)][plan.stages - 3];
+    let kernel =
+        if plan.producer { GEMV1_NVFP4_PRODUCER } else { GEMV1[usize::from(d == DType::NvFp4)][plan.stages - 3] };
     cx.allow_shared(kernel, plan.shared)?;
     let f = cx.function(kernel)?;
     let resident = cx.resident_blocks(kernel, &f, plan.threads, plan.shared)?;
@@ -415,10 +425,12 @@ fn gemv1(
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
     // SAFETY: `gemv1_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
-    // threads <= G1_MAX_THREADS or G1_MAX_THREADS_NVFP4, the entry point's launch bound
+    // threads <= G1_MAX_THREADS or G1_MAX_THREADS_NVFP4, the entry point's launch bound, with a
+    // whole warp beyond the groups' threads for the producer entry points (taken on sm_90+ only)
     // (`gemv1_plan`); block i copies whole 16-byte pieces of its rows [i M / grid, (i + 1) M /
-    // grid) only; `shared` holds plan.stages stages of rows_stage rows plus 2 x (rows_stage | 1)
-    // x k / 64 f32 partials, or the staged activations (k / 64 * G1_XSTRIDE bytes) if larger,
+    // grid) only; `shared` holds plan.stages stages of rows_stage rows plus 2 (producer: stages +
+    // 1) x (rows_stage | 1) x k / 64 f32 partials, or the staged activations (k / 64 *
+    // G1_XSTRIDE bytes) if larger,
     // and is within the device limit (raised above); b is one f32 row of k values read through
     // its strides; out is [M, 1, 1, 1] f32, written at rows < M.
     unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }.map_err(|e| launch_error(kernel, e))?;
@@ -784,18 +796,25 @@ mod tests {
 
     #[test]
     fn gemv1_plans_of_the_model_shapes_fit_and_give_nvfp4_two_rows_a_stage() {
-        // (ring stages, opt-in shared memory): Hopper with either ring, Ampere (A100) with 3
-        for (stages, max_shared) in [(3, 232_448), (4, 232_448), (3, 166_912)] {
+        // (ring stages, opt-in shared memory, bulk copies): Hopper with either ring, Ampere (A100)
+        // with 3
+        for (stages, max_shared, bulk) in [(3, 232_448, true), (4, 232_448, true), (3, 166_912, false)] {
             for d in [DType::Q8_0, DType::NvFp4] {
                 for (k, m) in [(5120, 17408), (17408, 5120), (2048, 6144)] {
-                    let plan = gemv1_plan(&weights(d, k, m), d, &activations(k), max_shared, stages)
+                    let plan = gemv1_plan(&weights(d, k, m), d, &activations(k), max_shared, stages, bulk)
                         .unwrap_or_else(|| panic!("no plan for {d:?} k={k} stages={stages}"));
                     let (groups, rows_stage) = (plan.groups as usize, plan.rows_stage as usize);
                     assert_eq!(plan.stages, stages);
                     assert!(plan.shared as usize + G1_STATIC_SHARED <= max_shared, "{plan:?}");
                     let max = if d == DType::NvFp4 { G1_MAX_THREADS_NVFP4 } else { G1_MAX_THREADS };
-                    assert!(groups * k / 64 <= plan.threads as usize && plan.threads as usize <= max);
+                    let producer_warp = if plan.producer { 32 } else { 0 };
+                    assert!(groups * k / 64 + producer_warp <= plan.threads as usize && plan.threads as usize <= max);
                     assert_eq!(plan.threads % 32, 0);
+                    // a producer warp only for nvfp4 with bulk copies and the ring of 4, and only
+                    // where it costs no group: the long rows of 272 units (2 groups, 544 + 32
+                    // threads)
+                    let producer = bulk && stages == 4 && d == DType::NvFp4 && k == 17408;
+                    assert_eq!(plan.producer, producer, "{d:?} k={k} stages={stages}: {plan:?}");
                     assert_eq!(rows_stage % groups, 0, "{plan:?}");
                     if d == DType::NvFp4 && max_shared > 200_000 {
                         assert_eq!(rows_stage, 2 * groups, "{d:?} k={k}: {plan:?}");
@@ -810,9 +829,9 @@ mod tests {
         // not one token, or rows that are not contiguous: no plan
         let mut two = activations(5120);
         two.ne[1] = 2;
-        assert!(gemv1_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &two, 232_448, 3).is_none());
+        assert!(gemv1_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &two, 232_448, 3, true).is_none());
         let mut strided = weights(DType::Q8_0, 5120, 64);
         strided.nb[1] += 16;
-        assert!(gemv1_plan(&strided, DType::Q8_0, &activations(5120), 232_448, 3).is_none());
+        assert!(gemv1_plan(&strided, DType::Q8_0, &activations(5120), 232_448, 3, true).is_none());
     }
 }
