@@ -1113,7 +1113,8 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         __syncthreads();  // the activations are in registers: the last stage's buffer is free
         const bool producer = tid >= nt - 32;
         const int lane = tid & 31;
-        // L lanes a row, every row of a stage at once
+        // L lanes a row, every row of a stage at once. Not `reduce` with the lane for tid: one
+        // lambda for both cost this kernel 7% (4 chains) and 21% (reduce's 2) on an H200.
         const int lg = max(0, 5 - (32 - __clz(rows_stage - 1))), L = 1 << lg, sub = lane & (L - 1);
         auto sum_stage = [&](int s) {
             const float* p = parts + (s % (S + 1)) * rp * nu;
