@@ -706,7 +706,8 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // or 4, an entry point each: the host picks by the device's memory bandwidth): on sm_90+
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
-// against cp.async; which thread: `copier`), on sm_80 every thread copies 16-byte pieces with
+// against cp.async; which thread: `copier`; where the copies bound the kernel it also has L2
+// fetch each stage: `l2_prefetch`), on sm_80 every thread copies 16-byte pieces with
 // cp.async; one block barrier a stage frees the buffer before it is refilled (in
 // `gemv1_nvfp4_producer_s4` a warp of its own copies and adds up instead, paced by per-stage
 // mbarriers: no block barrier in the loop). A thread reads its unit with 4-byte shared loads
@@ -767,6 +768,10 @@ __device__ __forceinline__ void g1_bar_expect(u32 bar, u32 bytes) {
 __device__ __forceinline__ void g1_bulk(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
+}
+// Asks L2 for bytes at src (16-byte aligned, a multiple of 16), completing on nothing.
+__device__ __forceinline__ void g1_prefetch_l2(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void g1_bar_wait(u32 bar, u32 parity) {
     asm volatile(
@@ -948,11 +953,18 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
     // thread is done with stage s: empty + 8 (s % S))
     __shared__ __align__(8) u64 g1_bars[P ? 2 * S : S];
     const u32 bars = tc_smem(g1_bars), empty = bars + 8 * S;
-    // Issuing a stage's copies holds the issuing thread for hundreds of cycles. With 3 stages in
-    // flight (S = 4, H200) that thread is the block's last, so that warp 0, which also adds up
-    // partials, does not hold every stage's barrier: +2% on each 1-token GEMV of the perf
-    // catalogue. With 2 in flight (H100) the last thread cost nvfp4 at k = 17408 2%.
-    const int copier = S == 4 || P ? nt - 1 : 0;
+    // Issuing a stage's copies holds the issuing thread for hundreds of cycles, so that thread is
+    // the block's last: warp 0 also adds up partials, and as the copier it held every stage's
+    // barrier (+2% on each 1-token GEMV of the perf catalogue on an H200; with the ring of 3 the
+    // last thread alone cost nvfp4 at k = 17408 2%, which the L2 prefetch below wins back).
+    const int copier = nt - 1;
+    // Unless nvfp4 is bound by its arithmetic (the ring of 4: an H200), the copier also has L2
+    // fetch each stage it copies in the loop, right after the copies, and stage S - 1 at the
+    // start (its buffer holds the activations until they are quantized). Measured, mechanism not
+    // isolated: 0-1% faster on each 1-token GEMV with the ring of 3 (H100), q8_0 at 5120 x 17408
+    // 1.4% faster on an H200, nvfp4 there 3-10% slower. Issued before the copies the same
+    // prefetch cost 5%, a stage ahead of them 5-11% (docs/PERF.md).
+    constexpr bool l2_prefetch = !(DT == DT_NVFP4 && S == 4);
     // bulk path: the copier issues stage s (contiguous rows) in pieces of at most 32 KiB, all
     // completing on the buffer's barrier
     auto issue_bulk = [&](int s) {
@@ -962,6 +974,12 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         const char* src = src0 + (i64)s * stage_bytes;
         g1_bar_expect(bar, bytes);
         for (u32 o = 0; o < bytes; o += 32768u) g1_bulk(dst + o, src + o, min(bytes - o, 32768u), bar);
+    };
+    auto prefetch_l2 = [&](int s) {
+        if (s >= nst) return;
+        const u32 bytes = (u32)(stage_rows(s) * row_bytes);
+        const char* src = src0 + (i64)s * stage_bytes;
+        for (u32 o = 0; o < bytes; o += 32768u) g1_prefetch_l2(src + o, min(bytes - o, 32768u));
     };
 #else
     // cp.async path: every thread copies 16-byte pieces, one commit group a stage
@@ -1001,6 +1019,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
         g1_fence_bar_init();
 #pragma unroll
         for (int s = 0; s < S - 1; s++) issue_bulk(s);
+        if constexpr (l2_prefetch) prefetch_l2(S - 1);
     }
 #else
 #pragma unroll
@@ -1147,6 +1166,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
                 if (tid == copier) {
                     tc_fence_async();
                     issue_bulk(s + S - 1);
+                    if (l2_prefetch && s > 0) prefetch_l2(s + S - 1);
                 }
                 __syncwarp();
                 if (s > 0) sum_stage(s - 1);
@@ -1170,6 +1190,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
             if (tid == copier) {
                 tc_fence_async();
                 issue_bulk(s + S - 1);
+                if (l2_prefetch && s > 0) prefetch_l2(s + S - 1);
             }
             if (s > 0) reduce(s - 1);
             g1_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
