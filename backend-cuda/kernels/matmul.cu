@@ -706,8 +706,8 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
 // or 4, an entry point each: the host picks by the device's memory bandwidth): on sm_90+
 // one thread copies each stage with bulk (TMA) copies completing on the stage's mbarrier (no
 // per-16-byte copy instructions: on an H200 q8_0 75 -> 77% and nvfp4 48 -> 54% of copy bandwidth
-// against cp.async; which thread: `copier`; where the copies bound the kernel it also has L2
-// fetch each stage: `l2_prefetch`), on sm_80 every thread copies 16-byte pieces with
+// against cp.async; which thread: `copier`; unless nvfp4 is bound by its arithmetic it also has
+// L2 fetch each stage it copies: `l2_prefetch`), on sm_80 every thread copies 16-byte pieces with
 // cp.async; one block barrier a stage frees the buffer before it is refilled (in
 // `gemv1_nvfp4_producer_s4` a warp of its own copies and adds up instead, paced by per-stage
 // mbarriers: no block barrier in the loop). A thread reads its unit with 4-byte shared loads

@@ -427,11 +427,12 @@ fn gemv1(
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
     // threads <= G1_MAX_THREADS or G1_MAX_THREADS_NVFP4, the entry point's launch bound, with a
     // whole warp beyond the groups' threads for the producer entry points (taken on sm_90+ only)
-    // (`gemv1_plan`); block i copies whole 16-byte pieces of its rows [i M / grid, (i + 1) M /
-    // grid) only; `shared` holds plan.stages stages of rows_stage rows plus 2 (producer: stages +
-    // 1) x (rows_stage | 1) x k / 64 f32 partials, or the staged activations (k / 64 *
-    // G1_XSTRIDE bytes) if larger, and is within the device limit (raised above); b is one f32
-    // row of k values read through its strides; out is [M, 1, 1, 1] f32, written at rows < M.
+    // (`gemv1_plan`); block i copies (and on sm_90+ prefetches into L2) whole 16-byte pieces of its
+    // rows [i M / grid, (i + 1) M / grid) only; `shared` holds plan.stages stages of rows_stage
+    // rows plus 2 (producer: stages + 1) x (rows_stage | 1) x k / 64 f32 partials, or the staged
+    // activations (k / 64 * G1_XSTRIDE bytes) if larger, and is within the device limit (raised
+    // above); b is one f32 row of k values read through its strides; out is [M, 1, 1, 1] f32,
+    // written at rows < M.
     unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
