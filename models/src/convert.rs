@@ -23,7 +23,6 @@
 //! requested quantized dtype falls back to f32. MTP (`mtp.*`) and vision tensors are skipped.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype as StDtype, SafeTensors};
@@ -219,7 +218,7 @@ impl Checkpoint {
         };
         let index_path = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(io(&index_path))?;
+            let text = tessera_files::read_input_to_string(&index_path).map_err(io(&index_path))?;
             let json: Json = serde_json::from_str(&text)
                 .map_err(|source| ConvertError::Json { path: index_path.clone(), source })?;
             let mut f: Vec<String> = json
@@ -260,7 +259,7 @@ impl Checkpoint {
         let mut maps = Vec::new();
         let mut index = HashMap::new();
         for path in files {
-            let file = File::open(&path).map_err(io(&path))?;
+            let file = tessera_files::open_input(&path).map_err(io(&path))?;
             // SAFETY: the file is opened read-only and only read while mapped; a concurrent writer
             // would be the caller's error, as with any mmap'd input.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(&path))?;
@@ -365,7 +364,9 @@ pub fn convert(dir: &Path, out: &Path, dtype: DType) -> R<ConvertReport> {
 
 /// [`convert`], calling `progress` as tensors are written. Tensors are converted one at a time
 /// while the file is written, so memory holds one tensor (plus the memory-mapped checkpoint), not
-/// the whole model. On an error after the output was created it is removed again.
+/// the whole model. `out` is checked before any work (not an input, its directory writable) and
+/// written atomically ([`tessera_files::AtomicFile`]): on an error an existing file at `out` is
+/// left as it was, and no temporary file remains.
 pub fn convert_with_progress(
     dir: &Path,
     out: &Path,
@@ -376,12 +377,17 @@ pub fn convert_with_progress(
         return Err(ConvertError::UnsupportedDType { dtype });
     }
     let cfg_path = dir.join("config.json");
-    let text =
-        std::fs::read_to_string(&cfg_path).map_err(|source| ConvertError::Io { path: cfg_path.clone(), source })?;
+    let text = tessera_files::read_input_to_string(&cfg_path)
+        .map_err(|source| ConvertError::Io { path: cfg_path.clone(), source })?;
     let json: Json =
         serde_json::from_str(&text).map_err(|source| ConvertError::Json { path: cfg_path.clone(), source })?;
     let mut config = config_from_hf(&json)?;
     let ck = Checkpoint::open(dir)?;
+    // Before any work: `out` must not be one of the inputs, and its directory must take a file.
+    let index_path = dir.join("model.safetensors.index.json");
+    let mut inputs = vec![cfg_path.as_path(), index_path.as_path()];
+    inputs.extend(ck.maps.iter().map(|(p, _)| p.as_path()));
+    tessera_files::check_output(out, &inputs).map_err(|source| ConvertError::Io { path: out.to_path_buf(), source })?;
     let prefix = ["model.language_model.", "model."]
         .into_iter()
         .find(|p| ck.has(&format!("{p}embed_tokens.weight")))
@@ -446,7 +452,6 @@ pub fn convert_with_progress(
         Ok(())
     });
     if let Err(e) = result {
-        let _ = std::fs::remove_file(out);
         return Err(failure.unwrap_or(e.into()));
     }
     Ok(ConvertReport { config, n_tensors, data_bytes: total_bytes })

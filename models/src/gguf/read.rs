@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -98,7 +97,8 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Maps and parses the file at `path`.
+    /// Maps and parses the file at `path`, which must be a regular file (a directory, FIFO or
+    /// device is an error naming what it is, and a FIFO never blocks: [`tessera_files::open_input`]).
     ///
     /// The file is memory-mapped, not read: the usual mmap caveat applies. If another process
     /// truncates or rewrites the file while it is mapped, tensor bytes may change under the reader
@@ -107,7 +107,7 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
         let file_err = |source| GgufError::File { path: path.to_path_buf(), source };
-        let file = File::open(path).map_err(file_err)?;
+        let file = tessera_files::open_input(path).map_err(file_err)?;
         // SAFETY: the map is only read, and every access goes through ranges validated against its
         // length at parse time. Soundness relies on the file not being truncated or modified while
         // mapped (documented on this function), which Rust cannot enforce for files.

@@ -2,10 +2,10 @@
 //! llama.cpp writes it.
 
 use std::collections::HashSet;
-use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::Path;
 
+use tessera_files::AtomicFile;
 use tessera_ops::{DType, MAX_DIMS};
 
 use super::error::{GgufError, Result};
@@ -217,7 +217,7 @@ impl GgufWriter {
         Ok(out)
     }
 
-    /// Writes the file to `path` (created or truncated).
+    /// Writes the file to `path`, atomically: see [`GgufWriter::write_file_with`].
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
         // Fail before creating the file when a tensor has no bytes.
         if let Some(t) = self.tensors.iter().find(|t| t.data.is_none()) {
@@ -226,18 +226,23 @@ impl GgufWriter {
         self.write_file_with(path, |_, _| Ok(()))
     }
 
-    /// [`GgufWriter::write_with`] to a file at `path`.
+    /// [`GgufWriter::write_with`] to a file at `path`, atomically ([`tessera_files::AtomicFile`]):
+    /// the bytes go to a temporary file in `path`'s directory that replaces `path` only once it
+    /// is complete and synced. On any error (including one from `fill`) the temporary is removed
+    /// and an existing file at `path` is left as it was.
     pub fn write_file_with(
         &self,
         path: impl AsRef<Path>,
         fill: impl FnMut(&str, &mut dyn Write) -> io::Result<()>,
     ) -> Result<()> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|source| GgufError::File { path: path.to_path_buf(), source })?;
-        self.write_with(BufWriter::new(file), fill).map_err(|e| match e {
-            GgufError::Io(source) => GgufError::File { path: path.to_path_buf(), source },
+        let file_err = |source| GgufError::File { path: path.to_path_buf(), source };
+        let mut file = AtomicFile::create(path).map_err(file_err)?;
+        self.write_with(&mut file, fill).map_err(|e| match e {
+            GgufError::Io(source) => file_err(source),
             e => e,
-        })
+        })?;
+        file.commit().map_err(file_err)
     }
 }
 
