@@ -306,14 +306,33 @@ impl Kernels {
     }
 }
 
-/// Best effort: a cache that cannot be written only costs a recompile next time.
-fn store_in_cache(path: &std::path::Path, bytes: &[u8]) {
+/// Best effort: a cache that cannot be written only costs a recompile next time. Written
+/// atomically ([`tessera_files::write_atomic`]: a temporary named by pid and counter in the same
+/// directory, renamed when complete), so processes compiling the same module at once, or one
+/// interrupted while writing, never leave a partial CUBIN under the final name.
+fn store_in_cache(path: &Path, bytes: &[u8]) {
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_ok() {
-        let _ = std::fs::rename(&tmp, path);
+    let _ = tessera_files::write_atomic(path, bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::store_in_cache;
+
+    #[test]
+    fn the_cache_is_written_whole_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("tessera-kernel-cache-test-{}", std::process::id()));
+        let path = dir.join("rope-sm_90-0123.cubin");
+        store_in_cache(&path, b"first");
+        store_in_cache(&path, b"second");
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [std::ffi::OsString::from("rope-sm_90-0123.cubin")], "no temporary left");
+        // A cache that cannot be written (its folder is a file) is no error.
+        store_in_cache(&path.join("x.cubin"), b"x");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
