@@ -76,7 +76,7 @@ impl Backend for Wrapped {
 }
 
 fn guarded() -> SessionOptions {
-    SessionOptions { guard_bytes: 16 }
+    SessionOptions { guard_bytes: 16, ..Default::default() }
 }
 
 fn iota(n: usize) -> Vec<f64> {
@@ -252,9 +252,8 @@ fn unsupported_op_is_reported_before_anything_runs() {
     let z = g.exp(y).unwrap();
     g.mark_output(z).unwrap();
     let mut be = Wrapped::new(Misbehave::Refuse("exp"));
-    let mut s = Session::new(&g, &mut be).unwrap();
-    s.set_f64(x, &[1.0; 8]).unwrap();
-    let e = s.run().unwrap_err();
+    // Support is checked once, when the graph is placed.
+    let e = Session::new(&g, &mut be).err().expect("placing an unsupported op fails");
     assert_eq!(
         e,
         ExecError::Unsupported {
@@ -298,15 +297,17 @@ fn a_write_before_the_output_is_caught_by_guard_bytes() {
 
 #[test]
 fn without_guards_a_write_past_the_buffer_is_out_of_bounds() {
+    // 64 f32 fill the arena exactly (its intervals are 256-byte aligned), so the byte past the
+    // output is past the arena.
     let mut g = Graph::new();
-    let x = g.input("x", F32, [4, 1, 1, 1]).unwrap();
+    let x = g.input("x", F32, [64, 1, 1, 1]).unwrap();
     let y = g.neg(x).unwrap();
     g.mark_output(y).unwrap();
     let mut be = Wrapped::new(Misbehave::WriteAfter);
     let mut s = Session::new(&g, &mut be).unwrap();
-    s.set_f64(x, &iota(4)).unwrap();
+    s.set_f64(x, &iota(64)).unwrap();
     let e = s.run().unwrap_err();
-    assert!(matches!(e, ExecError::Backend(BackendError::OutOfBounds { offset: 16, len: 1, size: 16, .. })), "{e:?}");
+    assert!(matches!(e, ExecError::Backend(BackendError::OutOfBounds { offset: 256, len: 1, size: 256, .. })), "{e:?}");
 }
 
 #[test]
@@ -358,13 +359,10 @@ fn cpy_whose_source_overlaps_its_destination() {
     let rows12 = g.view(st, [2, 2, 1, 1], [4, 8, 16, 16], 8).unwrap();
     let cp = g.cpy(rows01, rows12).unwrap();
     let mut be = ReferenceBackend::new();
-    let mut s = Session::new(&g, &mut be).unwrap();
-    s.set_f64(st, &iota(8)).unwrap();
-    let e = s.run().unwrap_err();
+    // Found when the graph is placed, before anything can run.
+    let e = Session::new(&g, &mut be).err().expect("an aliased in-place write is refused");
     assert_eq!(e, ExecError::AliasedInPlace { node: cp.id(), op: "cpy" });
     assert!(e.to_string().contains("cpy"), "{e}");
-    // nothing ran: the state is unchanged
-    assert_eq!(s.get_f64(st).unwrap(), iota(8));
 }
 
 #[test]
@@ -375,10 +373,9 @@ fn set_rows_whose_source_is_a_view_of_its_destination() {
     let ids = g.input("ids", I32, [1, 1, 1, 1]).unwrap();
     let sr = g.set_rows(st, row0, ids).unwrap();
     let mut be = ReferenceBackend::new();
-    let mut s = Session::new(&g, &mut be).unwrap();
-    s.set_f64(st, &iota(8)).unwrap();
-    s.set_i32(ids, &[3]).unwrap();
-    assert_eq!(s.run(), Err(ExecError::AliasedInPlace { node: sr.id(), op: "set_rows" }));
+    let e = Session::new(&g, &mut be).err().expect("an aliased in-place write is refused");
+    assert_eq!(e, ExecError::AliasedInPlace { node: sr.id(), op: "set_rows" });
+    let _ = ids;
 }
 
 #[test]
@@ -423,7 +420,8 @@ fn views_share_their_source_buffer_at_the_right_offset() {
     assert_eq!((at(p).buffer, at(p).offset), (py.buffer, py.offset + 20));
     assert_eq!((at(t).buffer, at(t).offset), (py.buffer, py.offset));
     assert_eq!((at(r).buffer, at(r).offset), (py.buffer, py.offset));
-    assert_ne!(at(c).buffer, py.buffer);
+    let (pc, bytes_y) = (at(c), py.meta.span_bytes());
+    assert!(pc.buffer != py.buffer || pc.offset >= py.offset + bytes_y || pc.offset + pc.meta.span_bytes() <= py.offset);
     for t in [v, vv, p, t, r, c] {
         assert_eq!(at(t).meta, *t.meta());
     }

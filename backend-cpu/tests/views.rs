@@ -232,7 +232,7 @@ proptest! {
         let mut cpu = CpuBackend::new();
         for be in [&mut reference as &mut dyn Backend, &mut cpu] {
             let name = be.name().to_string();
-            let mut s = Session::with_options(&g, be, SessionOptions { guard_bytes: 8 }).unwrap();
+            let mut s = Session::with_options(&g, be, SessionOptions { guard_bytes: 8, ..Default::default() }).unwrap();
             s.set_f64(x, &to_f64(&Model::source(ne).vals)).unwrap();
             s.run().unwrap();
             for (k, (t, m)) in chain.iter().enumerate() {

@@ -24,10 +24,12 @@ mod backend;
 mod build;
 mod dot;
 mod graph;
+pub mod plan;
 mod session;
 
 pub use backend::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
 pub use build::shape4;
 pub use graph::{Graph, GraphError, LeafKind, Node, NodeId, NodeKind, Tensor};
-pub use session::{ExecError, Session, SessionOptions};
+pub use plan::{MemoryStats, Plan, PlanOptions};
+pub use session::{ExecError, Executable, Session, SessionOptions};
 pub use tessera_ops::{DType, Op, TensorMeta};

@@ -5,9 +5,10 @@
 //! (a step with mixed counts runs one graph per count); token `t` of sequence `s` is column
 //! `s * T + t` of every `[n_embd, N]` activation (`N = T * n_seq`).
 
+use std::collections::HashMap;
 use std::ops::Range;
 
-use tessera_graph::{Backend, BackendError, ExecError, Graph, GraphError, Session, SessionOptions, Tensor, TensorRef};
+use tessera_graph::{Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, Tensor, TensorRef};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, RopePairing, RopeParams, TensorMeta};
 
 use crate::cache::{AllocPolicy, CacheError, KvCacheConfig, PagedKvCache, RecurrentCache, RecurrentConfig, SeqId};
@@ -51,10 +52,14 @@ pub struct ModelOptions {
     /// Sequences live at once (recurrent state slots).
     pub n_slots: usize,
     /// The attention's KV length (`n_kv`, the block table's and mask's width) is rounded up to a
-    /// multiple of this; the padding is masked. 1 = exact. A GPU backend wants e.g. 256: decode
-    /// steps then keep one shape for 256 tokens, so a captured CUDA graph is replayed instead of
-    /// re-captured every step (the extra masked cells cost a little attention work).
+    /// multiple of this; the padding is masked. 1 = exact. Decode steps keep one shape for
+    /// `kv_pad` tokens, so their planned step graph (and on a GPU its captured CUDA graph) is
+    /// replayed instead of built again every step; the extra masked cells cost a little attention
+    /// work. A GPU backend wants e.g. 256, the CPU 32.
     pub kv_pad: usize,
+    /// Planned step graphs kept (one per shape [`Bucket`]); the least recently used are freed
+    /// beyond it.
+    pub step_graphs: usize,
 }
 
 impl Default for ModelOptions {
@@ -67,6 +72,7 @@ impl Default for ModelOptions {
             policy: AllocPolicy::InOrder,
             n_slots: 4,
             kv_pad: 1,
+            step_graphs: 8,
         }
     }
 }
@@ -99,10 +105,58 @@ pub struct Model {
     layers: Vec<LayerCache>,
     /// [`ModelOptions::kv_pad`].
     kv_pad: usize,
+    /// Planned step graphs by shape, replayed when a step of the same shape comes again.
+    steps: StepCache,
+}
+
+/// What a step graph's shape depends on: tokens per sequence, sequences, the attention's KV
+/// length (rounded up by `kv_pad`) and which logits it computes. Everything else in the graph
+/// (weights, cache memory, the config) is fixed for the model's lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bucket {
+    pub n_tokens: usize,
+    pub n_seq: usize,
+    pub n_kv: usize,
+    pub all_logits: bool,
+}
+
+/// A planned step graph with its per-step leaves.
+#[derive(Debug)]
+struct StepGraph {
+    exe: Executable,
+    tokens: Tensor,
+    leaves: Leaves,
+    last_rows: Option<Tensor>,
+    logits: Tensor,
+    /// When it last ran (the cache's clock), for eviction.
+    used: u64,
+}
+
+/// Planned step graphs kept per [`Bucket`], least recently used evicted beyond `capacity`.
+#[derive(Debug, Default)]
+struct StepCache {
+    graphs: HashMap<Bucket, StepGraph>,
+    clock: u64,
+    capacity: usize,
+    stats: StepCacheStats,
+}
+
+/// What the step-graph cache did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepCacheStats {
+    /// Steps whose graph was built and planned.
+    pub built: u64,
+    /// Steps that reused a planned graph.
+    pub reused: u64,
+    /// Planned graphs dropped to stay within the capacity.
+    pub evicted: u64,
+    /// Arena bytes of the planned graphs held now.
+    pub arena_bytes: usize,
 }
 
 /// The per-step inputs of one group (equal token counts).
 struct StepInputs {
+    /// The attention's KV length this step (rounded up by `kv_pad`).
     tokens: Vec<i32>,
     positions: Vec<i32>,
     write_cells: Vec<i32>,
@@ -135,6 +189,7 @@ impl Builder<'_> {
 }
 
 /// Leaves shared by every layer of a step graph.
+#[derive(Debug, Clone, Copy)]
 struct Leaves {
     positions: Tensor,
     write_cells: Tensor,
@@ -187,7 +242,9 @@ impl Model {
         );
         let recurrent = RecurrentCache::new(rec_cfg)?;
         let weights = ModelWeights::load(file, &config, backend)?;
-        let mut model = Model { config, weights, kv, recurrent, layers: Vec::new(), kv_pad: opts.kv_pad.max(1) };
+        let steps = StepCache { capacity: opts.step_graphs.max(1), ..StepCache::default() };
+        let mut model =
+            Model { config, weights, kv, recurrent, layers: Vec::new(), kv_pad: opts.kv_pad.max(1), steps };
         for il in 0..n_main {
             let lc = match model.config.layer_kind(il) {
                 LayerKind::FullAttention => LayerCache::Attn {
@@ -204,8 +261,12 @@ impl Model {
         Ok(model)
     }
 
-    /// Frees the weights and caches on `backend`.
+    /// Frees the weights, caches and planned step graphs on `backend`.
     pub fn free(&mut self, backend: &mut dyn Backend) {
+        for (_, mut sg) in self.steps.graphs.drain() {
+            sg.exe.free(backend);
+        }
+        self.steps.stats.arena_bytes = 0;
         self.weights.free(backend);
         for l in self.layers.drain(..) {
             let (a, b) = match l {
@@ -340,13 +401,81 @@ impl Model {
     }
 
     fn run_group(
-        &self,
+        &mut self,
         backend: &mut dyn Backend,
         group: &[(SeqId, &[u32], Range<usize>)],
         which: Logits,
     ) -> R<Vec<Vec<f32>>> {
         let inp = self.step_inputs(group)?;
-        let (n_t, n_seq) = (group[0].1.len(), group.len());
+        let n_seq = group.len();
+        let bucket =
+            Bucket { n_tokens: group[0].1.len(), n_seq, n_kv: inp.n_kv, all_logits: which == Logits::All };
+        let sg = self.planned_step(backend, bucket)?;
+        let mut s = sg.exe.session(backend);
+        s.set_i32(sg.tokens, &inp.tokens)?;
+        s.set_i32(sg.leaves.positions, &inp.positions)?;
+        s.set_i32(sg.leaves.write_cells, &inp.write_cells)?;
+        s.set_i32(sg.leaves.block_table, &inp.block_table)?;
+        s.set_f32(sg.leaves.mask, &inp.mask)?;
+        s.set_i32(sg.leaves.slots, &inp.slots)?;
+        if let Some(rows) = sg.last_rows {
+            s.set_i32(rows, &inp.last_rows)?;
+        }
+        s.run()?;
+        let all = s.get_f32(sg.logits)?;
+        let per_seq = all.len() / n_seq;
+        Ok(all.chunks(per_seq).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The planned step graph of `bucket`: the cached one, or a new one built, planned and
+    /// placed (evicting the least recently used beyond the capacity).
+    fn planned_step(&mut self, backend: &mut dyn Backend, bucket: Bucket) -> R<&mut StepGraph> {
+        self.steps.clock += 1;
+        let clock = self.steps.clock;
+        if self.steps.graphs.contains_key(&bucket) {
+            self.steps.stats.reused += 1;
+        } else {
+            while self.steps.graphs.len() >= self.steps.capacity {
+                let Some((&oldest, _)) = self.steps.graphs.iter().min_by_key(|(_, g)| g.used) else { break };
+                if let Some(mut old) = self.steps.graphs.remove(&oldest) {
+                    self.steps.stats.arena_bytes -= old.exe.plan().stats.arena_bytes;
+                    old.exe.free(backend);
+                    self.steps.stats.evicted += 1;
+                }
+            }
+            let sg = self.build_step(backend, bucket)?;
+            self.steps.stats.built += 1;
+            self.steps.stats.arena_bytes += sg.exe.plan().stats.arena_bytes;
+            self.steps.graphs.insert(bucket, sg);
+        }
+        let sg = self.steps.graphs.get_mut(&bucket).expect("present or inserted above");
+        sg.used = clock;
+        Ok(sg)
+    }
+
+    /// What the step-graph cache has done.
+    pub fn step_cache_stats(&self) -> StepCacheStats {
+        self.steps.stats
+    }
+
+    /// The step graph of `bucket` (for tools and tests: DOT dumps, the memory planner's checks),
+    /// with the bindings of its weight and cache leaves.
+    pub fn step_graph(&self, bucket: Bucket) -> R<(Graph, Vec<(Tensor, TensorRef)>)> {
+        let (b, ..) = self.build_graph(bucket)?;
+        Ok((b.g, b.binds))
+    }
+
+    fn build_step(&self, backend: &mut dyn Backend, bucket: Bucket) -> R<StepGraph> {
+        let (b, tokens, leaves, last_rows, logits) = self.build_graph(bucket)?;
+        let Builder { g, binds, .. } = b;
+        let exe = Executable::new(g, backend, SessionOptions::default(), &binds)?;
+        Ok(StepGraph { exe, tokens, leaves, last_rows, logits, used: 0 })
+    }
+
+    /// Builds the step graph of `bucket`: token ids in, logits out.
+    #[allow(clippy::type_complexity)]
+    fn build_graph(&self, bucket: Bucket) -> R<(Builder<'_>, Tensor, Leaves, Option<Tensor>, Tensor)> {
+        let Bucket { n_tokens: n_t, n_seq, n_kv, all_logits } = bucket;
         let n = n_t * n_seq;
         let c = &self.config;
         let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights };
@@ -354,14 +483,12 @@ impl Model {
         let leaves = Leaves {
             positions: b.g.input("positions", DType::I32, [4 * n, 1, 1, 1])?,
             write_cells: b.g.input("kv_write_cells", DType::I32, [n, 1, 1, 1])?,
-            block_table: b.g.input("block_table", DType::I32, [inp.n_kv, n_seq, 1, 1])?,
-            mask: b.g.input("kq_mask", DType::F32, [inp.n_kv, n_t, 1, n_seq])?,
+            block_table: b.g.input("block_table", DType::I32, [n_kv, n_seq, 1, 1])?,
+            mask: b.g.input("kq_mask", DType::F32, [n_kv, n_t, 1, n_seq])?,
             slots: b.g.input("state_slots", DType::I32, [n_seq, 1, 1, 1])?,
         };
-        let last_rows = match which {
-            Logits::Last => Some(b.g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?),
-            Logits::All => None,
-        };
+        let last_rows =
+            if all_logits { None } else { Some(b.g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?) };
 
         let embd = b.p("token_embd.weight")?;
         let mut x = b.g.get_rows(embd, tokens)?;
@@ -392,22 +519,7 @@ impl Model {
         let head = if c.tied_embeddings { embd } else { b.p("output.weight")? };
         let logits = b.g.mul_mat(head, h)?;
         b.g.mark_output(logits)?;
-
-        let Builder { g, binds, .. } = b;
-        let mut s = Session::with_bindings(&g, backend, SessionOptions::default(), &binds)?;
-        s.set_i32(tokens, &inp.tokens)?;
-        s.set_i32(leaves.positions, &inp.positions)?;
-        s.set_i32(leaves.write_cells, &inp.write_cells)?;
-        s.set_i32(leaves.block_table, &inp.block_table)?;
-        s.set_f32(leaves.mask, &inp.mask)?;
-        s.set_i32(leaves.slots, &inp.slots)?;
-        if let Some(rows) = last_rows {
-            s.set_i32(rows, &inp.last_rows)?;
-        }
-        s.run()?;
-        let all = s.get_f32(logits)?;
-        let per_seq = all.len() / n_seq;
-        Ok(all.chunks(per_seq).map(<[f32]>::to_vec).collect())
+        Ok((b, tokens, leaves, last_rows, logits))
     }
 
     /// Gated full attention (notes §4.2): q and gate interleaved per head in `attn_q`, q/k rms

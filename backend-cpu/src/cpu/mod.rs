@@ -103,10 +103,14 @@ impl Backend for CpuBackend {
     crate::buffers::host_buffer_methods!();
 
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
+        // The whole task list runs on one worker of the pool, so each kernel's parallel loop
+        // starts from inside the pool. Entered from outside, every loop would be injected into
+        // the pool and the caller put to sleep until it finished: a futex round trip per op,
+        // which at decode sizes cost more than the kernels.
         let buffers = &mut self.buffers;
         match &self.pool {
             Some(pool) => pool.install(|| tasks.iter().try_for_each(|t| run_task(buffers, t))),
-            None => tasks.iter().try_for_each(|t| run_task(buffers, t)),
+            None => rayon::scope(|_| tasks.iter().try_for_each(|t| run_task(buffers, t))),
         }
     }
 }
