@@ -53,6 +53,53 @@
 //! llama-arch.cpp) and shapes in ggml order (notes §6.3). MTP (`nextn`) tensors are not listed;
 //! the blocks at index `>= n_layer - nextn_predict_layers` are not specified here.
 //!
+//! # Limits
+//!
+//! Every count and width is bounded before anything is sized from it, so a file or a
+//! `config.json` with an absurd value is an error naming the key and the value, not an allocation
+//! that never ends. The limits sit far above every released model (largest known value in
+//! brackets), so they only ever stop damaged or hostile input:
+//!
+//! | limit | value | applies to | largest real value |
+//! | --- | --- | --- | --- |
+//! | [`MAX_LAYERS`] | 4096 | `block_count`, `full_attention_interval` | 126 layers (Llama 3.1 405B) |
+//! | [`MAX_EXPERTS`] | 65536 | `expert_count` | 512 experts (Qwen3-Next) |
+//! | [`MAX_HEADS`] | 4096 | `head_count`, `head_count_kv`, `ssm.group_count`, `ssm.time_step_rank` | 128 heads |
+//! | [`MAX_VOCAB`] | 2^24 | `vocab_size` | 262144 tokens (Gemma 3) |
+//! | [`MAX_WIDTH`] | 2^20 | `embedding_length`, the FFN widths, `key_length`, `ssm.state_size`, `ssm.inner_size` | 53248 (an FFN width of Llama 3.1 405B) |
+//! | [`MAX_CONV_KERNEL`] | 1024 | `ssm.conv_kernel` | 4 |
+//! | [`MAX_CONTEXT`] | 2^30 | `context_length` | about 10M tokens |
+//! | [`MAX_PARAMS`] | 2^44 | the weights of all tensors together | about 2^40 (1T-parameter models) |
+//!
+//! With them every tensor dimension and byte size fits a `u64` with room to spare (the largest
+//! tensor has at most 2^56 elements), every count fits the `u32` it is written as, and
+//! [`ModelConfig::tensor_specs`] lists at most 4096 · 17 + 3 tensors.
+//!
+//! # Validation
+//!
+//! [`ModelConfig::validate`] is the one check every path runs (`from_gguf`, `with_override`,
+//! `preset`, the converter, `synthesize`, `Model::load`, `ModelWeights::load`), with checked
+//! arithmetic throughout. It requires:
+//!
+//! - every count nonzero and within its limit above, and the total parameter count within
+//!   [`MAX_PARAMS`];
+//! - `layer_norm_rms_epsilon` finite and > 0; `rope.freq_base` finite and > 0;
+//! - `rope.dimension_count` > 0, even and at most `key_length`; the rope sections a sum that is
+//!   positive and at most `dimension_count / 2` (each section counts rotated pairs);
+//! - `head_count` a multiple of `head_count_kv`; `ssm.time_step_rank` a multiple of
+//!   `ssm.group_count`; `ssm.inner_size` a multiple of `ssm.time_step_rank`; `ssm.conv_kernel` at
+//!   least 2 (the conv state keeps `conv_kernel - 1` columns);
+//! - `nextn_predict_layers` below `block_count`; `attention.recurrent_layers`, when present, one
+//!   flag per block;
+//! - for `qwen35moe`: `expert_used_count` in `1..=expert_count`, and nonzero FFN widths.
+//!
+//! [`ModelConfig::tensor_problems`] then checks a file's tensors against the config: first that
+//! the file holds blocks up to `block_count - nextn_predict_layers - 1` at all (else one
+//! [`TensorProblem::Blocks`]), then every expected tensor's presence and shape, then that the file
+//! has no tensor the config does not expect ([`TensorProblem::Unexpected`]; llama.cpp's loader
+//! refuses those too, "wrong number of tensors"). Tensors of MTP blocks
+//! (`blk.N` with `N >= block_count - nextn_predict_layers`) are allowed and not checked.
+//!
 //! # Presets
 //!
 //! [`ModelConfig::preset`]: `tiny` and `tiny-moe` are made up for fast CPU tests. `qwen35-27b` and
@@ -62,9 +109,28 @@
 //! embeddings) follow the HF `Qwen3_5TextConfig` defaults quoted in the notes and were not checked
 //! against a shipped GGUF.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use crate::gguf::{Array, GgufError, GgufFile, GgufWriter, Value};
+
+/// Most blocks (`block_count`) a config may have; also the largest `full_attention_interval`.
+pub const MAX_LAYERS: usize = 4096;
+/// Most routed experts (`expert_count`).
+pub const MAX_EXPERTS: usize = 65_536;
+/// Most heads of any kind (attention q and kv heads, gated DeltaNet key and value heads).
+pub const MAX_HEADS: usize = 4096;
+/// Largest vocabulary.
+pub const MAX_VOCAB: usize = 1 << 24;
+/// Largest width: `n_embd`, the FFN and expert widths, the head dims, `ssm_d_state` and
+/// `ssm_d_inner`.
+pub const MAX_WIDTH: usize = 1 << 20;
+/// Widest conv kernel (`ssm.conv_kernel`).
+pub const MAX_CONV_KERNEL: usize = 1024;
+/// Longest training context (`context_length`).
+pub const MAX_CONTEXT: usize = 1 << 30;
+/// Most weights (elements of every tensor together).
+pub const MAX_PARAMS: u64 = 1 << 44;
 
 /// The two architectures this crate models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,9 +244,9 @@ impl TensorSpec {
         &self.ne[..self.n_dims]
     }
 
-    /// Logical element count.
+    /// Logical element count (saturating; specs of a validated config stay below 2^57).
     pub fn n_elements(&self) -> usize {
-        self.ne.iter().product()
+        self.ne.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
     }
 }
 
@@ -191,6 +257,13 @@ pub enum TensorProblem {
     Missing { name: String },
     /// Present with another shape.
     WrongShape { name: String, expected: [usize; 4], found: [usize; 4] },
+    /// The config has more main blocks than the file has `blk.N` tensors for (`found` is one more
+    /// than the highest block index present, 0 when there is none). Reported alone, instead of
+    /// every tensor of the missing blocks.
+    Blocks { block_count: usize, main_layers: usize, found: usize },
+    /// A tensor the config does not expect (an unknown name, or a block at or beyond
+    /// `block_count`).
+    Unexpected { name: String },
 }
 
 impl fmt::Display for TensorProblem {
@@ -200,6 +273,17 @@ impl fmt::Display for TensorProblem {
             TensorProblem::WrongShape { name, expected, found } => {
                 write!(f, "tensor `{name}` has shape {found:?}, expected {expected:?}")
             }
+            TensorProblem::Blocks { block_count, main_layers, found: 0 } => write!(
+                f,
+                "block_count is {block_count} ({main_layers} main blocks) but the file has no `blk.N` tensors"
+            ),
+            TensorProblem::Blocks { block_count, main_layers, found } => write!(
+                f,
+                "block_count is {block_count} ({main_layers} main blocks) but the file has tensors for blocks \
+                 0..={} only",
+                found - 1
+            ),
+            TensorProblem::Unexpected { name } => write!(f, "tensor `{name}` is not part of this config"),
         }
     }
 }
@@ -224,6 +308,14 @@ pub enum ConfigError {
     /// [`ModelConfig::preset`] with an unknown name.
     #[error("unknown preset `{name}` (known: {})", ModelConfig::PRESETS.join(", "))]
     UnknownPreset { name: String },
+    /// Every count is within its limit, but all the tensors together hold more than
+    /// [`MAX_PARAMS`] weights.
+    #[error(
+        "the config has {params} weights in all, above Tessera's limit of {} (2^44; the largest released models \
+         have about 2^40)",
+        MAX_PARAMS
+    )]
+    TooManyParams { params: u64 },
     /// [`ModelConfig::with_override`] for a key the config does not write.
     #[error("cannot override `{key}`: not a key of this config (keys: {known})")]
     UnknownOverride { key: String, known: String },
@@ -450,42 +542,72 @@ impl ModelConfig {
 
     /// Blocks run in the main pass (`n_layer - nextn_predict_layers`).
     pub fn n_main_layers(&self) -> usize {
-        self.n_layer - self.nextn_predict_layers
+        self.n_layer.saturating_sub(self.nextn_predict_layers)
     }
 
     /// S_v, the GDN value head dim (`ssm.inner_size / ssm.time_step_rank`).
     pub fn ssm_head_v_dim(&self) -> usize {
-        self.ssm_d_inner / self.ssm_dt_rank
+        self.ssm_d_inner.checked_div(self.ssm_dt_rank).unwrap_or(0)
     }
 
     /// GDN conv channels: `2·H_k·S_k + H_v·S_v` (q, k, v concatenated).
     pub fn ssm_conv_dim(&self) -> usize {
-        2 * self.ssm_n_group * self.ssm_d_state + self.ssm_d_inner
+        // Saturating, as tensor_specs: exact on a validated config.
+        self.ssm_n_group.saturating_mul(self.ssm_d_state).saturating_mul(2).saturating_add(self.ssm_d_inner)
     }
 
-    /// Checks the cross-key invariants listed in the module doc.
+    /// Checks every value the model uses (the list is in the module doc, "Validation"): counts
+    /// nonzero and within the [limits](self#limits), floats finite and positive, rope dims and
+    /// sections that fit, head counts that divide, the expert counts, and the total parameter
+    /// count. All arithmetic is checked, so nothing wraps in a release build. Errors name the
+    /// metadata key (`{arch}.key`) and the value.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let a = self.arch.name();
         let k = |s: &str| format!("{a}.{s}");
-        let nonzero = [
-            ("block_count", self.n_layer),
-            ("context_length", self.n_ctx_train),
-            ("embedding_length", self.n_embd),
-            ("vocab_size", self.n_vocab),
-            ("attention.head_count", self.n_head),
-            ("attention.head_count_kv", self.n_head_kv),
-            ("attention.key_length", self.head_dim),
-            ("ssm.conv_kernel", self.ssm_d_conv),
-            ("ssm.state_size", self.ssm_d_state),
-            ("ssm.group_count", self.ssm_n_group),
-            ("ssm.time_step_rank", self.ssm_dt_rank),
-            ("ssm.inner_size", self.ssm_d_inner),
-            ("full_attention_interval", self.full_attention_interval),
+        // (key, value, limit, what the limit counts)
+        let mut counts = vec![
+            ("block_count", self.n_layer, MAX_LAYERS, "layers"),
+            ("context_length", self.n_ctx_train, MAX_CONTEXT, "tokens"),
+            ("embedding_length", self.n_embd, MAX_WIDTH, "elements"),
+            ("vocab_size", self.n_vocab, MAX_VOCAB, "tokens"),
+            ("attention.head_count", self.n_head, MAX_HEADS, "heads"),
+            ("attention.head_count_kv", self.n_head_kv, MAX_HEADS, "heads"),
+            ("attention.key_length", self.head_dim, MAX_WIDTH, "elements"),
+            ("ssm.conv_kernel", self.ssm_d_conv, MAX_CONV_KERNEL, "taps"),
+            ("ssm.state_size", self.ssm_d_state, MAX_WIDTH, "elements"),
+            ("ssm.group_count", self.ssm_n_group, MAX_HEADS, "heads"),
+            ("ssm.time_step_rank", self.ssm_dt_rank, MAX_HEADS, "heads"),
+            ("ssm.inner_size", self.ssm_d_inner, MAX_WIDTH, "elements"),
+            ("full_attention_interval", self.full_attention_interval, MAX_LAYERS, "layers"),
         ];
-        for (key, v) in nonzero {
+        match self.ffn {
+            Ffn::Dense { n_ff } => counts.push(("feed_forward_length", n_ff, MAX_WIDTH, "elements")),
+            Ffn::Moe { n_expert, n_expert_used, n_ff_exp, n_ff_shexp } => counts.extend([
+                ("expert_count", n_expert, MAX_EXPERTS, "experts"),
+                ("expert_used_count", n_expert_used, MAX_EXPERTS, "experts"),
+                ("expert_feed_forward_length", n_ff_exp, MAX_WIDTH, "elements"),
+                ("expert_shared_feed_forward_length", n_ff_shexp, MAX_WIDTH, "elements"),
+            ]),
+        }
+        for (key, v, limit, what) in counts {
             if v == 0 {
                 return Err(inconsistent(k(key), "must be nonzero"));
             }
+            if v > limit {
+                return Err(inconsistent(
+                    k(key),
+                    format!("{v} is above Tessera's limit of {limit} {what} (far above any real model)"),
+                ));
+            }
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return Err(inconsistent(
+                k("attention.layer_norm_rms_epsilon"),
+                format!("{} must be finite and > 0", self.rms_eps),
+            ));
+        }
+        if !(self.rope_freq_base.is_finite() && self.rope_freq_base > 0.0) {
+            return Err(inconsistent(k("rope.freq_base"), format!("{} must be finite and > 0", self.rope_freq_base)));
         }
         if !self.n_head.is_multiple_of(self.n_head_kv) {
             return Err(inconsistent(
@@ -493,16 +615,31 @@ impl ModelConfig {
                 format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv),
             ));
         }
-        if self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
+        if self.n_rot == 0 || self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
             return Err(inconsistent(
                 k("rope.dimension_count"),
-                format!("{} must be even and at most attention.key_length {}", self.n_rot, self.head_dim),
+                format!("{} must be even, > 0 and at most attention.key_length {}", self.n_rot, self.head_dim),
             ));
         }
-        if 2 * self.rope_sections.iter().sum::<usize>() > self.head_dim {
+        let pairs = self.n_rot / 2;
+        match self.rope_sections.iter().try_fold(0usize, |acc, &s| acc.checked_add(s)) {
+            Some(sum) if sum > 0 && sum <= pairs => {}
+            sum => {
+                let sum = sum.map_or_else(|| "overflows".to_string(), |s| format!("is {s}"));
+                return Err(inconsistent(
+                    k("rope.dimension_sections"),
+                    format!(
+                        "{:?}: the sum {sum}; it must be > 0 and at most rope.dimension_count / 2 = {pairs} \
+                         (rotated pairs)",
+                        self.rope_sections
+                    ),
+                ));
+            }
+        }
+        if self.ssm_d_conv < 2 {
             return Err(inconsistent(
-                k("rope.dimension_sections"),
-                format!("{:?} covers more pairs than attention.key_length {} has", self.rope_sections, self.head_dim),
+                k("ssm.conv_kernel"),
+                format!("{} must be at least 2 (the conv state keeps conv_kernel - 1 columns)", self.ssm_d_conv),
             ));
         }
         if !self.ssm_d_inner.is_multiple_of(self.ssm_dt_rank) {
@@ -535,22 +672,8 @@ impl ModelConfig {
             ));
         }
         match (self.arch, self.ffn) {
-            (Arch::Qwen35, Ffn::Dense { n_ff }) => {
-                if n_ff == 0 {
-                    return Err(inconsistent(k("feed_forward_length"), "must be nonzero"));
-                }
-            }
-            (Arch::Qwen35Moe, Ffn::Moe { n_expert, n_expert_used, n_ff_exp, n_ff_shexp }) => {
-                for (key, v) in [
-                    ("expert_count", n_expert),
-                    ("expert_used_count", n_expert_used),
-                    ("expert_feed_forward_length", n_ff_exp),
-                    ("expert_shared_feed_forward_length", n_ff_shexp),
-                ] {
-                    if v == 0 {
-                        return Err(inconsistent(k(key), "must be nonzero"));
-                    }
-                }
+            (Arch::Qwen35, Ffn::Dense { .. }) => {}
+            (Arch::Qwen35Moe, Ffn::Moe { n_expert, n_expert_used, .. }) => {
                 if n_expert_used > n_expert {
                     return Err(inconsistent(
                         k("expert_used_count"),
@@ -562,12 +685,20 @@ impl ModelConfig {
                 return Err(inconsistent("general.architecture", format!("{arch} does not match the FFN kind")));
             }
         }
+        // Every dim is bounded above, so each product fits a u128 (and the largest tensor a u64).
+        let params: u128 = self.tensor_specs().iter().map(|s| s.ne.iter().map(|&d| d as u128).product::<u128>()).sum();
+        if params > MAX_PARAMS as u128 {
+            return Err(ConfigError::TooManyParams { params: u64::try_from(params).unwrap_or(u64::MAX) });
+        }
         Ok(())
     }
 
     /// Every weight tensor of the main layers, in file order: `token_embd`, `output_norm`,
     /// `output` (unless tied), then each block. Shapes in ggml order (notes §6.3).
     pub fn tensor_specs(&self) -> Vec<TensorSpec> {
+        // Saturating: on a validated config nothing comes near usize::MAX, and an unvalidated one
+        // must not panic here.
+        let m = |a: usize, b: usize| a.saturating_mul(b);
         let (e, v) = (self.n_embd, self.n_vocab);
         let mut t = vec![TensorSpec::new("token_embd.weight", &[e, v]), TensorSpec::new("output_norm.weight", &[e])];
         if !self.tied_embeddings {
@@ -575,23 +706,26 @@ impl ModelConfig {
         }
         let hd = self.head_dim;
         let (hk, hv, sk, sv) = (self.ssm_n_group, self.ssm_dt_rank, self.ssm_d_state, self.ssm_head_v_dim());
-        let value_dim = hv * sv;
-        let conv_dim = self.ssm_conv_dim();
+        let value_dim = m(hv, sv);
+        let qk_dim = m(2, m(hk, sk));
+        let conv_dim = qk_dim.saturating_add(value_dim);
+        let q_dim = m(hd, self.n_head);
+        let kv_dim = m(hd, self.n_head_kv);
         for il in 0..self.n_main_layers() {
             let mut add = |name: &str, dims: &[usize]| t.push(TensorSpec::new(format!("blk.{il}.{name}"), dims));
             add("attn_norm.weight", &[e]);
             add("post_attention_norm.weight", &[e]);
             match self.layer_kind(il) {
                 LayerKind::FullAttention => {
-                    add("attn_q.weight", &[e, 2 * hd * self.n_head]);
-                    add("attn_k.weight", &[e, hd * self.n_head_kv]);
-                    add("attn_v.weight", &[e, hd * self.n_head_kv]);
-                    add("attn_output.weight", &[hd * self.n_head, e]);
+                    add("attn_q.weight", &[e, m(2, q_dim)]);
+                    add("attn_k.weight", &[e, kv_dim]);
+                    add("attn_v.weight", &[e, kv_dim]);
+                    add("attn_output.weight", &[q_dim, e]);
                     add("attn_q_norm.weight", &[hd]);
                     add("attn_k_norm.weight", &[hd]);
                 }
                 LayerKind::GatedDeltaNet => {
-                    add("attn_qkv.weight", &[e, 2 * hk * sk + value_dim]);
+                    add("attn_qkv.weight", &[e, conv_dim]);
                     add("attn_gate.weight", &[e, value_dim]);
                     add("ssm_conv1d.weight", &[self.ssm_d_conv, conv_dim]);
                     add("ssm_dt.bias", &[hv]);
@@ -623,48 +757,80 @@ impl ModelConfig {
         t
     }
 
-    /// Every tensor of [`ModelConfig::tensor_specs`] that `f` lacks or holds with another shape.
-    /// A merged `blk.N.ffn_gate_up_exps.weight` `[n_embd, 2·n_ff_exp, n_expert]` stands in for the
-    /// gate/up pair, as llama.cpp's loader accepts. Extra tensors are not problems.
-    pub fn tensor_problems(&self, f: &GgufFile) -> Vec<TensorProblem> {
+    /// Every way the tensors of `f` disagree with this config, after [`ModelConfig::validate`]
+    /// (whose error is returned as is):
+    ///
+    /// 1. the file must have `blk.N` tensors up to the last main block, else the one problem is
+    ///    [`TensorProblem::Blocks`] (so a huge `block_count` is reported in one line, and nothing
+    ///    is sized from it);
+    /// 2. every tensor of [`ModelConfig::tensor_specs`] present with its shape
+    ///    ([`TensorProblem::Missing`], [`TensorProblem::WrongShape`]); a merged
+    ///    `blk.N.ffn_gate_up_exps.weight` `[n_embd, 2·n_ff_exp, n_expert]` (gate rows first, then
+    ///    up, per expert) stands in for the gate/up pair, as llama.cpp's loader accepts;
+    /// 3. no other tensor ([`TensorProblem::Unexpected`]), except those of MTP blocks (`blk.N`,
+    ///    `N` in `n_main_layers()..n_layer`), which are not checked.
+    pub fn tensor_problems(&self, f: &GgufFile) -> Result<Vec<TensorProblem>, ConfigError> {
+        self.validate()?;
+        let n_main = self.n_main_layers();
+        let found = f.tensors().iter().filter_map(|t| block_index(&t.name)).max().map_or(0, |b| b.saturating_add(1));
+        if n_main > found {
+            return Ok(vec![TensorProblem::Blocks { block_count: self.n_layer, main_layers: n_main, found }]);
+        }
         let mut problems = Vec::new();
+        let mut expected: HashSet<String> = HashSet::new();
         for spec in self.tensor_specs() {
             match f.tensor(&spec.name) {
                 Some(info) if info.ne == spec.ne => {}
-                Some(info) => {
-                    problems.push(TensorProblem::WrongShape { name: spec.name, expected: spec.ne, found: info.ne })
-                }
-                None => {
-                    if let Some(merged) = merged_gate_up(&spec)
-                        && f.tensor(&merged.name).is_some_and(|i| i.ne == merged.ne)
-                    {
-                        continue;
+                Some(info) => problems.push(TensorProblem::WrongShape {
+                    name: spec.name.clone(),
+                    expected: spec.ne,
+                    found: info.ne,
+                }),
+                None => match merged_gate_up(&spec) {
+                    Some(merged) if f.tensor(&merged.name).is_some_and(|i| i.ne == merged.ne) => {
+                        expected.insert(merged.name);
                     }
-                    problems.push(TensorProblem::Missing { name: spec.name });
-                }
+                    _ => problems.push(TensorProblem::Missing { name: spec.name.clone() }),
+                },
+            }
+            expected.insert(spec.name);
+        }
+        for t in f.tensors() {
+            let mtp = block_index(&t.name).is_some_and(|b| (n_main..self.n_layer).contains(&b));
+            if !mtp && !expected.contains(&t.name) {
+                problems.push(TensorProblem::Unexpected { name: t.name.clone() });
             }
         }
-        problems
+        Ok(problems)
     }
 
     /// [`ModelConfig::tensor_problems`] as a result: `Err(ConfigError::Tensors)` naming each.
     pub fn validate_tensors(&self, f: &GgufFile) -> Result<(), ConfigError> {
-        let problems = self.tensor_problems(f);
+        let problems = self.tensor_problems(f)?;
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Tensors { problems }) }
     }
 
-    /// Total logical weights.
+    /// Total logical weights (at most [`MAX_PARAMS`] on a validated config; saturating).
     pub fn n_params(&self) -> usize {
-        self.tensor_specs().iter().map(TensorSpec::n_elements).sum()
+        self.tensor_specs().iter().fold(0usize, |acc, s| acc.saturating_add(s.n_elements()))
     }
 }
 
 /// The merged expert tensor that may replace `spec` when it is an expert gate or up tensor.
-fn merged_gate_up(spec: &TensorSpec) -> Option<TensorSpec> {
+pub(crate) fn merged_gate_up(spec: &TensorSpec) -> Option<TensorSpec> {
     let prefix =
         spec.name.strip_suffix("ffn_gate_exps.weight").or_else(|| spec.name.strip_suffix("ffn_up_exps.weight"))?;
     let [e, ff, n, _] = spec.ne;
-    Some(TensorSpec::new(format!("{prefix}ffn_gate_up_exps.weight"), &[e, 2 * ff, n]))
+    Some(TensorSpec::new(format!("{prefix}ffn_gate_up_exps.weight"), &[e, ff.saturating_mul(2), n]))
+}
+
+/// `N` of a tensor named `blk.N.*`.
+fn block_index(name: &str) -> Option<usize> {
+    let (n, _) = name.strip_prefix("blk.")?.split_once('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
 }
 
 fn bad(key: &str, value: &str, expected: &str) -> ConfigError {
@@ -692,16 +858,24 @@ fn parse(f: &GgufFile, tied_embeddings: bool, embd_vocab: Option<usize>) -> Resu
         ));
     }
     let sections_key = k("rope.dimension_sections");
-    let sections = f.get_usize_array(&sections_key)?;
-    if sections.len() > 4 {
-        return Err(inconsistent(sections_key, format!("has {} entries, at most 4", sections.len())));
-    }
+    let sections = f.get_usize_array_max(&sections_key, 4)?;
     let mut rope_sections = [0; 4];
     rope_sections[..sections.len()].copy_from_slice(&sections);
+    let n_layer = us("block_count")?;
     let recurrent_key = k("attention.recurrent_layers");
     let recurrent_layers = match f.get(&recurrent_key) {
         None => None,
-        Some(_) => Some(f.get_array_of::<bool>(&recurrent_key)?.to_vec()),
+        Some(_) => {
+            // Checked before copying: one flag per block.
+            let flags = f.get_array_of::<bool>(&recurrent_key)?;
+            if flags.len() != n_layer {
+                return Err(inconsistent(
+                    recurrent_key,
+                    format!("has {} entries, block_count is {n_layer}", flags.len()),
+                ));
+            }
+            Some(flags.to_vec())
+        }
     };
     let ffn = match arch {
         Arch::Qwen35 => Ffn::Dense { n_ff: us("feed_forward_length")? },
@@ -714,7 +888,7 @@ fn parse(f: &GgufFile, tied_embeddings: bool, embd_vocab: Option<usize>) -> Resu
     };
     let c = ModelConfig {
         arch,
-        n_layer: us("block_count")?,
+        n_layer,
         n_ctx_train: us("context_length")?,
         n_embd: us("embedding_length")?,
         n_vocab,

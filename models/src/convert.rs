@@ -20,18 +20,65 @@
 //!
 //! Matrices are stored in the requested dtype; 1-D tensors, `ssm_conv1d` and the router stay f32
 //! (as [`crate::synth::storage_dtype`]), and a matrix whose rows are not whole blocks of the
-//! requested quantized dtype falls back to f32. MTP (`mtp.*`) and vision tensors are skipped.
+//! requested quantized dtype falls back to f32.
+//!
+//! # Checks before anything is written
+//!
+//! `config.json` is read into a [`ModelConfig`] and validated ([`ModelConfig::validate`]: counts
+//! within the limits, floats finite and positive, rope dims that fit, ...; [`config_from_hf`]
+//! names the `config.json` key). Then every tensor the GGUF needs is located in the checkpoint
+//! and its dtype (f32, f16, bf16) and shape checked, and the checkpoint's tensors are checked
+//! against the config:
+//!
+//! | checkpoint | result |
+//! | --- | --- |
+//! | a tensor the config needs is missing | error naming it and the GGUF tensor it feeds |
+//! | no `lm_head.weight` although `tie_word_embeddings` is false | error ([`ConvertError::UntiedWithoutLmHead`]; transformers would leave the head random) |
+//! | `lm_head.weight` although `tie_word_embeddings` is true | warning (transformers ties it to the embedding and ignores it), unless its bytes are the embedding's |
+//! | tensors of layers at or beyond `num_hidden_layers` | error naming them ([`ConvertError::ExtraLayers`]) |
+//! | any other tensor the conversion does not use | error naming it ([`ConvertError::UnknownTensors`]), as llama.cpp's converter refuses a tensor it cannot map |
+//! | `mtp.*` (multi-token prediction), `model.visual.*` / `visual.*` (vision), `*.rotary_emb.inv_freq` | skipped, as documented |
+//!
+//! # Values that do not fit
+//!
+//! Each value is checked as it is converted: NaN, ±inf, and finite values out of the storage
+//! dtype's range (they would be stored as inf or clipped) make the conversion fail with
+//! [`ConvertError::NonFinite`], which names the GGUF tensor, the checkpoint tensor, how many values
+//! and the first one. The range is: f32 any finite value; f16 `|x| < 65520` (larger rounds to inf);
+//! bf16 what rounds to a finite bf16; q8_0 `|x| < 127 · 65520` (the block scale `amax / 127` is an
+//! f16); nvfp4 `|x| <= 6 · 448 = 2688` (the largest E2M1 value times the largest UE4M3 scale;
+//! larger values are clipped). With [`ConvertOptions::allow_nonfinite`] (`tessera convert
+//! --allow-nonfinite`) they are stored as the codec stores them (f32/f16/bf16 keep NaN and inf,
+//! q8_0 turns a block with a NaN into NaNs, nvfp4 stores NaN as 0 and clips) and each such tensor is
+//! reported in [`ConvertReport::warnings`].
+//!
+//! # Memory
+//!
+//! The checkpoint is memory-mapped and each GGUF tensor is produced in chunks of whole rows
+//! ([`CHUNK_ELEMS`] values or one row): decoded from the mapped bytes straight into its place (the
+//! head reorders and expert stacking are index maps, not copies), checked, encoded and written.
+//! Beyond the mapping, memory holds one chunk of f32 values and its encoded bytes. After each
+//! tensor its source pages are released from the process (`MADV_DONTNEED`; they stay in the page
+//! cache), so the resident set does not grow with the checkpoint either.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value as Json;
 use tessera_ops::DType;
 
-use crate::config::{Arch, ConfigError, Ffn, LayerKind, ModelConfig, TensorSpec};
+use crate::config::{Arch, ConfigError, Ffn, LayerKind, MAX_LAYERS, ModelConfig, TensorSpec};
 use crate::gguf::{GgufError, GgufWriter};
-use crate::synth::{WEIGHT_DTYPES, storage_dtype};
+use crate::synth::{WEIGHT_DTYPES, check_free_space, storage_dtype};
+
+/// Values converted per chunk (rounded to whole rows, at least one row).
+pub const CHUNK_ELEMS: usize = 1 << 20;
+
+/// Tensor names listed in an error before the rest is counted.
+const NAMES_SHOWN: usize = 8;
 
 /// Why a checkpoint could not be converted.
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +98,37 @@ pub enum ConvertError {
     UnknownArchitecture { name: String },
     #[error("checkpoint lacks tensor `{name}` (needed for `{gguf}`)")]
     MissingTensor { name: String, gguf: String },
+    /// `tie_word_embeddings` is false and there is no `lm_head.weight`.
+    #[error(
+        "config.json has tie_word_embeddings: false but the checkpoint has no `lm_head.weight` (needed for \
+         `output.weight`); if the output projection is the embedding, set tie_word_embeddings to true"
+    )]
+    UntiedWithoutLmHead,
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
     WrongShape { name: String, expected: Vec<usize>, found: Vec<usize> },
-    #[error("tensor `{name}` has unsupported dtype {dtype}")]
+    #[error("tensor `{name}` has unsupported dtype {dtype} (f32, f16 and bf16 are read)")]
     UnsupportedTensorDtype { name: String, dtype: String },
     #[error("unsupported output dtype {dtype} (f32, f16, bf16, q8_0, nvfp4)")]
     UnsupportedDType { dtype: DType },
+    /// The checkpoint has tensors of layers at or beyond `num_hidden_layers`.
+    #[error(
+        "the checkpoint has {count} tensor(s) of layers at or beyond num_hidden_layers = {n_layer} (config.json): {}",
+        list(names, *count)
+    )]
+    ExtraLayers { n_layer: usize, names: Vec<String>, count: usize },
+    /// The checkpoint has tensors the conversion would not use (and does not skip by rule).
+    #[error("the checkpoint has {count} tensor(s) that a {arch} conversion does not use: {}", list(names, *count))]
+    UnknownTensors { arch: Arch, names: Vec<String>, count: usize },
+    /// A tensor with values that are NaN, infinite or out of the storage dtype's range.
+    #[error(
+        "tensor `{gguf}` (from `{source_name}`): {count} value(s) are NaN, infinite or out of the {dtype} range; the \
+         first is {first} at row {row}, column {col}; pass --allow-nonfinite (ConvertOptions::allow_nonfinite) to \
+         store them anyway"
+    )]
+    NonFinite { gguf: String, source_name: String, dtype: DType, count: u64, first: f32, row: usize, col: usize },
+    /// The output would not fit on its file system.
+    #[error("{path}: the output needs {needed} bytes but its file system has {available} bytes free")]
+    NoSpace { path: PathBuf, needed: u64, available: u64 },
     #[error(transparent)]
     ModelConfig(#[from] ConfigError),
     #[error(transparent)]
@@ -69,12 +141,41 @@ fn cfg_err(why: impl Into<String>) -> ConvertError {
     ConvertError::Config { why: why.into() }
 }
 
+/// The first [`NAMES_SHOWN`] of `names`, then how many more.
+fn list(names: &[String], count: usize) -> String {
+    let mut s: Vec<String> = names.iter().take(NAMES_SHOWN).map(|n| format!("`{n}`")).collect();
+    if count > s.len() {
+        s.push(format!("and {} more", count - s.len()));
+    }
+    s.join(", ")
+}
+
+/// How to convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvertOptions {
+    /// The storage dtype of the matrices (one of [`WEIGHT_DTYPES`]).
+    pub dtype: DType,
+    /// Store NaN, infinite and out-of-range values instead of failing (each affected tensor is
+    /// listed in [`ConvertReport::warnings`]).
+    pub allow_nonfinite: bool,
+}
+
+impl ConvertOptions {
+    /// Matrices in `dtype`, non-finite values refused.
+    pub fn new(dtype: DType) -> ConvertOptions {
+        ConvertOptions { dtype, allow_nonfinite: false }
+    }
+}
+
 /// What [`convert`] wrote.
 #[derive(Debug, Clone)]
 pub struct ConvertReport {
     pub config: ModelConfig,
     pub n_tensors: usize,
     pub data_bytes: u64,
+    /// Things the conversion accepted but the user should know (an ignored `lm_head.weight`,
+    /// non-finite values stored under [`ConvertOptions::allow_nonfinite`]), one line each.
+    pub warnings: Vec<String>,
 }
 
 /// The text config object and the arch of a parsed `config.json`.
@@ -100,48 +201,132 @@ fn text_config(json: &Json) -> R<(Arch, &Json)> {
         .iter()
         .find_map(|n| arch_of(n))
         .ok_or_else(|| ConvertError::UnknownArchitecture { name: names.join(", ") })?;
-    Ok((arch, json.get("text_config").unwrap_or(json)))
+    Ok((arch, json.get("text_config").filter(|t| !t.is_null()).unwrap_or(json)))
+}
+
+/// `c[key]`, treating `null` as absent.
+fn field<'j>(c: &'j Json, key: &str) -> Option<&'j Json> {
+    c.get(key).filter(|v| !v.is_null())
 }
 
 fn get_usize(c: &Json, key: &str) -> R<usize> {
-    c.get(key)
-        .and_then(Json::as_u64)
-        .map(|v| v as usize)
-        .ok_or_else(|| cfg_err(format!("`{key}` is missing or not a non-negative integer")))
+    opt_usize(c, key)?.ok_or_else(|| cfg_err(format!("`{key}` is missing")))
 }
 
-fn get_f64(c: &Json, key: &str) -> Option<f64> {
-    c.get(key).and_then(Json::as_f64)
+/// An optional non-negative integer: absent is `None`, anything else than such an integer an error.
+fn opt_usize(c: &Json, key: &str) -> R<Option<usize>> {
+    field(c, key)
+        .map(|v| {
+            v.as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| cfg_err(format!("`{key}` is {v}, expected a non-negative integer")))
+        })
+        .transpose()
 }
 
-/// The [`ModelConfig`] of a HF Qwen3.5 `config.json` (parsed).
+/// An optional number: absent is `None`, a non-number an error.
+fn opt_f64(c: &Json, key: &str) -> R<Option<f64>> {
+    field(c, key).map(|v| v.as_f64().ok_or_else(|| cfg_err(format!("`{key}` is {v}, expected a number")))).transpose()
+}
+
+/// A number that must be finite and positive (`what` says of what).
+fn positive(key: &str, v: f64) -> R<f64> {
+    if v.is_finite() && v > 0.0 { Ok(v) } else { Err(cfg_err(format!("`{key}` is {v}, must be finite and > 0"))) }
+}
+
+/// The `config.json` key (or keys) a GGUF metadata key of [`ModelConfig`] comes from, for errors.
+fn hf_key(gguf_key: &str) -> &'static str {
+    let key = gguf_key.split_once('.').map_or(gguf_key, |(_, k)| k);
+    match key {
+        "block_count" => "num_hidden_layers",
+        "context_length" => "max_position_embeddings",
+        "embedding_length" => "hidden_size",
+        "vocab_size" => "vocab_size",
+        "feed_forward_length" => "intermediate_size",
+        "attention.head_count" => "num_attention_heads",
+        "attention.head_count_kv" => "num_key_value_heads",
+        "attention.key_length" => "head_dim",
+        "attention.layer_norm_rms_epsilon" => "rms_norm_eps",
+        "rope.freq_base" => "rope_theta",
+        "rope.dimension_count" => "head_dim x partial_rotary_factor",
+        "rope.dimension_sections" => "mrope_section",
+        "ssm.conv_kernel" => "linear_conv_kernel_dim",
+        "ssm.state_size" => "linear_key_head_dim",
+        "ssm.group_count" => "linear_num_key_heads",
+        "ssm.time_step_rank" => "linear_num_value_heads",
+        "ssm.inner_size" => "linear_num_value_heads x linear_value_head_dim",
+        "full_attention_interval" => "full_attention_interval",
+        "attention.recurrent_layers" => "layer_types",
+        "expert_count" => "num_experts",
+        "expert_used_count" => "num_experts_per_tok",
+        "expert_feed_forward_length" => "moe_intermediate_size",
+        "expert_shared_feed_forward_length" => "shared_expert_intermediate_size",
+        _ => "",
+    }
+}
+
+/// The [`ModelConfig`] of a HF Qwen3.5 `config.json` (parsed), validated
+/// ([`ModelConfig::validate`]). A key that is present with the wrong type is an error, never a
+/// default; `null` counts as absent. Errors name the `config.json` key and its value (and the GGUF
+/// key when the check is [`ModelConfig::validate`]'s).
 pub fn config_from_hf(json: &Json) -> R<ModelConfig> {
     let (arch, c) = text_config(json)?;
     let n_layer = get_usize(c, "num_hidden_layers")?;
+    // Before anything is sized from it (`layer_types` below).
+    if n_layer > MAX_LAYERS {
+        return Err(cfg_err(format!(
+            "`num_hidden_layers` is {n_layer}, above Tessera's limit of {MAX_LAYERS} layers (far above any real model)"
+        )));
+    }
     let head_dim = get_usize(c, "head_dim")?;
-    let rope = c.get("rope_parameters").or_else(|| c.get("rope_scaling"));
-    let rope_get = |key: &str| rope.and_then(|r| get_f64(r, key)).or_else(|| get_f64(c, key));
-    let partial = rope_get("partial_rotary_factor").unwrap_or(1.0);
-    let rope_theta = rope_get("rope_theta").unwrap_or(10_000.0);
+    let rope = field(c, "rope_parameters").or_else(|| field(c, "rope_scaling"));
+    let rope_get = |key: &str| -> R<Option<f64>> {
+        match rope.map(|r| opt_f64(r, key)).transpose()?.flatten() {
+            Some(v) => Ok(Some(v)),
+            None => opt_f64(c, key),
+        }
+    };
+    let partial = rope_get("partial_rotary_factor")?.unwrap_or(1.0);
+    if !(partial > 0.0 && partial <= 1.0) {
+        return Err(cfg_err(format!("`partial_rotary_factor` is {partial}, must be in (0, 1]")));
+    }
+    let rope_theta = positive("rope_theta", rope_get("rope_theta")?.unwrap_or(10_000.0))?;
+    let rms_eps = positive("rms_norm_eps", opt_f64(c, "rms_norm_eps")?.unwrap_or(1e-6))?;
+    // In (0, head_dim]: partial is in (0, 1].
     let n_rot = (head_dim as f64 * partial).round() as usize;
     let mut rope_sections = [0usize; 4];
-    if let Some(s) = rope.and_then(|r| r.get("mrope_section")).and_then(Json::as_array) {
-        if s.len() > 4 {
-            return Err(cfg_err(format!("mrope_section has {} entries, at most 4", s.len())));
+    match rope.and_then(|r| field(r, "mrope_section")) {
+        Some(s) => {
+            let s = s.as_array().ok_or_else(|| cfg_err(format!("`mrope_section` is {s}, expected an array")))?;
+            if s.len() > 4 {
+                return Err(cfg_err(format!("`mrope_section` has {} entries, at most 4", s.len())));
+            }
+            for (i, v) in s.iter().enumerate() {
+                rope_sections[i] = v.as_u64().and_then(|v| usize::try_from(v).ok()).ok_or_else(|| {
+                    cfg_err(format!("`mrope_section` entry {i} is {v}, expected a non-negative integer"))
+                })?;
+            }
+            let sum = rope_sections.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+            if sum.is_none_or(|s| s == 0 || s > n_rot / 2) {
+                let sum = sum.map_or_else(|| "overflows".to_string(), |s| format!("is {s}"));
+                return Err(cfg_err(format!(
+                    "`mrope_section` {rope_sections:?}: the sum {sum}; it must be > 0 and at most the rotated \
+                     pairs, head_dim {head_dim} x partial_rotary_factor {partial} / 2 = {}",
+                    n_rot / 2
+                )));
+            }
         }
-        for (i, v) in s.iter().enumerate() {
-            rope_sections[i] = v.as_u64().ok_or_else(|| cfg_err("mrope_section entries must be integers"))? as usize;
-        }
-    } else {
-        rope_sections[0] = n_rot / 2;
+        None => rope_sections[0] = n_rot / 2,
     }
-    let interval = c.get("full_attention_interval").and_then(Json::as_u64).map(|v| v as usize).unwrap_or(4);
-    let recurrent: Option<Vec<bool>> = match c.get("layer_types").and_then(Json::as_array) {
+    let interval = opt_usize(c, "full_attention_interval")?.unwrap_or(4);
+    let recurrent: Option<Vec<bool>> = match field(c, "layer_types") {
         None => None,
         Some(types) => {
+            let types =
+                types.as_array().ok_or_else(|| cfg_err(format!("`layer_types` is {types}, expected an array")))?;
             if types.len() != n_layer {
                 return Err(cfg_err(format!(
-                    "layer_types has {} entries, num_hidden_layers is {n_layer}",
+                    "`layer_types` has {} entries, num_hidden_layers is {n_layer}",
                     types.len()
                 )));
             }
@@ -150,7 +335,7 @@ pub fn config_from_hf(json: &Json) -> R<ModelConfig> {
                 match t.as_str() {
                     Some("linear_attention") => flags.push(true),
                     Some("full_attention") => flags.push(false),
-                    other => return Err(cfg_err(format!("unknown layer type {other:?} in layer_types"))),
+                    _ => return Err(cfg_err(format!("unknown layer type {t} in `layer_types`"))),
                 }
             }
             Some(flags)
@@ -165,18 +350,25 @@ pub fn config_from_hf(json: &Json) -> R<ModelConfig> {
             n_ff_shexp: get_usize(c, "shared_expert_intermediate_size")?,
         },
     };
-    let n_head = get_usize(c, "num_attention_heads")?;
     let ssm_dt_rank = get_usize(c, "linear_num_value_heads")?;
+    let value_head_dim = get_usize(c, "linear_value_head_dim")?;
+    let ssm_d_inner = ssm_dt_rank.checked_mul(value_head_dim).ok_or_else(|| {
+        cfg_err(format!("`linear_num_value_heads` {ssm_dt_rank} x `linear_value_head_dim` {value_head_dim} overflows"))
+    })?;
+    let tied = match field(c, "tie_word_embeddings").or_else(|| field(json, "tie_word_embeddings")) {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| cfg_err(format!("`tie_word_embeddings` is {v}, expected a bool")))?,
+    };
     let mut config = ModelConfig {
         arch,
         n_layer,
-        n_ctx_train: c.get("max_position_embeddings").and_then(Json::as_u64).unwrap_or(4096) as usize,
+        n_ctx_train: opt_usize(c, "max_position_embeddings")?.unwrap_or(4096),
         n_embd: get_usize(c, "hidden_size")?,
         n_vocab: get_usize(c, "vocab_size")?,
-        n_head,
+        n_head: get_usize(c, "num_attention_heads")?,
         n_head_kv: get_usize(c, "num_key_value_heads")?,
         head_dim,
-        rms_eps: get_f64(c, "rms_norm_eps").unwrap_or(1e-6) as f32,
+        rms_eps: rms_eps as f32,
         rope_freq_base: rope_theta as f32,
         n_rot,
         rope_sections,
@@ -184,30 +376,55 @@ pub fn config_from_hf(json: &Json) -> R<ModelConfig> {
         ssm_d_state: get_usize(c, "linear_key_head_dim")?,
         ssm_n_group: get_usize(c, "linear_num_key_heads")?,
         ssm_dt_rank,
-        ssm_d_inner: ssm_dt_rank * get_usize(c, "linear_value_head_dim")?,
+        ssm_d_inner,
         full_attention_interval: interval,
-        recurrent_layers: None,
+        recurrent_layers: recurrent.clone(),
         nextn_predict_layers: 0,
         ffn,
-        tied_embeddings: c.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false),
+        tied_embeddings: tied,
     };
+    config.validate().map_err(|e| match e {
+        ConfigError::Inconsistent { key, reason } if !hf_key(&key).is_empty() => {
+            cfg_err(format!("`{}` ({key} in the GGUF): {reason}", hf_key(&key)))
+        }
+        e => e.into(),
+    })?;
     // Keep the explicit per-layer flags only when the interval does not already say the same.
     if let Some(flags) = recurrent {
+        config.recurrent_layers = None;
         let by_interval: Vec<bool> = (0..n_layer).map(|i| config.layer_kind(i) == LayerKind::GatedDeltaNet).collect();
         if by_interval != flags {
             config.recurrent_layers = Some(flags);
         }
     }
-    config.validate()?;
     Ok(config)
 }
 
+/// A tensor of the checkpoint: where its bytes are in which mapped file.
+#[derive(Debug)]
+struct Entry {
+    name: String,
+    file: usize,
+    dtype: StDtype,
+    shape: Vec<usize>,
+    /// Byte range in the file's map.
+    start: usize,
+    end: usize,
+}
+
+impl Entry {
+    /// Bytes per element of a dtype the converter reads.
+    fn elem_bytes(&self) -> usize {
+        if self.dtype == StDtype::F32 { 4 } else { 2 }
+    }
+}
+
 /// The tensors of a checkpoint: every `*.safetensors` of the directory (the index's files when
-/// `model.safetensors.index.json` exists), memory-mapped.
+/// `model.safetensors.index.json` exists), memory-mapped, with each tensor's place parsed once.
 struct Checkpoint {
     maps: Vec<(PathBuf, memmap2::Mmap)>,
-    /// Tensor name → index into `maps`.
-    index: HashMap<String, usize>,
+    /// Tensor name → where it is.
+    index: HashMap<String, Entry>,
 }
 
 impl Checkpoint {
@@ -256,8 +473,8 @@ impl Checkpoint {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model*.safetensors files"),
             });
         }
-        let mut maps = Vec::new();
-        let mut index = HashMap::new();
+        let mut maps: Vec<(PathBuf, memmap2::Mmap)> = Vec::new();
+        let mut index: HashMap<String, Entry> = HashMap::new();
         for path in files {
             let file = tessera_files::open_input(&path).map_err(io(&path))?;
             // SAFETY: the file is opened read-only and only read while mapped; a concurrent writer
@@ -265,8 +482,24 @@ impl Checkpoint {
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(&path))?;
             let st = SafeTensors::deserialize(&map)
                 .map_err(|e| ConvertError::SafeTensors { path: path.clone(), why: e.to_string() })?;
-            for name in st.names() {
-                index.insert(name.to_string(), maps.len());
+            let base = map.as_ptr() as usize;
+            for (name, view) in st.iter() {
+                // The view's bytes lie inside the map (the safetensors reader checked the offsets).
+                let start = view.data().as_ptr() as usize - base;
+                let entry = Entry {
+                    name: name.to_string(),
+                    file: maps.len(),
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    start,
+                    end: start + view.data().len(),
+                };
+                if let Some(first) = index.insert(name.to_string(), entry) {
+                    return Err(ConvertError::SafeTensors {
+                        path: path.clone(),
+                        why: format!("tensor `{name}` is also in {}", maps[first.file].0.display()),
+                    });
+                }
             }
             maps.push((path, map));
         }
@@ -277,73 +510,288 @@ impl Checkpoint {
         self.index.contains_key(name)
     }
 
-    /// The tensor as f32 values (row-major, torch order) with its shape.
-    fn get(&self, name: &str, gguf: &str) -> R<(Vec<usize>, Vec<f32>)> {
-        let &i = self
+    /// The bytes of `e`.
+    fn bytes(&self, e: &Entry) -> &[u8] {
+        // In range: `open` took the range from the map it indexes.
+        &self.maps[e.file].1[e.start..e.end]
+    }
+
+    /// Releases the pages of `e` from this process (they stay in the page cache and are read
+    /// again if touched), so the resident set holds about one tensor of the checkpoint at a time.
+    fn release(&self, e: &Entry) {
+        #[cfg(unix)]
+        {
+            // SAFETY: the map is a read-only shared mapping of a file: after MADV_DONTNEED a page
+            // reads back the file's bytes, so no reference into the map sees different data. The
+            // range lies inside the map (`open`). Failure only means the pages stay resident.
+            let _ = unsafe {
+                self.maps[e.file].1.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.end - e.start)
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = e;
+    }
+
+    /// The tensor `name` for GGUF tensor `gguf`: present, of a dtype the converter reads, and with
+    /// `expected` (a torch-order shape; size-1 axes are ignored when comparing) as its shape.
+    fn source(&self, name: &str, gguf: &str, expected: &[usize]) -> R<&Entry> {
+        let e = self
             .index
             .get(name)
             .ok_or_else(|| ConvertError::MissingTensor { name: name.to_string(), gguf: gguf.to_string() })?;
-        let (path, map) = &self.maps[i];
-        let st = SafeTensors::deserialize(map)
-            .map_err(|e| ConvertError::SafeTensors { path: path.clone(), why: e.to_string() })?;
-        let view = st.tensor(name).map_err(|e| ConvertError::SafeTensors { path: path.clone(), why: e.to_string() })?;
-        let data = view.data();
-        let values: Vec<f32> = match view.dtype() {
-            StDtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            StDtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            StDtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            d => return Err(ConvertError::UnsupportedTensorDtype { name: name.to_string(), dtype: format!("{d:?}") }),
-        };
-        Ok((view.shape().to_vec(), values))
-    }
-
-    /// [`Checkpoint::get`], checking the element count against `expected` (a torch-order shape;
-    /// size-1 axes are ignored when comparing).
-    fn get_shaped(&self, name: &str, gguf: &str, expected: &[usize]) -> R<Vec<f32>> {
-        let (shape, v) = self.get(name, gguf)?;
-        let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
-        if squeeze(&shape) != squeeze(expected) {
-            return Err(ConvertError::WrongShape { name: name.to_string(), expected: expected.to_vec(), found: shape });
+        if !matches!(e.dtype, StDtype::F32 | StDtype::F16 | StDtype::BF16) {
+            return Err(ConvertError::UnsupportedTensorDtype {
+                name: name.to_string(),
+                dtype: format!("{:?}", e.dtype),
+            });
         }
-        Ok(v)
+        let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        if squeeze(&e.shape) != squeeze(expected) {
+            return Err(ConvertError::WrongShape {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found: e.shape.clone(),
+            });
+        }
+        Ok(e)
     }
 }
 
-/// Reorders value heads of a row-major `[rows, cols]` matrix from HF grouped order to tiled
-/// order, along rows (`by_rows`) or columns, within the `[start, start + h_k·r·d)` range of that
-/// axis: new head `ri·h_k + k` ← old head `k·r + ri`, each head `d` wide.
-#[allow(clippy::too_many_arguments)]
-fn reorder_v_heads(
-    v: &mut [f32],
-    rows: usize,
-    cols: usize,
-    by_rows: bool,
+/// The value-head reorder from HF's grouped order to the tiled order along one axis, within
+/// `[start, start + h_k·r·d)`: new head `ri·h_k + k` ← old head `k·r + ri`, each head `d` wide.
+#[derive(Debug, Clone, Copy)]
+struct VHeads {
     start: usize,
     h_k: usize,
     r: usize,
     d: usize,
-) {
-    if r <= 1 {
-        return;
+}
+
+impl VHeads {
+    /// The source index of destination index `i` along the axis.
+    fn source(&self, i: usize) -> usize {
+        let n = self.h_k * self.r * self.d;
+        if i < self.start || i >= self.start + n {
+            return i;
+        }
+        let new = i - self.start;
+        let (head, off) = (new / self.d, new % self.d);
+        let (ri, k) = (head / self.h_k, head % self.h_k);
+        self.start + (k * self.r + ri) * self.d + off
     }
-    let old = v.to_vec();
-    let map = |new: usize| -> usize {
-        let (head, off) = (new / d, new % d);
-        let (ri, k) = (head / h_k, head % h_k);
-        (k * r + ri) * d + off
-    };
-    let n = h_k * r * d;
-    for i in 0..n {
-        let src = start + map(i);
-        let dst = start + i;
-        if by_rows {
-            v[dst * cols..(dst + 1) * cols].copy_from_slice(&old[src * cols..(src + 1) * cols]);
-        } else {
-            for row in 0..rows {
-                v[row * cols + dst] = old[row * cols + src];
+}
+
+/// Which source row an output row is (within its source tensor).
+#[derive(Debug, Clone, Copy)]
+enum RowMap {
+    Same,
+    VHeads(VHeads),
+    /// A fused `[E, 2·ff, n]` gate/up tensor: output row `ex·ff + j` is source row
+    /// `ex·2·ff + off + j`.
+    Half {
+        ff: usize,
+        off: usize,
+    },
+}
+
+/// A function applied to every value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Map {
+    None,
+    PlusOne,
+    NegExp,
+}
+
+/// How one GGUF tensor is produced: output row `r` (ne\[0\] values) is row
+/// `rows.source(r % rows_each)` of `sources[r / rows_each]`, its columns reordered by `cols`,
+/// then `map` applied.
+struct TensorPlan<'c> {
+    spec: &'c TensorSpec,
+    dtype: DType,
+    size: u64,
+    sources: Vec<&'c Entry>,
+    rows_each: usize,
+    rows: RowMap,
+    cols: Option<VHeads>,
+    map: Map,
+}
+
+impl TensorPlan<'_> {
+    fn n_rows(&self) -> usize {
+        self.spec.ne[1..].iter().product()
+    }
+
+    /// The checkpoint tensor output row `r` comes from.
+    fn source_of(&self, r: usize) -> &Entry {
+        self.sources[(r / self.rows_each).min(self.sources.len() - 1)]
+    }
+
+    /// Writes output row `r` into `out` (`ne[0]` values); `tmp` is scratch of the same length
+    /// when `cols` is set.
+    fn fill_row(&self, ck: &Checkpoint, r: usize, out: &mut [f32], tmp: &mut [f32]) -> std::io::Result<()> {
+        let n = out.len();
+        let src = self.source_of(r);
+        let local = r % self.rows_each;
+        let sr = match self.rows {
+            RowMap::Same => local,
+            RowMap::VHeads(v) => v.source(local),
+            RowMap::Half { ff, off } => (local / ff) * 2 * ff + off + local % ff,
+        };
+        let es = src.elem_bytes();
+        let bytes = ck.bytes(src).get(sr * n * es..(sr + 1) * n * es).ok_or_else(|| {
+            std::io::Error::other(format!("row {sr} of `{}` is outside the tensor (a converter bug)", src.name))
+        })?;
+        match self.cols {
+            None => decode(src.dtype, bytes, out),
+            Some(v) => {
+                decode(src.dtype, bytes, tmp);
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = tmp[v.source(i)];
+                }
+            }
+        }
+        match self.map {
+            Map::None => {}
+            Map::PlusOne => out.iter_mut().for_each(|x| *x += 1.0),
+            Map::NegExp => out.iter_mut().for_each(|x| *x = -x.exp()),
+        }
+        Ok(())
+    }
+}
+
+/// Decodes little-endian f32 / f16 / bf16 `bytes` into `out` (same element count).
+fn decode(dtype: StDtype, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        StDtype::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        StDtype::F16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        _ => {
+            // BF16: the only other dtype `Checkpoint::source` lets through.
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
     }
+}
+
+/// Whether `x` can be stored in `dtype` as itself (see the module doc, "Values that do not fit").
+fn fits(dtype: DType, x: f32) -> bool {
+    match dtype {
+        DType::F16 => half::f16::from_f64(x.into()).is_finite(),
+        DType::BF16 => half::bf16::from_f64(x.into()).is_finite(),
+        DType::Q8_0 => x.is_finite() && half::f16::from_f32(x.abs() / 127.0).is_finite(),
+        DType::NvFp4 => x.is_finite() && x.abs() <= NVFP4_MAX,
+        _ => x.is_finite(),
+    }
+}
+
+/// The largest magnitude nvfp4 stores unclipped: E2M1's 6 times UE4M3's 448.
+const NVFP4_MAX: f32 = 6.0 * 448.0;
+
+/// Encodes whole rows of `n` values as `dtype` into `out` (replacing its contents).
+fn encode_rows(dtype: DType, values: &[f32], n: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let rows = values.len() / n;
+    let row_bytes = dtype.row_bytes(n).ok_or_else(|| std::io::Error::other(format!("{dtype} row of {n} overflows")))?;
+    out.clear();
+    out.resize(rows * row_bytes, 0);
+    let quant_err = |e: tessera_ops::quant::QuantError| std::io::Error::other(e.to_string());
+    out.par_chunks_mut(row_bytes).zip(values.par_chunks(n)).try_for_each(|(o, v)| match dtype {
+        DType::F32 => {
+            o.chunks_exact_mut(4).zip(v).for_each(|(b, x)| b.copy_from_slice(&x.to_le_bytes()));
+            Ok(())
+        }
+        // Through f64, as `tessera_ops::host::encode`: half's `bf16::from_f32` does not round
+        // ties to even, its `from_f64` does (exact for f32 inputs, one rounding).
+        DType::F16 => {
+            o.chunks_exact_mut(2)
+                .zip(v)
+                .for_each(|(b, &x)| b.copy_from_slice(&half::f16::from_f64(x.into()).to_le_bytes()));
+            Ok(())
+        }
+        DType::BF16 => {
+            o.chunks_exact_mut(2)
+                .zip(v)
+                .for_each(|(b, &x)| b.copy_from_slice(&half::bf16::from_f64(x.into()).to_le_bytes()));
+            Ok(())
+        }
+        DType::Q8_0 => tessera_ops::quant::quantize_q8_0(v, o).map_err(quant_err),
+        DType::NvFp4 => tessera_ops::quant::quantize_nvfp4(v, o).map_err(quant_err),
+        DType::I32 => Err(std::io::Error::other("i32 is not a weight dtype")),
+    })
+}
+
+/// Values that [`fits`] rejected in one tensor: how many, the first (value, row, column).
+#[derive(Debug, Clone, Copy)]
+struct Misfits {
+    count: u64,
+    first: (f32, usize, usize),
+}
+
+/// Streams `plan`'s tensor to `sink` in chunks of whole rows. Returns the values that do not fit
+/// its dtype (`None` when all do); unless `allow`, nothing more is written once one is found (the
+/// rest of the tensor is only scanned, to count them).
+fn write_tensor(
+    ck: &Checkpoint,
+    plan: &TensorPlan<'_>,
+    allow: bool,
+    sink: &mut dyn Write,
+) -> std::io::Result<Option<Misfits>> {
+    let n = plan.spec.ne[0];
+    let rows = plan.n_rows();
+    let per = (CHUNK_ELEMS / n).max(1).min(rows);
+    let mut values = vec![0f32; per * n];
+    let mut bytes = Vec::new();
+    let mut misfits: Option<Misfits> = None;
+    let scratch = if plan.cols.is_some() { n } else { 0 };
+    for a in (0..rows).step_by(per) {
+        let b = (a + per).min(rows);
+        let v = &mut values[..(b - a) * n];
+        v.par_chunks_mut(n)
+            .enumerate()
+            .try_for_each_init(|| vec![0f32; scratch], |tmp, (i, row)| plan.fill_row(ck, a + i, row, tmp))?;
+        let bad = v.par_iter().filter(|&&x| !fits(plan.dtype, x)).count() as u64;
+        if bad > 0 {
+            let m = misfits.get_or_insert_with(|| {
+                // Cannot miss: `bad > 0` values do not fit.
+                let i = v.iter().position(|&x| !fits(plan.dtype, x)).unwrap_or(0);
+                Misfits { count: 0, first: (v[i], a + i / n, i % n) }
+            });
+            m.count += bad;
+        }
+        if misfits.is_none() || allow {
+            encode_rows(plan.dtype, v, n, &mut bytes)?;
+            sink.write_all(&bytes)?;
+        }
+    }
+    for s in &plan.sources {
+        ck.release(s);
+    }
+    Ok(misfits)
+}
+
+/// Skipped by rule: MTP, vision, and rotary buffers older transformers saved.
+fn skipped(name: &str) -> bool {
+    name.starts_with("mtp.")
+        || name.starts_with("model.visual.")
+        || name.starts_with("visual.")
+        || name.ends_with(".rotary_emb.inv_freq")
+}
+
+/// The layer index of `{prefix}layers.N.*`.
+fn layer_of(name: &str, prefix: &str) -> Option<usize> {
+    let (n, _) = name.strip_prefix(prefix)?.strip_prefix("layers.")?.split_once('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // A number too large for usize is still beyond any layer.
+    Some(n.parse().unwrap_or(usize::MAX))
 }
 
 /// Progress of [`convert_with_progress`], reported once before the first tensor and after each
@@ -359,20 +807,34 @@ pub struct ConvertProgress {
 
 /// Converts the checkpoint in `dir` to a GGUF at `out`, matrices in `dtype`.
 pub fn convert(dir: &Path, out: &Path, dtype: DType) -> R<ConvertReport> {
-    convert_with_progress(dir, out, dtype, None)
+    convert_with_options(dir, out, &ConvertOptions::new(dtype), None)
 }
 
-/// [`convert`], calling `progress` as tensors are written. Tensors are converted one at a time
-/// while the file is written, so memory holds one tensor (plus the memory-mapped checkpoint), not
-/// the whole model. `out` is checked before any work (not an input, its directory writable) and
-/// written atomically ([`tessera_files::AtomicFile`]): on an error an existing file at `out` is
-/// left as it was, and no temporary file remains.
+/// [`convert`], calling `progress` as tensors are written.
 pub fn convert_with_progress(
     dir: &Path,
     out: &Path,
     dtype: DType,
+    progress: Option<&mut dyn FnMut(ConvertProgress)>,
+) -> R<ConvertReport> {
+    convert_with_options(dir, out, &ConvertOptions::new(dtype), progress)
+}
+
+/// Converts the checkpoint in `dir` to a GGUF at `out` as `opts` says, calling `progress` as
+/// tensors are written.
+///
+/// Everything that can be checked before writing is (see the module doc): the config, every
+/// needed tensor's presence, dtype and shape, the checkpoint's other tensors, and the space on
+/// `out`'s file system. `out` is checked before any work (not an input, its directory writable)
+/// and written atomically ([`tessera_files::AtomicFile`]): on an error an existing file at `out`
+/// is left as it was, and no temporary file remains. Tensors are streamed (module doc, "Memory").
+pub fn convert_with_options(
+    dir: &Path,
+    out: &Path,
+    opts: &ConvertOptions,
     mut progress: Option<&mut dyn FnMut(ConvertProgress)>,
 ) -> R<ConvertReport> {
+    let dtype = opts.dtype;
     if !WEIGHT_DTYPES.contains(&dtype) {
         return Err(ConvertError::UnsupportedDType { dtype });
     }
@@ -381,7 +843,7 @@ pub fn convert_with_progress(
         .map_err(|source| ConvertError::Io { path: cfg_path.clone(), source })?;
     let json: Json =
         serde_json::from_str(&text).map_err(|source| ConvertError::Json { path: cfg_path.clone(), source })?;
-    let mut config = config_from_hf(&json)?;
+    let config = config_from_hf(&json)?;
     let ck = Checkpoint::open(dir)?;
     // Before any work: `out` must not be one of the inputs, and its directory must take a file.
     let index_path = dir.join("model.safetensors.index.json");
@@ -395,10 +857,35 @@ pub fn convert_with_progress(
         name: "model.embed_tokens.weight".into(),
         gguf: "token_embd.weight".into(),
     })?;
+    let mut warnings = Vec::new();
     if !config.tied_embeddings && !ck.has("lm_head.weight") {
-        config.tied_embeddings = true;
+        return Err(ConvertError::UntiedWithoutLmHead);
     }
     let specs = config.tensor_specs();
+    // Every tensor located and checked before the output is created.
+    let mut used: HashSet<&str> = HashSet::new();
+    let mut plans: Vec<TensorPlan<'_>> = Vec::with_capacity(specs.len());
+    let mut total_bytes = 0u64;
+    for spec in &specs {
+        let mut d = storage_dtype(spec, dtype);
+        if !spec.ne[0].is_multiple_of(d.block_size()) {
+            d = DType::F32;
+        }
+        let rows: u64 = spec.ne[1..].iter().map(|&x| x as u64).product();
+        let row = d.row_bytes(spec.ne[0]).ok_or_else(|| cfg_err(format!("{}: bad row size", spec.name)))? as u64;
+        let size = row * rows;
+        let plan = plan_tensor(&ck, &config, prefix, spec, d, size)?;
+        used.extend(plan.sources.iter().map(|e| e.name.as_str()));
+        plans.push(plan);
+        total_bytes += size;
+    }
+    check_unused(&ck, &config, prefix, &used, &mut warnings)?;
+    check_free_space(out, total_bytes).map_err(|(needed, available)| ConvertError::NoSpace {
+        path: out.to_path_buf(),
+        needed,
+        available,
+    })?;
+
     let mut w = GgufWriter::new();
     for (k, v) in config.to_metadata() {
         w.add_kv(k, v)?;
@@ -406,21 +893,8 @@ pub fn convert_with_progress(
     if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
         w.add_kv("general.name", name)?;
     }
-    // Each tensor's storage dtype and byte size, declared up front; the bytes are produced while
-    // writing.
-    let mut plan: Vec<(&TensorSpec, DType, u64)> = Vec::with_capacity(specs.len());
-    let mut total_bytes = 0u64;
-    for spec in &specs {
-        let mut d = storage_dtype(spec, dtype);
-        if !spec.ne[0].is_multiple_of(d.block_size()) {
-            d = DType::F32;
-        }
-        w.add_tensor_info(spec.name.clone(), d, spec.dims())?;
-        let rows: usize = spec.ne[1..].iter().product();
-        let row = d.row_bytes(spec.ne[0]).ok_or_else(|| cfg_err(format!("{}: bad row size", spec.name)))?;
-        let size = (row * rows) as u64;
-        plan.push((spec, d, size));
-        total_bytes += size;
+    for p in &plans {
+        w.add_tensor_info(p.spec.name.clone(), p.dtype, p.spec.dims())?;
     }
     let n_tensors = specs.len();
     let mut report = |tensors_done: usize, bytes_written: u64| {
@@ -432,55 +906,120 @@ pub fn convert_with_progress(
     let mut failure: Option<ConvertError> = None;
     let (mut done, mut written) = (0usize, 0u64);
     let result = w.write_file_with(out, |name, sink| {
-        // Tensors are asked for in insertion order, which is `plan` order.
-        let Some(&(spec, d, size)) = plan.get(done).filter(|(s, _, _)| s.name == name) else {
+        // Tensors are asked for in insertion order, which is `plans` order.
+        let Some(plan) = plans.get(done).filter(|p| p.spec.name == name) else {
             return Err(std::io::Error::other(format!("writer asked for unexpected tensor {name}")));
         };
-        let values = match tensor_values(&ck, &config, prefix, spec) {
-            Ok(v) => v,
-            Err(e) => {
+        if let Some(m) = write_tensor(&ck, plan, opts.allow_nonfinite, sink)? {
+            let (first, row, col) = m.first;
+            let source_name = plan.source_of(row).name.clone();
+            if !opts.allow_nonfinite {
+                let e = ConvertError::NonFinite {
+                    gguf: plan.spec.name.clone(),
+                    source_name,
+                    dtype: plan.dtype,
+                    count: m.count,
+                    first,
+                    row,
+                    col,
+                };
                 let msg = e.to_string();
                 failure = Some(e);
                 return Err(std::io::Error::other(msg));
             }
-        };
-        debug_assert_eq!(values.len(), spec.n_elements());
-        sink.write_all(&encode(d, &values))?;
+            warnings.push(format!(
+                "tensor `{}` (from `{source_name}`): {} value(s) NaN, infinite or out of the {} range stored as the \
+                 codec stores them (first {first} at row {row}, column {col})",
+                plan.spec.name, m.count, plan.dtype
+            ));
+        }
         done += 1;
-        written += size;
+        written += plan.size;
         report(done, written);
         Ok(())
     });
     if let Err(e) = result {
         return Err(failure.unwrap_or(e.into()));
     }
-    Ok(ConvertReport { config, n_tensors, data_bytes: total_bytes })
+    Ok(ConvertReport { config, n_tensors, data_bytes: total_bytes, warnings })
 }
 
-fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        _ => tessera_ops::host::encode(dtype, &values.iter().map(|&x| x as f64).collect::<Vec<_>>()),
+/// The checkpoint's tensors that no plan uses: `lm_head.weight` of a tied model is a warning
+/// (unless it equals the embedding), layers beyond the config and anything else not skipped by
+/// rule are errors.
+fn check_unused(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    prefix: &str,
+    used: &HashSet<&str>,
+    warnings: &mut Vec<String>,
+) -> R<()> {
+    let mut unused: Vec<&str> =
+        ck.index.keys().map(String::as_str).filter(|n| !used.contains(n) && !skipped(n)).collect();
+    unused.sort_unstable();
+    let mut extra_layers = Vec::new();
+    let mut unknown = Vec::new();
+    for name in unused {
+        if name == "lm_head.weight" && c.tied_embeddings {
+            let embd = &ck.index[&format!("{prefix}embed_tokens.weight")];
+            let head = &ck.index[name];
+            if head.dtype != embd.dtype || ck.bytes(head) != ck.bytes(embd) {
+                warnings.push(
+                    "`lm_head.weight` is ignored: config.json has tie_word_embeddings: true, so the output \
+                     projection is the embedding (as in transformers)"
+                        .into(),
+                );
+            }
+        } else if layer_of(name, prefix).is_some_and(|l| l >= c.n_layer) {
+            extra_layers.push(name.to_string());
+        } else {
+            unknown.push(name.to_string());
+        }
     }
+    if !extra_layers.is_empty() {
+        let count = extra_layers.len();
+        extra_layers.truncate(NAMES_SHOWN);
+        return Err(ConvertError::ExtraLayers { n_layer: c.n_layer, names: extra_layers, count });
+    }
+    if !unknown.is_empty() {
+        let count = unknown.len();
+        unknown.truncate(NAMES_SHOWN);
+        return Err(ConvertError::UnknownTensors { arch: c.arch, names: unknown, count });
+    }
+    Ok(())
 }
 
-/// The values of one GGUF tensor (ggml order = torch row-major with the axes reversed).
-fn tensor_values(ck: &Checkpoint, c: &ModelConfig, prefix: &str, spec: &TensorSpec) -> R<Vec<f32>> {
+/// Where the values of one GGUF tensor come from (ggml order = torch row-major with the axes
+/// reversed), each source checked for presence, dtype and shape.
+fn plan_tensor<'c>(
+    ck: &'c Checkpoint,
+    c: &ModelConfig,
+    prefix: &str,
+    spec: &'c TensorSpec,
+    dtype: DType,
+    size: u64,
+) -> R<TensorPlan<'c>> {
     let name = spec.name.as_str();
     let (e, v) = (c.n_embd, c.n_vocab);
-    let get = |hf: &str, shape: &[usize]| ck.get_shaped(hf, name, shape);
-    let plus_one = |mut x: Vec<f32>| {
-        x.iter_mut().for_each(|w| *w += 1.0);
-        x
+    let n_rows = spec.ne[1..].iter().product::<usize>();
+    let plan = |sources: Vec<&'c Entry>, rows: RowMap, cols: Option<VHeads>, map: Map| {
+        let rows_each = n_rows.div_ceil(sources.len().max(1)).max(1);
+        TensorPlan { spec, dtype, size, sources, rows_each, rows, cols, map }
     };
+    let one = |hf: &str, shape: &[usize], rows: RowMap, cols: Option<VHeads>, map: Map| -> R<TensorPlan<'c>> {
+        Ok(plan(vec![ck.source(hf, name, shape)?], rows, cols, map))
+    };
+    let same = |hf: &str, shape: &[usize]| one(hf, shape, RowMap::Same, None, Map::None);
+    let norm = |hf: &str, shape: &[usize]| one(hf, shape, RowMap::Same, None, Map::PlusOne);
     match name {
-        "token_embd.weight" => return get(&format!("{prefix}embed_tokens.weight"), &[v, e]),
-        "output_norm.weight" => return Ok(plus_one(get(&format!("{prefix}norm.weight"), &[e])?)),
-        "output.weight" => return get("lm_head.weight", &[v, e]),
+        "token_embd.weight" => return same(&format!("{prefix}embed_tokens.weight"), &[v, e]),
+        "output_norm.weight" => return norm(&format!("{prefix}norm.weight"), &[e]),
+        "output.weight" => return same("lm_head.weight", &[v, e]),
         _ => {}
     }
-    let rest = name.strip_prefix("blk.").ok_or_else(|| cfg_err(format!("unexpected tensor {name}")))?;
-    let (il, t) = rest.split_once('.').ok_or_else(|| cfg_err(format!("unexpected tensor {name}")))?;
+    let unexpected = || cfg_err(format!("unexpected tensor {name}"));
+    let rest = name.strip_prefix("blk.").ok_or_else(unexpected)?;
+    let (il, t) = rest.split_once('.').ok_or_else(unexpected)?;
     let lp = format!("{prefix}layers.{il}.");
     let (hk, hv, sk, sv) = (c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_head_v_dim());
     let r = hv / hk;
@@ -488,116 +1027,86 @@ fn tensor_values(ck: &Checkpoint, c: &ModelConfig, prefix: &str, spec: &TensorSp
     let value_dim = hv * sv;
     let conv_dim = c.ssm_conv_dim();
     let hd = c.head_dim;
+    let heads = |start: usize, d: usize| VHeads { start, h_k: hk, r, d };
     let la = |s: &str| format!("{lp}linear_attn.{s}");
     let sa = |s: &str| format!("{lp}self_attn.{s}");
     let mlp = |s: &str| format!("{lp}mlp.{s}");
-    Ok(match t {
-        "attn_norm.weight" => plus_one(get(&format!("{lp}input_layernorm.weight"), &[e])?),
-        "post_attention_norm.weight" => plus_one(get(&format!("{lp}post_attention_layernorm.weight"), &[e])?),
+    match t {
+        "attn_norm.weight" => norm(&format!("{lp}input_layernorm.weight"), &[e]),
+        "post_attention_norm.weight" => norm(&format!("{lp}post_attention_layernorm.weight"), &[e]),
         // Full attention.
-        "attn_q.weight" => get(&sa("q_proj.weight"), &[2 * hd * c.n_head, e])?,
-        "attn_k.weight" => get(&sa("k_proj.weight"), &[hd * c.n_head_kv, e])?,
-        "attn_v.weight" => get(&sa("v_proj.weight"), &[hd * c.n_head_kv, e])?,
-        "attn_output.weight" => get(&sa("o_proj.weight"), &[e, hd * c.n_head])?,
-        "attn_q_norm.weight" => plus_one(get(&sa("q_norm.weight"), &[hd])?),
-        "attn_k_norm.weight" => plus_one(get(&sa("k_norm.weight"), &[hd])?),
+        "attn_q.weight" => same(&sa("q_proj.weight"), &[2 * hd * c.n_head, e]),
+        "attn_k.weight" => same(&sa("k_proj.weight"), &[hd * c.n_head_kv, e]),
+        "attn_v.weight" => same(&sa("v_proj.weight"), &[hd * c.n_head_kv, e]),
+        "attn_output.weight" => same(&sa("o_proj.weight"), &[e, hd * c.n_head]),
+        "attn_q_norm.weight" => norm(&sa("q_norm.weight"), &[hd]),
+        "attn_k_norm.weight" => norm(&sa("k_norm.weight"), &[hd]),
         // Gated DeltaNet.
         "attn_qkv.weight" => {
-            let mut x = get(&la("in_proj_qkv.weight"), &[qk_dim + value_dim, e])?;
-            reorder_v_heads(&mut x, qk_dim + value_dim, e, true, qk_dim, hk, r, sv);
-            x
+            one(&la("in_proj_qkv.weight"), &[qk_dim + value_dim, e], RowMap::VHeads(heads(qk_dim, sv)), None, Map::None)
         }
         "attn_gate.weight" => {
-            let mut x = get(&la("in_proj_z.weight"), &[value_dim, e])?;
-            reorder_v_heads(&mut x, value_dim, e, true, 0, hk, r, sv);
-            x
+            one(&la("in_proj_z.weight"), &[value_dim, e], RowMap::VHeads(heads(0, sv)), None, Map::None)
         }
         "ssm_conv1d.weight" => {
-            let mut x = get(&la("conv1d.weight"), &[conv_dim, 1, c.ssm_d_conv])?;
-            reorder_v_heads(&mut x, conv_dim, c.ssm_d_conv, true, qk_dim, hk, r, sv);
-            x
+            one(&la("conv1d.weight"), &[conv_dim, 1, c.ssm_d_conv], RowMap::VHeads(heads(qk_dim, sv)), None, Map::None)
         }
-        "ssm_dt.bias" => {
-            let mut x = get(&la("dt_bias"), &[hv])?;
-            reorder_v_heads(&mut x, hv, 1, true, 0, hk, r, 1);
-            x
-        }
-        "ssm_a" => {
-            let mut x: Vec<f32> = get(&la("A_log"), &[hv])?.into_iter().map(|a| -a.exp()).collect();
-            reorder_v_heads(&mut x, hv, 1, true, 0, hk, r, 1);
-            x
-        }
-        "ssm_beta.weight" => {
-            let mut x = get(&la("in_proj_b.weight"), &[hv, e])?;
-            reorder_v_heads(&mut x, hv, e, true, 0, hk, r, 1);
-            x
-        }
-        "ssm_alpha.weight" => {
-            let mut x = get(&la("in_proj_a.weight"), &[hv, e])?;
-            reorder_v_heads(&mut x, hv, e, true, 0, hk, r, 1);
-            x
-        }
-        "ssm_norm.weight" => get(&la("norm.weight"), &[sv])?,
-        "ssm_out.weight" => {
-            let mut x = get(&la("out_proj.weight"), &[e, value_dim])?;
-            reorder_v_heads(&mut x, e, value_dim, false, 0, hk, r, sv);
-            x
-        }
+        "ssm_dt.bias" => one(&la("dt_bias"), &[hv], RowMap::Same, Some(heads(0, 1)), Map::None),
+        "ssm_a" => one(&la("A_log"), &[hv], RowMap::Same, Some(heads(0, 1)), Map::NegExp),
+        "ssm_beta.weight" => one(&la("in_proj_b.weight"), &[hv, e], RowMap::VHeads(heads(0, 1)), None, Map::None),
+        "ssm_alpha.weight" => one(&la("in_proj_a.weight"), &[hv, e], RowMap::VHeads(heads(0, 1)), None, Map::None),
+        "ssm_norm.weight" => same(&la("norm.weight"), &[sv]),
+        "ssm_out.weight" => one(&la("out_proj.weight"), &[e, value_dim], RowMap::Same, Some(heads(0, sv)), Map::None),
         // Dense FFN.
         "ffn_gate.weight" | "ffn_up.weight" | "ffn_down.weight" => {
-            let Ffn::Dense { n_ff } = c.ffn else { unreachable!("dense tensors only for Ffn::Dense") };
+            let Ffn::Dense { n_ff } = c.ffn else { return Err(unexpected()) };
             match t {
-                "ffn_gate.weight" => get(&mlp("gate_proj.weight"), &[n_ff, e])?,
-                "ffn_up.weight" => get(&mlp("up_proj.weight"), &[n_ff, e])?,
-                _ => get(&mlp("down_proj.weight"), &[e, n_ff])?,
+                "ffn_gate.weight" => same(&mlp("gate_proj.weight"), &[n_ff, e]),
+                "ffn_up.weight" => same(&mlp("up_proj.weight"), &[n_ff, e]),
+                _ => same(&mlp("down_proj.weight"), &[e, n_ff]),
             }
         }
         // MoE.
         _ => {
             let Ffn::Moe { n_expert, n_ff_exp, n_ff_shexp, .. } = c.ffn else {
-                return Err(cfg_err(format!("unexpected tensor {name}")));
+                return Err(unexpected());
             };
             match t {
-                "ffn_gate_inp.weight" => get(&mlp("gate.weight"), &[n_expert, e])?,
-                "ffn_gate_inp_shexp.weight" => get(&mlp("shared_expert_gate.weight"), &[1, e])?,
-                "ffn_gate_shexp.weight" => get(&mlp("shared_expert.gate_proj.weight"), &[n_ff_shexp, e])?,
-                "ffn_up_shexp.weight" => get(&mlp("shared_expert.up_proj.weight"), &[n_ff_shexp, e])?,
-                "ffn_down_shexp.weight" => get(&mlp("shared_expert.down_proj.weight"), &[e, n_ff_shexp])?,
+                "ffn_gate_inp.weight" => same(&mlp("gate.weight"), &[n_expert, e]),
+                "ffn_gate_inp_shexp.weight" => same(&mlp("shared_expert_gate.weight"), &[1, e]),
+                "ffn_gate_shexp.weight" => same(&mlp("shared_expert.gate_proj.weight"), &[n_ff_shexp, e]),
+                "ffn_up_shexp.weight" => same(&mlp("shared_expert.up_proj.weight"), &[n_ff_shexp, e]),
+                "ffn_down_shexp.weight" => same(&mlp("shared_expert.down_proj.weight"), &[e, n_ff_shexp]),
                 "ffn_gate_exps.weight" | "ffn_up_exps.weight" => {
                     let gate = t == "ffn_gate_exps.weight";
                     let fused = mlp("experts.gate_up_proj");
                     if ck.has(&fused) {
                         // [E, 2·ff, n_embd], gate rows first then up.
-                        let x = get(&fused, &[n_expert, 2 * n_ff_exp, e])?;
-                        let per = 2 * n_ff_exp * e;
-                        let half = n_ff_exp * e;
-                        let off = if gate { 0 } else { half };
-                        (0..n_expert).flat_map(|ex| x[ex * per + off..ex * per + off + half].to_vec()).collect()
+                        let off = if gate { 0 } else { n_ff_exp };
+                        one(&fused, &[n_expert, 2 * n_ff_exp, e], RowMap::Half { ff: n_ff_exp, off }, None, Map::None)
                     } else {
                         let which = if gate { "gate_proj" } else { "up_proj" };
-                        let mut out = Vec::with_capacity(n_expert * n_ff_exp * e);
-                        for ex in 0..n_expert {
-                            out.extend(get(&mlp(&format!("experts.{ex}.{which}.weight")), &[n_ff_exp, e])?);
-                        }
-                        out
+                        let sources = (0..n_expert)
+                            .map(|ex| ck.source(&mlp(&format!("experts.{ex}.{which}.weight")), name, &[n_ff_exp, e]))
+                            .collect::<R<Vec<_>>>()?;
+                        Ok(plan(sources, RowMap::Same, None, Map::None))
                     }
                 }
                 "ffn_down_exps.weight" => {
                     let fused = mlp("experts.down_proj");
                     if ck.has(&fused) {
-                        get(&fused, &[n_expert, e, n_ff_exp])?
+                        same(&fused, &[n_expert, e, n_ff_exp])
                     } else {
-                        let mut out = Vec::with_capacity(n_expert * n_ff_exp * e);
-                        for ex in 0..n_expert {
-                            out.extend(get(&mlp(&format!("experts.{ex}.down_proj.weight")), &[e, n_ff_exp])?);
-                        }
-                        out
+                        let sources = (0..n_expert)
+                            .map(|ex| ck.source(&mlp(&format!("experts.{ex}.down_proj.weight")), name, &[e, n_ff_exp]))
+                            .collect::<R<Vec<_>>>()?;
+                        Ok(plan(sources, RowMap::Same, None, Map::None))
                     }
                 }
-                _ => return Err(cfg_err(format!("unexpected tensor {name}"))),
+                _ => Err(unexpected()),
             }
         }
-    })
+    }
 }
 
 #[cfg(test)]
@@ -607,12 +1116,34 @@ mod tests {
     #[test]
     fn v_head_reorder_is_tiled() {
         // H_k = 2, R = 2, d = 1: HF heads [k0r0, k0r1, k1r0, k1r1] -> [k0r0, k1r0, k0r1, k1r1].
-        let mut x = vec![0.0, 1.0, 2.0, 3.0];
-        reorder_v_heads(&mut x, 4, 1, true, 0, 2, 2, 1);
-        assert_eq!(x, [0.0, 2.0, 1.0, 3.0]);
-        let mut y = vec![9.0, 0.0, 1.0, 2.0, 3.0];
-        reorder_v_heads(&mut y, 1, 5, false, 1, 2, 2, 1);
-        assert_eq!(y, [9.0, 0.0, 2.0, 1.0, 3.0]);
+        let v = VHeads { start: 0, h_k: 2, r: 2, d: 1 };
+        assert_eq!((0..4).map(|i| v.source(i)).collect::<Vec<_>>(), [0, 2, 1, 3]);
+        // Outside the range, and with an offset.
+        let v = VHeads { start: 1, h_k: 2, r: 2, d: 1 };
+        assert_eq!((0..5).map(|i| v.source(i)).collect::<Vec<_>>(), [0, 1, 3, 2, 4]);
+        // Heads 2 wide move whole.
+        let v = VHeads { start: 0, h_k: 2, r: 2, d: 2 };
+        assert_eq!((0..8).map(|i| v.source(i)).collect::<Vec<_>>(), [0, 1, 4, 5, 2, 3, 6, 7]);
+        // R = 1 is the identity.
+        let v = VHeads { start: 0, h_k: 4, r: 1, d: 3 };
+        assert!((0..12).all(|i| v.source(i) == i));
+    }
+
+    #[test]
+    fn ranges_of_the_storage_dtypes() {
+        assert!(fits(DType::F32, 1e30) && !fits(DType::F32, f32::NAN) && !fits(DType::F32, f32::INFINITY));
+        assert!(fits(DType::F16, 65504.0) && fits(DType::F16, 65519.0) && !fits(DType::F16, 65520.0));
+        assert!(fits(DType::BF16, 1e30) && !fits(DType::BF16, f32::MAX) && !fits(DType::BF16, f32::NEG_INFINITY));
+        assert!(fits(DType::Q8_0, 127.0 * 65504.0) && !fits(DType::Q8_0, 1e30) && !fits(DType::Q8_0, f32::NAN));
+        assert!(fits(DType::NvFp4, -2688.0) && !fits(DType::NvFp4, 2689.0) && !fits(DType::NvFp4, f32::NAN));
+    }
+
+    #[test]
+    fn layer_index_of_names() {
+        assert_eq!(layer_of("model.layers.12.mlp.gate.weight", "model."), Some(12));
+        assert_eq!(layer_of("model.layers.99999999999999999999999.x", "model."), Some(usize::MAX));
+        assert_eq!(layer_of("model.layers.x.y", "model."), None);
+        assert_eq!(layer_of("model.norm.weight", "model."), None);
     }
 
     #[test]

@@ -31,7 +31,7 @@
 //! [`SynthError::NotBlockAligned`] names the tensor before anything is written.
 
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -62,6 +62,9 @@ pub enum SynthError {
     /// A tensor whose rows cannot be stored in the block-quantized dtype.
     #[error("tensor `{name}`: ne0 = {ne0} is not a multiple of the {dtype} block size {block}")]
     NotBlockAligned { name: String, dtype: DType, ne0: usize, block: usize },
+    /// The file would not fit on its file system (checked before anything is written).
+    #[error("{path}: the file needs {needed} bytes of tensor data but its file system has {available} bytes free")]
+    NoSpace { path: PathBuf, needed: u64, available: u64 },
 }
 
 /// Progress of [`synthesize`]: tensor data bytes written so far, of the total.
@@ -225,9 +228,73 @@ fn check_dtypes(specs: &[TensorSpec], weight: DType) -> Result<(), SynthError> {
     Ok(())
 }
 
+/// The tensor data bytes [`synthesize`] would write for `config` with `weight` matrices, computed
+/// from the config alone (nothing is allocated per weight). Validates the config and the dtypes
+/// first, so it is also the whole up-front check of `synthesize`.
+pub fn output_bytes(config: &ModelConfig, weight: DType) -> Result<u64, SynthError> {
+    config.validate()?;
+    let specs = config.tensor_specs();
+    check_dtypes(&specs, weight)?;
+    Ok(total_bytes(&specs, weight))
+}
+
+/// The tensor data bytes of `specs` (dtypes checked, sizes within a validated config's limits).
+fn total_bytes(specs: &[TensorSpec], weight: DType) -> u64 {
+    specs
+        .iter()
+        .map(|s| {
+            let d = storage_dtype(s, weight);
+            let rows: u64 = s.ne[1..].iter().map(|&n| n as u64).product();
+            // Rows are whole blocks (check_dtypes) and ne0 <= MAX_WIDTH, so the row size exists.
+            d.row_bytes(s.ne[0]).map_or(u64::MAX, |r| r as u64).saturating_mul(rows)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Checks that `needed` more bytes fit on the file system that `path` will be written to (its
+/// parent directory's), as far as the system says (`statvfs`: blocks available to unprivileged
+/// users). `Err((needed, available))` when they do not; `Ok` when they do or when the free space
+/// cannot be read (the write itself then reports a full disk).
+pub(crate) fn check_free_space(path: &Path, needed: u64) -> Result<(), (u64, u64)> {
+    match free_space(path) {
+        Some(available) if needed > available => Err((needed, available)),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(unix)]
+fn free_space(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `s` points to writable memory of the right type;
+    // statvfs fills it completely when it returns 0.
+    if unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so `s` is initialized.
+    let s = unsafe { s.assume_init() };
+    #[allow(clippy::useless_conversion)] // the field types differ between platforms
+    Some(u64::from(s.f_bavail).saturating_mul(u64::from(s.f_frsize)))
+}
+
+#[cfg(not(unix))]
+fn free_space(_: &Path) -> Option<u64> {
+    None
+}
+
 /// Writes a GGUF at `path`: `general.name`, the config's metadata ([`ModelConfig::to_metadata`])
 /// and every tensor of [`ModelConfig::tensor_specs`] with seeded weights (see the module doc).
 /// `progress` is called as tensor data is written.
+///
+/// Before anything is written the config is validated ([`ModelConfig::validate`]: every count
+/// within its limit), the total size computed ([`output_bytes`]) and compared with the free space
+/// of `path`'s file system: a model that cannot fit is [`SynthError::NoSpace`] at once, not a
+/// disk filled for minutes.
 pub fn synthesize(
     config: &ModelConfig,
     weight: DType,
@@ -235,21 +302,21 @@ pub fn synthesize(
     path: impl AsRef<Path>,
     mut progress: Option<&mut dyn FnMut(SynthProgress)>,
 ) -> Result<SynthReport, SynthError> {
-    config.validate()?;
+    let path = path.as_ref();
+    let total = output_bytes(config, weight)?;
+    check_free_space(path, total).map_err(|(needed, available)| SynthError::NoSpace {
+        path: path.to_path_buf(),
+        needed,
+        available,
+    })?;
     let specs = config.tensor_specs();
-    check_dtypes(&specs, weight)?;
     let mut w = GgufWriter::new();
     for (k, v) in config.to_metadata() {
         w.add_kv(k, v)?;
     }
     w.add_kv("general.name", format!("tessera synthetic {} (seed {seed}, {weight})", config.arch).as_str())?;
-    let mut total = 0u64;
     for s in &specs {
-        let d = storage_dtype(s, weight);
-        w.add_tensor_info(s.name.clone(), d, s.dims())?;
-        let rows: usize = s.ne[1..].iter().product();
-        // Cannot fail: add_tensor_info checked the size.
-        total += (d.row_bytes(s.ne[0]).expect("checked") * rows) as u64;
+        w.add_tensor_info(s.name.clone(), storage_dtype(s, weight), s.dims())?;
     }
     let mut done = 0u64;
     if let Some(p) = progress.as_mut() {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use tessera_graph::{Backend, BackendError, Graph, GraphError, Tensor, TensorMeta, TensorRef};
 
-use crate::config::{ConfigError, ModelConfig};
+use crate::config::{ConfigError, ModelConfig, TensorSpec, merged_gate_up};
 use crate::gguf::{GgufError, GgufFile};
 
 /// Why weights could not be loaded or used.
@@ -36,29 +36,73 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
-    /// Checks `file` against `config` ([`ModelConfig::validate_tensors`]: every tensor present
-    /// with its shape), then allocates and writes each tensor of the config on `backend`.
+    /// Checks `config` ([`ModelConfig::validate`]) and `file` against it
+    /// ([`ModelConfig::validate_tensors`]: every tensor present with its shape, no block count
+    /// beyond the file's, no unexpected tensor), then allocates and writes each tensor of the config
+    /// on `backend`. Nothing is allocated before both checks pass, and every buffer is sized from a
+    /// tensor the file holds.
+    ///
+    /// A merged `blk.N.ffn_gate_up_exps.weight` (which `validate_tensors` accepts in place of the
+    /// gate/up pair) is split here: per expert its first `n_ff_exp` rows are the gate, the next
+    /// `n_ff_exp` the up projection (llama.cpp's `ggml_swiglu` on the merged product takes the
+    /// first half as the gate).
     pub fn load(file: &GgufFile, config: &ModelConfig, backend: &mut dyn Backend) -> Result<Self, WeightsError> {
+        config.validate()?;
         config.validate_tensors(file)?;
         let mut w = ModelWeights::default();
         for spec in config.tensor_specs() {
-            let info = file.tensor(&spec.name).ok_or_else(|| WeightsError::Missing { name: spec.name.clone() })?;
-            let meta = TensorMeta::contiguous("weight", info.dtype, info.ne)
-                .map_err(|e| WeightsError::Bad { name: spec.name.clone(), why: e.to_string() })?;
-            let data = file.tensor_data(&spec.name)?;
-            if data.len() != meta.nbytes_contiguous() {
-                let why = format!("{} bytes of data for a {}-byte tensor", data.len(), meta.nbytes_contiguous());
-                return Err(WeightsError::Bad { name: spec.name.clone(), why });
-            }
-            let buffer = backend.alloc(data.len())?;
-            if let Err(e) = backend.write(buffer, 0, data) {
-                backend.free(buffer);
+            if let Err(e) = w.load_one(file, &spec, backend) {
                 w.free(backend);
-                return Err(e.into());
+                return Err(e);
             }
-            w.tensors.insert(spec.name, TensorRef { buffer, offset: 0, meta });
         }
         Ok(w)
+    }
+
+    /// Uploads the tensor of `spec`: the file's own, or its half of a merged gate/up tensor.
+    fn load_one(&mut self, file: &GgufFile, spec: &TensorSpec, backend: &mut dyn Backend) -> Result<(), WeightsError> {
+        let bad = |why: String| WeightsError::Bad { name: spec.name.clone(), why };
+        // (file tensor, the part of it this spec is: (rows per expert in the file, first row))
+        let (info, part) = match file.tensor(&spec.name) {
+            Some(info) => (info, None),
+            None => {
+                let merged = merged_gate_up(spec).ok_or_else(|| WeightsError::Missing { name: spec.name.clone() })?;
+                let info =
+                    file.tensor(&merged.name).ok_or_else(|| WeightsError::Missing { name: spec.name.clone() })?;
+                let first = if spec.name.ends_with("ffn_up_exps.weight") { spec.ne[1] } else { 0 };
+                (info, Some((info.ne[1], first)))
+            }
+        };
+        let meta = TensorMeta::contiguous("weight", info.dtype, spec.ne).map_err(|e| bad(e.to_string()))?;
+        let data = file.tensor_data(&info.name)?;
+        let nbytes = meta.nbytes_contiguous();
+        // Bytes of one row of ne[0] elements; the file validated that rows are whole blocks.
+        let row = info.dtype.row_bytes(info.ne[0]).ok_or_else(|| bad("row size overflows".into()))?;
+        let expected = match part {
+            None => nbytes,
+            Some((rows, _)) => row.checked_mul(rows).and_then(|b| b.checked_mul(spec.ne[2])).unwrap_or(usize::MAX),
+        };
+        if data.len() != expected {
+            return Err(bad(format!("{} bytes of data for a {expected}-byte tensor", data.len())));
+        }
+        let buffer = backend.alloc(nbytes)?;
+        let written = match part {
+            None => backend.write(buffer, 0, data),
+            Some((rows, first)) => {
+                // Per expert: rows [first, first + ne[1]) of its `rows`-row slab.
+                let take = row * spec.ne[1];
+                (0..spec.ne[2]).try_for_each(|ex| {
+                    let at = ex * rows * row + first * row;
+                    backend.write(buffer, ex * take, &data[at..at + take])
+                })
+            }
+        };
+        if let Err(e) = written {
+            backend.free(buffer);
+            return Err(e.into());
+        }
+        self.tensors.insert(spec.name.clone(), TensorRef { buffer, offset: 0, meta });
+        Ok(())
     }
 
     /// The placed tensor `name`.

@@ -318,8 +318,23 @@ impl GgufFile {
     }
 
     /// Tolerant: an array of any integer type whose elements are non-negative and fit `usize`
-    /// (e.g. per-layer head counts, rope sections).
+    /// (e.g. per-layer head counts, rope sections). The result has the array's length, which the
+    /// file's size bounds; use [`GgufFile::get_usize_array_max`] where the caller knows a bound.
     pub fn get_usize_array(&self, key: &str) -> Result<Vec<usize>> {
+        self.get_usize_array_max(key, usize::MAX)
+    }
+
+    /// [`GgufFile::get_usize_array`] for an array of at most `max_len` elements: a longer one is
+    /// [`GgufError::TooLarge`] before anything is converted or allocated.
+    pub fn get_usize_array_max(&self, key: &str, max_len: usize) -> Result<Vec<usize>> {
+        let arr = self.get_array(key)?;
+        if arr.len() > max_len {
+            return Err(GgufError::TooLarge {
+                what: format!("array `{key}`"),
+                value: arr.len() as u64,
+                max: max_len as u64,
+            });
+        }
         let ints = self.typed(key, "array of integers", |v| v.as_array().and_then(Array::to_ints))?;
         ints.into_iter().map(|i| usize::try_from(i).map_err(|_| out_of_range(key, i, "usize"))).collect()
     }
