@@ -57,15 +57,15 @@ pub fn run(choice: BackendChoice) -> Result<(), String> {
     let gguf = GgufFile::open(&path.0).map_err(|e| e.to_string())?;
     let opened = backend::open(choice)?;
     let on_cpu = opened.backend.name() == "cpu";
-    println!("backend: {}", opened.description);
-    println!("model: synthetic tiny-moe, f32 weights, seed 1, built in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
+    outln!("backend: {}", opened.description);
+    outln!("model: synthetic tiny-moe, f32 weights, seed 1, built in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
     let prompts: Vec<Vec<u32>> =
         PROMPT_LENS.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 1, config.n_vocab)).collect();
     let mut main = BatchedRun::new(&gguf, opened.backend, opened.kv_pad, true)?;
     main.run(&prompts, true)?;
     main.self_check_alone(&prompts)?;
     if on_cpu {
-        println!("oracle check: skipped (the demo ran on the CPU oracle itself)");
+        outln!("oracle check: skipped (the demo ran on the CPU oracle itself)");
         return Ok(());
     }
     let mut oracle = BatchedRun::new(&gguf, Box::new(CpuBackend::new()), 1, false)?;
@@ -92,7 +92,7 @@ pub fn run(choice: BackendChoice) -> Result<(), String> {
         }
         worst = logits.iter().zip(want_logits).map(|(a, b)| (a - b).abs()).fold(worst, f32::max);
     }
-    println!(
+    outln!(
         "oracle check: {} tokens identical to the cpu's; logits of every fed position within {worst:.2e} of the cpu's (bound {ORACLE_BOUND:.0e}): {}",
         main.backend,
         if worst <= ORACLE_BOUND { "ok" } else { "FAILED" }
@@ -117,7 +117,7 @@ impl BatchedRun {
         let opts = ModelOptions { kv_pad, ..ModelOptions::default() };
         let model = Model::load(gguf, backend.as_mut(), opts).map_err(|e| e.to_string())?;
         if verbose {
-            println!("model: {}", model.config);
+            outln!("model: {}", model.config);
         }
         let name = backend.name().to_string();
         let engine =
@@ -133,7 +133,7 @@ impl BatchedRun {
         let engine = &mut self.engine;
         engine.record_logits(true);
         if verbose {
-            println!(
+            outln!(
                 "batched run: {} sequences, prompts of {:?} tokens, {N_NEW} new tokens each (greedy), at most {BUDGET} tokens a step",
                 prompts.len(),
                 PROMPT_LENS
@@ -167,12 +167,12 @@ impl BatchedRun {
             return Ok(());
         }
         let stats = *engine.stats();
-        println!("steps: {steps} ({mixed_steps} fed prompt chunks beside decode tokens)");
+        outln!("steps: {steps} ({mixed_steps} fed prompt chunks beside decode tokens)");
         for (id, p) in self.ids.iter().zip(prompts) {
             let toks = self.tokens.get(id).map(Vec::as_slice).unwrap_or(&[]);
-            println!("seq {id}: prompt {} tokens -> {}", p.len(), join(toks));
+            outln!("seq {id}: prompt {} tokens -> {}", p.len(), join(toks));
         }
-        println!(
+        outln!(
             "tokens generated: {} in {:.2} ms ({:.1} tokens/s generated, {:.1} tokens/s fed)",
             stats.generated,
             wall * 1e3,
@@ -194,18 +194,18 @@ impl BatchedRun {
             let alone = out.remove(&solo).unwrap_or_default();
             if self.tokens.get(id) != Some(&alone) {
                 ok = false;
-                println!("self-check: seq {id} alone gave {} (batched {:?})", join(&alone), self.tokens.get(id));
+                outln!("self-check: seq {id} alone gave {} (batched {:?})", join(&alone), self.tokens.get(id));
             }
         }
         let kv_used = engine.model().kv.used_blocks();
         let slots_used = engine.model().recurrent.used_slots();
-        println!("caches after the run: {kv_used} kv blocks, {slots_used} recurrent slots in use");
+        outln!("caches after the run: {kv_used} kv blocks, {slots_used} recurrent slots in use");
         if !ok || kv_used != 0 || slots_used != 0 {
             return Err(
                 "self-check failed: batched tokens differ from each sequence run alone, or cache space leaked".into()
             );
         }
-        println!("self-check: batched tokens equal each sequence run alone: ok");
+        outln!("self-check: batched tokens equal each sequence run alone: ok");
         Ok(())
     }
 }

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use tessera_models::config::ModelConfig;
-use tessera_models::gguf::{Array, GgufFile, Value};
+use tessera_models::gguf::{Array, GgufError, GgufFile, Value};
 
 /// Array elements printed before the rest is summarised.
 const SHOWN: usize = 8;
@@ -12,19 +12,27 @@ const SHOWN: usize = 8;
 /// Prints the report; `Err` (with the message) when the file cannot be read, or when it is not a
 /// valid qwen35 / qwen35moe model (after printing everything that could be read).
 pub fn run(path: &Path) -> Result<(), String> {
-    let f = GgufFile::open(path).map_err(|e| e.to_string())?;
+    let f = open(path)?;
     let mut out = String::new();
     report(&f, path, &mut out);
-    print!("{out}");
-    let config = ModelConfig::from_gguf(&f).map_err(|e| format!("model config: {e}"))?;
-    println!("model config:\n{config}");
+    out!("{out}");
+    let config = ModelConfig::from_gguf(&f).map_err(|e| format!("{}: model config: {e}", path.display()))?;
+    outln!("model config:\n{config}");
     match config.validate_tensors(&f) {
         Ok(()) => {
-            println!("tensors: ok ({} expected, all present with the right shapes)", config.tensor_specs().len());
+            outln!("tensors: ok ({} expected, all present with the right shapes)", config.tensor_specs().len());
             Ok(())
         }
-        Err(e) => Err(format!("tensors: {e}")),
+        Err(e) => Err(format!("{}: tensors: {e}", path.display())),
     }
+}
+
+/// Opens a GGUF, with an error that names the file (I/O errors do already, parse errors do not).
+pub fn open(path: &Path) -> Result<GgufFile, String> {
+    GgufFile::open(path).map_err(|e| match e {
+        GgufError::File { .. } => e.to_string(),
+        e => format!("{}: {e}", path.display()),
+    })
 }
 
 fn report(f: &GgufFile, path: &Path, out: &mut String) {

@@ -23,17 +23,35 @@
 //!   checks the batched tokens against each sequence alone and, on a GPU, the tokens and logits
 //!   against the CPU oracle.
 //!
-//! Exit status: 0 on success; 1 when the file cannot be read or written, when the config is not a
-//! valid qwen35 / qwen35moe config, or when its tensors do not match; 1 when `run` fails or the
-//! `demo` self-check fails; 2 for usage errors (clap).
+//! Files: every output (`synth -o`, `convert --out`, `run --dump-logits`) is checked before any
+//! work (not an input file, not a directory, its directory exists and is writable) and written
+//! atomically: to a temporary file beside it, renamed over it only when complete and synced, so
+//! an error or an interrupt leaves an existing file as it was and no temporary behind (see
+//! `tessera_files` and docs/MODELS.md, "Files Tessera writes"). Inputs must be regular files: a
+//! directory, FIFO or device is an error that says so, never a hang. `run` refuses prompts plus
+//! `-n` beyond the model's context length before loading anything.
+//!
+//! Exit status:
+//!
+//! - 0 on success, and when stdout is closed early (`tessera inspect F | head -1`): the program
+//!   stops quietly;
+//! - 1 for every error, with one `error:` line on stderr naming the file and what was wrong: a
+//!   file that cannot be read or written, an output refused, an input that is not a regular file,
+//!   a config that is not a valid qwen35 / qwen35moe config, tensors that do not match, too many
+//!   tokens for the context, a failed `run`, a failed `demo` self-check;
+//! - 2 for usage errors (clap);
+//! - 130 on SIGINT and 143 on SIGTERM during `synth`, `convert` and `run`, after removing the
+//!   unfinished output.
 
+#[macro_use]
+mod output;
 mod backend;
 mod convert;
 mod demo;
 mod inspect;
 mod run;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -196,6 +214,13 @@ impl From<WeightDType> for DType {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The commands that write files remove their unfinished outputs on SIGINT / SIGTERM.
+    if matches!(cli.command, Command::Synth { .. } | Command::Convert { .. } | Command::Run { .. })
+        && let Err(e) = tessera_files::exit_on_signals()
+    {
+        errln!("error: installing the SIGINT / SIGTERM handler: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Synth { preset, dtype, seed, set, output, quiet } => {
             run_synth(&preset, dtype.into(), seed, &set, &output, quiet)
@@ -233,7 +258,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -244,9 +269,10 @@ fn run_synth(
     dtype: DType,
     seed: u64,
     overrides: &[String],
-    output: &PathBuf,
+    output: &Path,
     quiet: bool,
 ) -> Result<(), String> {
+    tessera_files::check_output(output, &[]).map_err(|e| format!("{}: {e}", output.display()))?;
     let mut config = ModelConfig::preset(preset).map_err(|e| e.to_string())?;
     for kv in overrides {
         let (k, v) = kv.split_once('=').ok_or_else(|| format!("--set `{kv}`: expected KEY=VALUE"))?;
@@ -265,7 +291,7 @@ fn run_synth(
     };
     let report = synthesize(&config, dtype, seed, output, Some(&mut on_progress)).map_err(|e| e.to_string())?;
     bar.finish_and_clear();
-    println!(
+    outln!(
         "wrote {}: {} tensors, {} bytes of tensor data ({} parameters, {dtype} weights, seed {seed})",
         output.display(),
         report.n_tensors,

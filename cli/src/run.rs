@@ -6,13 +6,14 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use safetensors::{Dtype, tensor::TensorView};
+use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig, MemoryReport};
-use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
 use tessera_ops::DType;
 
 use crate::backend::{self, BackendChoice};
+use crate::inspect;
 
 /// What `tessera run` was asked to do.
 #[derive(Debug, Clone)]
@@ -41,14 +42,25 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
         return Err("-n: at least one new token".into());
     }
     args.params.validate().map_err(|e| e.to_string())?;
+    // Before any work: the dump must not overwrite the model, and its directory must take it.
+    if let Some(dump) = &args.dump_logits {
+        tessera_files::check_output(dump, &[file]).map_err(|e| format!("{}: {e}", dump.display()))?;
+    }
     let t0 = Instant::now();
-    let gguf = GgufFile::open(file).map_err(|e| e.to_string())?;
-    // Caches sized for these requests: every sequence's lifetime at once.
-    let lens: Vec<usize> = args.prompts.iter().map(|p| p.len() + args.n_new).collect();
-    let max_context = lens.iter().copied().max().unwrap_or(1).next_multiple_of(BLOCK_SIZE);
+    let gguf = inspect::open(file)?;
+    let config = ModelConfig::from_gguf(&gguf).map_err(|e| format!("{}: model config: {e}", file.display()))?;
+    // Caches sized for these requests: every sequence's lifetime at once, within the context.
+    let lens = sequence_lengths(&args.prompts, args.n_new, config.n_ctx_train)
+        .map_err(|e| format!("{e} ({}: {}.context_length)", file.display(), config.arch))?;
+    let too_many =
+        || format!("{} sequences of up to {} tokens are too many to size caches for", lens.len(), config.n_ctx_train);
+    let max_context =
+        lens.iter().copied().max().unwrap_or(1).checked_next_multiple_of(BLOCK_SIZE).ok_or_else(too_many)?;
+    let kv_blocks =
+        lens.iter().try_fold(0usize, |sum, l| sum.checked_add(l.div_ceil(BLOCK_SIZE))).ok_or_else(too_many)?;
     let backend::Opened { mut backend, description: device, kv_pad } = backend::open(args.backend)?;
     let opts = ModelOptions {
-        kv_blocks: lens.iter().map(|l| l.div_ceil(BLOCK_SIZE)).sum(),
+        kv_blocks,
         block_size: BLOCK_SIZE,
         max_context,
         n_slots: args.prompts.len(),
@@ -57,13 +69,12 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
         ..ModelOptions::default()
     };
     let model = Model::load(&gguf, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", file.display()))?;
-    let config = model.config.clone();
     let mut engine = Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.max_tokens_per_step })
         .map_err(|e| e.to_string())?;
     engine.record_logits(args.dump_logits.is_some());
-    println!("backend: {device}");
-    println!("model: {config}");
-    println!("loaded {} in {:.1} ms", file.display(), t0.elapsed().as_secs_f64() * 1e3);
+    outln!("backend: {device}");
+    outln!("model: {config}");
+    outln!("loaded {} in {:.1} ms", file.display(), t0.elapsed().as_secs_f64() * 1e3);
     print_memory(&engine.memory());
     let mut ids = Vec::with_capacity(args.prompts.len());
     for p in &args.prompts {
@@ -74,8 +85,8 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     for (i, (prompt, id)) in args.prompts.iter().zip(&ids).enumerate() {
         let generated = out.remove(id).unwrap_or_default();
         let label = if args.prompts.len() == 1 { String::new() } else { format!("seq{i} ") };
-        println!("{label}prompt: {}", join(prompt));
-        println!("{label}generated: {}", join(&generated));
+        outln!("{label}prompt: {}", join(prompt));
+        outln!("{label}generated: {}", join(&generated));
         if args.dump_logits.is_some() {
             // Fed tokens: the prompt and every generated token but the last.
             let mut fed = prompt.clone();
@@ -96,7 +107,7 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     if let Some(path) = &args.dump_logits {
         write_logits(path, &dumped, config.n_vocab)?;
         let rows: Vec<String> = dumped.iter().map(|(t, _)| t.len().to_string()).collect();
-        println!(
+        outln!(
             "dumped logits of {} sequence(s) ([{}] x {} f32) to {}",
             dumped.len(),
             rows.join(", "),
@@ -131,7 +142,28 @@ fn write_logits(path: &Path, seqs: &[(Vec<u32>, Vec<f32>)], n_vocab: usize) -> R
         ("n_sequences".to_string(), seqs.len().to_string()),
     ]);
     let bytes = safetensors::tensor::serialize(views, Some(meta)).map_err(|e| e.to_string())?;
-    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+    tessera_files::write_atomic(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Each sequence's whole length (prompt + `n_new`), checked against the model's context length
+/// `n_ctx` with checked arithmetic: `-n 18446744073709551615` is too many tokens, not an overflow.
+pub fn sequence_lengths(prompts: &[Vec<u32>], n_new: usize, n_ctx: usize) -> Result<Vec<usize>, String> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let total = p.len().checked_add(n_new);
+            match total {
+                Some(t) if t <= n_ctx => Ok(t),
+                _ => Err(format!(
+                    "too many tokens: sequence {i}'s prompt of {} tokens plus -n {n_new} new tokens is {} tokens, \
+                     which exceeds the model's context length of {n_ctx} tokens",
+                    p.len(),
+                    total.map_or_else(|| "more than 2^64".to_string(), |t| t.to_string()),
+                )),
+            }
+        })
+        .collect()
 }
 
 fn join(t: &[u32]) -> String {
@@ -152,10 +184,10 @@ pub fn bytes(n: usize) -> String {
 
 /// The memory lines `run` and `demo` print.
 pub fn print_memory(m: &MemoryReport) {
-    println!("memory: weights {}", bytes(m.weight_bytes));
-    println!("memory: kv cache per token {}", bytes(m.kv_bytes_per_token));
-    println!("memory: recurrent state per sequence {}", bytes(m.recurrent_bytes_per_sequence));
-    println!(
+    outln!("memory: weights {}", bytes(m.weight_bytes));
+    outln!("memory: kv cache per token {}", bytes(m.kv_bytes_per_token));
+    outln!("memory: recurrent state per sequence {}", bytes(m.recurrent_bytes_per_sequence));
+    outln!(
         "memory: caches {} (kv {}, recurrent {})",
         bytes(m.total_cache_bytes),
         bytes(m.kv_cache_bytes),
@@ -165,13 +197,13 @@ pub fn print_memory(m: &MemoryReport) {
 
 /// Prefill and decode speed lines.
 pub fn print_speed(s: &tessera_models::engine::EngineStats) {
-    println!(
+    outln!(
         "prefill: {} tokens in {:.2} ms ({:.1} tokens/s)",
         s.prefill_tokens,
         s.prefill_secs * 1e3,
         s.prefill_tokens_per_sec()
     );
-    println!(
+    outln!(
         "decode: {} tokens in {:.2} ms ({:.1} tokens/s)",
         s.decode_only_tokens,
         s.decode_secs * 1e3,

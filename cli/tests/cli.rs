@@ -42,7 +42,7 @@ fn inspect_garbage_fails_with_a_message() {
     let out = tessera().arg("inspect").arg(&path).output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("error: not a GGUF file"), "{stderr}");
+    assert!(stderr.contains(&format!("error: {}: not a GGUF file", path.display())), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     std::fs::remove_file(path).unwrap();
 
