@@ -30,7 +30,7 @@ pub fn open(choice: BackendChoice) -> Result<Opened, String> {
         BackendChoice::Cpu => Ok(cpu()),
         BackendChoice::Cuda => cuda(),
         BackendChoice::Auto => cuda().or_else(|why| {
-            eprintln!("note: running on the CPU: {why}");
+            errln!("note: running on the CPU: {why}");
             Ok(cpu())
         }),
     }
