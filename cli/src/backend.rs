@@ -18,18 +18,25 @@ pub struct Opened {
     pub backend: Box<dyn Backend>,
     /// One line naming the device (`cuda on NVIDIA H200 (...)`, `cpu (16 threads)`).
     pub description: String,
-    /// The `ModelOptions::kv_pad` for this backend: 256 on a GPU, so decode steps keep one shape
-    /// for 256 tokens and their captured CUDA graph is replayed; exact (1) on the CPU, where the
-    /// masked padding would only cost time.
+    /// The `ModelOptions::kv_pad` for this backend: decode steps keep one shape for this many
+    /// tokens, so their planned step graph (and on a GPU the captured CUDA graph) is replayed
+    /// rather than built again: 256 on a GPU, 32 on the CPU (where masked cells cost more).
     pub kv_pad: usize,
+    /// Whether the backend captures steps into graphs that `open_with` can switch (CUDA).
+    pub has_graphs: bool,
 }
 
 /// Opens the chosen backend. `auto` says on stderr why it fell back to the CPU.
 pub fn open(choice: BackendChoice) -> Result<Opened, String> {
+    open_with(choice, true)
+}
+
+/// [`open`], with CUDA graph capture on or off (the CPU has none).
+pub fn open_with(choice: BackendChoice, graphs: bool) -> Result<Opened, String> {
     match choice {
         BackendChoice::Cpu => Ok(cpu()),
-        BackendChoice::Cuda => cuda(),
-        BackendChoice::Auto => cuda().or_else(|why| {
+        BackendChoice::Cuda => cuda(graphs),
+        BackendChoice::Auto => cuda(graphs).or_else(|why| {
             errln!("note: running on the CPU: {why}");
             Ok(cpu())
         }),
@@ -39,17 +46,20 @@ pub fn open(choice: BackendChoice) -> Result<Opened, String> {
 fn cpu() -> Opened {
     let b = CpuBackend::new();
     let description = format!("cpu ({} threads)", b.num_threads());
-    Opened { backend: Box::new(b), description, kv_pad: 1 }
+    Opened { backend: Box::new(b), description, kv_pad: 32, has_graphs: false }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda() -> Result<Opened, String> {
-    let b = tessera_cuda::CudaBackend::new().map_err(|e| e.to_string())?;
+fn cuda(graphs: bool) -> Result<Opened, String> {
+    let mut b = tessera_cuda::CudaBackend::new().map_err(|e| e.to_string())?;
+    if !graphs {
+        b.set_graphs(false);
+    }
     let description = format!("cuda on {}", b.info());
-    Ok(Opened { backend: Box::new(b), description, kv_pad: 256 })
+    Ok(Opened { backend: Box::new(b), description, kv_pad: 256, has_graphs: true })
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda() -> Result<Opened, String> {
+fn cuda(_graphs: bool) -> Result<Opened, String> {
     Err("this build has no CUDA backend (build tessera-cli with the `cuda` feature)".into())
 }

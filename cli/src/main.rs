@@ -45,7 +45,9 @@
 
 #[macro_use]
 mod output;
+
 mod backend;
+mod bench;
 mod convert;
 mod demo;
 mod inspect;
@@ -135,6 +137,43 @@ enum Command {
         #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
         backend: backend::BackendChoice,
     },
+    /// Measure prefill and batched decode throughput of a GGUF through the engine (llama-bench's
+    /// counterpart): warm-up excluded, mean ± sd over repetitions, each step's time split into
+    /// host preparation, launch and waiting for the device.
+    Bench {
+        /// The GGUF file.
+        file: PathBuf,
+        /// Prompt lengths of the prefill cases, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+        prefill: Vec<usize>,
+        /// Batch widths of the decode cases, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+        widths: Vec<usize>,
+        /// Tokens generated per sequence in a decode case.
+        #[arg(long = "n-gen", default_value_t = 128)]
+        n_gen: usize,
+        /// Prompt tokens of each sequence in a decode case.
+        #[arg(long, default_value_t = 16)]
+        prompt: usize,
+        /// Most tokens one step feeds (llama.cpp's n_ubatch).
+        #[arg(long, default_value_t = 512)]
+        ubatch: usize,
+        /// Measured repetitions of each case (after one warm-up).
+        #[arg(short = 'r', long, default_value_t = 3)]
+        reps: usize,
+        /// Element type of the KV cache.
+        #[arg(long = "kv-dtype", value_enum, default_value_t = KvDType::F16)]
+        kv_dtype: KvDType,
+        /// CUDA graphs: on, off, or both (every case twice).
+        #[arg(long, value_enum, default_value_t = GraphsChoice::On)]
+        graphs: GraphsChoice,
+        /// Print JSON instead of a markdown table.
+        #[arg(long)]
+        json: bool,
+        /// Where to run.
+        #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
+        backend: backend::BackendChoice,
+    },
     /// Build a tiny qwen35moe in memory, batch three prompts through prefill and decode, print
     /// what happened and self-check the batched tokens against each sequence run alone (and, on
     /// a GPU, against the CPU oracle).
@@ -172,6 +211,14 @@ fn parse_ids(s: &str) -> Result<Ids, String> {
 }
 
 /// The KV cache element types `run` accepts.
+/// `tessera bench --graphs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GraphsChoice {
+    On,
+    Off,
+    Both,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum KvDType {
     F16,
@@ -253,6 +300,27 @@ fn main() -> ExitCode {
             run::run(&file, &args)
         }
         Command::Demo { backend } => demo::run(backend),
+        Command::Bench { file, prefill, widths, n_gen, prompt, ubatch, reps, kv_dtype, graphs, json, backend } => {
+            let graphs = match graphs {
+                GraphsChoice::On => vec![true],
+                GraphsChoice::Off => vec![false],
+                GraphsChoice::Both => vec![true, false],
+            };
+            let args = bench::BenchArgs {
+                file,
+                backend,
+                prefill,
+                widths,
+                n_gen,
+                prompt,
+                ubatch,
+                reps,
+                kv_dtype: kv_dtype.into(),
+                graphs,
+                json,
+            };
+            bench::bench(&args)
+        }
         Command::Convert { from_hf, out, dtype, quiet } => convert::run(&from_hf, &out, dtype.into(), quiet),
     };
     match result {

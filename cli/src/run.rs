@@ -58,7 +58,7 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
         lens.iter().copied().max().unwrap_or(1).checked_next_multiple_of(BLOCK_SIZE).ok_or_else(too_many)?;
     let kv_blocks =
         lens.iter().try_fold(0usize, |sum, l| sum.checked_add(l.div_ceil(BLOCK_SIZE))).ok_or_else(too_many)?;
-    let backend::Opened { mut backend, description: device, kv_pad } = backend::open(args.backend)?;
+    let backend::Opened { mut backend, description: device, kv_pad, .. } = backend::open(args.backend)?;
     let opts = ModelOptions {
         kv_blocks,
         block_size: BLOCK_SIZE,

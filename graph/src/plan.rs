@@ -241,7 +241,9 @@ impl Plan {
 /// shares a step with. Returns the arena size.
 fn pack(intervals: &mut [Interval]) -> usize {
     let mut order: Vec<usize> = (0..intervals.len()).collect();
-    order.sort_by(|&a, &b| intervals[b].bytes.cmp(&intervals[a].bytes).then(intervals[a].first.cmp(&intervals[b].first)));
+    order.sort_by(|&a, &b| {
+        intervals[b].bytes.cmp(&intervals[a].bytes).then(intervals[a].first.cmp(&intervals[b].first))
+    });
     let mut placed: Vec<usize> = Vec::with_capacity(intervals.len());
     let mut top = 0;
     for &i in &order {
@@ -291,6 +293,101 @@ fn lower_bound(intervals: &[Interval], steps: usize) -> usize {
         best = best.max(cur);
     }
     best as usize
+}
+
+/// Checks a plan against its graph with code of its own (it shares nothing with the planner but
+/// the alignment): every live node has a slot; views and in-place results lie inside the bytes of
+/// what they alias; computed values that are alive at a common step never share a byte; outputs
+/// survive the run; and the arena is within `max_ratio` of the most bytes alive at one step.
+/// Returns what is wrong, for tests and tools.
+pub fn verify(graph: &Graph, plan: &Plan, max_ratio: f64) -> Result<(), String> {
+    let live = graph.live_nodes();
+    if live != plan.live {
+        return Err("the plan's live nodes are not the graph's".into());
+    }
+    let end = live.len();
+    let mut step = vec![usize::MAX; graph.len()];
+    for (i, id) in live.iter().enumerate() {
+        step[id.index()] = i;
+    }
+    // Storage groups: a computed value, the views of it and the in-place writes into it (and
+    // into those), found by walking inputs: group[v] = the first node of its chain.
+    let mut group: Vec<usize> = (0..graph.len()).collect();
+    for &id in &live {
+        let node = graph.node(id);
+        if let Some(op) = node.op() {
+            let alias = if op.is_view() { Some(0) } else { op.writes_input() };
+            if let Some(a) = alias {
+                group[id.index()] = group[node.inputs[a].index()];
+            }
+        }
+        if plan.slot(id).is_none() {
+            return Err(format!("live node {id:?} has no slot"));
+        }
+    }
+    let span = |id: NodeId| {
+        let s = plan.slot(id).expect("checked above");
+        (s.storage, s.offset, s.offset + s.meta.span_bytes())
+    };
+    // Aliases lie inside their group head's bytes.
+    for &id in &live {
+        let head = NodeId(group[id.index()] as u32);
+        let ((st, a, b), (hs, ha, hb)) = (span(id), span(head));
+        if st != hs || a < ha || b > hb {
+            return Err(format!("{id:?} is not inside the bytes of {head:?}, which it aliases"));
+        }
+    }
+    // Each computed group's lifetime: its head's step to the last read of any member (the end
+    // for outputs).
+    let mut last = vec![None::<usize>; graph.len()];
+    let mut touch = |g: usize, at: usize| {
+        let l = &mut last[g];
+        *l = Some(l.map_or(at, |v: usize| v.max(at)));
+    };
+    for &id in &live {
+        touch(group[id.index()], step[id.index()]);
+        for inp in &graph.node(id).inputs {
+            touch(group[inp.index()], step[id.index()]);
+        }
+    }
+    for out in graph.outputs() {
+        touch(group[out.index()], end);
+        if !plan.survives_run(*out) {
+            return Err(format!("output {out:?} does not survive the run"));
+        }
+    }
+    let heads: Vec<(usize, usize, usize, usize)> = live
+        .iter()
+        .filter(|id| group[id.index()] == id.index() && graph.node(**id).op().is_some())
+        .map(|&id| {
+            let (_, a, b) = span(id);
+            (step[id.index()], last[id.index()].unwrap_or(step[id.index()]), a, b)
+        })
+        .collect();
+    for (i, x) in heads.iter().enumerate() {
+        for y in &heads[i + 1..] {
+            let alive_together = x.0 <= y.1 && y.0 <= x.1;
+            let share_bytes = x.2 < y.3 && y.2 < x.3;
+            if alive_together && share_bytes {
+                return Err(format!("values alive at steps {}..={} and {}..={} share arena bytes", x.0, x.1, y.0, y.1));
+            }
+        }
+    }
+    let mut alive = vec![0usize; end + 2];
+    for &(first, last, a, b) in &heads {
+        let bytes = (b - a).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+        for v in &mut alive[first..=last] {
+            *v += bytes;
+        }
+    }
+    let bound = alive.iter().copied().max().unwrap_or(0);
+    if plan.stats.arena_bytes as f64 > max_ratio * bound as f64 {
+        return Err(format!(
+            "the arena is {} bytes, over {max_ratio} x the {bound} bytes alive at once",
+            plan.stats.arena_bytes
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -198,7 +198,11 @@ impl Placement {
             }
             let slot = self.plan.slot(id).expect("every live node has a slot");
             let place = match slot.storage {
-                Storage::Arena => TensorRef { buffer: arena.expect("arena slots exist only with an arena"), offset: slot.offset, meta: slot.meta },
+                Storage::Arena => TensorRef {
+                    buffer: arena.expect("arena slots exist only with an arena"),
+                    offset: slot.offset,
+                    meta: slot.meta,
+                },
                 Storage::Leaf(leaf) => match (bound[leaf.index()], leaf_buf[leaf.index()]) {
                     (Some(b), _) => TensorRef { buffer: b.buffer, offset: b.offset + slot.offset, meta: slot.meta },
                     (None, Some(buffer)) => TensorRef { buffer, offset: guard + slot.offset, meta: slot.meta },
@@ -255,7 +259,7 @@ impl Placement {
 /// The placement a session works on: its own (freed when the session is dropped) or an
 /// [`Executable`]'s (kept).
 enum Held<'g> {
-    Own(Placement),
+    Own(Box<Placement>),
     Lent(&'g mut Placement),
 }
 
@@ -292,7 +296,7 @@ impl<'g, 'b> Session<'g, 'b> {
         bindings: &[(Tensor, TensorRef)],
     ) -> Result<Self, ExecError> {
         let placement = Placement::new(graph, backend, opts, bindings)?;
-        Ok(Session { graph, backend, held: Held::Own(placement) })
+        Ok(Session { graph, backend, held: Held::Own(Box::new(placement)) })
     }
 
     fn p(&self) -> &Placement {
@@ -518,4 +522,3 @@ impl Executable {
 fn overlap(a: &TensorRef, b: &TensorRef) -> bool {
     a.buffer == b.buffer && a.offset < b.offset + b.meta.span_bytes() && b.offset < a.offset + a.meta.span_bytes()
 }
-

@@ -30,7 +30,7 @@ use std::time::Instant;
 use tessera_graph::Backend;
 
 use crate::cache::SeqId;
-use crate::qwen35::{Logits, Model, ModelError};
+use crate::qwen35::{Logits, Model, ModelError, StepTimes};
 use crate::sample::{SampleError, Sampler, SamplerParams};
 
 /// Why the engine refused a request or a step failed.
@@ -105,6 +105,14 @@ pub struct MemoryReport {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineStats {
     pub steps: usize,
+    /// Steps that fed prompt tokens.
+    pub prefill_steps: usize,
+    /// Steps that fed only decode tokens.
+    pub decode_steps: usize,
+    /// Where the prefill steps' time went (host preparation, launch, waiting for the device).
+    pub prefill_times: StepTimes,
+    /// Where the decode-only steps' time went.
+    pub decode_times: StepTimes,
     pub prefill_tokens: usize,
     pub prefill_secs: f64,
     /// Decode tokens fed in any step.
@@ -387,9 +395,13 @@ impl Engine {
         if n_prefill > 0 {
             self.stats.prefill_tokens += n_prefill;
             self.stats.prefill_secs += secs;
+            self.stats.prefill_times += self.model.last_step_times();
+            self.stats.prefill_steps += 1;
         } else {
             self.stats.decode_only_tokens += n_decode;
             self.stats.decode_secs += secs;
+            self.stats.decode_times += self.model.last_step_times();
+            self.stats.decode_steps += 1;
         }
         let n_vocab = self.model.config.n_vocab;
         let mut events = Vec::new();
@@ -439,6 +451,11 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// The backend's counters (see `Backend::counters`).
+    pub fn backend_counters(&self) -> Vec<(&'static str, u64)> {
+        self.backend.counters()
     }
 
     /// Bytes of weights and caches (see [`MemoryReport`]).

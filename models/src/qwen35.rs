@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use tessera_graph::{Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, Tensor, TensorRef};
+use tessera_graph::{
+    Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, Tensor, TensorRef,
+};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, RopePairing, RopeParams, TensorMeta};
 
 use crate::cache::{AllocPolicy, CacheError, KvCacheConfig, PagedKvCache, RecurrentCache, RecurrentConfig, SeqId};
@@ -107,6 +109,8 @@ pub struct Model {
     kv_pad: usize,
     /// Planned step graphs by shape, replayed when a step of the same shape comes again.
     steps: StepCache,
+    /// Where the last [`Model::step`]'s time went.
+    last_times: StepTimes,
 }
 
 /// What a step graph's shape depends on: tokens per sequence, sequences, the attention's KV
@@ -118,6 +122,33 @@ pub struct Bucket {
     pub n_seq: usize,
     pub n_kv: usize,
     pub all_logits: bool,
+}
+
+/// Where a step's time went, in seconds, summed over its graphs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// On the host before anything is queued: the step's inputs (positions, block table, mask),
+    /// finding the planned graph (or building and planning it) and writing the inputs.
+    pub prepare: f64,
+    /// Handing the planned tasks to the backend: launching (a replayed CUDA graph) or, on a
+    /// synchronous backend (the CPU), computing.
+    pub launch: f64,
+    /// Waiting for the backend to finish and reading the results back.
+    pub wait: f64,
+}
+
+impl StepTimes {
+    pub fn total(&self) -> f64 {
+        self.prepare + self.launch + self.wait
+    }
+}
+
+impl std::ops::AddAssign for StepTimes {
+    fn add_assign(&mut self, o: StepTimes) {
+        self.prepare += o.prepare;
+        self.launch += o.launch;
+        self.wait += o.wait;
+    }
 }
 
 /// A planned step graph with its per-step leaves.
@@ -243,8 +274,16 @@ impl Model {
         let recurrent = RecurrentCache::new(rec_cfg)?;
         let weights = ModelWeights::load(file, &config, backend)?;
         let steps = StepCache { capacity: opts.step_graphs.max(1), ..StepCache::default() };
-        let mut model =
-            Model { config, weights, kv, recurrent, layers: Vec::new(), kv_pad: opts.kv_pad.max(1), steps };
+        let mut model = Model {
+            config,
+            weights,
+            kv,
+            recurrent,
+            layers: Vec::new(),
+            kv_pad: opts.kv_pad.max(1),
+            steps,
+            last_times: StepTimes::default(),
+        };
         for il in 0..n_main {
             let lc = match model.config.layer_kind(il) {
                 LayerKind::FullAttention => LayerCache::Attn {
@@ -342,6 +381,7 @@ impl Model {
                 return Err(e.into());
             }
         };
+        self.last_times = StepTimes::default();
         self.clear_new_slots(backend)?;
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
         let mut counts: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
@@ -406,10 +446,10 @@ impl Model {
         group: &[(SeqId, &[u32], Range<usize>)],
         which: Logits,
     ) -> R<Vec<Vec<f32>>> {
+        let t0 = std::time::Instant::now();
         let inp = self.step_inputs(group)?;
         let n_seq = group.len();
-        let bucket =
-            Bucket { n_tokens: group[0].1.len(), n_seq, n_kv: inp.n_kv, all_logits: which == Logits::All };
+        let bucket = Bucket { n_tokens: group[0].1.len(), n_seq, n_kv: inp.n_kv, all_logits: which == Logits::All };
         let sg = self.planned_step(backend, bucket)?;
         let mut s = sg.exe.session(backend);
         s.set_i32(sg.tokens, &inp.tokens)?;
@@ -421,8 +461,17 @@ impl Model {
         if let Some(rows) = sg.last_rows {
             s.set_i32(rows, &inp.last_rows)?;
         }
+        let t1 = std::time::Instant::now();
         s.run()?;
+        let t2 = std::time::Instant::now();
         let all = s.get_f32(sg.logits)?;
+        let t3 = std::time::Instant::now();
+        drop(s);
+        self.last_times += StepTimes {
+            prepare: (t1 - t0).as_secs_f64(),
+            launch: (t2 - t1).as_secs_f64(),
+            wait: (t3 - t2).as_secs_f64(),
+        };
         let per_seq = all.len() / n_seq;
         Ok(all.chunks(per_seq).map(<[f32]>::to_vec).collect())
     }
@@ -451,6 +500,11 @@ impl Model {
         let sg = self.steps.graphs.get_mut(&bucket).expect("present or inserted above");
         sg.used = clock;
         Ok(sg)
+    }
+
+    /// Where the last [`Model::step`]'s time went.
+    pub fn last_step_times(&self) -> StepTimes {
+        self.last_times
     }
 
     /// What the step-graph cache has done.
@@ -487,8 +541,7 @@ impl Model {
             mask: b.g.input("kq_mask", DType::F32, [n_kv, n_t, 1, n_seq])?,
             slots: b.g.input("state_slots", DType::I32, [n_seq, 1, 1, 1])?,
         };
-        let last_rows =
-            if all_logits { None } else { Some(b.g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?) };
+        let last_rows = if all_logits { None } else { Some(b.g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?) };
 
         let embd = b.p("token_embd.weight")?;
         let mut x = b.g.get_rows(embd, tokens)?;

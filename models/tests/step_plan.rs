@@ -1,0 +1,114 @@
+//! Planned step graphs: the memory planner's verifier on the real `qwen35` / `qwen35moe` step
+//! graphs, and the model's cache of planned graphs (reused by shape, evicted beyond its
+//! capacity) giving the same logits as building every step afresh.
+
+use std::path::PathBuf;
+
+use tessera_cpu::CpuBackend;
+use tessera_graph::plan::{Plan, PlanOptions, verify};
+use tessera_models::config::ModelConfig;
+use tessera_models::gguf::GgufFile;
+use tessera_models::qwen35::{Bucket, Logits, Model, ModelOptions};
+use tessera_models::synth::synthesize;
+use tessera_ops::DType;
+
+fn file(preset: &str) -> GgufFile {
+    let c = ModelConfig::preset(preset).unwrap();
+    let path: PathBuf = std::env::temp_dir().join(format!("tessera_step_plan_{preset}_{}.gguf", std::process::id()));
+    synthesize(&c, DType::F32, 3, &path, None).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    f
+}
+
+fn opts(step_graphs: usize, kv_pad: usize) -> ModelOptions {
+    ModelOptions {
+        kv_blocks: 64,
+        block_size: 4,
+        max_context: 96,
+        n_slots: 4,
+        kv_pad,
+        step_graphs,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn model_step_graphs_pass_the_planner_verifier() {
+    for preset in ["tiny", "tiny-moe"] {
+        let f = file(preset);
+        let mut be = CpuBackend::new();
+        let mut m = Model::load(&f, &mut be, opts(8, 1)).unwrap();
+        for (n_tokens, n_seq, n_kv, all_logits) in
+            [(1, 1, 8, false), (1, 4, 32, false), (64, 1, 64, false), (7, 3, 16, true), (16, 2, 48, false)]
+        {
+            let bucket = Bucket { n_tokens, n_seq, n_kv, all_logits };
+            let (g, _) = m.step_graph(bucket).unwrap();
+            let plan = Plan::new(&g, PlanOptions::default());
+            verify(&g, &plan, 1.25).unwrap_or_else(|why| panic!("{preset} {bucket:?}: {why}"));
+            let s = plan.stats;
+            assert!(s.arena_bytes < s.unshared_bytes / 4, "{preset} {bucket:?}: {s:?}");
+        }
+        m.free(&mut be);
+    }
+}
+
+/// Greedy continuation of three sequences of different lengths, stepping them apart and
+/// together so shapes change from step to step.
+fn generate(m: &mut Model, be: &mut CpuBackend) -> Vec<Vec<f32>> {
+    let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[9, 8], &[7, 7, 7, 7, 7, 7, 7, 7, 7]];
+    let mut out = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        out.extend(m.step(be, &[(i as u32, p)], Logits::Last).unwrap());
+    }
+    let mut last: Vec<u32> = out.iter().map(|l| tessera_models::sample::argmax(l).unwrap()).collect();
+    for step in 0..12 {
+        // every third step the first sequence runs alone, else all three together
+        let ids: Vec<u32> = if step % 3 == 0 { vec![0] } else { vec![0, 1, 2] };
+        let toks: Vec<[u32; 1]> = ids.iter().map(|&i| [last[i as usize]]).collect();
+        let batch: Vec<(u32, &[u32])> = ids.iter().zip(&toks).map(|(&i, t)| (i, &t[..])).collect();
+        let logits = m.step(be, &batch, Logits::Last).unwrap();
+        for (&i, l) in ids.iter().zip(&logits) {
+            last[i as usize] = tessera_models::sample::argmax(l).unwrap();
+        }
+        out.extend(logits);
+    }
+    out
+}
+
+#[test]
+fn cached_step_graphs_give_the_logits_of_fresh_ones() {
+    let f = file("tiny-moe");
+    let mut be = CpuBackend::new();
+    // capacity 1: every change of shape evicts and rebuilds; kv_pad 8: decode shapes repeat
+    let mut fresh = Model::load(&f, &mut be, opts(1, 8)).unwrap();
+    let a = generate(&mut fresh, &mut be);
+    let fs = fresh.step_cache_stats();
+    fresh.free(&mut be);
+    let mut cached = Model::load(&f, &mut be, opts(8, 8)).unwrap();
+    let b = generate(&mut cached, &mut be);
+    let cs = cached.step_cache_stats();
+    cached.free(&mut be);
+    assert_eq!(a, b, "reusing planned step graphs changed the logits");
+    assert!(cs.reused > fs.reused && cs.built < fs.built, "fresh {fs:?}, cached {cs:?}");
+    assert!(fs.evicted > 0 && cs.evicted == 0, "fresh {fs:?}, cached {cs:?}");
+    assert_eq!(cs.built + cs.reused, fs.built + fs.reused);
+    // everything the model allocated, weights, caches and planned graphs, was freed
+    assert_eq!(be.allocated(), 0);
+}
+
+#[test]
+fn padding_the_kv_length_changes_no_logit() {
+    let f = file("tiny");
+    let mut be = CpuBackend::new();
+    let mut exact = Model::load(&f, &mut be, opts(8, 1)).unwrap();
+    let a = generate(&mut exact, &mut be);
+    exact.free(&mut be);
+    let mut padded = Model::load(&f, &mut be, opts(8, 32)).unwrap();
+    let b = generate(&mut padded, &mut be);
+    padded.free(&mut be);
+    for (x, y) in a.iter().zip(&b) {
+        let err = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+        assert!(err < 1e-5, "masked KV padding moved a logit by {err}");
+    }
+}
