@@ -1,7 +1,7 @@
 //! Printing without panics: `outln!` / `out!` for stdout, `errln!` for stderr.
 //!
 //! `println!` panics when stdout is a closed pipe (`tessera inspect F | head -1`: Rust ignores
-//! SIGPIPE, so the write fails with EPIPE). [`outln!`] instead ends the program quietly with
+//! SIGPIPE, so the write fails with EPIPE). `outln!` instead ends the program quietly with
 //! status 0, since the reader has all it wanted, after removing unfinished output files
 //! ([`tessera_files::exit_removing_temporaries`]). Restoring SIGPIPE's default action would end
 //! it quietly too, but killed by the signal: status 141, a failure under `set -o pipefail`, and
@@ -29,14 +29,14 @@ pub fn stderr(args: fmt::Arguments<'_>) {
     let _ = io::stderr().lock().write_fmt(args);
 }
 
-/// `print!` that never panics ([`stdout`]).
+/// `print!` that never panics (`output::stdout`).
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::output::stdout(format_args!($($arg)*))
     };
 }
 
-/// `println!` that never panics ([`stdout`]).
+/// `println!` that never panics (`output::stdout`).
 macro_rules! outln {
     () => {
         $crate::output::stdout(format_args!("\n"))
@@ -46,7 +46,7 @@ macro_rules! outln {
     };
 }
 
-/// `eprintln!` that never panics ([`stderr`]).
+/// `eprintln!` that never panics (`output::stderr`).
 macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::output::stderr(format_args!("{}\n", format_args!($($arg)*)))
