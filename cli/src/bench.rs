@@ -200,23 +200,25 @@ fn delta(a: &EngineStats, b: &EngineStats) -> EngineStats {
 }
 
 fn print_table(args: &BenchArgs, device: &str, peak: Option<u64>, rows: &[Row]) {
-    println!("model: {}", args.file.display());
-    println!("backend: {device}");
-    println!(
+    outln!("model: {}", args.file.display());
+    outln!("backend: {device}");
+    outln!(
         "micro-batch {} tokens, decode prompts {} tokens, {} repetitions after a warm-up",
-        args.ubatch, args.prompt, args.reps
+        args.ubatch,
+        args.prompt,
+        args.reps
     );
     if let Some(p) = peak {
-        println!("peak device memory (pool): {:.2} GiB", p as f64 / (1u64 << 30) as f64);
+        outln!("peak device memory (pool): {:.2} GiB", p as f64 / (1u64 << 30) as f64);
     }
-    println!();
-    println!("| case | graphs | tokens/s | ms/step | host prepare us | launch us | wait us | host share |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    outln!();
+    outln!("| case | graphs | tokens/s | ms/step | host prepare us | launch us | wait us | host share |");
+    outln!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in rows {
         let (mean, sd) = r.mean_sd();
         let st = r.step;
         let host = (st.prepare + st.launch) / st.total().max(1e-12);
-        println!(
+        outln!(
             "| {} | {} | {mean:.1} ± {sd:.1} | {:.3} | {:.0} | {:.0} | {:.0} | {:.1}% |",
             r.case,
             r.graphs.map_or("-", |g| if g { "on" } else { "off" }),
@@ -258,5 +260,5 @@ fn print_json(args: &BenchArgs, device: &str, peak: Option<u64>, rows: &[Row]) {
         "peak_device_bytes": peak,
         "rows": rows,
     });
-    println!("{doc:#}");
+    outln!("{doc:#}");
 }

@@ -34,7 +34,7 @@ pub fn run(dir: &Path, out: &Path, dtype: DType, quiet: bool) -> Result<(), Stri
     let report = result.map_err(|e| format!("convert {}: {e}", dir.display()))?;
     let f = GgufFile::open(out).map_err(|e| format!("re-reading {}: {e}", out.display()))?;
     report.config.validate_tensors(&f).map_err(|e| format!("{}: {e}", out.display()))?;
-    println!(
+    outln!(
         "wrote {}: {} tensors, {} bytes of tensor data ({dtype} matrices)\n{}",
         out.display(),
         report.n_tensors,
