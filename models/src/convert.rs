@@ -122,7 +122,7 @@ pub enum ConvertError {
     /// A tensor with values that are NaN, infinite or out of the storage dtype's range.
     #[error(
         "tensor `{gguf}` (from `{source_name}`): {count} value(s) are NaN, infinite or out of the {dtype} range; the \
-         first is {first} at row {row}, column {col}; pass --allow-nonfinite (ConvertOptions::allow_nonfinite) to \
+         first is {first:e} at row {row}, column {col}; pass --allow-nonfinite (ConvertOptions::allow_nonfinite) to \
          store them anyway"
     )]
     NonFinite { gguf: String, source_name: String, dtype: DType, count: u64, first: f32, row: usize, col: usize },
@@ -929,7 +929,7 @@ pub fn convert_with_options(
             }
             warnings.push(format!(
                 "tensor `{}` (from `{source_name}`): {} value(s) NaN, infinite or out of the {} range stored as the \
-                 codec stores them (first {first} at row {row}, column {col})",
+                 codec stores them (first {first:e} at row {row}, column {col})",
                 plan.spec.name, m.count, plan.dtype
             ));
         }
