@@ -202,3 +202,43 @@ fn bad_config_json_values_are_named() {
     let c = config_from_hf(&base).unwrap();
     assert_eq!((c.n_rot, c.rope_sections), (16, [3, 3, 2, 0]));
 }
+
+/// `inspect` accepts a merged `ffn_gate_up_exps` in place of the gate/up pair (as llama.cpp's
+/// loader does), so `run` must load it too, with the same logits.
+#[test]
+fn merged_gate_up_experts_run_like_the_pair() {
+    let f = GgufFile::from_bytes(preset_bytes("tiny-moe")).unwrap();
+    let mut w = tessera_models::gguf::GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add_kv(k.clone(), v.clone()).unwrap();
+    }
+    for t in f.tensors() {
+        let Some(prefix) = t.name.strip_suffix("ffn_gate_exps.weight") else {
+            if !t.name.ends_with("ffn_up_exps.weight") {
+                w.add_tensor(t.name.clone(), t.dtype, t.dims(), f.tensor_data(&t.name).unwrap()).unwrap();
+            }
+            continue;
+        };
+        // Per expert: the gate's rows, then the up projection's.
+        let gate = f.tensor_data(&t.name).unwrap();
+        let up = f.tensor_data(&format!("{prefix}ffn_up_exps.weight")).unwrap();
+        let slab = gate.len() / t.ne[2];
+        let mut merged = Vec::with_capacity(2 * gate.len());
+        for ex in 0..t.ne[2] {
+            merged.extend_from_slice(&gate[ex * slab..(ex + 1) * slab]);
+            merged.extend_from_slice(&up[ex * slab..(ex + 1) * slab]);
+        }
+        let dims = [t.ne[0], 2 * t.ne[1], t.ne[2]];
+        w.add_tensor(format!("{prefix}ffn_gate_up_exps.weight"), t.dtype, &dims, merged).unwrap();
+    }
+    let merged = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    inspect(&merged).unwrap();
+    let logits = |f: &GgufFile| {
+        let mut be = CpuBackend::new();
+        let mut m = Model::load(f, &mut be, opts()).unwrap();
+        let l = m.step(&mut be, &[(1, &[5, 6, 7])], Logits::All).unwrap();
+        m.free(&mut be);
+        l
+    };
+    assert_eq!(logits(&merged), logits(&f));
+}
