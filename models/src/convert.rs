@@ -57,9 +57,10 @@
 //! The checkpoint is memory-mapped and each GGUF tensor is produced in chunks of whole rows
 //! ([`CHUNK_ELEMS`] values or one row): decoded from the mapped bytes straight into its place (the
 //! head reorders and expert stacking are index maps, not copies), checked, encoded and written.
-//! Beyond the mapping, memory holds one chunk of f32 values and its encoded bytes. After each
-//! tensor its source pages are released from the process (`MADV_DONTNEED`; they stay in the page
-//! cache), so the resident set does not grow with the checkpoint either.
+//! Beyond the mapping, memory holds one chunk of f32 values and its encoded bytes. The source
+//! pages of each chunk are released from the process once it is written (`MADV_DONTNEED`; they
+//! stay in the page cache), those of head-reordered tensors (a few MB each) after the tensor, so
+//! the resident set does not grow with the checkpoint or its largest tensor either.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -516,20 +517,25 @@ impl Checkpoint {
         &self.maps[e.file].1[e.start..e.end]
     }
 
-    /// Releases the pages of `e` from this process (they stay in the page cache and are read
-    /// again if touched), so the resident set holds about one tensor of the checkpoint at a time.
-    fn release(&self, e: &Entry) {
+    /// Releases the pages of bytes `[from, to)` of `e` from this process (they stay in the page
+    /// cache and are read again if touched), so the resident set does not grow with the part of
+    /// the checkpoint already converted. The pages at either end may hold neighbouring bytes
+    /// too; those are read again if needed.
+    fn release(&self, e: &Entry, from: usize, to: usize) {
+        let (start, end) = ((e.start + from).min(e.end), (e.start + to).min(e.end));
+        if start >= end {
+            return;
+        }
         #[cfg(unix)]
         {
             // SAFETY: the map is a read-only shared mapping of a file: after MADV_DONTNEED a page
             // reads back the file's bytes, so no reference into the map sees different data. The
-            // range lies inside the map (`open`). Failure only means the pages stay resident.
+            // range lies inside the map (clamped to `e`'s, which `open` took from it). Failure only
+            // means the pages stay resident.
             let _ = unsafe {
-                self.maps[e.file].1.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.end - e.start)
+                self.maps[e.file].1.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
             };
         }
-        #[cfg(not(unix))]
-        let _ = e;
     }
 
     /// The tensor `name` for GGUF tensor `gguf`: present, of a dtype the converter reads, and with
@@ -623,20 +629,53 @@ impl TensorPlan<'_> {
 
     /// The checkpoint tensor output row `r` comes from.
     fn source_of(&self, r: usize) -> &Entry {
-        self.sources[(r / self.rows_each).min(self.sources.len() - 1)]
+        self.sources[self.source_row(r).0]
     }
 
-    /// Writes output row `r` into `out` (`ne[0]` values); `tmp` is scratch of the same length
-    /// when `cols` is set.
-    fn fill_row(&self, ck: &Checkpoint, r: usize, out: &mut [f32], tmp: &mut [f32]) -> std::io::Result<()> {
-        let n = out.len();
-        let src = self.source_of(r);
+    /// The index in `sources` and the row within that tensor of output row `r`.
+    fn source_row(&self, r: usize) -> (usize, usize) {
+        let si = (r / self.rows_each).min(self.sources.len() - 1);
         let local = r % self.rows_each;
         let sr = match self.rows {
             RowMap::Same => local,
             RowMap::VHeads(v) => v.source(local),
             RowMap::Half { ff, off } => (local / ff) * 2 * ff + off + local % ff,
         };
+        (si, sr)
+    }
+
+    /// Releases the source rows of output rows `[a, b)` (runs of consecutive source rows, one
+    /// call each); nothing for head-reordered rows, which are not read in order (their tensors
+    /// are released whole at the end).
+    fn release_rows(&self, ck: &Checkpoint, a: usize, b: usize) {
+        if matches!(self.rows, RowMap::VHeads(_)) {
+            return;
+        }
+        let row_bytes = |si: usize| self.spec.ne[0] * self.sources[si].elem_bytes();
+        let mut run: Option<(usize, usize, usize)> = None; // (source, first row, end row)
+        for r in a..b {
+            let (si, sr) = self.source_row(r);
+            match run {
+                Some((s, first, end)) if s == si && end == sr => run = Some((s, first, end + 1)),
+                _ => {
+                    if let Some((s, first, end)) = run {
+                        ck.release(self.sources[s], first * row_bytes(s), end * row_bytes(s));
+                    }
+                    run = Some((si, sr, sr + 1));
+                }
+            }
+        }
+        if let Some((s, first, end)) = run {
+            ck.release(self.sources[s], first * row_bytes(s), end * row_bytes(s));
+        }
+    }
+
+    /// Writes output row `r` into `out` (`ne[0]` values); `tmp` is scratch of the same length
+    /// when `cols` is set.
+    fn fill_row(&self, ck: &Checkpoint, r: usize, out: &mut [f32], tmp: &mut [f32]) -> std::io::Result<()> {
+        let n = out.len();
+        let (si, sr) = self.source_row(r);
+        let src = self.sources[si];
         let es = src.elem_bytes();
         let bytes = ck.bytes(src).get(sr * n * es..(sr + 1) * n * es).ok_or_else(|| {
             std::io::Error::other(format!("row {sr} of `{}` is outside the tensor (a converter bug)", src.name))
@@ -769,9 +808,10 @@ fn write_tensor(
             encode_rows(plan.dtype, v, n, &mut bytes)?;
             sink.write_all(&bytes)?;
         }
+        plan.release_rows(ck, a, b);
     }
     for s in &plan.sources {
-        ck.release(s);
+        ck.release(s, 0, s.end - s.start);
     }
     Ok(misfits)
 }
