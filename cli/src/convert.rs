@@ -1,17 +1,18 @@
-//! `tessera convert --from-hf DIR --out FILE [--dtype f32|f16|bf16|q8_0|nvfp4] [-q]`.
+//! `tessera convert --from-hf DIR --out FILE [--dtype f32|f16|bf16|q8_0|nvfp4] [--allow-nonfinite] [-q]`.
 
 use std::io::IsTerminal;
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tessera_models::convert::{ConvertProgress, convert_with_progress};
+use tessera_models::convert::{ConvertOptions, ConvertProgress, convert_with_options};
 use tessera_models::gguf::GgufFile;
 use tessera_ops::DType;
 
-/// Converts the HF Qwen3.5 checkpoint in `dir` to `out`, re-opens it and checks its tensors
-/// against the config, then prints a summary. A progress bar over the tensor bytes is drawn on
-/// stderr when it is a terminal and `quiet` is off.
-pub fn run(dir: &Path, out: &Path, dtype: DType, quiet: bool) -> Result<(), String> {
+/// Converts the HF Qwen3.5 checkpoint in `dir` to `out` as `opts` says, re-opens it and checks its
+/// tensors against the config, then prints the warnings (stderr) and a summary. A progress bar
+/// over the tensor bytes is drawn on stderr when it is a terminal and `quiet` is off.
+pub fn run(dir: &Path, out: &Path, opts: &ConvertOptions, quiet: bool) -> Result<(), String> {
+    let dtype: DType = opts.dtype;
     // Hidden until the first report, when the total is known (so it never flashes full or empty).
     let draw = !quiet && std::io::stderr().is_terminal();
     let bar = ProgressBar::hidden();
@@ -29,9 +30,12 @@ pub fn run(dir: &Path, out: &Path, dtype: DType, quiet: bool) -> Result<(), Stri
             bar.set_draw_target(ProgressDrawTarget::stderr());
         }
     };
-    let result = convert_with_progress(dir, out, dtype, Some(&mut on_progress));
+    let result = convert_with_options(dir, out, opts, Some(&mut on_progress));
     bar.finish_and_clear();
     let report = result.map_err(|e| format!("convert {}: {e}", dir.display()))?;
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
     let f = GgufFile::open(out).map_err(|e| format!("re-reading {}: {e}", out.display()))?;
     report.config.validate_tensors(&f).map_err(|e| format!("{}: {e}", out.display()))?;
     outln!(

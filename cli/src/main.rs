@@ -15,9 +15,10 @@
 //!   accounting, the token ids and prefill / decode tokens/s. `--dump-logits` writes the f32
 //!   logits of every processed position (`seqK.logits` `[n_tokens, n_vocab]`, `seqK.ids` i32: the
 //!   prompt and every generated token but the last) to a safetensors file.
-//! - `tessera convert --from-hf DIR --out FILE [--dtype f32] [-q]` converts a Hugging Face
-//!   Qwen3.5 checkpoint (`config.json` + `*.safetensors`, dense or MoE) to a GGUF
-//!   (`tessera_models::convert`), with a progress bar on a terminal.
+//! - `tessera convert --from-hf DIR --out FILE [--dtype f32] [--allow-nonfinite] [-q]` converts a
+//!   Hugging Face Qwen3.5 checkpoint (`config.json` + `*.safetensors`, dense or MoE) to a GGUF
+//!   (`tessera_models::convert`), with a progress bar on a terminal. NaN, infinite or out-of-range
+//!   weights are an error naming the tensor unless `--allow-nonfinite`; warnings go to stderr.
 //! - `tessera demo [--backend auto|cpu|cuda]` synthesizes a tiny `qwen35moe`, batches three prompts
 //!   through chunked prefill and decode on the best backend present, prints what it did, and
 //!   checks the batched tokens against each sequence alone and, on a GPU, the tokens and logits
@@ -193,6 +194,10 @@ enum Command {
         /// Dtype of the weight matrices (norms, small vectors, conv and router stay f32).
         #[arg(long, value_enum, default_value_t = WeightDType::F16)]
         dtype: WeightDType,
+        /// Store NaN, infinite and out-of-range weights (for the chosen dtype) instead of failing;
+        /// each affected tensor is reported as a warning.
+        #[arg(long = "allow-nonfinite")]
+        allow_nonfinite: bool,
         /// No progress bar (it is only drawn when stderr is a terminal anyway).
         #[arg(long, short = 'q')]
         quiet: bool,
@@ -321,7 +326,10 @@ fn main() -> ExitCode {
             };
             bench::bench(&args)
         }
-        Command::Convert { from_hf, out, dtype, quiet } => convert::run(&from_hf, &out, dtype.into(), quiet),
+        Command::Convert { from_hf, out, dtype, allow_nonfinite, quiet } => {
+            let opts = tessera_models::convert::ConvertOptions { dtype: dtype.into(), allow_nonfinite };
+            convert::run(&from_hf, &out, &opts, quiet)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
