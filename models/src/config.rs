@@ -63,7 +63,7 @@
 //! | limit | value | applies to | largest real value |
 //! | --- | --- | --- | --- |
 //! | [`MAX_LAYERS`] | 4096 | `block_count`, `full_attention_interval` | 126 layers (Llama 3.1 405B) |
-//! | [`MAX_EXPERTS`] | 65536 | `expert_count` | 512 experts (Qwen3-Next) |
+//! | [`MAX_EXPERTS`] | 65536 | `expert_count`, `expert_used_count` | 512 experts (Qwen3-Next) |
 //! | [`MAX_HEADS`] | 4096 | `head_count`, `head_count_kv`, `ssm.group_count`, `ssm.time_step_rank` | 128 heads |
 //! | [`MAX_VOCAB`] | 2^24 | `vocab_size` | 262144 tokens (Gemma 3) |
 //! | [`MAX_WIDTH`] | 2^20 | `embedding_length`, the FFN widths, `key_length`, `ssm.state_size`, `ssm.inner_size` | 53248 (an FFN width of Llama 3.1 405B) |
@@ -116,7 +116,7 @@ use crate::gguf::{Array, GgufError, GgufFile, GgufWriter, Value};
 
 /// Most blocks (`block_count`) a config may have; also the largest `full_attention_interval`.
 pub const MAX_LAYERS: usize = 4096;
-/// Most routed experts (`expert_count`).
+/// Most routed experts (`expert_count`, and so `expert_used_count`).
 pub const MAX_EXPERTS: usize = 65_536;
 /// Most heads of any kind (attention q and kv heads, gated DeltaNet key and value heads).
 pub const MAX_HEADS: usize = 4096;
