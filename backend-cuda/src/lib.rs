@@ -26,6 +26,7 @@ mod graphs;
 mod launch;
 mod ops;
 mod pool;
+mod profile;
 mod staging;
 
 use cudarc::driver::{result, sys};
@@ -61,6 +62,9 @@ pub struct CudaOptions {
     /// `wgmma` in `mmq`); off, every kernel takes its portable path, the one other GPUs run
     /// (default on; `TESSERA_CUDA_ARCH_SPECIFIC=0` turns it off, to test that path on Hopper).
     pub arch_specific: bool,
+    /// Time every op with CUDA events and print the totals per op and shapes to stderr when the
+    /// backend is dropped; steps then run eagerly (default off; `TESSERA_CUDA_PROFILE=1`).
+    pub profile: bool,
 }
 
 impl Default for CudaOptions {
@@ -71,6 +75,7 @@ impl Default for CudaOptions {
             graphs: on("TESSERA_CUDA_GRAPHS"),
             graph_capacity: 64,
             arch_specific: on("TESSERA_CUDA_ARCH_SPECIFIC"),
+            profile: std::env::var("TESSERA_CUDA_PROFILE").is_ok_and(|v| v != "0"),
         }
     }
 }
@@ -107,6 +112,8 @@ pub struct CudaBackend {
     graphs: Graphs,
     use_graphs: bool,
     staging: Option<Staging>,
+    /// Per-op device times, when profiling ([`CudaOptions::profile`]).
+    profile: Option<profile::Profile>,
 }
 
 /// A pool block of `bytes` zeroed bytes that lives as long as the backend.
@@ -141,8 +148,9 @@ impl CudaBackend {
             errors,
             counters,
             graphs: Graphs::new(opts.graph_capacity),
-            use_graphs: opts.graphs,
+            use_graphs: opts.graphs && !opts.profile,
             staging: None,
+            profile: opts.profile.then(profile::Profile::default),
         })
     }
 
@@ -161,6 +169,7 @@ impl CudaBackend {
 
     /// Turns CUDA graph capture on or off (off: every step runs eagerly).
     pub fn set_graphs(&mut self, on: bool) {
+        let on = on && self.profile.is_none();
         self.use_graphs = on;
     }
 
@@ -229,6 +238,9 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.report());
+        }
         let _ = self.dev.ctx.bind_to_thread();
         // SAFETY: our stream; waits for queued work before memory goes away.
         let _ = unsafe { result::stream::synchronize(self.dev.stream.cu_stream()) };
@@ -388,7 +400,7 @@ impl Backend for CudaBackend {
         }
         let scratch = self.ensure_scratch(scratch)?;
         let stream = self.stream();
-        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, counters, .. } = self;
+        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, counters, profile, .. } = self;
         let mut alloc_workspace = || -> Result<u64, CudaError> { pool.alloc(launch::BLAS_WORKSPACE).map(|(p, _)| p) };
         let mut record = || -> Result<Vec<&'static str>, BackendError> {
             let mut trace = Vec::new();
@@ -403,8 +415,18 @@ impl Backend for CudaBackend {
                 alloc_workspace: &mut alloc_workspace,
                 trace: &mut trace,
             };
+            let mut marks = Vec::new();
             for r in &resolved {
+                if let Some(p) = profile.as_ref() {
+                    marks.push(p.begin(r.task, stream)?);
+                }
                 ops::run(&mut cx, r.task, &r.inputs, r.output)?;
+                if let (Some(p), Some(m)) = (profile.as_ref(), marks.last()) {
+                    p.end(m, stream)?;
+                }
+            }
+            if let Some(p) = profile.as_mut() {
+                p.finish(marks)?;
             }
             Ok(trace)
         };
