@@ -104,7 +104,8 @@ fn run_with(
     guard: usize,
 ) -> (Vec<f64>, Vec<f64>) {
     let (g, leaves, out) = graph(d, p);
-    let mut s = Session::with_options(&g, backend, SessionOptions { guard_bytes: guard, ..Default::default() }).unwrap();
+    let mut s =
+        Session::with_options(&g, backend, SessionOptions { guard_bytes: guard, ..Default::default() }).unwrap();
     for (t, vals) in leaves.iter().zip(&x.0) {
         s.set_f64(*t, vals).unwrap();
     }

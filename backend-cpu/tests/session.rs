@@ -421,7 +421,9 @@ fn views_share_their_source_buffer_at_the_right_offset() {
     assert_eq!((at(t).buffer, at(t).offset), (py.buffer, py.offset));
     assert_eq!((at(r).buffer, at(r).offset), (py.buffer, py.offset));
     let (pc, bytes_y) = (at(c), py.meta.span_bytes());
-    assert!(pc.buffer != py.buffer || pc.offset >= py.offset + bytes_y || pc.offset + pc.meta.span_bytes() <= py.offset);
+    assert!(
+        pc.buffer != py.buffer || pc.offset >= py.offset + bytes_y || pc.offset + pc.meta.span_bytes() <= py.offset
+    );
     for t in [v, vv, p, t, r, c] {
         assert_eq!(at(t).meta, *t.meta());
     }

@@ -65,6 +65,10 @@ impl StepKey {
 }
 
 struct Entry {
+    /// Unique among the entries this cache ever held.
+    id: u64,
+    /// Bumped whenever `key` changes (an update applied another step's kernels).
+    epoch: u64,
     key: StepKey,
     /// The kernels the step launched (see `Cx::trace`).
     trace: Vec<&'static str>,
@@ -81,8 +85,15 @@ impl Entry {
 }
 
 /// Executable graphs by step structure, least recently captured evicted first.
+/// Which executable graph a step ran as, and in which state: a prepared task list that ran as
+/// `(id, epoch)` can be launched again directly while that entry still has that epoch.
+pub(crate) type Ran = Option<(u64, u64)>;
+
 pub(crate) struct Graphs {
     entries: HashMap<u64, Vec<Entry>>,
+    /// Entry id -> its structure hash.
+    by_id: HashMap<u64, u64>,
+    next_id: u64,
     order: VecDeque<u64>,
     capacity: usize,
     pub stats: GraphStats,
@@ -100,27 +111,42 @@ impl Graphs {
     pub fn new(capacity: usize) -> Graphs {
         Graphs {
             entries: HashMap::new(),
+            by_id: HashMap::new(),
+            next_id: 0,
             order: VecDeque::new(),
             capacity: capacity.max(1),
             stats: GraphStats::default(),
         }
     }
 
+    /// Launches entry `id` again if it still holds the step it ran as `(id, epoch)`; `None` when
+    /// it was evicted or updated to another step since.
+    pub fn relaunch(&mut self, (id, epoch): (u64, u64), stream: sys::CUstream) -> Option<Result<(), BackendError>> {
+        let hash = self.by_id.get(&id)?;
+        let e = self.entries.get(hash)?.iter().find(|e| e.id == id && e.epoch == epoch)?;
+        self.stats.replays += 1;
+        // SAFETY: a live executable graph and our stream.
+        Some(driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(e.exec, stream) }))
+    }
+
     /// Runs a step: replays its graph when the key matches one, else captures `record` (which
     /// enqueues the step's work on `stream`) and launches the result. `record` may be called
-    /// twice: once under capture and, if the driver refuses the capture, once eagerly.
+    /// twice: once under capture and, if the driver refuses the capture, once eagerly. Returns
+    /// which executable graph it ran as (`None`: eagerly).
     pub fn run(
         &mut self,
         stream: sys::CUstream,
         key: StepKey,
         mut record: impl FnMut() -> Result<Vec<&'static str>, BackendError>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<Ran, BackendError> {
         let hash = key.structure_hash();
         let bucket = self.entries.entry(hash).or_default();
         if let Some(i) = bucket.iter().position(|e| e.key.same(&key)) {
             self.stats.replays += 1;
+            let e = &bucket[i];
             // SAFETY: a live executable graph and our stream.
-            return driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(bucket[i].exec, stream) });
+            driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(e.exec, stream) })?;
+            return Ok(Some((e.id, e.epoch)));
         }
 
         // SAFETY: our stream, not capturing. Relaxed mode: a kernel module loaded for the first
@@ -145,7 +171,7 @@ impl Graphs {
         if ended != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
             self.stats.capture_failures += 1;
             self.stats.eager += 1;
-            return record().map(|_| ());
+            return record().map(|_| None);
         }
         struct Owned(sys::CUgraph);
         impl Drop for Owned {
@@ -170,22 +196,28 @@ impl Graphs {
                 self.stats.updates += 1;
                 let mut e = bucket.remove(i);
                 e.key = key;
+                e.epoch += 1;
+                let ran = (e.id, e.epoch);
                 let exec = e.exec;
                 bucket.push(e);
                 // SAFETY: as above.
-                return driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) });
+                driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) })?;
+                return Ok(Some(ran));
             }
         }
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: a valid captured graph.
         driver("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) })?;
         self.stats.captures += 1;
-        bucket.push(Entry { key, trace, exec });
+        let id = self.next_id;
+        self.next_id += 1;
+        bucket.push(Entry { id, epoch: 0, key, trace, exec });
+        self.by_id.insert(id, hash);
         self.order.push_back(hash);
         // SAFETY: just instantiated.
         let launched = driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) });
         self.evict();
-        launched
+        launched.map(|()| Some((id, 0)))
     }
 
     fn evict(&mut self) {
@@ -195,6 +227,7 @@ impl Graphs {
                 && !bucket.is_empty()
             {
                 let e = bucket.remove(0);
+                self.by_id.remove(&e.id);
                 // SAFETY: an executable graph we own; launches already queued keep running.
                 unsafe { sys::cuGraphExecDestroy(e.exec) };
             }
@@ -211,6 +244,7 @@ impl Graphs {
             }
         }
         self.order.clear();
+        self.by_id.clear();
     }
 }
 

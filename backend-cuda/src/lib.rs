@@ -31,7 +31,7 @@ mod staging;
 
 use cudarc::driver::{result, sys};
 use smallvec::SmallVec;
-use tessera_graph::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
+use tessera_graph::{Backend, BackendError, BufferId, PreparedId, Task, TensorRef, check_range};
 use tessera_ops::{Op, TensorMeta};
 
 pub use ceilings::Ceilings;
@@ -114,6 +114,8 @@ pub struct CudaBackend {
     staging: Option<Staging>,
     /// Per-op device times, when profiling ([`CudaOptions::profile`]).
     profile: Option<profile::Profile>,
+    /// Task lists kept by `prepare`, by [`PreparedId`].
+    kept: Vec<Option<KeptStep>>,
 }
 
 /// A pool block of `bytes` zeroed bytes that lives as long as the backend.
@@ -151,6 +153,7 @@ impl CudaBackend {
             use_graphs: opts.graphs && !opts.profile,
             staging: None,
             profile: opts.profile.then(profile::Profile::default),
+            kept: Vec::new(),
         })
     }
 
@@ -377,6 +380,89 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
+        let (resolved, scratch) = self.resolve(tasks)?;
+        self.execute(&resolved, scratch).map(|_| ())
+    }
+
+    /// Checks the tasks once and keeps them with their resolved arguments; running them again
+    /// ([`Backend::compute_prepared`]) relaunches the step's executable graph directly while it
+    /// still holds this step, with no per-task work on the host.
+    fn prepare(&mut self, tasks: &[Task<'_>]) -> Result<Option<PreparedId>, BackendError> {
+        if tasks.is_empty() || self.profile.is_some() {
+            return Ok(None);
+        }
+        let (resolved, scratch) = self.resolve(tasks)?;
+        let kept = KeptStep {
+            tasks: resolved
+                .iter()
+                .map(|r| KeptTask {
+                    node: r.task.node,
+                    op: r.task.op.clone(),
+                    inputs: r.task.inputs.clone(),
+                    output: r.task.output,
+                    args: r.inputs.clone(),
+                    out_arg: r.output,
+                })
+                .collect(),
+            scratch,
+            ran: None,
+        };
+        let id = match self.kept.iter().position(Option::is_none) {
+            Some(i) => {
+                self.kept[i] = Some(kept);
+                i
+            }
+            None => {
+                self.kept.push(Some(kept));
+                self.kept.len() - 1
+            }
+        };
+        Ok(Some(PreparedId(id as u32)))
+    }
+
+    fn compute_prepared(&mut self, id: PreparedId) -> Result<(), BackendError> {
+        let i = id.0 as usize;
+        let Some(mut kept) = self.kept.get_mut(i).and_then(Option::take) else {
+            return Err(BackendError::Unsupported {
+                backend: NAME.into(),
+                op: "prepared task list",
+                why: format!("{id:?} is not a task list this backend kept"),
+            });
+        };
+        let result = self.run_kept(&mut kept);
+        self.kept[i] = Some(kept);
+        result
+    }
+
+    fn release_prepared(&mut self, id: PreparedId) {
+        if let Some(slot) = self.kept.get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+}
+
+/// A task with owned copies of what running it again needs.
+struct KeptTask {
+    node: tessera_graph::NodeId,
+    op: Op,
+    inputs: SmallVec<[TensorRef; 4]>,
+    output: TensorRef,
+    args: SmallVec<[TensorArg; 4]>,
+    out_arg: TensorArg,
+}
+
+/// A task list kept by `prepare`: its tasks, the scratch bytes they need, and the executable
+/// graph it last ran as (with the scratch address baked into it).
+struct KeptStep {
+    tasks: Vec<KeptTask>,
+    scratch: usize,
+    ran: Option<((u64, u64), u64)>,
+}
+
+impl CudaBackend {
+    /// Checks every task on the host (shape rules, buffer bounds, kernel support) and resolves
+    /// its arguments to device addresses; returns them with the scratch bytes the step needs.
+    fn resolve<'t, 'g>(&self, tasks: &'t [Task<'g>]) -> Result<(Vec<Resolved<'t, 'g>>, usize), BackendError> {
         let mut resolved = Vec::with_capacity(tasks.len());
         let mut scratch = 0usize;
         for task in tasks {
@@ -398,6 +484,41 @@ impl Backend for CudaBackend {
             scratch = scratch.max(ops::scratch_bytes(task));
             resolved.push(Resolved { task, inputs, output });
         }
+        Ok((resolved, scratch))
+    }
+
+    /// A kept step: relaunched when its executable graph still holds it and the scratch did not
+    /// move, else enqueued (and captured) again from its kept tasks.
+    fn run_kept(&mut self, kept: &mut KeptStep) -> Result<(), BackendError> {
+        self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
+        let scratch = self.ensure_scratch(kept.scratch)?;
+        if self.use_graphs
+            && let Some((ran, at)) = kept.ran
+            && at == scratch
+        {
+            let stream = self.stream();
+            if let Some(done) = self.graphs.relaunch(ran, stream) {
+                return done;
+            }
+        }
+        let tasks: Vec<Task<'_>> = kept
+            .tasks
+            .iter()
+            .map(|t| Task { node: t.node, op: &t.op, inputs: t.inputs.clone(), output: t.output })
+            .collect();
+        let resolved: Vec<Resolved<'_, '_>> = tasks
+            .iter()
+            .zip(&kept.tasks)
+            .map(|(task, t)| Resolved { task, inputs: t.args.clone(), output: t.out_arg })
+            .collect();
+        let ran = self.execute(&resolved, kept.scratch)?;
+        kept.ran = ran.map(|r| (r, scratch));
+        Ok(())
+    }
+
+    /// Enqueues resolved tasks: replayed or captured as a CUDA graph when graphs are on, else
+    /// eagerly. Returns the executable graph the step ran as.
+    fn execute(&mut self, resolved: &[Resolved<'_, '_>], scratch: usize) -> Result<graphs::Ran, BackendError> {
         let scratch = self.ensure_scratch(scratch)?;
         let stream = self.stream();
         let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, counters, profile, .. } = self;
@@ -416,7 +537,7 @@ impl Backend for CudaBackend {
                 trace: &mut trace,
             };
             let mut marks = Vec::new();
-            for r in &resolved {
+            for r in resolved {
                 if let Some(p) = profile.as_ref() {
                     marks.push(p.begin(r.task, stream)?);
                 }
@@ -432,10 +553,10 @@ impl Backend for CudaBackend {
         };
         if !*use_graphs {
             graphs.stats.eager += 1;
-            return record().map(|_| ());
+            return record().map(|_| None);
         }
-        let mut key = StepKey { ops: Vec::with_capacity(tasks.len()), metas: Vec::new(), addrs: Vec::new() };
-        for r in &resolved {
+        let mut key = StepKey { ops: Vec::with_capacity(resolved.len()), metas: Vec::new(), addrs: Vec::new() };
+        for r in resolved {
             key.ops.push(r.task.op.clone());
             for (meta, arg) in
                 r.task.inputs.iter().map(|x| &x.meta).zip(&r.inputs).chain([(&r.task.output.meta, &r.output)])

@@ -57,6 +57,10 @@ pub enum BackendError {
     Device { backend: String, detail: String },
 }
 
+/// A task list a backend checked and kept (see [`Backend::prepare`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PreparedId(pub u32);
+
 /// A device that can hold tensors and compute ops on them.
 pub trait Backend {
     /// A short stable name (`cpu`, `ref`, `cuda`), used in reports and test-ops filters.
@@ -84,6 +88,29 @@ pub trait Backend {
     /// Computes the tasks in order. An asynchronous backend may return before the work is done;
     /// `read` and `synchronize` wait for it.
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError>;
+
+    /// Checks `tasks` once and keeps what running them again needs, so that a graph planned
+    /// once runs step after step without the host checking and resolving every task again
+    /// ([`Backend::compute_prepared`]). `None`: this backend keeps nothing, and the caller calls
+    /// `compute` each time (the default).
+    fn prepare(&mut self, tasks: &[Task<'_>]) -> Result<Option<PreparedId>, BackendError> {
+        let _ = tasks;
+        Ok(None)
+    }
+
+    /// Computes a task list kept by [`Backend::prepare`], exactly as `compute` would.
+    fn compute_prepared(&mut self, id: PreparedId) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: self.name().to_string(),
+            op: "prepared task list",
+            why: format!("{id:?} was not prepared by this backend"),
+        })
+    }
+
+    /// Forgets a prepared task list (before the memory it names is freed).
+    fn release_prepared(&mut self, id: PreparedId) {
+        let _ = id;
+    }
 
     /// Waits until all queued work is done, and reports any error it found (a data error such as
     /// an index out of range, found by a device kernel). Synchronous backends have nothing to do.

@@ -27,9 +27,9 @@ mod graph;
 pub mod plan;
 mod session;
 
-pub use backend::{Backend, BackendError, BufferId, Task, TensorRef, check_range};
+pub use backend::{Backend, BackendError, BufferId, PreparedId, Task, TensorRef, check_range};
 pub use build::shape4;
-pub use graph::{Graph, GraphError, LeafKind, Node, NodeId, NodeKind, Tensor};
+pub use graph::{DescriptorChange, Graph, GraphError, LeafKind, Node, NodeId, NodeKind, Tensor};
 pub use plan::{MemoryStats, Plan, PlanOptions};
 pub use session::{ExecError, Executable, Session, SessionOptions};
 pub use tessera_ops::{DType, Op, TensorMeta};

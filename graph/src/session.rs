@@ -17,7 +17,9 @@ use smallvec::SmallVec;
 use tessera_ops::{DType, TensorMeta, host};
 
 use crate::plan::{Plan, PlanOptions, Storage};
-use crate::{Backend, BackendError, BufferId, Graph, GraphError, NodeId, NodeKind, Task, Tensor, TensorRef};
+use crate::{
+    Backend, BackendError, BufferId, Graph, GraphError, NodeId, NodeKind, PreparedId, Task, Tensor, TensorRef,
+};
 
 /// Why a session could not place, run or read a graph.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -100,6 +102,10 @@ struct Placement {
     guarded: Vec<(BufferId, usize, usize)>,
     tasks: Vec<Prepared>,
     guard: usize,
+    /// The task list as the backend kept it after the first run (`Backend::prepare`), and
+    /// whether preparing was tried.
+    kept: Option<PreparedId>,
+    prepare_tried: bool,
 }
 
 impl Placement {
@@ -138,6 +144,8 @@ impl Placement {
             tasks: Vec::with_capacity(plan.tasks.len()),
             guard: opts.guard_bytes,
             plan,
+            kept: None,
+            prepare_tried: false,
         };
         // From here on an error must free what was allocated: the caller never sees `p`.
         match p.realise(graph, backend, &bound) {
@@ -247,6 +255,9 @@ impl Placement {
     }
 
     fn free(&mut self, backend: &mut dyn Backend) {
+        if let Some(id) = self.kept.take() {
+            backend.release_prepared(id);
+        }
         // Newest first: a pool that reuses the last freed block of a size (the CUDA backend's)
         // then hands the same graph's next placement the same addresses, so a captured step
         // replays rather than updates.
@@ -376,9 +387,9 @@ impl<'g, 'b> Session<'g, 'b> {
     /// set. (Backend support and in-place aliasing were checked when the graph was placed.)
     pub fn run(&mut self) -> Result<(), ExecError> {
         let graph = self.graph;
-        let p = match &self.held {
+        let p: &mut Placement = match &mut self.held {
             Held::Own(p) => p,
-            Held::Lent(p) => &**p,
+            Held::Lent(p) => p,
         };
         for &id in &p.plan.leaves {
             if !p.leaf_set[id.index()] {
@@ -386,17 +397,30 @@ impl<'g, 'b> Session<'g, 'b> {
                 return Err(ExecError::UnsetLeaf { node: id, name });
             }
         }
-        let tasks: Vec<Task<'_>> = p
-            .tasks
-            .iter()
-            .map(|t| Task {
-                node: t.node,
-                op: graph.node(t.node).op().expect("tasks are ops"),
-                inputs: t.inputs.clone(),
-                output: t.output,
-            })
-            .collect();
-        self.backend.compute(&tasks)?;
+        match p.kept {
+            Some(id) => self.backend.compute_prepared(id)?,
+            None => {
+                let tasks: Vec<Task<'_>> = p
+                    .tasks
+                    .iter()
+                    .map(|t| Task {
+                        node: t.node,
+                        op: graph.node(t.node).op().expect("tasks are ops"),
+                        inputs: t.inputs.clone(),
+                        output: t.output,
+                    })
+                    .collect();
+                if !p.prepare_tried {
+                    p.prepare_tried = true;
+                    p.kept = self.backend.prepare(&tasks)?;
+                }
+                match p.kept {
+                    Some(id) => self.backend.compute_prepared(id)?,
+                    None => self.backend.compute(&tasks)?,
+                }
+            }
+        }
+        let p: &Placement = p;
         if p.guard > 0 {
             let mut buf = vec![0u8; p.guard];
             for &(buffer, at, len) in &p.guarded {

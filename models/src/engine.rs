@@ -145,6 +145,12 @@ fn rate(n: usize, secs: f64) -> f64 {
     if secs > 0.0 { n as f64 / secs } else { 0.0 }
 }
 
+/// What a model step gave back: token ids sampled on the device, or logits to sample here.
+enum Outcome {
+    Tokens(Vec<u32>),
+    Logits(Vec<Vec<f32>>),
+}
+
 /// One submitted sequence.
 #[derive(Debug)]
 struct Seq {
@@ -375,10 +381,17 @@ impl Engine {
         let n_prefill: usize = plan[n_decode..].iter().map(|(_, t)| t.len()).sum();
         let batch: Vec<(SeqId, &[u32])> = plan.iter().map(|(i, t)| (self.running[*i].id, t.as_slice())).collect();
         let t0 = Instant::now();
-        let which = if self.record { Logits::All } else { Logits::Last };
-        let result = self.model.step(self.backend.as_mut(), &batch, which);
+        // Greedy sequences alone and no logits to record: the argmax runs on the device and only
+        // token ids come back.
+        let greedy = !self.record && plan.iter().all(|(i, _)| self.running[*i].sampler.params().is_greedy());
+        let result = if greedy {
+            self.model.step_greedy(self.backend.as_mut(), &batch).map(Outcome::Tokens)
+        } else {
+            let which = if self.record { Logits::All } else { Logits::Last };
+            self.model.step(self.backend.as_mut(), &batch, which).map(Outcome::Logits)
+        };
         let secs = t0.elapsed().as_secs_f64();
-        let logits = match result {
+        let outcome = match result {
             Ok(l) => l,
             Err(e) => {
                 let mut ids: Vec<usize> = plan.iter().map(|(i, _)| *i).collect();
@@ -406,12 +419,10 @@ impl Engine {
         let n_vocab = self.model.config.n_vocab;
         let mut events = Vec::new();
         let mut finished = Vec::new();
-        for ((i, toks), all) in plan.iter().zip(&logits) {
+        for (k, (i, toks)) in plan.iter().enumerate() {
             let s = &mut self.running[*i];
-            // The last row: all of it with Logits::Last, the last n_vocab values with Logits::All.
-            let l = &all[all.len().saturating_sub(n_vocab)..];
-            if self.record {
-                self.recorded.entry(s.id).or_default().extend_from_slice(all);
+            if let (Outcome::Logits(logits), true) = (&outcome, self.record) {
+                self.recorded.entry(s.id).or_default().extend_from_slice(&logits[k]);
             }
             if !s.decoding() {
                 s.fed += toks.len();
@@ -419,7 +430,11 @@ impl Engine {
                     continue;
                 }
             }
-            let token = s.sampler.sample(l)?;
+            let token = match &outcome {
+                Outcome::Tokens(t) => t[k],
+                // The last row: all of it with Logits::Last, the last n_vocab values with Logits::All.
+                Outcome::Logits(l) => s.sampler.sample(&l[k][l[k].len().saturating_sub(n_vocab)..])?,
+            };
             s.generated.push(token);
             self.stats.generated += 1;
             events.push(Event::Token { seq: s.id, token });

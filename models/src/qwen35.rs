@@ -122,6 +122,22 @@ pub struct Bucket {
     pub n_seq: usize,
     pub n_kv: usize,
     pub all_logits: bool,
+    /// The graph ends in an argmax: token ids come back instead of logits.
+    pub greedy: bool,
+}
+
+/// What a step returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Logits(Logits),
+    Greedy,
+}
+
+/// One sequence's result of a step.
+#[derive(Debug, Clone)]
+enum SeqOut {
+    Logits(Vec<f32>),
+    Token(u32),
 }
 
 /// Where a step's time went, in seconds, summed over its graphs.
@@ -346,6 +362,19 @@ impl Model {
     /// again). An error while a graph runs (after reservation) leaves the reserved positions and
     /// any state already updated in place: the caller should remove the affected sequences.
     pub fn step(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])], which: Logits) -> R<Vec<Vec<f32>>> {
+        let out = self.step_as(backend, batch, Output::Logits(which))?;
+        Ok(out.into_iter().map(|o| if let SeqOut::Logits(l) = o { l } else { Vec::new() }).collect())
+    }
+
+    /// [`Model::step`] with greedy sampling on the device: the graph ends in an argmax over each
+    /// sequence's last logits, and only the token ids (4 bytes a sequence, not `n_vocab * 4`)
+    /// come back. The same token as `sample::argmax` of [`Model::step`]'s last logits.
+    pub fn step_greedy(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])]) -> R<Vec<u32>> {
+        let out = self.step_as(backend, batch, Output::Greedy)?;
+        Ok(out.into_iter().map(|o| if let SeqOut::Token(t) = o { t } else { 0 }).collect())
+    }
+
+    fn step_as(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])], what: Output) -> R<Vec<SeqOut>> {
         if batch.is_empty() {
             return Err(ModelError::BadBatch { why: "empty batch".into() });
         }
@@ -383,7 +412,7 @@ impl Model {
         };
         self.last_times = StepTimes::default();
         self.clear_new_slots(backend)?;
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
+        let mut out: Vec<SeqOut> = vec![SeqOut::Token(0); batch.len()];
         let mut counts: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
         counts.sort_unstable();
         counts.dedup();
@@ -391,9 +420,9 @@ impl Model {
             let idx: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].1.len() == n).collect();
             let group: Vec<(SeqId, &[u32], Range<usize>)> =
                 idx.iter().map(|&i| (batch[i].0, batch[i].1, ranges[i].clone())).collect();
-            let logits = self.run_group(backend, &group, which)?;
-            for (i, l) in idx.into_iter().zip(logits) {
-                out[i] = l;
+            let results = self.run_group(backend, &group, what)?;
+            for (i, r) in idx.into_iter().zip(results) {
+                out[i] = r;
             }
         }
         Ok(out)
@@ -444,12 +473,18 @@ impl Model {
         &mut self,
         backend: &mut dyn Backend,
         group: &[(SeqId, &[u32], Range<usize>)],
-        which: Logits,
-    ) -> R<Vec<Vec<f32>>> {
+        what: Output,
+    ) -> R<Vec<SeqOut>> {
         let t0 = std::time::Instant::now();
         let inp = self.step_inputs(group)?;
         let n_seq = group.len();
-        let bucket = Bucket { n_tokens: group[0].1.len(), n_seq, n_kv: inp.n_kv, all_logits: which == Logits::All };
+        let bucket = Bucket {
+            n_tokens: group[0].1.len(),
+            n_seq,
+            n_kv: inp.n_kv,
+            all_logits: what == Output::Logits(Logits::All),
+            greedy: what == Output::Greedy,
+        };
         let sg = self.planned_step(backend, bucket)?;
         let mut s = sg.exe.session(backend);
         s.set_i32(sg.tokens, &inp.tokens)?;
@@ -464,7 +499,14 @@ impl Model {
         let t1 = std::time::Instant::now();
         s.run()?;
         let t2 = std::time::Instant::now();
-        let all = s.get_f32(sg.logits)?;
+        let out = if bucket.greedy {
+            let ids = s.get(sg.logits)?;
+            ids.chunks_exact(4).map(|c| SeqOut::Token(i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)).collect()
+        } else {
+            let all = s.get_f32(sg.logits)?;
+            let per_seq = all.len() / n_seq;
+            all.chunks(per_seq).map(|c| SeqOut::Logits(c.to_vec())).collect()
+        };
         let t3 = std::time::Instant::now();
         drop(s);
         self.last_times += StepTimes {
@@ -472,8 +514,7 @@ impl Model {
             launch: (t2 - t1).as_secs_f64(),
             wait: (t3 - t2).as_secs_f64(),
         };
-        let per_seq = all.len() / n_seq;
-        Ok(all.chunks(per_seq).map(<[f32]>::to_vec).collect())
+        Ok(out)
     }
 
     /// The planned step graph of `bucket`: the cached one, or a new one built, planned and
@@ -529,7 +570,10 @@ impl Model {
     /// Builds the step graph of `bucket`: token ids in, logits out.
     #[allow(clippy::type_complexity)]
     fn build_graph(&self, bucket: Bucket) -> R<(Builder<'_>, Tensor, Leaves, Option<Tensor>, Tensor)> {
-        let Bucket { n_tokens: n_t, n_seq, n_kv, all_logits } = bucket;
+        let Bucket { n_tokens: n_t, n_seq, n_kv, all_logits, greedy } = bucket;
+        if greedy && all_logits {
+            return Err(ModelError::BadBatch { why: "greedy steps keep only the last logits".into() });
+        }
         let n = n_t * n_seq;
         let c = &self.config;
         let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights };
@@ -570,7 +614,10 @@ impl Model {
             h = b.g.get_rows(h, rows)?;
         }
         let head = if c.tied_embeddings { embd } else { b.p("output.weight")? };
-        let logits = b.g.mul_mat(head, h)?;
+        let mut logits = b.g.mul_mat(head, h)?;
+        if greedy {
+            logits = b.g.argmax(logits)?; // i32 [1, n_seq]
+        }
         b.g.mark_output(logits)?;
         Ok((b, tokens, leaves, last_rows, logits))
     }

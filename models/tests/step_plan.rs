@@ -3,6 +3,7 @@
 //! capacity) giving the same logits as building every step afresh.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tessera_cpu::CpuBackend;
 use tessera_graph::plan::{Plan, PlanOptions, verify};
@@ -14,7 +15,10 @@ use tessera_ops::DType;
 
 fn file(preset: &str) -> GgufFile {
     let c = ModelConfig::preset(preset).unwrap();
-    let path: PathBuf = std::env::temp_dir().join(format!("tessera_step_plan_{preset}_{}.gguf", std::process::id()));
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let path: PathBuf =
+        std::env::temp_dir().join(format!("tessera_step_plan_{preset}_{}_{n}.gguf", std::process::id()));
     synthesize(&c, DType::F32, 3, &path, None).unwrap();
     let f = GgufFile::open(&path).unwrap();
     let _ = std::fs::remove_file(&path);
@@ -42,7 +46,7 @@ fn model_step_graphs_pass_the_planner_verifier() {
         for (n_tokens, n_seq, n_kv, all_logits) in
             [(1, 1, 8, false), (1, 4, 32, false), (64, 1, 64, false), (7, 3, 16, true), (16, 2, 48, false)]
         {
-            let bucket = Bucket { n_tokens, n_seq, n_kv, all_logits };
+            let bucket = Bucket { n_tokens, n_seq, n_kv, all_logits, greedy: false };
             let (g, _) = m.step_graph(bucket).unwrap();
             let plan = Plan::new(&g, PlanOptions::default());
             verify(&g, &plan, 1.25).unwrap_or_else(|why| panic!("{preset} {bucket:?}: {why}"));
@@ -111,4 +115,32 @@ fn padding_the_kv_length_changes_no_logit() {
         let err = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
         assert!(err < 1e-5, "masked KV padding moved a logit by {err}");
     }
+}
+
+#[test]
+fn greedy_steps_on_the_device_pick_the_argmax_of_the_logits() {
+    let f = file("tiny-moe");
+    let mut be = CpuBackend::new();
+    let mut a = Model::load(&f, &mut be, opts(8, 8)).unwrap();
+    let mut b = Model::load(&f, &mut be, opts(8, 8)).unwrap();
+    let prompts: [&[u32]; 2] = [&[5, 6, 7], &[1, 1, 2, 3, 5, 8, 13]];
+    let mut last = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let l = a.step(&mut be, &[(i as u32, p)], Logits::Last).unwrap().remove(0);
+        let t = b.step_greedy(&mut be, &[(i as u32, p)]).unwrap()[0];
+        assert_eq!(t, tessera_models::sample::argmax(&l).unwrap());
+        last.push(t);
+    }
+    for _ in 0..10 {
+        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let batch: Vec<(u32, &[u32])> = toks.iter().enumerate().map(|(i, t)| (i as u32, &t[..])).collect();
+        let logits = a.step(&mut be, &batch, Logits::Last).unwrap();
+        let tokens = b.step_greedy(&mut be, &batch).unwrap();
+        for (l, &t) in logits.iter().zip(&tokens) {
+            assert_eq!(t, tessera_models::sample::argmax(l).unwrap());
+        }
+        last = tokens;
+    }
+    a.free(&mut be);
+    b.free(&mut be);
 }

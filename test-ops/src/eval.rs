@@ -145,7 +145,11 @@ fn node_label(built: &Built, t: &Tensor) -> String {
 /// Places the case's graph on `backend` with guards, sets its leaves, runs it once and reads
 /// every checked node, then every updated leaf, as f64 in logical order.
 fn run_and_read(backend: &mut dyn Backend, built: &Built, data: &[Vec<u8>]) -> Result<Vec<Vec<f64>>, ExecError> {
-    let mut session = Session::with_options(&built.graph, backend, SessionOptions { guard_bytes: GUARD_BYTES, ..Default::default() })?;
+    let mut session = Session::with_options(
+        &built.graph,
+        backend,
+        SessionOptions { guard_bytes: GUARD_BYTES, ..Default::default() },
+    )?;
     for (leaf, bytes) in built.leaves.iter().zip(data) {
         session.set(*leaf, bytes)?;
     }

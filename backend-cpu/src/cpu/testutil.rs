@@ -95,7 +95,8 @@ impl Case {
     /// Runs the case on `backend` (buffers `guard` bytes into their allocations) and reads every
     /// output as f64.
     pub fn run(&self, backend: &mut dyn Backend, guard: usize) -> Outputs {
-        let mut s = Session::with_options(&self.graph, backend, SessionOptions { guard_bytes: guard, ..Default::default() })?;
+        let mut s =
+            Session::with_options(&self.graph, backend, SessionOptions { guard_bytes: guard, ..Default::default() })?;
         for (t, v) in &self.fills {
             s.set_f64(*t, v)?;
         }
