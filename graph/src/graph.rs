@@ -4,7 +4,13 @@
 //! appends a node. Nodes are stored in the order they were built, which is a topological order
 //! (a node's inputs always exist before it) and also the program order in which in-place writes
 //! to state happen; the executor runs nodes in that order.
+//!
+//! Passes rewrite a graph in place with [`Graph::users`], [`Graph::is_output`] and
+//! [`Graph::replace`]; a replacement keeps build order a topological order and keeps every node's
+//! descriptor, so the rewritten graph is one that could have been built directly.
 
+use std::fmt;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use smallvec::SmallVec;
@@ -66,7 +72,7 @@ impl LeafKind {
 }
 
 /// What a node is.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum NodeKind {
     Leaf(LeafKind),
     Op(Op),
@@ -106,6 +112,45 @@ pub enum GraphError {
 
     #[error("tensor {id:?} belongs to another graph")]
     ForeignTensor { id: NodeId },
+
+    #[error("node {id:?} does not exist: the graph has {len} nodes")]
+    UnknownNode { id: NodeId, len: usize },
+
+    #[error("cannot replace node {id:?}: it is a {} leaf, and only op nodes can be replaced", .kind.name())]
+    ReplaceLeaf { id: NodeId, kind: LeafKind },
+
+    #[error(
+        "cannot replace node {node:?} by {op}: its input {input:?} is not built before it (inputs must \
+         precede the node they feed in build order)"
+    )]
+    ReplaceInputOrder { node: NodeId, op: &'static str, input: NodeId },
+
+    #[error(transparent)]
+    ReplaceDescriptor(Box<DescriptorChange>),
+}
+
+/// Why [`Graph::replace`] refused: the new op's output descriptor differs from the node's.
+/// (Boxed in [`GraphError`] to keep that small.)
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "cannot replace node {node:?} ({old_op}, {}) by {new_op}, which gives {}: a replacement must keep \
+     the node's descriptor",
+    describe(old),
+    describe(new)
+)]
+pub struct DescriptorChange {
+    pub node: NodeId,
+    pub old_op: Op,
+    pub new_op: Op,
+    /// The node's descriptor, which its users were validated against.
+    pub old: TensorMeta,
+    /// What `new_op` gives on the new inputs.
+    pub new: TensorMeta,
+}
+
+/// `f32 [4, 3, 1, 1] nb [4, 16, 48, 48]`
+fn describe(m: &TensorMeta) -> impl fmt::Display + '_ {
+    fmt::from_fn(move |f| write!(f, "{} {:?} nb {:?}", m.dtype, m.ne, m.nb))
 }
 
 static NEXT_GRAPH_ID: AtomicU32 = AtomicU32::new(1);
@@ -116,6 +161,9 @@ pub struct Graph {
     id: u32,
     nodes: Vec<Node>,
     outputs: Vec<NodeId>,
+    /// `users[i]`: the nodes that read node `i`, ascending, each once. Built by the first
+    /// [`Graph::users`] call, then kept up to date by `push` and `replace`.
+    users: OnceLock<Vec<SmallVec<[NodeId; 2]>>>,
 }
 
 impl Default for Graph {
@@ -126,7 +174,12 @@ impl Default for Graph {
 
 impl Graph {
     pub fn new() -> Self {
-        Graph { id: NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed), nodes: Vec::new(), outputs: Vec::new() }
+        Graph {
+            id: NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed),
+            nodes: Vec::new(),
+            outputs: Vec::new(),
+            users: OnceLock::new(),
+        }
     }
 
     /// A weight tensor (contiguous).
@@ -163,6 +216,17 @@ impl Graph {
     fn push(&mut self, node: Node) -> Tensor {
         let id = NodeId(self.nodes.len() as u32);
         let meta = node.meta;
+        if let Some(users) = self.users.get_mut() {
+            // `id` is the largest id yet, so appending keeps every list ascending; a node that
+            // reads the same input twice is listed once.
+            for inp in &node.inputs {
+                let list = &mut users[inp.index()];
+                if list.last() != Some(&id) {
+                    list.push(id);
+                }
+            }
+            users.push(SmallVec::new());
+        }
         self.nodes.push(node);
         Tensor { graph: self.id, id, meta }
     }
@@ -195,6 +259,93 @@ impl Graph {
 
     pub fn outputs(&self) -> &[NodeId] {
         &self.outputs
+    }
+
+    /// Whether `id` was marked with [`Graph::mark_output`]. Costs a scan of the outputs (a
+    /// graph has few).
+    pub fn is_output(&self, id: NodeId) -> bool {
+        self.outputs.contains(&id)
+    }
+
+    /// The nodes that take `id` as an input, in build order, each once (a node that reads `id`
+    /// twice, `add(x, x)`, is listed once). Dead nodes count: a node a rewrite left unreachable
+    /// still reads its inputs (filter with [`Graph::live_nodes`] where that matters). An id
+    /// outside the graph has no users.
+    ///
+    /// Cost: the first call builds an index of every node's users in one pass over all inputs
+    /// (O(nodes + edges)); after that a call is O(1), and building a node or
+    /// [`replace`](Graph::replace) keep the index up to date (O(inputs) each).
+    pub fn users(&self, id: NodeId) -> &[NodeId] {
+        let users = self.users.get_or_init(|| {
+            let mut users = vec![SmallVec::<[NodeId; 2]>::new(); self.nodes.len()];
+            for (i, n) in self.nodes.iter().enumerate() {
+                let user = NodeId(i as u32);
+                for inp in &n.inputs {
+                    let list = &mut users[inp.index()];
+                    if list.last() != Some(&user) {
+                        list.push(user);
+                    }
+                }
+            }
+            users
+        });
+        users.get(id.index()).map_or(&[], |l| l.as_slice())
+    }
+
+    /// Makes node `node` compute `op` on `inputs` instead, keeping its id, name and output
+    /// marking, so every user of `node` now reads the new op's result. Returns the node's
+    /// handle (unchanged: handles taken before stay valid).
+    ///
+    /// Guarantees, checked before anything changes (on an error the graph is untouched):
+    /// - `node` is an op node of this graph (leaves are values the caller supplies:
+    ///   [`GraphError::UnknownNode`], [`GraphError::ReplaceLeaf`]);
+    /// - every input is a tensor of this graph built **before** `node`, so build order stays a
+    ///   topological order and the executor's program order ([`GraphError::ForeignTensor`],
+    ///   [`GraphError::ReplaceInputOrder`]);
+    /// - `op` is valid on the inputs ([`tessera_ops::infer`], [`GraphError::Op`]) and gives
+    ///   exactly the node's [`TensorMeta`] (dtype, shape and strides), which every user was
+    ///   validated against ([`GraphError::ReplaceDescriptor`]).
+    ///
+    /// So the result is a graph that could have been built directly. What `replace` does not
+    /// judge is meaning: a pass must itself keep what users read. In particular a view reads its
+    /// source's memory when it runs, so turning a computing node into a view (or the reverse)
+    /// changes whether an in-place write between it and its users shows through; and replacing
+    /// an in-place op drops its write. Nodes that only the old op read become dead:
+    /// [`Graph::live_nodes`] skips them, and they stay in [`Graph::nodes`].
+    pub fn replace(&mut self, node: NodeId, op: Op, inputs: &[Tensor]) -> Result<Tensor, GraphError> {
+        let old = self.nodes.get(node.index()).ok_or(GraphError::UnknownNode { id: node, len: self.nodes.len() })?;
+        let old_op = match &old.kind {
+            NodeKind::Op(op) => op,
+            NodeKind::Leaf(kind) => return Err(GraphError::ReplaceLeaf { id: node, kind: *kind }),
+        };
+        for t in inputs {
+            self.check(t)?;
+            if t.id >= node {
+                return Err(GraphError::ReplaceInputOrder { node, op: op.name(), input: t.id });
+            }
+        }
+        let metas: SmallVec<[&TensorMeta; 4]> = inputs.iter().map(|t| &t.meta).collect();
+        let meta = tessera_ops::infer(&op, &metas)?;
+        if meta != old.meta {
+            let change = DescriptorChange { node, old_op: old_op.clone(), new_op: op, old: old.meta, new: meta };
+            return Err(GraphError::ReplaceDescriptor(Box::new(change)));
+        }
+        let new_inputs: SmallVec<[NodeId; 4]> = inputs.iter().map(|t| t.id).collect();
+        if let Some(users) = self.users.get_mut() {
+            for inp in &self.nodes[node.index()].inputs {
+                users[inp.index()].retain(|u| *u != node);
+            }
+            for inp in &new_inputs {
+                let list = &mut users[inp.index()];
+                if let Err(at) = list.binary_search(&node) {
+                    list.insert(at, node);
+                }
+            }
+        }
+        let n = &mut self.nodes[node.index()];
+        n.kind = NodeKind::Op(op);
+        n.inputs = new_inputs;
+        Ok(Tensor { graph: self.id, id: node, meta })
     }
 
     pub fn nodes(&self) -> &[Node] {

@@ -1,6 +1,14 @@
 //! The op vocabulary: one enum, typed parameters, stable names.
+//!
+//! Ops are data: [`Op`] and every params type are `Eq + Hash`, so a pass can key a map by an op
+//! and a backend can compare the ops of two steps. **Floats compare and hash by their bits**
+//! ([`f32::to_bits`]): `0.0` and `-0.0` are different parameters, and a NaN equals a NaN with the
+//! same bit pattern (so every op equals itself, as `Eq` requires). Two ops are equal exactly when
+//! they compute the same thing bit for bit.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::mem;
 
 use crate::DType;
 
@@ -67,20 +75,20 @@ pub struct ViewParams {
 }
 
 /// `y = x * scale + bias`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct ScaleParams {
     pub scale: f32,
     pub bias: f32,
 }
 
 /// Root-mean-square normalisation over `ne[0]`: `y = x / sqrt(mean(x^2) + eps)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct RmsNormParams {
     pub eps: f32,
 }
 
 /// Softmax over `ne[0]` of `x * scale + mask` (the mask is an optional second input).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct SoftmaxParams {
     pub scale: f32,
 }
@@ -95,7 +103,7 @@ pub enum RopePairing {
 }
 
 /// Rotary position embedding over the first `n_rot` dims of each head.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct RopeParams {
     /// Rotated dims per head (even, at most `ne[0]`); the rest pass through.
     pub n_rot: usize,
@@ -112,7 +120,7 @@ pub struct RopeParams {
 }
 
 /// Attention: `softmax(scale * q k^T + mask) v` with optional logit softcapping.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct FlashAttnParams {
     pub scale: f32,
     /// When > 0, logits become `softcap * tanh(logit / softcap)` (after `scale`, before the mask).
@@ -149,7 +157,7 @@ pub enum DeltaNetAlgo {
 }
 
 /// The gated delta rule (Qwen3.5 linear attention).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct GatedDeltaNetParams {
     /// Multiplies `q` (typically `1/sqrt(S_k)`).
     pub scale: f32,
@@ -159,7 +167,14 @@ pub struct GatedDeltaNetParams {
 
 /// One operation in a graph. Inputs are positional; each variant documents them.
 /// Semantics, shapes and tolerances of every op are in `docs/OPS.md`.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// `Eq` and `Hash` compare the variant and every parameter, **floats by their bits**
+/// ([`f32::to_bits`]): `0.0` and `-0.0` are different parameters, and a NaN equals a NaN with the
+/// same bit pattern, so every op equals itself. Equal ops compute the same thing bit for bit, which
+/// is what a pass's pattern table or a CUDA graph key wants. The params types with floats
+/// ([`ScaleParams`], [`RmsNormParams`], [`SoftmaxParams`], [`RopeParams`], [`FlashAttnParams`],
+/// [`GatedDeltaNetParams`]) follow the same rule.
+#[derive(Debug, Clone)]
 pub enum Op {
     // ---- data movement ----
     /// `[src, ids]`: rows `ids[i, j, k]` of `src[:, :, j, k]`. Output f32 (i32 for i32 sources).
@@ -372,5 +387,140 @@ impl fmt::Display for Op {
             Op::GatedDeltaNet(p) => write!(f, "gated_delta_net(scale={}, {:?}, {:?})", p.scale, p.head_map, p.algo),
             other => f.write_str(other.name()),
         }
+    }
+}
+
+// ---- Eq and Hash: floats by their bits ----
+//
+// `f32` is neither `Eq` nor `Hash`, so each type with a float in it implements the three traits
+// through a private `key()`: its fields with every float as `Bits`. Each `key()` destructures
+// every field (no `..`) and `Op::key` matches every variant (no `_`), so a field or variant added
+// later does not compile until the key covers it.
+
+/// An `f32` by its bit pattern: `0.0` and `-0.0` differ, a NaN equals a NaN of the same bits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Bits(u32);
+
+impl From<f32> for Bits {
+    fn from(x: f32) -> Bits {
+        Bits(x.to_bits())
+    }
+}
+
+/// `PartialEq`, `Eq` and `Hash` for types with a `key()`, all three from the key.
+macro_rules! eq_hash_by_key {
+    ($($t:ty),+ $(,)?) => {$(
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                self.key() == other.key()
+            }
+        }
+        impl Eq for $t {}
+        impl Hash for $t {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                self.key().hash(state)
+            }
+        }
+    )+};
+}
+
+eq_hash_by_key!(ScaleParams, RmsNormParams, SoftmaxParams, RopeParams, FlashAttnParams, GatedDeltaNetParams, Op);
+
+impl ScaleParams {
+    fn key(&self) -> (Bits, Bits) {
+        let ScaleParams { scale, bias } = *self;
+        (scale.into(), bias.into())
+    }
+}
+
+impl RmsNormParams {
+    fn key(&self) -> Bits {
+        let RmsNormParams { eps } = *self;
+        eps.into()
+    }
+}
+
+impl SoftmaxParams {
+    fn key(&self) -> Bits {
+        let SoftmaxParams { scale } = *self;
+        scale.into()
+    }
+}
+
+impl RopeParams {
+    fn key(&self) -> (usize, Bits, RopePairing, Option<[usize; 4]>) {
+        let RopeParams { n_rot, freq_base, pairing, sections } = *self;
+        (n_rot, freq_base.into(), pairing, sections)
+    }
+}
+
+impl FlashAttnParams {
+    fn key(&self) -> (Bits, Bits, bool, bool) {
+        let FlashAttnParams { scale, softcap, mask, paged } = *self;
+        (scale.into(), softcap.into(), mask, paged)
+    }
+}
+
+impl GatedDeltaNetParams {
+    fn key(&self) -> (Bits, HeadMap, DeltaNetAlgo) {
+        let GatedDeltaNetParams { scale, head_map, algo } = *self;
+        (scale.into(), head_map, algo)
+    }
+}
+
+/// The parameters of an op, as its key holds them (the variant is the key's other half).
+#[derive(PartialEq, Eq, Hash)]
+enum OpParams<'a> {
+    None,
+    DType(DType),
+    Index(usize),
+    Dims([usize; 4]),
+    Flag(bool),
+    Float(Bits),
+    View(&'a ViewParams),
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Scale(&'a ScaleParams),
+    RmsNorm(&'a RmsNormParams),
+    Softmax(&'a SoftmaxParams),
+    Order(SortOrder),
+    Rope(&'a RopeParams),
+    FlashAttn(&'a FlashAttnParams),
+    DeltaNet(&'a GatedDeltaNetParams),
+}
+
+impl Op {
+    fn key(&self) -> (mem::Discriminant<Op>, OpParams<'_>) {
+        use OpParams as P;
+        let params = match self {
+            Op::GetRows
+            | Op::SetRows
+            | Op::Cpy
+            | Op::Cont
+            | Op::Transpose
+            | Op::Swiglu
+            | Op::SumRows
+            | Op::Argmax
+            | Op::Dequantize
+            | Op::SsmConv
+            | Op::MulMatId
+            | Op::MulMat => P::None,
+            Op::Cast(d) | Op::Quantize(d) => P::DType(*d),
+            Op::Concat { dim: n } | Op::TopK { k: n } => P::Index(*n),
+            Op::Repeat { ne: d } | Op::Reshape { ne: d } | Op::Permute { axes: d } => P::Dims(*d),
+            Op::View(p) => P::View(p),
+            Op::Unary(u) => P::Unary(*u),
+            Op::Binary(b) => P::Binary(*b),
+            Op::Scale(p) => P::Scale(p),
+            Op::RmsNorm(p) => P::RmsNorm(p),
+            Op::Softmax(p) => P::Softmax(p),
+            Op::L2Norm { eps } => P::Float((*eps).into()),
+            Op::Argsort(o) => P::Order(*o),
+            Op::RopeMulti(p) => P::Rope(p),
+            Op::FlashAttnExt(p) => P::FlashAttn(p),
+            Op::SsmConvUpdate { silu } => P::Flag(*silu),
+            Op::GatedDeltaNet(p) => P::DeltaNet(p),
+        };
+        (mem::discriminant(self), params)
     }
 }
