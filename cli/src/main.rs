@@ -134,6 +134,10 @@ enum Command {
         /// `seqK.logits` [n_tokens, n_vocab] and `seqK.ids` (i32) per sequence.
         #[arg(long = "dump-logits", value_name = "OUT.safetensors")]
         dump_logits: Option<PathBuf>,
+        /// Print where each step's time went: host preparation, launch, waiting for the device,
+        /// per prefill and decode step, and the planned step graphs built and reused.
+        #[arg(long)]
+        stats: bool,
         /// Where to run: CUDA when a GPU is usable (auto), or a named backend.
         #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
         backend: backend::BackendChoice,
@@ -289,6 +293,7 @@ fn main() -> ExitCode {
             max_tokens_per_step,
             kv_dtype,
             dump_logits,
+            stats,
             backend,
         } => {
             let params = SamplerParams { temperature, top_k, top_p, seed };
@@ -300,6 +305,7 @@ fn main() -> ExitCode {
                 max_tokens_per_step,
                 kv_dtype: kv_dtype.into(),
                 dump_logits,
+                stats,
                 backend,
             };
             run::run(&file, &args)

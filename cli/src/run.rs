@@ -26,6 +26,8 @@ pub struct RunArgs {
     pub kv_dtype: DType,
     /// Where to write the logits of every processed position (safetensors).
     pub dump_logits: Option<PathBuf>,
+    /// Print the step time split (`--stats`).
+    pub stats: bool,
     pub backend: BackendChoice,
 }
 
@@ -104,6 +106,9 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
         }
     }
     print_speed(engine.stats());
+    if args.stats {
+        print_stats(engine.stats(), &engine.model().step_cache_stats());
+    }
     if let Some(path) = &args.dump_logits {
         write_logits(path, &dumped, config.n_vocab)?;
         let rows: Vec<String> = dumped.iter().map(|(t, _)| t.len().to_string()).collect();
@@ -196,6 +201,31 @@ pub fn print_memory(m: &MemoryReport) {
 }
 
 /// Prefill and decode speed lines.
+/// `--stats`: the mean time split of prefill and decode steps, and the step-graph cache.
+fn print_stats(s: &tessera_models::engine::EngineStats, cache: &tessera_models::qwen35::StepCacheStats) {
+    for (what, steps, t) in [("prefill", s.prefill_steps, s.prefill_times), ("decode", s.decode_steps, s.decode_times)]
+    {
+        if steps == 0 {
+            continue;
+        }
+        let us = |x: f64| x / steps as f64 * 1e6;
+        outln!(
+            "{what} steps: {steps}, per step: host prepare {:.0} us, launch {:.0} us, wait {:.0} us ({:.1}% on the host before the device)",
+            us(t.prepare),
+            us(t.launch),
+            us(t.wait),
+            100.0 * (t.prepare + t.launch) / t.total().max(1e-12)
+        );
+    }
+    outln!(
+        "step graphs: {} built and planned, {} reused, {} evicted; {:.1} MiB of arenas held",
+        cache.built,
+        cache.reused,
+        cache.evicted,
+        cache.arena_bytes as f64 / (1 << 20) as f64
+    );
+}
+
 pub fn print_speed(s: &tessera_models::engine::EngineStats) {
     outln!(
         "prefill: {} tokens in {:.2} ms ({:.1} tokens/s)",
