@@ -86,6 +86,11 @@ impl HostBuffers {
         }
     }
 
+    /// Buffers allocated and not yet freed.
+    pub fn live(&self) -> usize {
+        self.slots.len() - self.free_slots.len()
+    }
+
     pub fn get(&self, id: BufferId) -> Result<&HostBuffer, BackendError> {
         self.slots
             .get(id.0 as usize)

@@ -102,6 +102,11 @@ impl Backend for CpuBackend {
 
     crate::buffers::host_buffer_methods!();
 
+    /// `allocated_bytes` (bytes of the buffers not yet freed) and `buffers` (how many).
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![("allocated_bytes", self.buffers.allocated as u64), ("buffers", self.buffers.live() as u64)]
+    }
+
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
         // The whole task list runs on one worker of the pool, so each kernel's parallel loop
         // starts from inside the pool. Entered from outside, every loop would be injected into
