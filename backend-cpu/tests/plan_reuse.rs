@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use tessera_cpu::CpuBackend;
 use tessera_graph::plan::{Plan, PlanOptions, verify};
-use tessera_graph::{Graph, Session, SessionOptions, Tensor};
+use tessera_graph::{Backend, Graph, Refusing, Session, SessionOptions, Tensor, schedule};
 use tessera_ops::DType;
 
 /// One random op applied to earlier tensors (indices taken modulo what exists).
@@ -107,10 +107,24 @@ fn group_of(groups: &[(Tensor, u32)], t: Tensor) -> u32 {
     groups.iter().find(|(x, _)| x.id() == t.id()).map_or(t.id().0, |(_, g)| *g)
 }
 
+/// The ops the first of two backends refuses in the scheduled runs.
+const REFUSED: [&str; 3] = ["silu", "sum_rows", "cont"];
+
 fn run(g: &Graph, ins: &[Tensor], outs: &[Tensor], keep: bool) -> Vec<Vec<f32>> {
     let mut be = CpuBackend::new();
-    let mut s =
-        Session::with_options(g, &mut be, SessionOptions { keep_intermediates: keep, ..Default::default() }).unwrap();
+    let opts = SessionOptions { keep_intermediates: keep, ..Default::default() };
+    let s = Session::with_options(g, &mut be, opts).unwrap();
+    fill_and_run(s, ins, outs)
+}
+
+/// On two backends, the first refusing [`REFUSED`].
+fn run_scheduled(g: &Graph, ins: &[Tensor], outs: &[Tensor]) -> Vec<Vec<f32>> {
+    let (mut first, mut second) = (Refusing::new(CpuBackend::new(), &REFUSED), CpuBackend::new());
+    let s = Session::scheduled(g, vec![&mut first, &mut second], SessionOptions::default(), &[]).unwrap();
+    fill_and_run(s, ins, outs)
+}
+
+fn fill_and_run(mut s: Session<'_, '_>, ins: &[Tensor], outs: &[Tensor]) -> Vec<Vec<f32>> {
     let live: Vec<(usize, Tensor)> =
         ins.iter().copied().enumerate().filter(|(_, x)| s.placement(*x).is_some()).collect();
     for (i, x) in live.iter().map(|(i, x)| (*i, x)) {
@@ -137,7 +151,16 @@ proptest! {
             return Err(TestCaseError::fail(why));
         }
         prop_assert!(plan.stats.arena_bytes >= plan.stats.lower_bound_bytes);
-        prop_assert_eq!(run(&g, &ins, &outputs, false), run(&g, &ins, &outputs, true));
+        let kept = run(&g, &ins, &outputs, true);
+        prop_assert_eq!(run(&g, &ins, &outputs, false), kept.clone());
+        // spread over two backends: mirrors verified too, and the same outputs
+        let (first, second) = (Refusing::new(CpuBackend::new(), &REFUSED), CpuBackend::new());
+        let home = schedule::assign(&g, &[&first as &dyn Backend, &second]).unwrap();
+        let plan = Plan::scheduled(&g, PlanOptions::default(), &home, 2);
+        if let Err(why) = verify(&g, &plan, 1.25) {
+            return Err(TestCaseError::fail(format!("scheduled: {why}")));
+        }
+        prop_assert_eq!(run_scheduled(&g, &ins, &outputs), kept);
     }
 }
 

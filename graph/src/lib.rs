@@ -25,11 +25,14 @@ mod build;
 mod dot;
 mod graph;
 pub mod plan;
+mod refusing;
+pub mod schedule;
 mod session;
 
 pub use backend::{Backend, BackendError, BufferId, PreparedId, Task, TensorRef, check_range};
 pub use build::shape4;
 pub use graph::{DescriptorChange, Graph, GraphError, LeafKind, Node, NodeId, NodeKind, Tensor};
 pub use plan::{MemoryStats, Plan, PlanOptions};
+pub use refusing::Refusing;
 pub use session::{ExecError, Executable, Session, SessionOptions};
 pub use tessera_ops::{DType, Op, TensorMeta};

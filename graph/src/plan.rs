@@ -12,6 +12,15 @@
 //!   offset), an in-place op (`Op::writes_input`) aliases the input it writes, so both stretch
 //!   their root's lifetime instead of taking memory. Outputs live to the end of the run.
 //!
+//! # Backends
+//!
+//! A plan may spread a graph over several backends ([`Plan::scheduled`], with the assignment of
+//! `schedule::assign`): every live node has a *home* backend, each backend its own arena, and a
+//! task that reads a value living on another backend reads a **mirror**: an interval of its own
+//! backend's arena holding a copy of the value's whole root, refreshed before every segment of
+//! tasks that reads it (the executor copies it). In-place writes never cross backends: an op that
+//! writes or updates a tensor runs where that tensor lives.
+//!
 //! # Packing
 //!
 //! The intervals are packed offline, largest first: each goes to the lowest offset where it
@@ -50,10 +59,11 @@ impl Default for PlanOptions {
 /// Where a slot's bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Storage {
-    /// The storage of leaf `NodeId` (its own buffer, or memory bound by the caller).
+    /// The storage of leaf `NodeId` (its own buffer, or memory bound by the caller) on its home
+    /// backend.
     Leaf(NodeId),
-    /// The plan's compute arena.
-    Arena,
+    /// The compute arena of backend `usize`.
+    Arena(usize),
 }
 
 /// A live node's bytes: `offset` bytes into `storage`, with the node's descriptor.
@@ -64,11 +74,15 @@ pub struct Slot {
     pub meta: TensorMeta,
 }
 
-/// One arena interval: the bytes `[offset, offset + bytes)` belong to `root` from step `first`
-/// to step `last` inclusive (step = index into [`Plan::live`]).
+/// One arena interval: the bytes `[offset, offset + bytes)` of backend `backend`'s arena belong to
+/// `root` (or, for a mirror, to its copy) from step `first` to step `last` inclusive (step = index
+/// into [`Plan::live`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Interval {
     pub root: NodeId,
+    pub backend: usize,
+    /// A copy of `root`, which lives on another backend.
+    pub mirror: bool,
     pub offset: usize,
     pub bytes: usize,
     pub first: usize,
@@ -76,9 +90,9 @@ pub struct Interval {
 }
 
 impl Interval {
-    /// Whether the two are alive at a common step.
+    /// Whether the two are in one arena and alive at a common step.
     pub fn lifetimes_overlap(&self, other: &Interval) -> bool {
-        self.first <= other.last && other.first <= self.last
+        self.backend == other.backend && self.first <= other.last && other.first <= self.last
     }
 
     /// Whether the two share a byte.
@@ -90,7 +104,7 @@ impl Interval {
 /// What the packing achieved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
-    /// Bytes of the arena: the peak of computed-tensor memory.
+    /// Bytes of the arenas (all backends): the peak of computed-tensor memory.
     pub arena_bytes: usize,
     /// The most bytes of computed tensors alive at one step: no packing can do better.
     pub lower_bound_bytes: usize,
@@ -116,8 +130,16 @@ pub struct Plan {
     pub intervals: Vec<Interval>,
     pub stats: MemoryStats,
     pub options: PlanOptions,
+    /// Each live node's home backend, by node (0 where not live).
+    pub home: Vec<usize>,
+    /// Arena bytes of each backend.
+    pub arenas: Vec<usize>,
     /// Indexed by node: see [`Plan::survives_run`].
     kept: Vec<bool>,
+    /// Indexed by node: its storage root.
+    root: Vec<NodeId>,
+    /// (root, backend) -> index of its mirror interval.
+    mirror_of: std::collections::HashMap<(NodeId, usize), usize>,
 }
 
 /// Rounds `n` up to the arena alignment.
@@ -126,11 +148,19 @@ fn aligned(n: usize) -> usize {
 }
 
 impl Plan {
-    /// Plans `graph`. Never fails: every live node gets a slot.
+    /// Plans `graph` on one backend. Never fails: every live node gets a slot.
     pub fn new(graph: &Graph, options: PlanOptions) -> Plan {
+        Plan::scheduled(graph, options, &vec![0; graph.len()], 1)
+    }
+
+    /// Plans `graph` over `n_backends` backends, node `i` living on backend `home[i]` (views and
+    /// in-place writes must live where their root does: `schedule::assign` makes such an
+    /// assignment). Never fails.
+    pub fn scheduled(graph: &Graph, options: PlanOptions, home: &[usize], n_backends: usize) -> Plan {
         let reuse = options.reuse && options.guard_bytes == 0;
         let live = graph.live_nodes();
         let n = graph.len();
+        let n_backends = n_backends.max(1);
         let mut step_of = vec![usize::MAX; n];
         for (i, id) in live.iter().enumerate() {
             step_of[id.index()] = i;
@@ -177,21 +207,66 @@ impl Plan {
             .filter(|t| root[t.index()] == **t)
             .map(|&t| Interval {
                 root: t,
+                backend: home[t.index()],
+                mirror: false,
                 offset: 0,
                 bytes: aligned(graph.node(t).meta.nbytes_contiguous() + 2 * guard),
                 first: step_of[t.index()],
                 last: last[t.index()],
             })
             .collect();
+        // Mirrors: a task reading a root that lives on another backend reads a copy in its own
+        // backend's arena, alive from the start of the first segment (run of tasks on one
+        // backend) that reads it, where the executor copies it in, to its last reader there.
+        let mut mirror_of: std::collections::HashMap<(NodeId, usize), usize> = Default::default();
+        let mut segment_start = 0;
+        for (k, &t) in tasks.iter().enumerate() {
+            let b = home[t.index()];
+            if k == 0 || home[tasks[k - 1].index()] != b {
+                segment_start = step_of[t.index()];
+            }
+            let step = step_of[t.index()];
+            for inp in &graph.node(t).inputs {
+                let r = root[inp.index()];
+                if home[r.index()] == b {
+                    continue;
+                }
+                let i = *mirror_of.entry((r, b)).or_insert_with(|| {
+                    intervals.push(Interval {
+                        root: r,
+                        backend: b,
+                        mirror: true,
+                        offset: 0,
+                        bytes: aligned(graph.node(r).meta.nbytes_contiguous() + 2 * guard),
+                        first: segment_start,
+                        last: step,
+                    });
+                    intervals.len() - 1
+                });
+                intervals[i].first = intervals[i].first.min(segment_start);
+                intervals[i].last = intervals[i].last.max(step);
+            }
+        }
         let unshared_bytes = intervals.iter().map(|iv| iv.bytes).sum();
-        let arena_bytes = if reuse { pack(&mut intervals) } else { stack(&mut intervals) };
-        let lower_bound_bytes = lower_bound(&intervals, end + 1);
+        let mut arenas = vec![0; n_backends];
+        let mut lower_bound_bytes = 0;
+        for (b, arena) in arenas.iter_mut().enumerate() {
+            let mut mine: Vec<Interval> = intervals.iter().copied().filter(|iv| iv.backend == b).collect();
+            *arena = if reuse { pack(&mut mine) } else { stack(&mut mine) };
+            lower_bound_bytes += lower_bound(&mine, end + 1);
+            let mut it = mine.into_iter();
+            for iv in intervals.iter_mut().filter(|iv| iv.backend == b) {
+                *iv = it.next().expect("the same intervals, in order");
+            }
+        }
+        let arena_bytes = arenas.iter().sum();
 
         let mut slots: Vec<Option<Slot>> = vec![None; n];
         let mut leaf_bytes = 0;
-        for iv in &intervals {
+        for iv in intervals.iter().filter(|iv| !iv.mirror) {
             let meta = graph.node(iv.root).meta;
-            slots[iv.root.index()] = Some(Slot { storage: Storage::Arena, offset: iv.offset + guard, meta });
+            slots[iv.root.index()] =
+                Some(Slot { storage: Storage::Arena(iv.backend), offset: iv.offset + guard, meta });
         }
         for &id in &live {
             let node = graph.node(id);
@@ -221,7 +296,40 @@ impl Plan {
             kept[id.index()] = graph.node(r).op().is_none() || !reuse || last[r.index()] == end;
         }
         let stats = MemoryStats { arena_bytes, lower_bound_bytes, unshared_bytes, leaf_bytes };
-        Plan { live, slots, tasks, leaves, intervals, stats, options, kept }
+        let mut home_of = vec![0; n];
+        for &id in &live {
+            home_of[id.index()] = home[id.index()];
+        }
+        Plan { live, slots, tasks, leaves, intervals, stats, options, home: home_of, arenas, kept, root, mirror_of }
+    }
+
+    /// Where task `task` reads its input `input`: the input's own slot when it lives on the task's
+    /// backend, else the matching bytes of the mirror of its root there.
+    pub fn input_slot(&self, task: NodeId, input: NodeId) -> Option<Slot> {
+        let b = self.home[task.index()];
+        let slot = self.slot(input)?;
+        let r = self.root[input.index()];
+        if self.home[r.index()] == b {
+            return Some(slot);
+        }
+        let m = self.intervals[*self.mirror_of.get(&(r, b))?];
+        let root_start = self.slot(r)?.offset;
+        let guard = self.options.guard_bytes;
+        Some(Slot {
+            storage: Storage::Arena(b),
+            offset: m.offset + guard + (slot.offset - root_start),
+            meta: slot.meta,
+        })
+    }
+
+    /// The mirrors, each as (the root it copies, its interval).
+    pub fn mirrors(&self) -> impl Iterator<Item = &Interval> {
+        self.intervals.iter().filter(|iv| iv.mirror)
+    }
+
+    /// The storage root of a live node: itself for leaves and arena roots, else what it aliases.
+    pub fn root(&self, id: NodeId) -> NodeId {
+        self.root[id.index()]
     }
 
     /// The slot of a live node.
@@ -356,36 +464,59 @@ pub fn verify(graph: &Graph, plan: &Plan, max_ratio: f64) -> Result<(), String> 
             return Err(format!("output {out:?} does not survive the run"));
         }
     }
-    let heads: Vec<(usize, usize, usize, usize)> = live
+    // (first step, last step, storage, start byte, end byte) of every computed value, and of
+    // every mirror (alive, as the plan says, from the segment that copies it in to its last
+    // reader; the executor's copies make that the plan's own claim, checked for overlap here).
+    let mut values: Vec<(usize, usize, Storage, usize, usize)> = live
         .iter()
         .filter(|id| group[id.index()] == id.index() && graph.node(**id).op().is_some())
         .map(|&id| {
-            let (_, a, b) = span(id);
-            (step[id.index()], last[id.index()].unwrap_or(step[id.index()]), a, b)
+            let (st, a, b) = span(id);
+            (step[id.index()], last[id.index()].unwrap_or(step[id.index()]), st, a, b)
         })
         .collect();
-    for (i, x) in heads.iter().enumerate() {
-        for y in &heads[i + 1..] {
-            let alive_together = x.0 <= y.1 && y.0 <= x.1;
-            let share_bytes = x.2 < y.3 && y.2 < x.3;
-            if alive_together && share_bytes {
-                return Err(format!("values alive at steps {}..={} and {}..={} share arena bytes", x.0, x.1, y.0, y.1));
+    for m in plan.mirrors() {
+        let len = graph.node(m.root).meta.nbytes_contiguous();
+        let at = m.offset + plan.options.guard_bytes;
+        values.push((m.first, m.last, Storage::Arena(m.backend), at, at + len));
+        let readers_on_b = live.iter().filter(|t| plan.home[t.index()] == m.backend && graph.node(**t).op().is_some());
+        for t in readers_on_b {
+            let reads = graph.node(*t).inputs.iter().any(|i| NodeId(group[i.index()] as u32) == m.root);
+            let at_step = step[t.index()];
+            if reads && (at_step < m.first || at_step > m.last) {
+                return Err(format!("{t:?} reads the mirror of {:?} outside its lifetime", m.root));
             }
         }
     }
-    let mut alive = vec![0usize; end + 2];
-    for &(first, last, a, b) in &heads {
-        let bytes = (b - a).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
-        for v in &mut alive[first..=last] {
-            *v += bytes;
+    for (i, x) in values.iter().enumerate() {
+        for y in &values[i + 1..] {
+            let alive_together = x.0 <= y.1 && y.0 <= x.1;
+            let share_bytes = x.2 == y.2 && x.3 < y.4 && y.3 < x.4;
+            if alive_together && share_bytes {
+                return Err(format!(
+                    "values alive at steps {}..={} and {}..={} share bytes of {:?}",
+                    x.0, x.1, y.0, y.1, x.2
+                ));
+            }
         }
     }
-    let bound = alive.iter().copied().max().unwrap_or(0);
-    if plan.stats.arena_bytes as f64 > max_ratio * bound as f64 {
-        return Err(format!(
-            "the arena is {} bytes, over {max_ratio} x the {bound} bytes alive at once",
-            plan.stats.arena_bytes
-        ));
+    // Each backend's arena against the most bytes alive at once there.
+    for (bk, &arena) in plan.arenas.iter().enumerate() {
+        let mut alive = vec![0usize; end + 2];
+        for &(first, last, st, a, b) in &values {
+            if st == Storage::Arena(bk) {
+                let bytes = (b - a).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+                for v in &mut alive[first..=last] {
+                    *v += bytes;
+                }
+            }
+        }
+        let bound = alive.iter().copied().max().unwrap_or(0);
+        if arena as f64 > max_ratio * bound as f64 {
+            return Err(format!(
+                "backend {bk}'s arena is {arena} bytes, over {max_ratio} x the {bound} bytes alive at once"
+            ));
+        }
     }
     Ok(())
 }

@@ -54,6 +54,12 @@ pub enum ExecError {
     #[error("node {node:?} is not computed by this graph: mark it as an output")]
     NotComputed { node: NodeId },
 
+    #[error("a graph needs at least one backend to run on")]
+    NoBackend,
+
+    #[error("the graph was placed on {placed} backend(s) but is run with {given}")]
+    BackendCount { placed: usize, given: usize },
+
     #[error(
         "node {node:?} ({label}) is an intermediate whose memory was reused after its last use: mark it as an \
          output, or place the graph with `keep_intermediates`"
@@ -89,29 +95,45 @@ struct Prepared {
     output: TensorRef,
 }
 
-/// A plan realised on a backend: the buffers it owns, where every live node is, the prepared
-/// tasks. Knows nothing of the graph's lifetime, so a [`Session`] can borrow or own it.
+/// A copy of a value's bytes from its home backend into a mirror on another, before a segment.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    from: usize,
+    src: (BufferId, usize),
+    dst: (BufferId, usize),
+    bytes: usize,
+}
+
+/// Consecutive tasks on one backend, the copies they need first, and the task list as the
+/// backend kept it after the first run (`Backend::prepare`).
+#[derive(Debug)]
+struct Segment {
+    backend: usize,
+    tasks: Vec<Prepared>,
+    transfers: Vec<Transfer>,
+    kept: Option<PreparedId>,
+    prepare_tried: bool,
+}
+
+/// A plan realised on its backends: the buffers it owns, where every live node is, the prepared
+/// segments. Knows nothing of the graph's lifetime, so a [`Session`] can borrow or own it.
 #[derive(Debug)]
 struct Placement {
     plan: Plan,
     place: Vec<Option<TensorRef>>,
     leaf_set: Vec<bool>,
-    /// Buffers this placement allocated (the arena and unbound leaves), freed with it.
-    owned: Vec<BufferId>,
-    /// Guarded byte ranges `(buffer, offset of the data, data length)`.
-    guarded: Vec<(BufferId, usize, usize)>,
-    tasks: Vec<Prepared>,
+    /// Buffers this placement allocated (arenas and unbound leaves), with their backend.
+    owned: Vec<(usize, BufferId)>,
+    /// Guarded byte ranges `(backend, buffer, offset of the data, data length)`.
+    guarded: Vec<(usize, BufferId, usize, usize)>,
+    segments: Vec<Segment>,
     guard: usize,
-    /// The task list as the backend kept it after the first run (`Backend::prepare`), and
-    /// whether preparing was tried.
-    kept: Option<PreparedId>,
-    prepare_tried: bool,
 }
 
 impl Placement {
     fn new(
         graph: &Graph,
-        backend: &mut dyn Backend,
+        backends: &mut [&mut dyn Backend],
         opts: SessionOptions,
         bindings: &[(Tensor, TensorRef)],
     ) -> Result<Placement, ExecError> {
@@ -131,27 +153,29 @@ impl Placement {
                     got: (place.meta.ne, place.meta.dtype),
                 });
             }
-            let size = backend.size(place.buffer)?;
-            crate::check_range(backend.name(), place.buffer, size, place.offset, place.meta.span_bytes())?;
+            let size = backends[0].size(place.buffer)?;
+            crate::check_range(backends[0].name(), place.buffer, size, place.offset, place.meta.span_bytes())?;
             bound[t.id().index()] = Some(*place);
         }
-        let plan = Plan::new(graph, opts.plan_options());
+        let home = {
+            let view: Vec<&dyn Backend> = backends.iter().map(|b| &**b).collect();
+            crate::schedule::assign(graph, &view)?
+        };
+        let plan = Plan::scheduled(graph, opts.plan_options(), &home, backends.len());
         let mut p = Placement {
             place: vec![None; graph.len()],
             leaf_set: vec![false; graph.len()],
             owned: Vec::new(),
             guarded: Vec::new(),
-            tasks: Vec::with_capacity(plan.tasks.len()),
+            segments: Vec::new(),
             guard: opts.guard_bytes,
             plan,
-            kept: None,
-            prepare_tried: false,
         };
         // From here on an error must free what was allocated: the caller never sees `p`.
-        match p.realise(graph, backend, &bound) {
+        match p.realise(graph, backends, &bound) {
             Ok(()) => Ok(p),
             Err(e) => {
-                p.free(backend);
+                p.free(backends);
                 Err(e)
             }
         }
@@ -160,24 +184,24 @@ impl Placement {
     fn realise(
         &mut self,
         graph: &Graph,
-        backend: &mut dyn Backend,
+        backends: &mut [&mut dyn Backend],
         bound: &[Option<TensorRef>],
     ) -> Result<(), ExecError> {
         let guard = self.guard;
-        let arena = match self.plan.stats.arena_bytes {
-            0 => None,
-            bytes => {
-                let b = backend.alloc(bytes)?;
-                self.owned.push(b);
-                Some(b)
+        let mut arenas: Vec<Option<BufferId>> = vec![None; backends.len()];
+        for (b, &bytes) in self.plan.arenas.iter().enumerate() {
+            if bytes > 0 {
+                let buffer = backends[b].alloc(bytes)?;
+                self.owned.push((b, buffer));
+                arenas[b] = Some(buffer);
             }
-        };
-        if let Some(arena) = arena
-            && guard > 0
-        {
+        }
+        if guard > 0 {
             for iv in &self.plan.intervals {
-                let len = graph.node(iv.root).meta.nbytes_contiguous();
-                self.guarded.push((arena, iv.offset + guard, len));
+                if let Some(arena) = arenas[iv.backend] {
+                    let len = graph.node(iv.root).meta.nbytes_contiguous();
+                    self.guarded.push((iv.backend, arena, iv.offset + guard, len));
+                }
             }
         }
         let mut leaf_buf: Vec<Option<BufferId>> = vec![None; graph.len()];
@@ -187,47 +211,52 @@ impl Placement {
                 self.place[leaf.index()] = Some(place);
                 continue;
             }
+            let b = self.plan.home[leaf.index()];
             let len = graph.node(leaf).meta.nbytes_contiguous();
-            let b = backend.alloc(len + 2 * guard)?;
-            self.owned.push(b);
+            let buffer = backends[b].alloc(len + 2 * guard)?;
+            self.owned.push((b, buffer));
             if guard > 0 {
-                self.guarded.push((b, guard, len));
+                self.guarded.push((b, buffer, guard, len));
             }
-            leaf_buf[leaf.index()] = Some(b);
+            leaf_buf[leaf.index()] = Some(buffer);
         }
-        for &(buffer, at, len) in &self.guarded {
+        for &(b, buffer, at, len) in &self.guarded {
             let pattern = vec![GUARD_BYTE; guard];
-            backend.write(buffer, at - guard, &pattern)?;
-            backend.write(buffer, at + len, &pattern)?;
+            backends[b].write(buffer, at - guard, &pattern)?;
+            backends[b].write(buffer, at + len, &pattern)?;
         }
-        for &id in &self.plan.live {
-            if self.place[id.index()].is_some() {
-                continue; // bound
-            }
-            let slot = self.plan.slot(id).expect("every live node has a slot");
-            let place = match slot.storage {
-                Storage::Arena => TensorRef {
-                    buffer: arena.expect("arena slots exist only with an arena"),
+        let resolve = |slot: crate::plan::Slot| -> TensorRef {
+            match slot.storage {
+                Storage::Arena(b) => TensorRef {
+                    buffer: arenas[b].expect("arena slots exist only with an arena"),
                     offset: slot.offset,
                     meta: slot.meta,
                 },
                 Storage::Leaf(leaf) => match (bound[leaf.index()], leaf_buf[leaf.index()]) {
-                    (Some(b), _) => TensorRef { buffer: b.buffer, offset: b.offset + slot.offset, meta: slot.meta },
+                    (Some(at), _) => TensorRef { buffer: at.buffer, offset: at.offset + slot.offset, meta: slot.meta },
                     (None, Some(buffer)) => TensorRef { buffer, offset: guard + slot.offset, meta: slot.meta },
                     (None, None) => unreachable!("every live leaf is bound or has a buffer"),
                 },
-            };
-            self.place[id.index()] = Some(place);
+            }
+        };
+        for &id in &self.plan.live {
+            if self.place[id.index()].is_none() {
+                self.place[id.index()] = Some(resolve(self.plan.slot(id).expect("every live node has a slot")));
+            }
         }
         for &id in &self.plan.tasks {
             let node = graph.node(id);
             let NodeKind::Op(op) = &node.kind else { unreachable!("tasks are ops") };
-            let inputs: SmallVec<[TensorRef; 4]> =
-                node.inputs.iter().map(|&i| self.placed(i)).collect::<Result<_, _>>()?;
+            let b = self.plan.home[id.index()];
+            let inputs: SmallVec<[TensorRef; 4]> = node
+                .inputs
+                .iter()
+                .map(|&i| self.plan.input_slot(id, i).map(resolve).ok_or(ExecError::NotComputed { node: i }))
+                .collect::<Result<_, _>>()?;
             let metas: SmallVec<[TensorMeta; 4]> = inputs.iter().map(|r| r.meta).collect();
-            if !backend.supports(op, &metas) {
+            if !backends[b].supports(op, &metas) {
                 return Err(ExecError::Unsupported {
-                    backend: backend.name().to_string(),
+                    backend: backends[b].name().to_string(),
                     op: op.to_string(),
                     node: id,
                     inputs: metas.iter().map(|m| (m.ne, m.dtype)).collect(),
@@ -245,7 +274,36 @@ impl Placement {
                     return Err(ExecError::AliasedInPlace { node: id, op: op.name() });
                 }
             }
-            self.tasks.push(Prepared { node: id, inputs, output });
+            if self.segments.last().is_none_or(|s| s.backend != b) {
+                self.segments.push(Segment {
+                    backend: b,
+                    tasks: Vec::new(),
+                    transfers: Vec::new(),
+                    kept: None,
+                    prepare_tried: false,
+                });
+            }
+            let seg = self.segments.last_mut().expect("pushed above");
+            // The mirrors this task reads, refreshed once before its segment.
+            for &i in &node.inputs {
+                let r = self.plan.root(i);
+                let from = self.plan.home[r.index()];
+                if from == b {
+                    continue;
+                }
+                let src = self.place[r.index()].expect("roots are placed");
+                let dst = resolve(self.plan.input_slot(id, r).expect("a mirror for every foreign root read"));
+                let bytes = src.meta.nbytes_contiguous();
+                if !seg.transfers.iter().any(|t| t.dst == (dst.buffer, dst.offset)) {
+                    seg.transfers.push(Transfer {
+                        from,
+                        src: (src.buffer, src.offset),
+                        dst: (dst.buffer, dst.offset),
+                        bytes,
+                    });
+                }
+            }
+            seg.tasks.push(Prepared { node: id, inputs, output });
         }
         Ok(())
     }
@@ -254,16 +312,93 @@ impl Placement {
         self.place.get(id.index()).copied().flatten().ok_or(ExecError::NotComputed { node: id })
     }
 
-    fn free(&mut self, backend: &mut dyn Backend) {
-        if let Some(id) = self.kept.take() {
-            backend.release_prepared(id);
+    fn free(&mut self, backends: &mut [&mut dyn Backend]) {
+        // (Backends missing from `backends` keep what is theirs: a caller error that must not
+        // panic in a destructor.)
+        for seg in &mut self.segments {
+            if let (Some(id), Some(be)) = (seg.kept.take(), backends.get_mut(seg.backend)) {
+                be.release_prepared(id);
+            }
         }
         // Newest first: a pool that reuses the last freed block of a size (the CUDA backend's)
         // then hands the same graph's next placement the same addresses, so a captured step
         // replays rather than updates.
-        for b in self.owned.drain(..).rev() {
-            backend.free(b);
+        for (b, buffer) in self.owned.drain(..).rev() {
+            if let Some(be) = backends.get_mut(b) {
+                be.free(buffer);
+            }
         }
+    }
+
+    /// Whether `backends` are as many as the placement's.
+    fn check(&self, backends: &[&mut dyn Backend]) -> Result<(), ExecError> {
+        let placed = self.plan.arenas.len();
+        if backends.len() == placed { Ok(()) } else { Err(ExecError::BackendCount { placed, given: backends.len() }) }
+    }
+
+    /// Runs the segments in order, each after copying the mirrors it reads.
+    fn run(&mut self, graph: &Graph, backends: &mut [&mut dyn Backend]) -> Result<(), ExecError> {
+        self.check(backends)?;
+        for &id in &self.plan.leaves {
+            if !self.leaf_set[id.index()] {
+                let name = graph.node(id).name.clone().unwrap_or_default();
+                return Err(ExecError::UnsetLeaf { node: id, name });
+            }
+        }
+        for seg in &mut self.segments {
+            for t in &seg.transfers {
+                let mut bytes = vec![0u8; t.bytes];
+                backends[t.from].read(t.src.0, t.src.1, &mut bytes)?;
+                backends[seg.backend].write(t.dst.0, t.dst.1, &bytes)?;
+            }
+            let backend = &mut *backends[seg.backend];
+            if let Some(id) = seg.kept {
+                backend.compute_prepared(id)?;
+                continue;
+            }
+            let tasks: Vec<Task<'_>> = seg
+                .tasks
+                .iter()
+                .map(|t| Task {
+                    node: t.node,
+                    op: graph.node(t.node).op().expect("tasks are ops"),
+                    inputs: t.inputs.clone(),
+                    output: t.output,
+                })
+                .collect();
+            if !seg.prepare_tried {
+                seg.prepare_tried = true;
+                seg.kept = backend.prepare(&tasks)?;
+            }
+            match seg.kept {
+                Some(id) => backend.compute_prepared(id)?,
+                None => backend.compute(&tasks)?,
+            }
+        }
+        if self.guard > 0 {
+            let mut buf = vec![0u8; self.guard];
+            for &(b, buffer, at, len) in &self.guarded {
+                for (side, from) in [("before", at - self.guard), ("after", at + len)] {
+                    backends[b].read(buffer, from, &mut buf)?;
+                    if buf.iter().any(|&x| x != GUARD_BYTE) {
+                        let node = self.guarded_node(buffer, at);
+                        let op = graph.node(node).label();
+                        return Err(ExecError::GuardOverwritten { node, op, side });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The node whose guarded range starts at `at` in `buffer`.
+    fn guarded_node(&self, buffer: BufferId, at: usize) -> NodeId {
+        self.plan
+            .live
+            .iter()
+            .copied()
+            .find(|&id| self.place[id.index()].is_some_and(|r| r.buffer == buffer && r.offset == at))
+            .unwrap_or(NodeId(0))
     }
 }
 
@@ -274,11 +409,11 @@ enum Held<'g> {
     Lent(&'g mut Placement),
 }
 
-/// A graph placed on a backend. Frees what it allocated when dropped (unless it was lent by an
-/// [`Executable`], which keeps it).
+/// A graph placed on one backend, or spread over several ([`Session::scheduled`]). Frees what it
+/// allocated when dropped (unless it was lent by an [`Executable`], which keeps it).
 pub struct Session<'g, 'b> {
     graph: &'g Graph,
-    backend: &'b mut dyn Backend,
+    backends: Vec<&'b mut dyn Backend>,
     held: Held<'g>,
 }
 
@@ -306,8 +441,24 @@ impl<'g, 'b> Session<'g, 'b> {
         opts: SessionOptions,
         bindings: &[(Tensor, TensorRef)],
     ) -> Result<Self, ExecError> {
-        let placement = Placement::new(graph, backend, opts, bindings)?;
-        Ok(Session { graph, backend, held: Held::Own(Box::new(placement)) })
+        Self::scheduled(graph, vec![backend], opts, bindings)
+    }
+
+    /// Places `graph` over `backends`, in order of preference (`schedule::assign`): every op
+    /// runs on the first that supports it, state is written where it lives, values cross
+    /// backends through mirrors copied before the segments that read them. Leaves, and the
+    /// memory of `bindings`, live on the first backend.
+    pub fn scheduled(
+        graph: &'g Graph,
+        mut backends: Vec<&'b mut dyn Backend>,
+        opts: SessionOptions,
+        bindings: &[(Tensor, TensorRef)],
+    ) -> Result<Self, ExecError> {
+        if backends.is_empty() {
+            return Err(ExecError::NoBackend);
+        }
+        let placement = Placement::new(graph, &mut backends, opts, bindings)?;
+        Ok(Session { graph, backends, held: Held::Own(Box::new(placement)) })
     }
 
     fn p(&self) -> &Placement {
@@ -317,16 +468,14 @@ impl<'g, 'b> Session<'g, 'b> {
         }
     }
 
-    fn p_mut(&mut self) -> &mut Placement {
-        match &mut self.held {
-            Held::Own(p) => p,
-            Held::Lent(p) => p,
-        }
-    }
-
-    /// The plan this session runs (memory statistics, slots, tasks).
+    /// The plan this session runs (memory statistics, slots, tasks, home backends).
     pub fn plan(&self) -> &Plan {
         &self.p().plan
+    }
+
+    /// How many segments (runs of consecutive tasks on one backend) a run has.
+    pub fn segments(&self) -> usize {
+        self.p().segments.len()
     }
 
     fn leaf(&self, t: &Tensor) -> Result<TensorRef, ExecError> {
@@ -351,8 +500,13 @@ impl<'g, 'b> Session<'g, 'b> {
         if data.len() != expected {
             return Err(ExecError::DataSize { node: t.id(), expected, got: data.len() });
         }
-        self.backend.write(place.buffer, place.offset, data)?;
-        self.p_mut().leaf_set[t.id().index()] = true;
+        self.p().check(&self.backends)?;
+        let b = self.p().plan.home[t.id().index()];
+        self.backends[b].write(place.buffer, place.offset, data)?;
+        match &mut self.held {
+            Held::Own(p) => p.leaf_set[t.id().index()] = true,
+            Held::Lent(p) => p.leaf_set[t.id().index()] = true,
+        }
         Ok(())
     }
 
@@ -387,60 +541,19 @@ impl<'g, 'b> Session<'g, 'b> {
     /// set. (Backend support and in-place aliasing were checked when the graph was placed.)
     pub fn run(&mut self) -> Result<(), ExecError> {
         let graph = self.graph;
-        let p: &mut Placement = match &mut self.held {
-            Held::Own(p) => p,
-            Held::Lent(p) => p,
-        };
-        for &id in &p.plan.leaves {
-            if !p.leaf_set[id.index()] {
-                let name = graph.node(id).name.clone().unwrap_or_default();
-                return Err(ExecError::UnsetLeaf { node: id, name });
-            }
+        match &mut self.held {
+            Held::Own(p) => p.run(graph, &mut self.backends),
+            Held::Lent(p) => p.run(graph, &mut self.backends),
         }
-        match p.kept {
-            Some(id) => self.backend.compute_prepared(id)?,
-            None => {
-                let tasks: Vec<Task<'_>> = p
-                    .tasks
-                    .iter()
-                    .map(|t| Task {
-                        node: t.node,
-                        op: graph.node(t.node).op().expect("tasks are ops"),
-                        inputs: t.inputs.clone(),
-                        output: t.output,
-                    })
-                    .collect();
-                if !p.prepare_tried {
-                    p.prepare_tried = true;
-                    p.kept = self.backend.prepare(&tasks)?;
-                }
-                match p.kept {
-                    Some(id) => self.backend.compute_prepared(id)?,
-                    None => self.backend.compute(&tasks)?,
-                }
-            }
-        }
-        let p: &Placement = p;
-        if p.guard > 0 {
-            let mut buf = vec![0u8; p.guard];
-            for &(buffer, at, len) in &p.guarded {
-                for (side, from) in [("before", at - p.guard), ("after", at + len)] {
-                    self.backend.read(buffer, from, &mut buf)?;
-                    if buf.iter().any(|&b| b != GUARD_BYTE) {
-                        let node = guarded_node(p, buffer, at);
-                        let op = graph.node(node).label();
-                        return Err(ExecError::GuardOverwritten { node, op, side });
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
-    /// Waits for the backend to finish queued work (asynchronous backends) and reports any error
-    /// it found.
+    /// Waits for the backends to finish queued work (asynchronous backends) and reports any
+    /// error one found.
     pub fn synchronize(&mut self) -> Result<(), ExecError> {
-        Ok(self.backend.synchronize()?)
+        for b in &mut self.backends {
+            b.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Reads a tensor as contiguous bytes of its dtype in logical order: a leaf, an output (or an
@@ -451,9 +564,11 @@ impl<'g, 'b> Session<'g, 'b> {
         if !self.p().plan.survives_run(t.id()) {
             return Err(ExecError::NotKept { node: t.id(), label: node.label() });
         }
+        self.p().check(&self.backends)?;
+        let b = self.p().plan.home[t.id().index()];
         let meta = place.meta;
         let mut raw = vec![0u8; meta.span_bytes()];
-        self.backend.read(place.buffer, place.offset, &mut raw)?;
+        self.backends[b].read(place.buffer, place.offset, &mut raw)?;
         if meta.is_contiguous() {
             return Ok(raw);
         }
@@ -477,37 +592,28 @@ impl<'g, 'b> Session<'g, 'b> {
         Ok(self.get_f64(t)?.into_iter().map(|x| x as f32).collect())
     }
 
-    /// Where a live node's data lives (for tests and tools).
+    /// Where a live node's data lives on its home backend (for tests and tools).
     pub fn placement(&self, t: Tensor) -> Option<TensorRef> {
         self.p().place.get(t.id().index()).copied().flatten()
     }
 }
 
-/// The node whose guarded range starts at `at` in `buffer`.
-fn guarded_node(p: &Placement, buffer: BufferId, at: usize) -> NodeId {
-    p.plan
-        .live
-        .iter()
-        .copied()
-        .find(|&id| p.place[id.index()].is_some_and(|r| r.buffer == buffer && r.offset == at))
-        .unwrap_or(NodeId(0))
-}
-
 impl Drop for Session<'_, '_> {
     fn drop(&mut self) {
         if let Held::Own(p) = &mut self.held {
-            p.free(self.backend);
+            p.free(&mut self.backends);
         }
     }
 }
 
-/// A placed graph that owns its graph and outlives any one borrow of the backend: plan once,
+/// A placed graph that owns its graph and outlives any one borrow of the backends: plan once,
 /// then run it step after step ([`Executable::session`] lends it the backend). Its memory is
 /// released by [`Executable::free`] (it cannot free on drop: it holds no backend).
 #[derive(Debug)]
 pub struct Executable {
     graph: Graph,
     placement: Placement,
+    backends: usize,
 }
 
 impl Executable {
@@ -518,8 +624,21 @@ impl Executable {
         opts: SessionOptions,
         bindings: &[(Tensor, TensorRef)],
     ) -> Result<Executable, ExecError> {
-        let placement = Placement::new(&graph, backend, opts, bindings)?;
-        Ok(Executable { graph, placement })
+        Self::scheduled(graph, &mut [backend], opts, bindings)
+    }
+
+    /// Places `graph` over `backends` (see [`Session::scheduled`]).
+    pub fn scheduled(
+        graph: Graph,
+        backends: &mut [&mut dyn Backend],
+        opts: SessionOptions,
+        bindings: &[(Tensor, TensorRef)],
+    ) -> Result<Executable, ExecError> {
+        if backends.is_empty() {
+            return Err(ExecError::NoBackend);
+        }
+        let placement = Placement::new(&graph, backends, opts, bindings)?;
+        Ok(Executable { graph, placement, backends: backends.len() })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -530,15 +649,25 @@ impl Executable {
         &self.placement.plan
     }
 
+    /// How many backends it was placed on.
+    pub fn n_backends(&self) -> usize {
+        self.backends
+    }
+
     /// A session over this placement on `backend` (the one it was placed on): set, run, get.
     /// Dropping the session keeps the placement.
     pub fn session<'s, 'b>(&'s mut self, backend: &'b mut dyn Backend) -> Session<'s, 'b> {
-        Session { graph: &self.graph, backend, held: Held::Lent(&mut self.placement) }
+        Session { graph: &self.graph, backends: vec![backend], held: Held::Lent(&mut self.placement) }
     }
 
-    /// Frees the buffers the placement allocated on `backend`.
-    pub fn free(&mut self, backend: &mut dyn Backend) {
-        self.placement.free(backend);
+    /// A session over this placement on `backends` (those it was placed on, in the same order).
+    pub fn session_on<'s, 'b>(&'s mut self, backends: Vec<&'b mut dyn Backend>) -> Session<'s, 'b> {
+        Session { graph: &self.graph, backends, held: Held::Lent(&mut self.placement) }
+    }
+
+    /// Frees the buffers the placement allocated on `backends` (those it was placed on).
+    pub fn free(&mut self, backends: &mut [&mut dyn Backend]) {
+        self.placement.free(backends);
     }
 }
 

@@ -175,6 +175,8 @@ impl Seq {
 pub struct Engine {
     model: Model,
     backend: Box<dyn Backend>,
+    /// Where ops `backend` does not support run ([`Engine::with_fallback`]).
+    fallback: Option<Box<dyn Backend>>,
     cfg: EngineConfig,
     /// Admitted sequences (in the model), oldest first.
     running: Vec<Seq>,
@@ -202,6 +204,27 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// An engine over `model`, which must have been loaded on `backend` and hold no sequences.
     pub fn new(model: Model, backend: Box<dyn Backend>, cfg: EngineConfig) -> R<Engine> {
+        Self::build(model, backend, None, cfg)
+    }
+
+    /// [`Engine::new`] with a second backend for the ops `backend` does not support (the CPU
+    /// behind a GPU, say): each such op runs there, its inputs copied over and its result back
+    /// (`tessera_graph::schedule`). Weights and caches stay on `backend`.
+    pub fn with_fallback(
+        model: Model,
+        backend: Box<dyn Backend>,
+        fallback: Box<dyn Backend>,
+        cfg: EngineConfig,
+    ) -> R<Engine> {
+        Self::build(model, backend, Some(fallback), cfg)
+    }
+
+    fn build(
+        model: Model,
+        backend: Box<dyn Backend>,
+        fallback: Option<Box<dyn Backend>>,
+        cfg: EngineConfig,
+    ) -> R<Engine> {
         if cfg.max_tokens_per_step == 0 {
             return Err(EngineError::BadConfig { why: "max_tokens_per_step must be at least 1".into() });
         }
@@ -211,6 +234,7 @@ impl Engine {
         Ok(Engine {
             model,
             backend,
+            fallback,
             cfg,
             running: Vec::new(),
             waiting: VecDeque::new(),
@@ -384,11 +408,15 @@ impl Engine {
         // Greedy sequences alone and no logits to record: the argmax runs on the device and only
         // token ids come back.
         let greedy = !self.record && plan.iter().all(|(i, _)| self.running[*i].sampler.params().is_greedy());
+        let mut backends: Vec<&mut dyn Backend> = vec![self.backend.as_mut()];
+        if let Some(f) = self.fallback.as_mut() {
+            backends.push(f.as_mut());
+        }
         let result = if greedy {
-            self.model.step_greedy(self.backend.as_mut(), &batch).map(Outcome::Tokens)
+            self.model.step_greedy_on(&mut backends, &batch).map(Outcome::Tokens)
         } else {
             let which = if self.record { Logits::All } else { Logits::Last };
-            self.model.step(self.backend.as_mut(), &batch, which).map(Outcome::Logits)
+            self.model.step_on(&mut backends, &batch, which).map(Outcome::Logits)
         };
         let secs = t0.elapsed().as_secs_f64();
         let outcome = match result {
@@ -482,7 +510,11 @@ impl Engine {
 impl Drop for Engine {
     /// Frees the model's weights and caches on the backend.
     fn drop(&mut self) {
-        self.model.free(self.backend.as_mut());
+        let mut backends: Vec<&mut dyn Backend> = vec![self.backend.as_mut()];
+        if let Some(f) = self.fallback.as_mut() {
+            backends.push(f.as_mut());
+        }
+        self.model.free_on(&mut backends);
     }
 }
 

@@ -318,9 +318,17 @@ impl Model {
 
     /// Frees the weights, caches and planned step graphs on `backend`.
     pub fn free(&mut self, backend: &mut dyn Backend) {
+        self.free_on(&mut [backend]);
+    }
+
+    /// Frees the weights, caches and planned step graphs: on `backends`, those the model's steps
+    /// ran on ([`Model::step_on`]), the first the one it was loaded on.
+    pub fn free_on(&mut self, backends: &mut [&mut dyn Backend]) {
         for (_, mut sg) in self.steps.graphs.drain() {
-            sg.exe.free(backend);
+            sg.exe.free(backends);
         }
+        let Some(backend) = backends.first_mut() else { return };
+        let backend = &mut **backend;
         self.steps.stats.arena_bytes = 0;
         self.weights.free(backend);
         for l in self.layers.drain(..) {
@@ -362,7 +370,19 @@ impl Model {
     /// again). An error while a graph runs (after reservation) leaves the reserved positions and
     /// any state already updated in place: the caller should remove the affected sequences.
     pub fn step(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])], which: Logits) -> R<Vec<Vec<f32>>> {
-        let out = self.step_as(backend, batch, Output::Logits(which))?;
+        self.step_on(&mut [backend], batch, which)
+    }
+
+    /// [`Model::step`] over several backends in order of preference: the first is the one the
+    /// model was loaded on; an op it does not support runs on the next that does
+    /// (`tessera_graph::schedule`), its inputs copied over and back.
+    pub fn step_on(
+        &mut self,
+        backends: &mut [&mut dyn Backend],
+        batch: &[(SeqId, &[u32])],
+        which: Logits,
+    ) -> R<Vec<Vec<f32>>> {
+        let out = self.step_as(backends, batch, Output::Logits(which))?;
         Ok(out.into_iter().map(|o| if let SeqOut::Logits(l) = o { l } else { Vec::new() }).collect())
     }
 
@@ -370,11 +390,24 @@ impl Model {
     /// sequence's last logits, and only the token ids (4 bytes a sequence, not `n_vocab * 4`)
     /// come back. The same token as `sample::argmax` of [`Model::step`]'s last logits.
     pub fn step_greedy(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])]) -> R<Vec<u32>> {
-        let out = self.step_as(backend, batch, Output::Greedy)?;
+        self.step_greedy_on(&mut [backend], batch)
+    }
+
+    /// [`Model::step_greedy`] over several backends (see [`Model::step_on`]).
+    pub fn step_greedy_on(&mut self, backends: &mut [&mut dyn Backend], batch: &[(SeqId, &[u32])]) -> R<Vec<u32>> {
+        let out = self.step_as(backends, batch, Output::Greedy)?;
         Ok(out.into_iter().map(|o| if let SeqOut::Token(t) = o { t } else { 0 }).collect())
     }
 
-    fn step_as(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])], what: Output) -> R<Vec<SeqOut>> {
+    fn step_as(
+        &mut self,
+        backends: &mut [&mut dyn Backend],
+        batch: &[(SeqId, &[u32])],
+        what: Output,
+    ) -> R<Vec<SeqOut>> {
+        if backends.is_empty() {
+            return Err(ExecError::NoBackend.into());
+        }
         if batch.is_empty() {
             return Err(ModelError::BadBatch { why: "empty batch".into() });
         }
@@ -411,7 +444,7 @@ impl Model {
             }
         };
         self.last_times = StepTimes::default();
-        self.clear_new_slots(backend)?;
+        self.clear_new_slots(&mut *backends[0])?;
         let mut out: Vec<SeqOut> = vec![SeqOut::Token(0); batch.len()];
         let mut counts: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
         counts.sort_unstable();
@@ -420,7 +453,7 @@ impl Model {
             let idx: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].1.len() == n).collect();
             let group: Vec<(SeqId, &[u32], Range<usize>)> =
                 idx.iter().map(|&i| (batch[i].0, batch[i].1, ranges[i].clone())).collect();
-            let results = self.run_group(backend, &group, what)?;
+            let results = self.run_group(backends, &group, what)?;
             for (i, r) in idx.into_iter().zip(results) {
                 out[i] = r;
             }
@@ -471,7 +504,7 @@ impl Model {
 
     fn run_group(
         &mut self,
-        backend: &mut dyn Backend,
+        backends: &mut [&mut dyn Backend],
         group: &[(SeqId, &[u32], Range<usize>)],
         what: Output,
     ) -> R<Vec<SeqOut>> {
@@ -485,8 +518,8 @@ impl Model {
             all_logits: what == Output::Logits(Logits::All),
             greedy: what == Output::Greedy,
         };
-        let sg = self.planned_step(backend, bucket)?;
-        let mut s = sg.exe.session(backend);
+        let sg = self.planned_step(backends, bucket)?;
+        let mut s = sg.exe.session_on(backends.iter_mut().map(|b| -> &mut dyn Backend { &mut **b }).collect());
         s.set_i32(sg.tokens, &inp.tokens)?;
         s.set_i32(sg.leaves.positions, &inp.positions)?;
         s.set_i32(sg.leaves.write_cells, &inp.write_cells)?;
@@ -519,7 +552,14 @@ impl Model {
 
     /// The planned step graph of `bucket`: the cached one, or a new one built, planned and
     /// placed (evicting the least recently used beyond the capacity).
-    fn planned_step(&mut self, backend: &mut dyn Backend, bucket: Bucket) -> R<&mut StepGraph> {
+    fn planned_step(&mut self, backends: &mut [&mut dyn Backend], bucket: Bucket) -> R<&mut StepGraph> {
+        // A graph placed on other backends than these is planned again.
+        if self.steps.graphs.get(&bucket).is_some_and(|g| g.exe.n_backends() != backends.len())
+            && let Some(mut old) = self.steps.graphs.remove(&bucket)
+        {
+            self.steps.stats.arena_bytes -= old.exe.plan().stats.arena_bytes;
+            old.exe.free(backends);
+        }
         self.steps.clock += 1;
         let clock = self.steps.clock;
         if self.steps.graphs.contains_key(&bucket) {
@@ -529,11 +569,11 @@ impl Model {
                 let Some((&oldest, _)) = self.steps.graphs.iter().min_by_key(|(_, g)| g.used) else { break };
                 if let Some(mut old) = self.steps.graphs.remove(&oldest) {
                     self.steps.stats.arena_bytes -= old.exe.plan().stats.arena_bytes;
-                    old.exe.free(backend);
+                    old.exe.free(backends);
                     self.steps.stats.evicted += 1;
                 }
             }
-            let sg = self.build_step(backend, bucket)?;
+            let sg = self.build_step(backends, bucket)?;
             self.steps.stats.built += 1;
             self.steps.stats.arena_bytes += sg.exe.plan().stats.arena_bytes;
             self.steps.graphs.insert(bucket, sg);
@@ -560,10 +600,10 @@ impl Model {
         Ok((b.g, b.binds))
     }
 
-    fn build_step(&self, backend: &mut dyn Backend, bucket: Bucket) -> R<StepGraph> {
+    fn build_step(&self, backends: &mut [&mut dyn Backend], bucket: Bucket) -> R<StepGraph> {
         let (b, tokens, leaves, last_rows, logits) = self.build_graph(bucket)?;
         let Builder { g, binds, .. } = b;
-        let exe = Executable::new(g, backend, SessionOptions::default(), &binds)?;
+        let exe = Executable::scheduled(g, backends, SessionOptions::default(), &binds)?;
         Ok(StepGraph { exe, tokens, leaves, last_rows, logits, used: 0 })
     }
 

@@ -204,3 +204,39 @@ fn a_batch_equals_each_sequence_alone_and_replay_equals_eager() {
         assert_eq!(with_graphs, without, "{preset}: CUDA graph replay differs from eager execution");
     }
 }
+
+#[test]
+fn ops_the_gpu_refuses_run_on_the_cpu_with_the_same_results() {
+    // The scheduler's fallback, as a GPU without a kernel for some ops would need it: the CUDA
+    // backend made to refuse the router's top_k and every rms_norm, with the CPU behind it.
+    let (Some(alone), Some(refusing)) = (gpu(true), gpu(true)) else { return };
+    let mut alone = alone;
+    let mut first = tessera_graph::Refusing::new(refusing, &["top_k", "rms_norm"]);
+    let mut cpu = CpuBackend::new();
+    for preset in ["tiny", "tiny-moe"] {
+        let f = file(preset, DType::F32);
+        let prompt = tokens(24, 3);
+        let mut a = Model::load(&f, &mut alone, opts()).unwrap();
+        let (want, want_stream) = prompt_and_greedy(&mut a, &mut alone, &prompt, 16);
+        a.free(&mut alone);
+
+        let mut m = Model::load(&f, &mut first, opts()).unwrap();
+        let v = m.config.n_vocab;
+        let all = m.step_on(&mut [&mut first, &mut cpu], &[(0, &prompt)], Logits::All).unwrap().remove(0);
+        let mut next = argmax(&all[all.len() - v..]);
+        let mut stream = vec![next];
+        while stream.len() < 16 {
+            next = m.step_greedy_on(&mut [&mut first, &mut cpu], &[(0, &[next])]).unwrap()[0];
+            stream.push(next);
+        }
+        m.free_on(&mut [&mut first, &mut cpu]);
+        let e = nmse(&all, &want);
+        eprintln!(
+            "{preset}: CUDA + CPU fallback vs CUDA alone: logits NMSE {e:.2e}, max |diff| {}",
+            max_abs_diff(&all, &want)
+        );
+        assert!(e < 1e-10, "{preset}: NMSE {e}");
+        assert_eq!(stream, want_stream, "{preset}: greedy streams differ");
+    }
+    assert_eq!(cpu.allocated(), 0, "the fallback's buffers were freed");
+}
