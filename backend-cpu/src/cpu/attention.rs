@@ -18,10 +18,10 @@
 //! Results go to a scratch buffer laid out per task, then into the output's rows
 //! (`[d_v, n_head, n_tokens, n_seq]`).
 
-use rayon::prelude::*;
 use tessera_ops::{FlashAttnParams, KernelError};
 
 use super::math::{exp, map_in_place, zip_in_place};
+use super::par;
 use super::strided::{Dst, Src, decode, row_coords};
 use super::sum::dot_weights;
 
@@ -105,7 +105,7 @@ pub(super) fn flash_attn_ext(
     let tb = (ROWS / group).clamp(1, n_tokens);
     let t_blocks = n_tokens.div_ceil(tb);
     let base_tasks = n_seq * n_head_kv * t_blocks;
-    let splits = (2 * rayon::current_num_threads()).div_ceil(base_tasks).clamp(1, group);
+    let splits = (2 * par::threads()).div_ceil(base_tasks).clamp(1, group);
     let hb = group.div_ceil(splits);
     let h_blocks = group.div_ceil(hb);
     let slot = tb * hb * d_v;
@@ -113,7 +113,7 @@ pub(super) fn flash_attn_ext(
     // Results per task slot: row (hj, tj) of task (s, hk, t block, h block) at `(hj * tb' + tj) *
     // d_v`, where tb' is that block's token count.
     let mut tmp = vec![0f32; base_tasks * h_blocks * slot];
-    tmp.par_chunks_mut(slot).enumerate().for_each_init(Scratch::default, |sc, (task, acc)| {
+    par::chunks_mut(&mut tmp, slot, 1, Scratch::default, |sc, task, acc| {
         let hbi = task % h_blocks;
         let tbi = (task / h_blocks) % t_blocks;
         let hk = (task / (h_blocks * t_blocks)) % n_head_kv;

@@ -10,11 +10,11 @@
 //! (sequence, channel block); it runs after every output row is done, because the rows read the
 //! old state. Slots are checked (in range, distinct) before anything is written.
 
-use rayon::prelude::*;
 use tessera_ops::{DType, KernelError, checked_slots};
 
 use super::StateMut;
 use super::math::silu;
+use super::par;
 use super::strided::{Dst, DstRow, Src, row_coords};
 
 const UPDATE: &str = "ssm_conv_update_inplace";
@@ -76,19 +76,25 @@ enum Vector<'a> {
 fn channel_major(a: &Src<'_>) -> Vec<f32> {
     let [n0, n1, n2, _] = a.ne();
     let mut out = vec![0.0; n0 * n1 * n2];
-    out.par_chunks_mut(n0 * n1).enumerate().for_each(|(i2, plane)| {
-        plane.par_chunks_mut(TRANSPOSE_ROWS * n1).enumerate().for_each_init(Vec::new, |run, (b, block)| {
-            let j0 = b * TRANSPOSE_ROWS;
-            let rows = block.len() / n1;
-            run.resize(rows, 0.0);
-            for i1 in 0..n1 {
-                a.gather_flat_f32(j0 + n0 * (i1 + n1 * i2), run);
-                for (d, &v) in run.iter().enumerate() {
-                    block[d * n1 + i1] = v;
+    par::chunks_mut(
+        &mut out,
+        n0 * n1,
+        1,
+        || (),
+        |_, i2, plane| {
+            par::chunks_mut(plane, TRANSPOSE_ROWS * n1, 1, Vec::new, |run, b, block| {
+                let j0 = b * TRANSPOSE_ROWS;
+                let rows = block.len() / n1;
+                run.resize(rows, 0.0);
+                for i1 in 0..n1 {
+                    a.gather_flat_f32(j0 + n0 * (i1 + n1 * i2), run);
+                    for (d, &v) in run.iter().enumerate() {
+                        block[d * n1 + i1] = v;
+                    }
                 }
-            }
-        });
-    });
+            });
+        },
+    );
     out
 }
 
@@ -200,11 +206,19 @@ pub(super) fn ssm_conv_update(
     for (s, &k) in slot_of.iter().enumerate() {
         jobs.push((s, by_slot[k].take().ok_or_else(state_too_small)?));
     }
-    jobs.into_par_iter().for_each(|(s, slot)| {
-        slot.par_chunks_mut(STATE_BLOCK * keep * 4).enumerate().for_each_init(Vec::new, |xs, (b, block)| {
-            save_block(&x, s, b * STATE_BLOCK, keep, block, xs);
-        });
-    });
+    par::chunks_mut(
+        &mut jobs,
+        1,
+        1,
+        || (),
+        |_, _, job| {
+            for (s, slot) in job {
+                par::chunks_mut(slot, STATE_BLOCK * keep * 4, 1, Vec::new, |xs, b, block| {
+                    save_block(&x, *s, b * STATE_BLOCK, keep, block, xs);
+                });
+            }
+        },
+    );
     Ok(())
 }
 

@@ -11,11 +11,11 @@
 //! formulas are in `tessera_ops::reference` (delta_net) and docs/OPS.md; this file computes the
 //! same in f32 with f32 accumulation.
 
-use rayon::prelude::*;
 use tessera_ops::{DeltaNetAlgo, GatedDeltaNetParams, HeadMap, KernelError, checked_slots};
 
 use super::StateMut;
 use super::math::exp;
+use super::par;
 use super::strided::{Dst, Src, cast_f32_mut, row_coords};
 
 const OP: &str = "gated_delta_net";
@@ -66,8 +66,12 @@ pub(super) fn gated_delta_net(
     let inputs = Inputs { q, k, v, g, beta, scale: p.scale, head_map: p.head_map, h_k, ratio };
     // Outputs per (seq, head): [n_t][S_v].
     let mut outs = vec![0f32; n_seq * h_v * n_t * s_v];
-    tasks.into_par_iter().zip(outs.par_chunks_mut(n_t * s_v)).for_each_init(Scratch::default, |sc, (task, o)| {
-        let (s, h, bytes) = task;
+    let mut tasks: Vec<_> = tasks.into_iter().zip(outs.chunks_mut(n_t * s_v)).collect();
+    // A task's work is about one pass over its state per token.
+    let min_len = super::strided::rows_per_task(s_k * s_v * n_t);
+    par::chunks_mut(&mut tasks, 1, min_len, Scratch::default, |sc, _, task| {
+        let [((s, h, bytes), o)] = task else { unreachable!("chunks of one task") };
+        let (s, h, o) = (*s, *h, &mut **o);
         let mut copied = Vec::new();
         let st: &mut [f32] = match cast_f32_mut(bytes) {
             Some(st) => st,

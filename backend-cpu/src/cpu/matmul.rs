@@ -19,10 +19,12 @@
 //! call whatever the number of tokens routed to it.
 
 use rayon::prelude::*;
+use smallvec::SmallVec;
 use tessera_ops::{DType, KernelError, TensorMeta};
 
+use super::par;
 use super::quant::dot_quantized;
-use super::strided::{Dst, SendPtr, Src, cast_f32, cast_f32_mut, row_coords};
+use super::strided::{Dst, SendPtr, Src, cast_f32, cast_f32_mut, row_coords, rows_per_task};
 use super::sum::dot_weights;
 
 /// Largest `N` that takes the dot-product path (the quantized dots serve this many columns per
@@ -123,53 +125,114 @@ impl<'a> F32Layout<'a> {
 fn pack_rows(src: &Src<'_>) -> Vec<f32> {
     let (ne, k) = (src.ne(), src.ne()[0]);
     let mut packed = vec![0f32; src.meta.nelements()];
-    packed.par_chunks_mut(k).enumerate().for_each(|(r, row)| src.load_row(row_coords(ne, r), row));
+    par::chunks_mut(&mut packed, k, rows_per_task(k), || (), |_, r, row| src.load_row(row_coords(ne, r), row));
     packed
 }
 
-/// Dot-product path for small `N`: parallel over blocks of weight rows per batch.
+/// Activation columns `0..N` of batch `(i2, i3)` as one `[K, N]` f32 slice: borrowed in place when
+/// they are dense, aligned f32 rows one after the other, else decoded into `scratch`.
+fn columns<'s>(b: &Src<'s>, n_len: usize, [i2, i3]: [usize; 2], scratch: &'s mut Vec<f32>) -> &'s [f32] {
+    let (k, nb) = (b.ne()[0], b.meta.nb);
+    if b.dtype() == DType::F32 && nb[0] == 4 && (n_len == 1 || nb[1] == 4 * k) {
+        let start = b.row_start([0, i2, i3]);
+        // The span covers row N - 1, which ends at start + N * K * 4 (the rows are adjacent).
+        if let Some(cols) = b.bytes().get(start..start + n_len * k * 4).and_then(cast_f32) {
+            return cols;
+        }
+    }
+    scratch.resize(n_len * k, 0.0);
+    for (n, col) in scratch.chunks_exact_mut(k).enumerate() {
+        b.load_row([n, i2, i3], col);
+    }
+    scratch
+}
+
+/// Per-task scratch of the GEMV rows.
+#[derive(Default)]
+struct GemvScratch {
+    /// A weight row decoded to f32 (strided weights only).
+    row: Vec<f32>,
+    /// The portable dot's conversion buffer.
+    conv: Vec<f32>,
+}
+
+/// `put(n, m, dot(a[:, m, a2, a3], cols[n]))` for every weight row `m` in `rows` and every column
+/// `n` of `cols` (`[K, N]`, `N <= QUANT_GEMV_MAX_N` for quantized weights). Each weight row is read
+/// once for all the columns; the dots are [`dot_weights`] and [`dot_quantized`], so a value does
+/// not depend on which rows or task computed it.
+fn gemv_rows(
+    a: &Src<'_>,
+    [a2, a3]: [usize; 2],
+    cols: &[f32],
+    rows: std::ops::Range<usize>,
+    sc: &mut GemvScratch,
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    let k = a.ne()[0];
+    let n_len = cols.len() / k;
+    for m in rows {
+        // Weight rows are dense (shape rules); read them as raw bytes of their dtype.
+        let c = [m, a2, a3];
+        if a.dtype().is_quantized() {
+            // Fused dequantize-dot: each block decoded once, in registers, for all columns.
+            let start = a.row_start(c);
+            let w = &a.bytes()[start..start + a.meta.row_bytes()];
+            let mut dots = [0f32; QUANT_GEMV_MAX_N];
+            dot_quantized(a.dtype(), w, cols, &mut dots[..n_len]);
+            for (n, &v) in dots[..n_len].iter().enumerate() {
+                put(n, m, v);
+            }
+            continue;
+        }
+        let (dtype, w): (DType, &[u8]) = match a.row_raw(c) {
+            Some(raw) => (a.dtype(), raw),
+            None => {
+                sc.row.resize(k, 0.0);
+                a.load_row(c, &mut sc.row);
+                (DType::F32, bytemuck::cast_slice(&sc.row))
+            }
+        };
+        for (n, col) in cols.chunks_exact(k).enumerate() {
+            put(n, m, dot_weights(dtype, w, col, &mut sc.conv));
+        }
+    }
+}
+
+/// Dot-product path for small `N`: blocks of weight rows per batch, in parallel when there is
+/// more than one block's worth of work, else serially straight into `c`.
 fn gemv(a: &Src<'_>, b: &Src<'_>, d: &Dims, c: &mut [f32]) {
     let (k, m_len, n_len) = (d.k, d.m, d.n);
-    // Activation rows (columns of b), contiguous f32: row (n, i2, i3) at flat index n + N * batch.
-    let b_rows = pack_rows(b);
     let rows_per_task = (GEMV_GRAIN / k).clamp(1, m_len);
     let m_tasks = m_len.div_ceil(rows_per_task);
+    if !par::split(d.batches() * m_tasks, 1) {
+        let (mut sc, mut packed) = (GemvScratch::default(), Vec::new());
+        for (batch, c) in c.chunks_exact_mut(m_len * n_len).enumerate() {
+            let (bi, ai) = d.batch(batch);
+            let cols = columns(b, n_len, bi, &mut packed);
+            gemv_rows(a, ai, cols, 0..m_len, &mut sc, |n, m, v| c[n * m_len + m] = v);
+        }
+        return;
+    }
+    // Activation rows (columns of b), contiguous f32: row (n, i2, i3) at flat index n + N * batch.
+    let packed;
+    let b_rows = match F32Layout::of(b) {
+        Some(l) if b.meta.is_contiguous() => l.data,
+        _ => {
+            packed = pack_rows(b);
+            &packed
+        }
+    };
     let results: Vec<Vec<f32>> = (0..d.batches() * m_tasks)
         .into_par_iter()
-        .map_init(<(Vec<f32>, Vec<f32>)>::default, |(row, conv), t| {
+        .map_init(GemvScratch::default, |sc, t| {
             let (batch, m0) = (t / m_tasks, t % m_tasks * rows_per_task);
             let m1 = (m0 + rows_per_task).min(m_len);
-            let (_, [a2, a3]) = d.batch(batch);
+            let (_, ai) = d.batch(batch);
             let cols = &b_rows[batch * n_len * k..(batch + 1) * n_len * k];
             // res[n * len + (m - m0)]: this task's part of each output column.
             let len = m1 - m0;
             let mut res = vec![0f32; len * n_len];
-            for m in m0..m1 {
-                // Weight rows are dense (shape rules); read them as raw bytes of their dtype.
-                let c = [m, a2, a3];
-                if a.dtype().is_quantized() {
-                    // Fused dequantize-dot: each block decoded once, in registers, for all columns.
-                    let start = a.row_start(c);
-                    let w = &a.bytes()[start..start + a.meta.row_bytes()];
-                    let mut dots = [0f32; QUANT_GEMV_MAX_N];
-                    dot_quantized(a.dtype(), w, cols, &mut dots[..n_len]);
-                    for (n, &v) in dots[..n_len].iter().enumerate() {
-                        res[n * len + m - m0] = v;
-                    }
-                    continue;
-                }
-                let (dtype, w): (DType, &[u8]) = match a.row_raw(c) {
-                    Some(raw) => (a.dtype(), raw),
-                    None => {
-                        row.resize(k, 0.0);
-                        a.load_row(c, row);
-                        (DType::F32, bytemuck::cast_slice(row))
-                    }
-                };
-                for (n, col) in cols.chunks_exact(k).enumerate() {
-                    res[n * len + m - m0] = dot_weights(dtype, w, col, conv);
-                }
-            }
+            gemv_rows(a, ai, cols, m0..m1, sc, |n, m, v| res[n * len + m - m0] = v);
             res
         })
         .collect();
@@ -229,10 +292,11 @@ fn gemm(a: &Src<'_>, b: &Src<'_>, d: &Dims, c: &mut [f32]) {
         }
     };
     let a_layout = F32Layout::of(a);
-    let tiles = plan_tiles(d, rayon::current_num_threads(), a_layout.is_none());
+    let tiles = plan_tiles(d, par::threads(), a_layout.is_none());
     let (c_len, c_ptr) = (c.len(), SendPtr(c.as_mut_ptr()));
     let (k, m_len, n_len) = (d.k, d.m, d.n);
-    tiles.par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
+    par::for_each_init(tiles.len(), 1, Vec::new, |scratch: &mut Vec<f32>, i| {
+        let t = &tiles[i];
         let ([i2, i3], [a2, a3]) = d.batch(t.batch);
         let rows = t.m1 - t.m0;
         // The weights of rows m0..m1 as an (m x k) matrix: in place, or converted into scratch.
@@ -304,13 +368,14 @@ pub(super) fn mul_mat_id(
             why: format!("output {:?} does not match the inputs", out_meta.ne),
         });
     }
-    // routed[e]: the flat slots `u + n_used * t` that expert e serves, in increasing order.
-    let mut routed: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    // (expert, flat slot `u + n_used * t`) of every routed pair, sorted by expert and, within an
+    // expert, by slot (the pairs are listed in slot order and the sort is stable).
+    let mut pairs: SmallVec<[(usize, usize); 16]> = SmallVec::with_capacity(n_used * n_tokens);
     for t in 0..n_tokens {
         for u in 0..n_used {
             let id = ids.elem_i32([u, t, 0, 0]);
             match usize::try_from(id) {
-                Ok(e) if e < n_expert => routed[e].push(u + n_used * t),
+                Ok(e) if e < n_expert => pairs.push((e, u + n_used * t)),
                 _ => {
                     return Err(KernelError::IndexOutOfRange {
                         op: "mul_mat_id",
@@ -322,53 +387,104 @@ pub(super) fn mul_mat_id(
             }
         }
     }
-    let groups: Vec<(usize, Vec<usize>)> = routed.into_iter().enumerate().filter(|(_, s)| !s.is_empty()).collect();
+    pairs.sort_by_key(|&(e, _)| e);
+    let slots: SmallVec<[usize; 16]> = pairs.iter().map(|&(_, s)| s).collect();
+    // groups[g] = (expert, start, end): expert g serves slots[start..end].
+    let mut groups: SmallVec<[(usize, usize, usize); 16]> = SmallVec::new();
+    for (i, &(e, _)) in pairs.iter().enumerate() {
+        match groups.last_mut() {
+            Some((last, _, end)) if *last == e => *end = i + 1,
+            _ => groups.push((e, i, i + 1)),
+        }
+    }
     let emeta = experts.meta;
     let expert_meta = TensorMeta { ne: [k, n_rows, 1, 1], ..emeta };
-    let results: Vec<Vec<f32>> = groups
-        .par_iter()
-        .map(|(e, slots)| {
-            let bad = |why: &str| KernelError::Unsupported { op: "mul_mat_id", why: why.into() };
-            // An expert's rows lie inside the validated span of all experts.
-            let w = experts
-                .bytes()
-                .get(e * emeta.nb[2]..)
-                .and_then(|bytes| Src::new(bytes, expert_meta))
-                .ok_or_else(|| bad("expert weights outside their span"))?;
-            let mut act = vec![0f32; k * slots.len()];
-            for (col, &s) in act.chunks_exact_mut(k).zip(slots) {
-                let (u, t) = (s % n_used, s / n_used);
-                b.load_row([u % n_b, t, 0], col);
+    let bad = |why: &str| KernelError::Unsupported { op: "mul_mat_id", why: why.into() };
+    // An expert's rows lie inside the validated span of all experts.
+    let weights = |e: usize| {
+        experts
+            .bytes()
+            .get(e * emeta.nb[2]..)
+            .and_then(|bytes| Src::new(bytes, expert_meta))
+            .ok_or_else(|| bad("expert weights outside their span"))
+    };
+    // Writes every routed output column into `c` (the f32 output, contiguous).
+    let fill = |c: &mut [f32]| -> Result<(), KernelError> {
+        let gemv_max = if experts.dtype().is_quantized() { QUANT_GEMV_MAX_N } else { GEMV_MAX_N };
+        // Experts in parallel when there is more than about one GEMV task's worth of work.
+        let per_task = (GEMV_GRAIN * groups.len() / (k * n_rows * slots.len()).max(1)).max(1);
+        if !par::split(groups.len(), per_task) {
+            let (mut sc, mut act, mut res) = (GemvScratch::default(), Vec::new(), Vec::new());
+            for &(e, start, end) in &groups {
+                let w = weights(e)?;
+                let slots = &slots[start..end];
+                let cols = expert_columns(&b, slots, n_used, &mut act);
+                if slots.len() <= gemv_max {
+                    gemv_rows(&w, [0, 0], cols, 0..n_rows, &mut sc, |n, m, v| c[slots[n] * n_rows + m] = v);
+                    continue;
+                }
+                let act_src = columns_src(cols, k, slots.len()).ok_or_else(|| bad("packed activations do not fit"))?;
+                res.resize(n_rows * slots.len(), 0.0);
+                compute(&w, &act_src, &mut res);
+                for (&s, col) in slots.iter().zip(res.chunks_exact(n_rows)) {
+                    c[s * n_rows..(s + 1) * n_rows].copy_from_slice(col);
+                }
             }
-            let act_meta = TensorMeta::contiguous("mul_mat_id", DType::F32, [k, slots.len(), 1, 1])
-                .map_err(|e| bad(&e.to_string()))?;
-            let act_src =
-                Src::new(bytemuck::cast_slice(&act), act_meta).ok_or_else(|| bad("packed activations do not fit"))?;
-            let mut c = vec![0f32; n_rows * slots.len()];
-            compute(&w, &act_src, &mut c);
-            Ok(c)
-        })
-        .collect::<Result<_, KernelError>>()?;
-    let write = |c: &mut [f32]| {
-        for ((_, slots), res) in groups.iter().zip(&results) {
-            for (&s, col) in slots.iter().zip(res.chunks_exact(n_rows)) {
-                c[s * n_rows..(s + 1) * n_rows].copy_from_slice(col);
+        } else {
+            let results: Vec<Vec<f32>> = par::try_map(groups.len(), 1, |g| {
+                let (e, start, end) = groups[g];
+                let w = weights(e)?;
+                let slots = &slots[start..end];
+                let mut act = Vec::new();
+                let cols = expert_columns(&b, slots, n_used, &mut act);
+                let act_src = columns_src(cols, k, slots.len()).ok_or_else(|| bad("packed activations do not fit"))?;
+                let mut res = vec![0f32; n_rows * slots.len()];
+                compute(&w, &act_src, &mut res);
+                Ok(res)
+            })?;
+            for (&(_, start, end), res) in groups.iter().zip(&results) {
+                for (&s, col) in slots[start..end].iter().zip(res.chunks_exact(n_rows)) {
+                    c[s * n_rows..(s + 1) * n_rows].copy_from_slice(col);
+                }
             }
         }
+        Ok(())
     };
     let count = out_meta.nelements();
     if out_meta.dtype == DType::F32
         && out_meta.is_contiguous()
         && let Some(c) = out.get_mut(..count * 4).and_then(cast_f32_mut)
     {
-        write(c);
-        return Ok(());
+        return fill(c);
     }
     let mut tmp = vec![0f32; count];
-    write(&mut tmp);
+    fill(&mut tmp)?;
     let mut dst = Dst::new(out, *out_meta)?;
     dst.for_each_row(n_rows, || (), |_, r, mut row| row.store(&tmp[r * n_rows..(r + 1) * n_rows]));
     Ok(())
+}
+
+/// The activation rows `b[:, u mod n_b, t]` of flat slots `u + n_used * t`, as one `[K, slots]`
+/// f32 slice: borrowed for a single dense aligned f32 row, else decoded into `scratch`.
+fn expert_columns<'s>(b: &Src<'s>, slots: &[usize], n_used: usize, scratch: &'s mut Vec<f32>) -> &'s [f32] {
+    let (k, n_b) = (b.ne()[0], b.ne()[1]);
+    let coords = |s: usize| [s % n_used % n_b, s / n_used, 0];
+    if let [s] = slots
+        && let Some(col) = b.row_f32(coords(*s))
+    {
+        return col;
+    }
+    scratch.resize(k * slots.len(), 0.0);
+    for (col, &s) in scratch.chunks_exact_mut(k).zip(slots) {
+        b.load_row(coords(s), col);
+    }
+    scratch
+}
+
+/// `cols` (`n` columns of `k` f32) as a contiguous `[k, n]` tensor.
+fn columns_src(cols: &[f32], k: usize, n: usize) -> Option<Src<'_>> {
+    let meta = TensorMeta::contiguous("mul_mat_id", DType::F32, [k, n, 1, 1]).ok()?;
+    Src::new(bytemuck::cast_slice(cols), meta)
 }
 
 #[cfg(test)]

@@ -2,9 +2,11 @@
 //!
 //! # How a task runs
 //!
-//! 1. Its descriptors are validated: every dimension non-zero, spans computable without overflow,
-//!    and `tessera_ops::infer` must accept the inputs and agree with the output's shape and dtype.
-//!    Kernels may then rely on the shape rules (a hand-built bad task is an error, not a panic).
+//! 1. Its descriptors are validated ([`check_task`]): every dimension non-zero, spans computable
+//!    without overflow, and `tessera_ops::infer` must accept the inputs and agree with the output's
+//!    shape and dtype. Kernels may then rely on the shape rules (a hand-built bad task is an error,
+//!    not a panic). A task list kept by `Backend::prepare` was validated once, when it was kept;
+//!    what depends on the buffers (each exists and holds its spans) is checked on every run.
 //! 2. The output buffer is taken out of the buffer table ([`HostBuffers::take`]), so it can be
 //!    written while the inputs are borrowed from the table.
 //! 3. The input an in-place op writes (`Op::writes_input`) is read from the output bytes themselves
@@ -13,7 +15,10 @@
 //!    many tensors), and copied out first when they overlap (only hand-built tasks do that), so
 //!    every task computes as if its inputs were read before its output is written.
 //! 4. The kernel of the op family writes the output (`data`, `elementwise`, `reduce`, `matmul`),
-//!    parallel over rows or tiles; the buffer is put back even when the kernel fails.
+//!    parallel over rows or tiles where the work is worth splitting ([`par`]); the buffer is put
+//!    back even when the kernel fails.
+//!
+//! A backend with one thread runs its task lists on the calling thread, every loop serial.
 //!
 //! Data-dependent failures (row ids out of range) are `BackendError::Kernel` and are detected
 //! before anything is written.
@@ -25,6 +30,7 @@ mod delta_net;
 mod elementwise;
 mod math;
 mod matmul;
+mod par;
 mod quant;
 mod reduce;
 mod rope;
@@ -34,7 +40,7 @@ mod sum;
 mod testutil;
 
 use smallvec::SmallVec;
-use tessera_graph::{Backend, BackendError, Task, TensorRef, check_range};
+use tessera_graph::{Backend, BackendError, PreparedId, Task, TensorRef, check_range};
 use tessera_ops::{KernelError, Op, TensorMeta};
 
 use crate::buffers::{HostBuffer, HostBuffers};
@@ -48,6 +54,15 @@ pub struct CpuBackend {
     buffers: HostBuffers,
     /// Our own thread pool, or `None` for rayon's global one.
     pool: Option<rayon::ThreadPool>,
+    /// Task lists kept by `prepare`, by `PreparedId` (`None`: released).
+    kept: Vec<Option<Vec<KeptTask>>>,
+}
+
+/// A task checked by `prepare` ([`check_task`]), with owned copies of what running it needs.
+struct KeptTask {
+    op: Op,
+    inputs: SmallVec<[TensorRef; 4]>,
+    output: TensorRef,
 }
 
 impl Default for CpuBackend {
@@ -59,7 +74,7 @@ impl Default for CpuBackend {
 impl CpuBackend {
     /// A backend running on rayon's global thread pool.
     pub fn new() -> Self {
-        CpuBackend { buffers: HostBuffers::new(NAME), pool: None }
+        CpuBackend { buffers: HostBuffers::new(NAME), pool: None, kept: Vec::new() }
     }
 
     /// A backend with its own pool of `threads` threads (at least 1).
@@ -69,7 +84,7 @@ impl CpuBackend {
             .thread_name(|i| format!("tessera-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Device { backend: NAME.into(), detail: e.to_string() })?;
-        Ok(CpuBackend { buffers: HostBuffers::new(NAME), pool: Some(pool) })
+        Ok(CpuBackend { buffers: HostBuffers::new(NAME), pool: Some(pool), kept: Vec::new() })
     }
 
     /// Threads the kernels run on.
@@ -108,15 +123,80 @@ impl Backend for CpuBackend {
     }
 
     fn compute(&mut self, tasks: &[Task<'_>]) -> Result<(), BackendError> {
-        // The whole task list runs on one worker of the pool, so each kernel's parallel loop
-        // starts from inside the pool. Entered from outside, every loop would be injected into
-        // the pool and the caller put to sleep until it finished: a futex round trip per op,
-        // which at decode sizes cost more than the kernels.
+        self.run_list(|buffers| tasks.iter().try_for_each(|t| run_task(buffers, t.op, &t.inputs, &t.output)))
+    }
+
+    /// Checks every task once ([`check_task`]) and keeps owned copies; running them again skips
+    /// those checks and the executor's per-run task list. The checks that depend on buffers (the
+    /// buffer exists, the span lies inside it) and on data (row and expert ids, state slots) run
+    /// every time. A list with a task the checks refuse is not kept, so `compute` reports the
+    /// error where it always has, after the tasks before it ran.
+    fn prepare(&mut self, tasks: &[Task<'_>]) -> Result<Option<PreparedId>, BackendError> {
+        if tasks.iter().any(|t| check_task(t.op, &t.inputs, &t.output).is_err()) {
+            return Ok(None);
+        }
+        let list = tasks.iter().map(|t| KeptTask { op: t.op.clone(), inputs: t.inputs.clone(), output: t.output });
+        let list = Some(list.collect());
+        let id = match self.kept.iter().position(Option::is_none) {
+            Some(i) => {
+                self.kept[i] = list;
+                i
+            }
+            None => {
+                self.kept.push(list);
+                self.kept.len() - 1
+            }
+        };
+        let id = u32::try_from(id).map_err(|_| BackendError::Device {
+            backend: NAME.into(),
+            detail: "too many prepared task lists".into(),
+        })?;
+        Ok(Some(PreparedId(id)))
+    }
+
+    fn compute_prepared(&mut self, id: PreparedId) -> Result<(), BackendError> {
+        let i = id.0 as usize;
+        let Some(list) = self.kept.get_mut(i).and_then(Option::take) else {
+            return Err(unsupported_list(id));
+        };
+        let result =
+            self.run_list(|buffers| list.iter().try_for_each(|t| run_checked(buffers, &t.op, &t.inputs, &t.output)));
+        self.kept[i] = Some(list);
+        result
+    }
+
+    fn release_prepared(&mut self, id: PreparedId) {
+        if let Some(slot) = self.kept.get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+}
+
+impl CpuBackend {
+    /// Runs `run` (a task list) with the buffer table. With one thread it runs on the calling
+    /// thread with every kernel loop serial ([`par::serially`]). Otherwise the whole list runs on
+    /// one worker of the pool, so each kernel's parallel loop starts from inside the pool: entered
+    /// from outside, every loop would be injected into the pool and the caller put to sleep until
+    /// it finished, a futex round trip per op, which at decode sizes cost more than the kernels.
+    fn run_list(
+        &mut self,
+        run: impl FnOnce(&mut HostBuffers) -> Result<(), BackendError> + Send,
+    ) -> Result<(), BackendError> {
+        let threads = self.num_threads();
         let buffers = &mut self.buffers;
         match &self.pool {
-            Some(pool) => pool.install(|| tasks.iter().try_for_each(|t| run_task(buffers, t))),
-            None => rayon::scope(|_| tasks.iter().try_for_each(|t| run_task(buffers, t))),
+            _ if threads <= 1 => par::serially(|| run(buffers)),
+            Some(pool) => pool.install(|| run(buffers)),
+            None => rayon::scope(|_| run(buffers)),
         }
+    }
+}
+
+fn unsupported_list(id: PreparedId) -> BackendError {
+    BackendError::Unsupported {
+        backend: NAME.into(),
+        op: "prepared task list",
+        why: format!("{id:?} is not a task list this backend kept"),
     }
 }
 
@@ -137,14 +217,22 @@ fn unsupported(op: &Op, why: String) -> BackendError {
     BackendError::Unsupported { backend: NAME.into(), op: op.name(), why }
 }
 
-/// Validates `task`, then runs its kernel with the output buffer taken out of the table.
-fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendError> {
-    let op = task.op;
+/// Validates a task ([`check_task`]), then runs it ([`run_checked`]).
+fn run_task(buffers: &mut HostBuffers, op: &Op, inputs: &[TensorRef], out: &TensorRef) -> Result<(), BackendError> {
+    check_task(op, inputs, out)?;
+    run_checked(buffers, op, inputs, out)
+}
+
+/// The checks of a task that depend only on its op and descriptors (`prepare` runs them once):
+/// no view, block-quantized data only where a kernel reads whole blocks, every span computable,
+/// `tessera_ops::infer` accepts the inputs and agrees with the output's shape and dtype, and
+/// updated state does not share the output's buffer. Kernels may then rely on the shape rules.
+fn check_task(op: &Op, inputs: &[TensorRef], out: &TensorRef) -> Result<(), BackendError> {
     if op.is_view() {
         return Err(unsupported(op, "views are resolved by the executor, not computed".into()));
     }
-    let n_inputs = task.inputs.len();
-    for (i, r) in task.inputs.iter().chain([&task.output]).enumerate() {
+    let n_inputs = inputs.len();
+    for (i, r) in inputs.iter().chain([out]).enumerate() {
         let allowed = if i < n_inputs { reads_quantized(op, i) } else { writes_quantized(op) };
         if r.meta.dtype.is_quantized() && !allowed {
             let which = if i < n_inputs { format!("input {i}") } else { "the output".into() };
@@ -155,9 +243,8 @@ fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendErr
             return Err(unsupported(op, why));
         }
     }
-    let metas: SmallVec<[&TensorMeta; 4]> = task.inputs.iter().map(|r| &r.meta).collect();
+    let metas: SmallVec<[&TensorMeta; 4]> = inputs.iter().map(|r| &r.meta).collect();
     let inferred = tessera_ops::infer(op, &metas).map_err(|e| unsupported(op, e.to_string()))?;
-    let out = &task.output;
     if inferred.ne != out.meta.ne || inferred.dtype != out.meta.dtype {
         let why = format!(
             "output is {} {:?}, but the inputs give {} {:?}",
@@ -165,17 +252,25 @@ fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendErr
         );
         return Err(unsupported(op, why));
     }
-    // The written input is read in place only when it is exactly the output's placement.
-    let in_place = op.writes_input().filter(|&w| task.inputs.get(w) == Some(out));
-    // State an op updates as a side effect is taken out of the table too, so it can be written
-    // while the other inputs are read. It must not share the output's buffer (the executor gives
-    // outputs their own); other inputs in its buffer are not readable meanwhile (an error).
-    let updated = op.updates_input().and_then(|u| task.inputs.get(u).copied());
-    if let Some(state) = &updated
+    // State an op updates as a side effect must not share the output's buffer (the executor gives
+    // outputs their own): both are taken out of the table while the kernel runs.
+    if let Some(state) = op.updates_input().and_then(|u| inputs.get(u))
         && state.buffer == out.buffer
     {
         return Err(unsupported(op, "the updated state shares the output's buffer".into()));
     }
+    Ok(())
+}
+
+/// Runs the kernel of a task that passed [`check_task`], with the output buffer taken out of the
+/// table; checks that the buffers exist and hold the spans.
+fn run_checked(buffers: &mut HostBuffers, op: &Op, inputs: &[TensorRef], out: &TensorRef) -> Result<(), BackendError> {
+    // The written input is read in place only when it is exactly the output's placement.
+    let in_place = op.writes_input().filter(|&w| inputs.get(w) == Some(out));
+    // State an op updates as a side effect is taken out of the table too, so it can be written
+    // while the other inputs are read; other inputs in its buffer are not readable meanwhile (an
+    // error).
+    let updated = op.updates_input().and_then(|u| inputs.get(u).copied());
     let mut state_buf = updated.map(|s| buffers.take(s.buffer)).transpose()?;
     let mut out_buf = match buffers.take(out.buffer) {
         Ok(b) => b,
@@ -190,7 +285,7 @@ fn run_task(buffers: &mut HostBuffers, task: &Task<'_>) -> Result<(), BackendErr
         (Some(s), Some(b)) => Some((s, b)),
         _ => None,
     };
-    let result = run_with_output(buffers, &mut out_buf, task, in_place, state);
+    let result = run_with_output(buffers, &mut out_buf, op, inputs, out, in_place, state);
     buffers.restore(out.buffer, out_buf);
     if let (Some(s), Some(b)) = (&updated, state_buf) {
         buffers.restore(s.buffer, b);
@@ -216,11 +311,12 @@ impl AlignedCopy {
 fn run_with_output(
     buffers: &HostBuffers,
     out_buf: &mut HostBuffer,
-    task: &Task<'_>,
+    op: &Op,
+    inputs: &[TensorRef],
+    out: &TensorRef,
     in_place: Option<usize>,
     state: Option<(&TensorRef, &mut HostBuffer)>,
 ) -> Result<(), BackendError> {
-    let out = &task.output;
     let span = out.meta.span_bytes();
     check_range(NAME, out.buffer, out_buf.len(), out.offset, span)?;
     let state = match state {
@@ -231,12 +327,12 @@ fn run_with_output(
         }
         None => None,
     };
-    let updated = task.op.updates_input();
+    let updated = op.updates_input();
     // Where each input in the output's buffer lies; inputs whose bytes overlap the output's
     // (only hand-built tasks do that) are copied before anything is written.
     let mut same_buffer: SmallVec<[Option<(usize, usize)>; 4]> = SmallVec::new();
     let mut copies: SmallVec<[Option<AlignedCopy>; 4]> = SmallVec::new();
-    for (i, r) in task.inputs.iter().enumerate() {
+    for (i, r) in inputs.iter().enumerate() {
         let (mut range, mut copy) = (None, None);
         if Some(i) != in_place && r.buffer == out.buffer {
             let len = r.meta.span_bytes();
@@ -255,7 +351,7 @@ fn run_with_output(
     let (out_bytes, after) = rest.split_at_mut(span);
     let (before, after): (&[u8], &[u8]) = (before, after);
     let mut srcs: SmallVec<[Option<Src<'_>>; 4]> = SmallVec::new();
-    for (i, r) in task.inputs.iter().enumerate() {
+    for (i, r) in inputs.iter().enumerate() {
         if Some(i) == in_place || Some(i) == updated {
             srcs.push(None);
             continue;
@@ -267,9 +363,9 @@ fn run_with_output(
             (None, Some((at, len))) => &after[at - out.offset - span..][..len],
             (None, None) => buffers.tensor_bytes(r)?,
         };
-        srcs.push(Some(src(task.op, bytes, r)?));
+        srcs.push(Some(src(op, bytes, r)?));
     }
-    dispatch(task.op, &srcs, state, out_bytes, &out.meta).map_err(BackendError::from)
+    dispatch(op, &srcs, state, out_bytes, &out.meta).map_err(BackendError::from)
 }
 
 fn src<'a>(op: &Op, bytes: &'a [u8], r: &TensorRef) -> Result<Src<'a>, BackendError> {

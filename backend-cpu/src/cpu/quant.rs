@@ -124,7 +124,7 @@ fn dot_portable<const NC: usize, const B: usize, const BB: usize>(
             t.push(((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])));
         }
     }
-    totals.map(Cascade::finish)
+    totals.each_mut().map(|c| c.finish())
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -220,7 +220,7 @@ mod x86 {
                         t.push(hsum(a));
                     }
                 }
-                totals.map(Cascade::finish)
+                totals.each_mut().map(|c| c.finish())
             }
         };
     }

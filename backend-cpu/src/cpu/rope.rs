@@ -5,9 +5,9 @@
 //! `cos`/`sin`) and rounded to f32, so large positions lose no accuracy to an f32 angle; each
 //! (head, token) row is then rotated in f32 with the token's table. Parallel over the rows.
 
-use rayon::prelude::*;
 use tessera_ops::{KernelError, RopePairing, RopeParams};
 
+use super::par;
 use super::strided::{Dst, Src, row_coords};
 
 /// The position stream (0 = t, 1 = h, 2 = w, 3 = e) pair `pair` reads: 0 without sections; with
@@ -35,16 +35,22 @@ fn angle_table(p: &RopeParams, pos: &Src<'_>, n_tokens: usize) -> Vec<f32> {
     let inv_freq: Vec<f64> = (0..half).map(|i| base.powf(-2.0 * i as f64 / p.n_rot as f64)).collect();
     let streams: Vec<usize> = (0..half).map(|i| position_stream(p.sections, i)).collect();
     let mut table = vec![0f32; n_tokens * p.n_rot];
-    table.par_chunks_mut(p.n_rot).enumerate().with_min_len(64).for_each(|(t, row)| {
-        let (cos, sin) = row.split_at_mut(half);
-        for (i, (c, s)) in cos.iter_mut().zip(sin).enumerate() {
-            // The shape rules fixed positions to [n_streams * n_tokens]: stream-major.
-            let position = f64::from(pos.elem_i32([streams[i] * n_tokens + t, 0, 0, 0]));
-            let (sin_t, cos_t) = (position * inv_freq[i]).sin_cos();
-            *c = cos_t as f32;
-            *s = sin_t as f32;
-        }
-    });
+    par::chunks_mut(
+        &mut table,
+        p.n_rot,
+        64,
+        || (),
+        |_, t, row| {
+            let (cos, sin) = row.split_at_mut(half);
+            for (i, (c, s)) in cos.iter_mut().zip(sin).enumerate() {
+                // The shape rules fixed positions to [n_streams * n_tokens]: stream-major.
+                let position = f64::from(pos.elem_i32([streams[i] * n_tokens + t, 0, 0, 0]));
+                let (sin_t, cos_t) = (position * inv_freq[i]).sin_cos();
+                *c = cos_t as f32;
+                *s = sin_t as f32;
+            }
+        },
+    );
     table
 }
 

@@ -15,7 +15,6 @@ use std::marker::PhantomData;
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use rayon::prelude::*;
 use tessera_ops::{DType, KernelError, TensorMeta, quant};
 
 /// Elements a rayon task should at least process, so that tiny rows are batched into tasks
@@ -337,7 +336,8 @@ pub(crate) struct Dst<'a> {
 impl<'a> Dst<'a> {
     pub fn new(bytes: &'a mut [u8], meta: TensorMeta) -> Result<Self, KernelError> {
         let fits = checked_span(&meta).is_some_and(|span| span <= bytes.len());
-        if !fits || !meta.is_injective() {
+        // (A contiguous layout is injective; `is_injective` sorts the dimensions in a vector.)
+        if !fits || !(meta.is_contiguous() || meta.is_injective()) {
             return Err(KernelError::Unsupported {
                 op: "cpu",
                 why: format!("output layout ne {:?} nb {:?} is not a writable tensor", meta.ne, meta.nb),
@@ -380,7 +380,9 @@ impl<'a> Dst<'a> {
         f: impl Fn(&mut S, usize, DstRow<'_>) + Sync + Send,
     ) {
         let this = &*self;
-        (0..self.meta.nrows()).into_par_iter().with_min_len(rows_per_task(work_per_row)).for_each_init(
+        super::par::for_each_init(
+            self.meta.nrows(),
+            rows_per_task(work_per_row),
             init,
             // SAFETY: each r in 0..nrows is visited exactly once, and `&mut self` keeps any other
             // writer of this tensor from existing meanwhile.
@@ -402,10 +404,12 @@ impl<'a> Dst<'a> {
             return Err(KernelError::Unsupported { op: "cpu", why: "row list is not increasing and in range".into() });
         }
         let this = &*self;
-        rows.par_iter().enumerate().with_min_len(rows_per_task(work_per_row)).for_each_init(
+        super::par::for_each_init(
+            rows.len(),
+            rows_per_task(work_per_row),
             init,
             // SAFETY: the rows are distinct (strictly increasing) and in range (checked above).
-            |s, (k, &r)| f(s, k, unsafe { this.row(r) }),
+            |s, k| f(s, k, unsafe { this.row(rows[k]) }),
         );
         Ok(())
     }
