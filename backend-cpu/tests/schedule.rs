@@ -13,7 +13,10 @@ fn refusing(refuse: &[&str]) -> Refusing<CpuBackend> {
 
 /// x -> rms_norm -> mul w -> silu -> softmax -> (a view of it) -> mul_mat with w2, plus a state
 /// row written in place; returns the graph, its leaves and outputs.
-fn graph() -> (Graph, Vec<(Tensor, Vec<f32>)>, Vec<Tensor>) {
+/// Leaves with the values to fill them with.
+type Fills = Vec<(Tensor, Vec<f32>)>;
+
+fn graph() -> (Graph, Fills, Vec<Tensor>) {
     let mut g = Graph::new();
     let x = g.input("x", F32, [8, 4, 1, 1]).unwrap();
     let w = g.parameter("w", F32, [8, 1, 1, 1]).unwrap();
