@@ -25,7 +25,7 @@ use tessera_ops::{DType, KernelError, TensorMeta};
 use super::par;
 use super::quant::dot_quantized;
 use super::strided::{Dst, SendPtr, Src, cast_f32, cast_f32_mut, row_coords, rows_per_task};
-use super::sum::dot_weights;
+use super::sum::{dot_rows, dot_weights};
 
 /// Largest `N` that takes the dot-product path (the quantized dots serve this many columns per
 /// pass over a row).
@@ -156,44 +156,62 @@ struct GemvScratch {
     conv: Vec<f32>,
 }
 
-/// `put(n, m, dot(a[:, m, a2, a3], cols[n]))` for every weight row `m` in `rows` and every column
-/// `n` of `cols` (`[K, N]`, `N <= QUANT_GEMV_MAX_N` for quantized weights). Each weight row is read
-/// once for all the columns; the dots are [`dot_weights`] and [`dot_quantized`], so a value does
-/// not depend on which rows or task computed it.
+/// Bytes of weight rows one pass over the columns covers (so that, with several columns, the
+/// block stays in L1 between columns).
+const GEMV_BLOCK_BYTES: usize = 32 << 10;
+/// Most weight rows in one block.
+const GEMV_BLOCK_ROWS: usize = 32;
+
+/// `put(n, m0, &dots)` with `dots[i] = dot(a[:, m0 + i, a2, a3], cols[n])` for blocks of weight
+/// rows `m0..` covering `rows`, for every column `n` of `cols` (`[K, N]`, `N <= QUANT_GEMV_MAX_N`
+/// for quantized weights). A block of rows is read from memory once for all the columns; the dots
+/// are [`dot_rows`] (the values of [`dot_weights`]) and [`dot_quantized`], so a value does not
+/// depend on which block or task computed it.
 fn gemv_rows(
     a: &Src<'_>,
     [a2, a3]: [usize; 2],
     cols: &[f32],
     rows: std::ops::Range<usize>,
     sc: &mut GemvScratch,
-    mut put: impl FnMut(usize, usize, f32),
+    mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     let k = a.ne()[0];
     let n_len = cols.len() / k;
-    for m in rows {
-        // Weight rows are dense (shape rules); read them as raw bytes of their dtype.
-        let c = [m, a2, a3];
-        if a.dtype().is_quantized() {
+    let (dtype, row_bytes, stride) = (a.dtype(), a.meta.row_bytes(), a.meta.nb[1]);
+    if dtype.is_quantized() {
+        for m in rows {
             // Fused dequantize-dot: each block decoded once, in registers, for all columns.
-            let start = a.row_start(c);
-            let w = &a.bytes()[start..start + a.meta.row_bytes()];
+            let start = a.row_start([m, a2, a3]);
+            let w = &a.bytes()[start..start + row_bytes];
             let mut dots = [0f32; QUANT_GEMV_MAX_N];
-            dot_quantized(a.dtype(), w, cols, &mut dots[..n_len]);
-            for (n, &v) in dots[..n_len].iter().enumerate() {
-                put(n, m, v);
+            dot_quantized(dtype, w, cols, &mut dots[..n_len]);
+            for (n, v) in dots[..n_len].iter().enumerate() {
+                put(n, m, std::slice::from_ref(v));
             }
-            continue;
         }
-        let (dtype, w): (DType, &[u8]) = match a.row_raw(c) {
-            Some(raw) => (a.dtype(), raw),
-            None => {
-                sc.row.resize(k, 0.0);
-                a.load_row(c, &mut sc.row);
-                (DType::F32, bytemuck::cast_slice(&sc.row))
+        return;
+    }
+    if !a.dense_rows() {
+        for m in rows {
+            sc.row.resize(k, 0.0);
+            a.load_row([m, a2, a3], &mut sc.row);
+            for (n, col) in cols.chunks_exact(k).enumerate() {
+                let v = dot_weights(DType::F32, bytemuck::cast_slice(&sc.row), col, &mut sc.conv);
+                put(n, m, &[v]);
             }
-        };
+        }
+        return;
+    }
+    // Dense rows (the shape rules require it of weights): blocks read as raw bytes of their dtype.
+    let per_block = (GEMV_BLOCK_BYTES / stride.max(row_bytes).max(1)).clamp(1, GEMV_BLOCK_ROWS);
+    let mut dots = [0f32; GEMV_BLOCK_ROWS];
+    for m0 in rows.clone().step_by(per_block) {
+        let count = per_block.min(rows.end - m0);
+        let start = a.row_start([m0, a2, a3]);
+        let w = &a.bytes()[start..start + (count - 1) * stride + row_bytes];
         for (n, col) in cols.chunks_exact(k).enumerate() {
-            put(n, m, dot_weights(dtype, w, col, &mut sc.conv));
+            dot_rows(dtype, w, stride, col, &mut dots[..count], &mut sc.conv);
+            put(n, m0, &dots[..count]);
         }
     }
 }
@@ -209,7 +227,9 @@ fn gemv(a: &Src<'_>, b: &Src<'_>, d: &Dims, c: &mut [f32]) {
         for (batch, c) in c.chunks_exact_mut(m_len * n_len).enumerate() {
             let (bi, ai) = d.batch(batch);
             let cols = columns(b, n_len, bi, &mut packed);
-            gemv_rows(a, ai, cols, 0..m_len, &mut sc, |n, m, v| c[n * m_len + m] = v);
+            gemv_rows(a, ai, cols, 0..m_len, &mut sc, |n, m, v| {
+                c[n * m_len + m..][..v.len()].copy_from_slice(v);
+            });
         }
         return;
     }
@@ -232,7 +252,9 @@ fn gemv(a: &Src<'_>, b: &Src<'_>, d: &Dims, c: &mut [f32]) {
             // res[n * len + (m - m0)]: this task's part of each output column.
             let len = m1 - m0;
             let mut res = vec![0f32; len * n_len];
-            gemv_rows(a, ai, cols, m0..m1, sc, |n, m, v| res[n * len + m - m0] = v);
+            gemv_rows(a, ai, cols, m0..m1, sc, |n, m, v| {
+                res[n * len + m - m0..][..v.len()].copy_from_slice(v);
+            });
             res
         })
         .collect();
@@ -420,7 +442,9 @@ pub(super) fn mul_mat_id(
                 let slots = &slots[start..end];
                 let cols = expert_columns(&b, slots, n_used, &mut act);
                 if slots.len() <= gemv_max {
-                    gemv_rows(&w, [0, 0], cols, 0..n_rows, &mut sc, |n, m, v| c[slots[n] * n_rows + m] = v);
+                    gemv_rows(&w, [0, 0], cols, 0..n_rows, &mut sc, |n, m, v| {
+                        c[slots[n] * n_rows + m..][..v.len()].copy_from_slice(v);
+                    });
                     continue;
                 }
                 let act_src = columns_src(cols, k, slots.len()).ok_or_else(|| bad("packed activations do not fit"))?;

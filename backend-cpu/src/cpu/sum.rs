@@ -89,39 +89,53 @@ fn block_map_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     reduce_lanes(acc)
 }
 
-/// `sum x_i`.
-pub(crate) fn sum(x: &[f32]) -> f32 {
+/// `sum_i f(x_i)`: block sums combined by a [`Cascade`]. A single block skips the cascade, whose
+/// total would be `0.0 + s` (the same bits: `-0.0` becomes `+0.0` either way).
+#[inline(always)]
+fn map_sum(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+    if x.len() <= BLOCK {
+        return 0.0 + block_map_sum(x, f);
+    }
     let mut c = Cascade::new();
     for block in x.chunks(BLOCK) {
-        c.push(block_map_sum(block, |v| v));
+        c.push(block_map_sum(block, f));
     }
     c.finish()
+}
+
+/// `sum x_i`.
+pub(crate) fn sum(x: &[f32]) -> f32 {
+    map_sum(x, |v| v)
 }
 
 /// `sum x_i^2`.
 pub(crate) fn sum_squares(x: &[f32]) -> f32 {
-    let mut c = Cascade::new();
-    for block in x.chunks(BLOCK) {
-        c.push(block_map_sum(block, |v| v * v));
+    map_sum(x, |v| v * v)
+}
+
+/// `sum a_i * b_i` over one block (portable version).
+fn block_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for j in 0..LANES {
+            acc[j] += x[j] * y[j];
+        }
     }
-    c.finish()
+    for (j, (&x, &y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[j] += x * y;
+    }
+    reduce_lanes(acc)
 }
 
 /// `sum a_i * b_i` over the common length (portable version).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    if a.len().min(b.len()) <= BLOCK {
+        return 0.0 + block_dot(a, b);
+    }
     let mut c = Cascade::new();
     for (a, b) in a.chunks(BLOCK).zip(b.chunks(BLOCK)) {
-        let mut acc = [0f32; LANES];
-        let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-        for (x, y) in (&mut ca).zip(&mut cb) {
-            for j in 0..LANES {
-                acc[j] += x[j] * y[j];
-            }
-        }
-        for (j, (&x, &y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
-            acc[j] += x * y;
-        }
-        c.push(reduce_lanes(acc));
+        c.push(block_dot(a, b));
     }
     c.finish()
 }
@@ -141,6 +155,25 @@ pub(crate) fn dot_weights(dtype: DType, w: &[u8], x: &[f32], scratch: &mut Vec<f
     dot(scratch, &x[..n])
 }
 
+/// `out[i] = dot_weights(dtype, row i, x)` for the rows of `w` that start `stride` bytes apart
+/// (each `x.len()` dense elements of `dtype`, f32, f16 or bf16), with the same value per row as
+/// [`dot_weights`] gives; the kernel is chosen once for all the rows.
+pub(crate) fn dot_rows(dtype: DType, w: &[u8], stride: usize, x: &[f32], out: &mut [f32], scratch: &mut Vec<f32>) {
+    let len = x.len() * dtype.block_bytes();
+    if out.is_empty() {
+        return;
+    }
+    assert!(w.len() >= (out.len() - 1) * stride + len, "dot_rows: {} rows of {len} bytes do not fit", out.len());
+    #[cfg(target_arch = "x86_64")]
+    if let Some(d) = x86::dot_rows_for(dtype) {
+        // SAFETY: `dot_rows_for` only returns a kernel whose target features the CPU has.
+        return unsafe { d(w, stride, x, out) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = dot_weights(dtype, &w[i * stride..i * stride + len], x, scratch);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! AVX2 + FMA (+ F16C) dot kernels over raw weight bytes. Each reads 32 weights per step into
@@ -155,6 +188,8 @@ mod x86 {
 
     /// A dot kernel: `w` holds exactly `x.len()` elements.
     pub(super) type DotFn = unsafe fn(&[u8], &[f32]) -> f32;
+    /// A dot kernel over `out.len()` rows `stride` bytes apart: `out[i] = dot(row i, x)`.
+    pub(super) type DotRowsFn = unsafe fn(&[u8], usize, &[f32], &mut [f32]);
 
     /// The kernel for `dtype` if the CPU has its features.
     pub(super) fn dot_for(dtype: DType) -> Option<DotFn> {
@@ -167,6 +202,17 @@ mod x86 {
         }
     }
 
+    /// The rows kernel for `dtype` if the CPU has its features.
+    pub(super) fn dot_rows_for(dtype: DType) -> Option<DotRowsFn> {
+        let base = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        match dtype {
+            DType::F32 if base => Some(dot_rows_f32),
+            DType::F16 if base && is_x86_feature_detected!("f16c") => Some(dot_rows_f16),
+            DType::BF16 if base => Some(dot_rows_bf16),
+            _ => None,
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -175,43 +221,75 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
-    /// Generates a kernel: `$load(ptr)` turns 8 weights at byte pointer `ptr` into an `__m256`,
-    /// `$scalar(bytes)` decodes one weight for the tail.
-    macro_rules! dot_kernel {
-        ($name:ident, $features:literal, $eb:expr, $load:ident, $scalar:ident) => {
-            /// # Safety
-            /// The CPU has the features this kernel is compiled for.
-            #[target_feature(enable = $features)]
-            unsafe fn $name(w: &[u8], x: &[f32]) -> f32 {
-                let n = x.len();
-                assert!(w.len() >= n * $eb, "dot kernel: weights shorter than activations");
+    /// The sum over elements `start..end` (at most one [`BLOCK`]) of `w[k] * x[k]`: 32 weights per
+    /// step into four 8-lane FMA accumulators, then the scalar tail. `$load(ptr)` turns 8 weights at
+    /// byte pointer `ptr` into an `__m256`, `$scalar(bytes)` decodes one weight. Used only inside
+    /// functions compiled with the kernel's features; the single and the rows kernels expand the
+    /// same text, so they give the same bits.
+    macro_rules! block_sum {
+        ($w:expr, $x:expr, $start:expr, $end:expr, $eb:expr, $load:ident, $scalar:ident) => {{
+            let (w, x, end): (&[u8], &[f32], usize) = ($w, $x, $end);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = $start;
+            while i + 32 <= end {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let k = i + 8 * j;
+                    // SAFETY: elements k..k + 8 are below `end <= x.len()`, and `w` holds x.len()
+                    // elements of $eb bytes (asserted by the caller); the loads are unaligned.
+                    let (wv, xv) = unsafe { ($load(w.as_ptr().add(k * $eb)), _mm256_loadu_ps(x.as_ptr().add(k))) };
+                    *a = _mm256_fmadd_ps(wv, xv, *a);
+                }
+                i += 32;
+            }
+            let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut s = hsum(sum);
+            for k in i..end {
+                s += $scalar(&w[k * $eb..(k + 1) * $eb]) * x[k];
+            }
+            s
+        }};
+    }
+
+    /// The dot of `w` (at least `x.len()` elements) and `x`: block sums combined by a [`Cascade`],
+    /// or, for a single block, `0.0 + s` (the cascade's total of one block, the same bits).
+    macro_rules! dot_body {
+        ($w:expr, $x:expr, $eb:expr, $load:ident, $scalar:ident) => {{
+            let (w, x): (&[u8], &[f32]) = ($w, $x);
+            let n = x.len();
+            assert!(w.len() >= n * $eb, "dot kernel: weights shorter than activations");
+            if n <= BLOCK {
+                0.0 + block_sum!(w, x, 0, n, $eb, $load, $scalar)
+            } else {
                 let mut cascade = Cascade::new();
                 let mut start = 0;
                 while start < n {
                     let end = (start + BLOCK).min(n);
-                    let mut acc = [_mm256_setzero_ps(); 4];
-                    let mut i = start;
-                    while i + 32 <= end {
-                        for (j, a) in acc.iter_mut().enumerate() {
-                            let k = i + 8 * j;
-                            // SAFETY: elements k..k + 8 are below `end <= n`, and `w` holds n
-                            // elements of $eb bytes (asserted), `x` holds n floats; the loads
-                            // are unaligned.
-                            let (wv, xv) =
-                                unsafe { ($load(w.as_ptr().add(k * $eb)), _mm256_loadu_ps(x.as_ptr().add(k))) };
-                            *a = _mm256_fmadd_ps(wv, xv, *a);
-                        }
-                        i += 32;
-                    }
-                    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-                    let mut s = hsum(sum);
-                    for k in i..end {
-                        s += $scalar(&w[k * $eb..(k + 1) * $eb]) * x[k];
-                    }
-                    cascade.push(s);
+                    cascade.push(block_sum!(w, x, start, end, $eb, $load, $scalar));
                     start = end;
                 }
                 cascade.finish()
+            }
+        }};
+    }
+
+    /// Generates a dot kernel and its rows kernel.
+    macro_rules! dot_kernel {
+        ($name:ident, $rows:ident, $features:literal, $eb:expr, $load:ident, $scalar:ident) => {
+            /// # Safety
+            /// The CPU has the features this kernel is compiled for.
+            #[target_feature(enable = $features)]
+            unsafe fn $name(w: &[u8], x: &[f32]) -> f32 {
+                dot_body!(w, x, $eb, $load, $scalar)
+            }
+
+            /// # Safety
+            /// The CPU has the features this kernel is compiled for.
+            #[target_feature(enable = $features)]
+            unsafe fn $rows(w: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
+                let len = x.len() * $eb;
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = dot_body!(&w[i * stride..i * stride + len], x, $eb, $load, $scalar);
+                }
             }
         };
     }
@@ -262,9 +340,9 @@ mod x86 {
         bf16::from_le_bytes([b[0], b[1]]).to_f32()
     }
 
-    dot_kernel!(dot_f32, "avx2,fma", 4, load_f32, scalar_f32);
-    dot_kernel!(dot_f16, "avx2,fma,f16c", 2, load_f16, scalar_f16);
-    dot_kernel!(dot_bf16, "avx2,fma", 2, load_bf16, scalar_bf16);
+    dot_kernel!(dot_f32, dot_rows_f32, "avx2,fma", 4, load_f32, scalar_f32);
+    dot_kernel!(dot_f16, dot_rows_f16, "avx2,fma,f16c", 2, load_f16, scalar_f16);
+    dot_kernel!(dot_bf16, dot_rows_bf16, "avx2,fma", 2, load_bf16, scalar_bf16);
 }
 
 #[cfg(test)]
@@ -297,6 +375,51 @@ mod tests {
                 w.insert(0, 0); // misaligned on purpose
                 let got = dot_weights(dt, &w[1..], &y, &mut scratch) as f64;
                 assert!((got - d).abs() <= 1e-5 * d.abs().max(1.0), "{dt} n = {n}: {got} vs {d}");
+            }
+        }
+    }
+
+    /// The cascade over block sums, written out: what the single-block shortcuts must equal.
+    fn cascaded(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f32 {
+        let mut c = Cascade::new();
+        for block in x.chunks(BLOCK) {
+            c.push(block_map_sum(block, f));
+        }
+        c.finish()
+    }
+
+    #[test]
+    fn single_block_shortcuts_give_the_cascade_bits() {
+        for n in [0, 1, 7, 64, 255, 256, 257, 600] {
+            let mut x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 113) as f32 / 16.0 - 3.5).collect();
+            if n == 1 {
+                x[0] = -0.0; // 0.0 + -0.0 is +0.0, in both
+            }
+            assert_eq!(sum(&x).to_bits(), cascaded(&x, |v| v).to_bits(), "n = {n}");
+            assert_eq!(sum_squares(&x).to_bits(), cascaded(&x, |v| v * v).to_bits(), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn dot_rows_gives_each_row_the_bits_of_dot_weights() {
+        let mut scratch = Vec::new();
+        for n in [1, 31, 32, 64, 100, 256, 257, 700] {
+            let x: Vec<f32> = (0..n).map(|i| ((i * 104_729) % 97) as f32 / 32.0 - 1.5).collect();
+            for dt in [DType::F32, DType::F16, DType::BF16] {
+                let eb = dt.block_bytes();
+                // 5 rows, 3 bytes of padding between them, misaligned on purpose
+                let stride = n * eb + 3;
+                let mut w = vec![0u8; 1 + 5 * stride];
+                for (i, b) in w[1..].iter_mut().enumerate() {
+                    *b = ((i * 31 + 7) % 251) as u8 & if eb == 4 { 0xbf } else { 0x3f };
+                }
+                let w = &w[1..];
+                let mut out = [0f32; 5];
+                dot_rows(dt, w, stride, &x, &mut out, &mut scratch);
+                for (r, &got) in out.iter().enumerate() {
+                    let want = dot_weights(dt, &w[r * stride..r * stride + n * eb], &x, &mut scratch);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{dt} n = {n} row {r}");
+                }
             }
         }
     }
