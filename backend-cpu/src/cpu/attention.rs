@@ -23,7 +23,7 @@ use tessera_ops::{FlashAttnParams, KernelError};
 use super::math::{exp, map_in_place, zip_in_place};
 use super::par;
 use super::strided::{Dst, Src, decode, row_coords};
-use super::sum::dot_weights;
+use super::sum::dot_rows;
 
 const OP: &str = "flash_attn_ext";
 /// Query rows (heads times tokens) a task aims for: they share every K/V row the task reads, and
@@ -98,6 +98,7 @@ pub(super) fn flash_attn_ext(
     let n_kv = cells.len() / n_seq;
     let group = n_head / n_head_kv;
     let (scale, softcap) = (p.scale, p.softcap);
+    let (k_stride, k_row) = (k.meta.nb[1], k.meta.row_bytes());
 
     // Task shape: `tb` tokens times `hb` heads of one kv group of one sequence. Every query row's
     // arithmetic is the same whatever rows share its task, so the shape only trades K/V reuse
@@ -105,7 +106,9 @@ pub(super) fn flash_attn_ext(
     let tb = (ROWS / group).clamp(1, n_tokens);
     let t_blocks = n_tokens.div_ceil(tb);
     let base_tasks = n_seq * n_head_kv * t_blocks;
-    let splits = (2 * par::threads()).div_ceil(base_tasks).clamp(1, group);
+    // One thread: one task per kv group, whose heads then share every K/V row it reads.
+    let threads = par::threads();
+    let splits = if threads <= 1 { 1 } else { (2 * threads).div_ceil(base_tasks).clamp(1, group) };
     let hb = group.div_ceil(splits);
     let h_blocks = group.div_ceil(hb);
     let slot = tb * hb * d_v;
@@ -138,12 +141,20 @@ pub(super) fn flash_attn_ext(
         sc.l.resize(rows, 0.0);
         for j0 in (0..n_kv).step_by(CHUNK) {
             let cn = CHUNK.min(n_kv - j0);
-            // Raw dot products of the chunk.
-            for (c, &cell) in cells[j0..j0 + cn].iter().enumerate() {
-                let krow = k.row_raw([cell, hk, ks]).expect("k rows are dense (checked above)");
+            let chunk_cells = &cells[j0..j0 + cn];
+            // Raw dot products of the chunk, by runs of consecutive cells (rows `nb[1]` bytes
+            // apart): one dot kernel call per run and query row, each value that of
+            // `dot_weights` on the K row.
+            let mut c = 0;
+            while c < cn {
+                let first = chunk_cells[c];
+                let run = 1 + chunk_cells[c + 1..].iter().zip(first + 1..).take_while(|(a, b)| *a == b).count();
+                let start = k.row_start([first, hk, ks]);
+                let w = &k.bytes()[start..start + (run - 1) * k_stride + k_row];
                 for (i, qrow) in sc.q.chunks_exact(d_k).enumerate() {
-                    sc.s[i * CHUNK + c] = dot_weights(k.dtype(), krow, qrow, &mut sc.dot);
+                    dot_rows(k.dtype(), w, k_stride, qrow, &mut sc.s[i * CHUNK + c..][..run], &mut sc.dot);
                 }
+                c += run;
             }
             // Logits, online-softmax update, weights.
             for i in 0..rows {
