@@ -15,7 +15,7 @@ use tessera_ops::{DType, KernelError, checked_slots};
 use super::StateMut;
 use super::math::silu;
 use super::par;
-use super::strided::{Dst, DstRow, Src, row_coords};
+use super::strided::{Dst, DstRow, Src, cast_f32, row_coords};
 
 const UPDATE: &str = "ssm_conv_update_inplace";
 
@@ -177,11 +177,10 @@ pub(super) fn ssm_conv_update(
         return Err(KernelError::Unsupported { op: UPDATE, why });
     }
     let slot_of = checked_slots(UPDATE, (0..n_seq).map(|s| i64::from(slots.elem_i32([s, 0, 0, 0]))), n_slots)?;
-    let taps = taps(UPDATE, kernel)?;
-
     // Outputs first: they read the old state. Row (j, k) of `cols` is sample j of every channel
     // of slot k.
-    {
+    if !outputs_by_channel(act, &x, state.bytes, &kernel, &slot_of, dst) {
+        let taps = taps(UPDATE, kernel)?;
         let cols = swap01(UPDATE, Src::new(state.bytes, state.meta).ok_or_else(state_too_small)?)?;
         // x's channel vectors are its rows; copy them dense first when they are strided.
         let n_t = ne[1];
@@ -220,6 +219,60 @@ pub(super) fn ssm_conv_update(
         },
     );
     Ok(())
+}
+
+/// `f32` elements of `src` with element strides (0 for dimensions of extent 1, whose byte stride
+/// may be anything), when it is f32, aligned, and every stride used a whole number of elements.
+fn f32_elements<'a>(src: &Src<'a>) -> Option<(&'a [f32], [usize; 3])> {
+    let (ne, nb) = (src.ne(), src.meta.nb);
+    if src.dtype() != DType::F32 || (0..3).any(|d| ne[d] > 1 && nb[d] % 4 != 0) {
+        return None;
+    }
+    let strides = std::array::from_fn(|d| if ne[d] > 1 { nb[d] / 4 } else { 0 });
+    let bytes = src.bytes();
+    Some((cast_f32(&bytes[..bytes.len() / 4 * 4])?, strides))
+}
+
+/// The outputs of ssm_conv_update_inplace channel by channel, reading the kernel, the old state
+/// (`old`: the contiguous f32 `[keep, channels, n_slots]` state) and `x` where they lie, with no
+/// transposed copies: the decode case, where the transposes cost more than the convolution.
+/// Each value is `conv_row`'s sum in `conv_row`'s order (`0 + w_0 k_0 + w_1 k_1 + ...`, each term
+/// a product then an add), then SiLU if `act`, so the bits are the same. `false` (nothing
+/// written) when an operand is not aligned f32 with whole-element strides.
+fn outputs_by_channel(
+    act: bool,
+    x: &Src<'_>,
+    old: &[u8],
+    kernel: &Src<'_>,
+    slot_of: &[usize],
+    dst: &mut Dst<'_>,
+) -> bool {
+    let ne = dst.ne();
+    let [d_conv, channels, _, _] = kernel.ne();
+    let keep = d_conv - 1;
+    let (Some((kd, ks)), Some((xd, xs)), Some(st)) =
+        (f32_elements(kernel), f32_elements(x), cast_f32(&old[..old.len() / 4 * 4]))
+    else {
+        return false;
+    };
+    dst.for_each_row(channels * d_conv, Vec::new, |scratch, r, mut row| {
+        let [t, s, _] = row_coords(ne, r);
+        let old = &st[slot_of[s] * keep * channels..][..keep * channels];
+        row.fill_f32(scratch, |out| {
+            for (c, o) in out.iter_mut().enumerate() {
+                let mut acc = 0.0f32;
+                for i in 0..d_conv {
+                    let w = match (t + i).checked_sub(keep) {
+                        None => old[c * keep + t + i],
+                        Some(tt) => xd[c * xs[0] + tt * xs[1] + s * xs[2]],
+                    };
+                    acc += w * kd[i * ks[0] + c * ks[1]];
+                }
+                *o = if act { silu(acc) } else { acc };
+            }
+        });
+    });
+    true
 }
 
 fn state_too_small() -> KernelError {

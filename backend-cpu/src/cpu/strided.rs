@@ -116,6 +116,15 @@ pub(crate) fn decode(dtype: DType, bytes: &[u8], stride: usize, out: &mut [f32])
         return;
     }
     if stride != eb {
+        if dtype == DType::F32 && stride >= 4 {
+            // One loop without a dtype match or an offset multiplication per element (strided f32
+            // rows: transposed activations, conv taps and states).
+            assert!(bytes.len() >= (out.len() - 1) * stride + 4, "decode: strided row outside its bytes");
+            for (o, b) in out.iter_mut().zip(bytes.chunks(stride)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            return;
+        }
         for (i, o) in out.iter_mut().enumerate() {
             *o = read_elem(dtype, &bytes[i * stride..]);
         }
