@@ -31,6 +31,8 @@ const OP: &str = "flash_attn_ext";
 const ROWS: usize = 32;
 /// Kv positions per online-softmax step.
 const CHUNK: usize = 64;
+/// Multiply-adds (logits and weighted values) below which a call runs as one serial task.
+const SPLIT_WORK: usize = 1 << 17;
 
 /// Per-task scratch.
 #[derive(Default)]
@@ -106,8 +108,11 @@ pub(super) fn flash_attn_ext(
     let tb = (ROWS / group).clamp(1, n_tokens);
     let t_blocks = n_tokens.div_ceil(tb);
     let base_tasks = n_seq * n_head_kv * t_blocks;
-    // One thread: one task per kv group, whose heads then share every K/V row it reads.
-    let threads = par::threads();
+    // One thread, or too little work to split (decode over a short cache: a handoff between
+    // threads costs more than the task): one task per kv group, whose heads then share every K/V
+    // row it reads.
+    let work = n_kv * n_head * n_tokens * n_seq * (d_k + d_v);
+    let threads = if work < SPLIT_WORK { 1 } else { par::threads() };
     let splits = if threads <= 1 { 1 } else { (2 * threads).div_ceil(base_tasks).clamp(1, group) };
     let hb = group.div_ceil(splits);
     let h_blocks = group.div_ceil(hb);
@@ -116,7 +121,8 @@ pub(super) fn flash_attn_ext(
     // Results per task slot: row (hj, tj) of task (s, hk, t block, h block) at `(hj * tb' + tj) *
     // d_v`, where tb' is that block's token count.
     let mut tmp = vec![0f32; base_tasks * h_blocks * slot];
-    par::chunks_mut(&mut tmp, slot, 1, Scratch::default, |sc, task, acc| {
+    let min_tasks = if threads <= 1 { usize::MAX } else { 1 };
+    par::chunks_mut(&mut tmp, slot, min_tasks, Scratch::default, |sc, task, acc| {
         let hbi = task % h_blocks;
         let tbi = (task / h_blocks) % t_blocks;
         let hk = (task / (h_blocks * t_blocks)) % n_head_kv;
