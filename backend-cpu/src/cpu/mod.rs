@@ -126,7 +126,7 @@ impl Backend for CpuBackend {
         self.run_list(|buffers| tasks.iter().try_for_each(|t| run_task(buffers, t.op, &t.inputs, &t.output)))
     }
 
-    /// Checks every task once ([`check_task`]) and keeps owned copies; running them again skips
+    /// Checks every task once (`check_task`) and keeps owned copies; running them again skips
     /// those checks and the executor's per-run task list. The checks that depend on buffers (the
     /// buffer exists, the span lies inside it) and on data (row and expert ids, state slots) run
     /// every time. A list with a task the checks refuse is not kept, so `compute` reports the
