@@ -23,11 +23,12 @@
 //!
 //! # Packing
 //!
-//! The intervals are packed offline, largest first: each goes to the lowest offset where it
-//! overlaps no already-placed interval whose lifetime overlaps its own (the "greedy by size"
-//! planner of TFLite's arena). Knowing every lifetime up front beats ggml-alloc's online best fit
-//! on fragmentation; [`MemoryStats::lower_bound_bytes`] (the most bytes live at one step) bounds
-//! what any packing can reach, and the tests check the ratio on random and model graphs.
+//! The intervals are packed offline: in each of a few orders (largest first, the "greedy by size"
+//! planner of TFLite's arena, and others), each goes to an offset where it overlaps no
+//! already-placed interval whose lifetime overlaps its own, and the smallest arena wins. Knowing
+//! every lifetime up front beats ggml-alloc's online best fit on fragmentation;
+//! [`MemoryStats::lower_bound_bytes`] (the most bytes live at one step) bounds what any packing
+//! can reach, and the tests check the ratio on random and model graphs.
 
 use smallvec::SmallVec;
 use tessera_ops::TensorMeta;
