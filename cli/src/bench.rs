@@ -3,8 +3,9 @@
 //! widths, with a warm-up run of every case excluded and mean ± sd over repetitions; with the
 //! time of each step split into host preparation, launch and waiting for the device.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig, EngineStats};
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Model, ModelOptions, StepTimes};
@@ -13,10 +14,28 @@ use tessera_ops::DType;
 
 use crate::backend::{self, BackendChoice};
 
+/// The model a bench runs.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A GGUF file.
+    File(PathBuf),
+    /// A preset's config with seeded weights uploaded straight to the backend.
+    Preset { name: String, config: Box<ModelConfig>, dtype: DType, seed: u64 },
+}
+
+impl Source {
+    fn label(&self) -> String {
+        match self {
+            Source::File(f) => f.display().to_string(),
+            Source::Preset { name, dtype, seed, .. } => format!("preset {name}, {dtype} weights, seed {seed}"),
+        }
+    }
+}
+
 /// What `tessera bench` was asked to measure.
 #[derive(Debug, Clone)]
 pub struct BenchArgs {
-    pub file: PathBuf,
+    pub model: Source,
     pub backend: BackendChoice,
     /// Prompt lengths of the prefill cases (one sequence each).
     pub prefill: Vec<usize>,
@@ -66,7 +85,11 @@ pub fn bench(args: &BenchArgs) -> Result<(), String> {
     if args.reps == 0 || args.n_gen == 0 || args.prompt == 0 || args.ubatch == 0 {
         return Err("bench: --reps, --n-gen, --prompt and --ubatch must be at least 1".into());
     }
-    let gguf = GgufFile::open(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
+    let gguf = match &args.model {
+        Source::File(f) => Some(GgufFile::open(f).map_err(|e| format!("{}: {e}", f.display()))?),
+        Source::Preset { .. } => None,
+    };
+    let mut load_secs = 0.0;
     let mut rows = Vec::new();
     let mut device = String::new();
     let mut peak: Option<u64> = None;
@@ -77,7 +100,9 @@ pub fn bench(args: &BenchArgs) -> Result<(), String> {
             continue; // the CPU has no graphs to switch: one pass is enough
         }
         device = opened.description.clone();
-        let mut engine = load(&gguf, &args.file, args, opened.backend, opened.kv_pad)?;
+        let t0 = std::time::Instant::now();
+        let mut engine = load(gguf.as_ref(), args, opened.backend, opened.kv_pad)?;
+        load_secs = t0.elapsed().as_secs_f64();
         for &n in &args.prefill {
             rows.push(run_case(&mut engine, args, Case::Prefill(n), graph_label)?);
         }
@@ -87,17 +112,16 @@ pub fn bench(args: &BenchArgs) -> Result<(), String> {
         peak = engine.backend_counters().iter().find(|(k, _)| *k == "pool_peak_bytes").map(|(_, v)| *v).or(peak);
     }
     if args.json {
-        print_json(args, &device, peak, &rows);
+        print_json(args, &device, peak, load_secs, &rows);
     } else {
-        print_table(args, &device, peak, &rows);
+        print_table(args, &device, peak, load_secs, &rows);
     }
     Ok(())
 }
 
-/// An engine over `gguf` with caches for the largest case.
+/// An engine over the model (`gguf` when it is a file) with caches for the largest case.
 fn load(
-    gguf: &GgufFile,
-    file: &Path,
+    gguf: Option<&GgufFile>,
     args: &BenchArgs,
     backend: Box<dyn tessera_graph::Backend>,
     kv_pad: usize,
@@ -118,7 +142,15 @@ fn load(
         ..ModelOptions::default()
     };
     let mut backend = backend;
-    let model = Model::load(gguf, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", file.display()))?;
+    let model = match (&args.model, gguf) {
+        (Source::File(f), Some(g)) => {
+            Model::load(g, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", f.display()))
+        }
+        (Source::Preset { config, dtype, seed, .. }, _) => {
+            Model::synthetic((**config).clone(), *dtype, *seed, backend.as_mut(), opts).map_err(|e| e.to_string())
+        }
+        (Source::File(f), None) => Err(format!("{}: not opened", f.display())),
+    }?;
     Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.ubatch }).map_err(|e| e.to_string())
 }
 
@@ -199,8 +231,8 @@ fn delta(a: &EngineStats, b: &EngineStats) -> EngineStats {
     }
 }
 
-fn print_table(args: &BenchArgs, device: &str, peak: Option<u64>, rows: &[Row]) {
-    outln!("model: {}", args.file.display());
+fn print_table(args: &BenchArgs, device: &str, peak: Option<u64>, load_secs: f64, rows: &[Row]) {
+    outln!("model: {} (loaded in {load_secs:.1} s)", args.model.label());
     outln!("backend: {device}");
     outln!(
         "micro-batch {} tokens, decode prompts {} tokens, {} repetitions after a warm-up",
@@ -231,7 +263,7 @@ fn print_table(args: &BenchArgs, device: &str, peak: Option<u64>, rows: &[Row]) 
     }
 }
 
-fn print_json(args: &BenchArgs, device: &str, peak: Option<u64>, rows: &[Row]) {
+fn print_json(args: &BenchArgs, device: &str, peak: Option<u64>, load_secs: f64, rows: &[Row]) {
     let rows: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
@@ -251,7 +283,8 @@ fn print_json(args: &BenchArgs, device: &str, peak: Option<u64>, rows: &[Row]) {
         })
         .collect();
     let doc = serde_json::json!({
-        "model": args.file.display().to_string(),
+        "model": args.model.label(),
+        "load_secs": load_secs,
         "backend": device,
         "ubatch": args.ubatch,
         "decode_prompt_tokens": args.prompt,

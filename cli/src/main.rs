@@ -146,8 +146,22 @@ enum Command {
     /// counterpart): warm-up excluded, mean ± sd over repetitions, each step's time split into
     /// host preparation, launch and waiting for the device.
     Bench {
-        /// The GGUF file.
-        file: PathBuf,
+        /// The GGUF file (or --preset).
+        #[arg(required_unless_present = "preset", conflicts_with = "preset")]
+        file: Option<PathBuf>,
+        /// Instead of a file: a preset (tiny, tiny-moe, qwen35-27b, qwen35moe-35b-a3b) with seeded
+        /// weights uploaded straight to the backend, the ones `tessera synth` would write.
+        #[arg(long)]
+        preset: Option<String>,
+        /// With --preset: the dtype of the weight matrices.
+        #[arg(long, value_enum, default_value_t = WeightDType::F16)]
+        dtype: WeightDType,
+        /// With --preset: the seed of the weights.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// With --preset: override a metadata key, without the arch prefix (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
         /// Prompt lengths of the prefill cases, comma separated.
         #[arg(long, value_delimiter = ',', default_value = "512,2048")]
         prefill: Vec<usize>,
@@ -311,14 +325,40 @@ fn main() -> ExitCode {
             run::run(&file, &args)
         }
         Command::Demo { backend } => demo::run(backend),
-        Command::Bench { file, prefill, widths, n_gen, prompt, ubatch, reps, kv_dtype, graphs, json, backend } => {
+        Command::Bench {
+            file,
+            preset,
+            dtype,
+            seed,
+            set,
+            prefill,
+            widths,
+            n_gen,
+            prompt,
+            ubatch,
+            reps,
+            kv_dtype,
+            graphs,
+            json,
+            backend,
+        } => {
+            let model = match (file, preset) {
+                (Some(file), _) => Ok(bench::Source::File(file)),
+                (None, Some(p)) => preset_config(&p, &set).map(|config| bench::Source::Preset {
+                    name: p,
+                    config: Box::new(config),
+                    dtype: dtype.into(),
+                    seed,
+                }),
+                (None, None) => Err("bench: give a GGUF file or --preset".to_string()),
+            };
             let graphs = match graphs {
                 GraphsChoice::On => vec![true],
                 GraphsChoice::Off => vec![false],
                 GraphsChoice::Both => vec![true, false],
             };
-            let args = bench::BenchArgs {
-                file,
+            let args = model.map(|model| bench::BenchArgs {
+                model,
                 backend,
                 prefill,
                 widths,
@@ -329,8 +369,8 @@ fn main() -> ExitCode {
                 kv_dtype: kv_dtype.into(),
                 graphs,
                 json,
-            };
-            bench::bench(&args)
+            });
+            args.and_then(|args| bench::bench(&args))
         }
         Command::Convert { from_hf, out, dtype, allow_nonfinite, quiet } => {
             let opts = tessera_models::convert::ConvertOptions { dtype: dtype.into(), allow_nonfinite };
@@ -346,6 +386,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// The config of `preset` with `--set KEY=VALUE` overrides applied.
+fn preset_config(preset: &str, overrides: &[String]) -> Result<ModelConfig, String> {
+    let mut config = ModelConfig::preset(preset).map_err(|e| e.to_string())?;
+    for kv in overrides {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--set `{kv}`: expected KEY=VALUE"))?;
+        config = config.with_override(k.trim(), v.trim()).map_err(|e| e.to_string())?;
+    }
+    Ok(config)
+}
+
 fn run_synth(
     preset: &str,
     dtype: DType,
@@ -355,11 +405,7 @@ fn run_synth(
     quiet: bool,
 ) -> Result<(), String> {
     tessera_files::check_output(output, &[]).map_err(|e| format!("{}: {e}", output.display()))?;
-    let mut config = ModelConfig::preset(preset).map_err(|e| e.to_string())?;
-    for kv in overrides {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--set `{kv}`: expected KEY=VALUE"))?;
-        config = config.with_override(k.trim(), v.trim()).map_err(|e| e.to_string())?;
-    }
+    let config = preset_config(preset, overrides)?;
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")

@@ -35,6 +35,8 @@ pub enum ModelError {
     Backend(#[from] BackendError),
     #[error("bad batch: {why}")]
     BadBatch { why: String },
+    #[error(transparent)]
+    Synth(#[from] crate::synth::SynthError),
 }
 
 type R<T> = Result<T, ModelError>;
@@ -269,6 +271,47 @@ impl Model {
         opts: ModelOptions,
     ) -> R<Model> {
         config.validate()?;
+        let weights = ModelWeights::load(file, &config, backend)?;
+        Self::with_weights(config, weights, backend, opts)
+    }
+
+    /// A model of `config` with seeded synthetic weights uploaded straight to `backend`: the
+    /// weights `tessera synth` would write with this dtype and seed (`synth::upload_weights`), with
+    /// no file and no disk (what `tessera bench --preset` runs).
+    pub fn synthetic(
+        config: ModelConfig,
+        weight: DType,
+        seed: u64,
+        backend: &mut dyn Backend,
+        opts: ModelOptions,
+    ) -> R<Model> {
+        let weights = crate::synth::upload_weights(&config, weight, seed, backend)?;
+        Self::with_weights(config, weights, backend, opts)
+    }
+
+    /// A model over weights already on `backend`, with zeroed caches allocated there. On an
+    /// error the weights and whatever was allocated are freed.
+    pub fn with_weights(
+        config: ModelConfig,
+        mut weights: ModelWeights,
+        backend: &mut dyn Backend,
+        opts: ModelOptions,
+    ) -> R<Model> {
+        match Self::assemble(config, backend, opts) {
+            Ok(mut m) => {
+                m.weights = weights;
+                Ok(m)
+            }
+            Err(e) => {
+                weights.free(backend);
+                Err(e)
+            }
+        }
+    }
+
+    /// A model of `config` with its caches and no weights yet (the caller moves them in).
+    fn assemble(config: ModelConfig, backend: &mut dyn Backend, opts: ModelOptions) -> R<Model> {
+        config.validate()?;
         let n_main = config.n_main_layers();
         let n_attn = (0..n_main).filter(|&il| config.layer_kind(il) == LayerKind::FullAttention).count();
         let n_rec = n_main - n_attn;
@@ -288,11 +331,10 @@ impl Model {
             opts.n_slots,
         );
         let recurrent = RecurrentCache::new(rec_cfg)?;
-        let weights = ModelWeights::load(file, &config, backend)?;
         let steps = StepCache { capacity: opts.step_graphs.max(1), ..StepCache::default() };
         let mut model = Model {
             config,
-            weights,
+            weights: ModelWeights::default(),
             kv,
             recurrent,
             layers: Vec::new(),
@@ -301,17 +343,32 @@ impl Model {
             last_times: StepTimes::default(),
         };
         for il in 0..n_main {
-            let lc = match model.config.layer_kind(il) {
-                LayerKind::FullAttention => LayerCache::Attn {
-                    k: alloc_zeroed(backend, model.kv.k_shape(), opts.kv_dtype)?,
-                    v: alloc_zeroed(backend, model.kv.v_shape(), opts.kv_dtype)?,
-                },
-                LayerKind::GatedDeltaNet => LayerCache::Recurrent {
-                    conv: alloc_zeroed(backend, model.recurrent.conv_shape(), DType::F32)?,
-                    delta: alloc_zeroed(backend, model.recurrent.delta_shape(), DType::F32)?,
-                },
+            let (shapes, dtype) = match model.config.layer_kind(il) {
+                LayerKind::FullAttention => ([model.kv.k_shape(), model.kv.v_shape()], opts.kv_dtype),
+                LayerKind::GatedDeltaNet => ([model.recurrent.conv_shape(), model.recurrent.delta_shape()], DType::F32),
             };
-            model.layers.push(lc);
+            let a = alloc_zeroed(backend, shapes[0], dtype);
+            let b = a.as_ref().ok().map(|_| alloc_zeroed(backend, shapes[1], dtype));
+            let (a, b) = match (a, b) {
+                (Ok(a), Some(Ok(b))) => (a, b),
+                (a, b) => {
+                    if let Ok(a) = a {
+                        backend.free(a.buffer);
+                    }
+                    model.free(backend);
+                    return Err(match b {
+                        Some(Err(e)) => e,
+                        _ => ModelError::Backend(BackendError::Device {
+                            backend: backend.name().to_string(),
+                            detail: format!("allocating the caches of layer {il}"),
+                        }),
+                    });
+                }
+            };
+            model.layers.push(match model.config.layer_kind(il) {
+                LayerKind::FullAttention => LayerCache::Attn { k: a, v: b },
+                LayerKind::GatedDeltaNet => LayerCache::Recurrent { conv: a, delta: b },
+            });
         }
         Ok(model)
     }

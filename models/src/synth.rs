@@ -37,10 +37,12 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal, Uniform};
 use rayon::prelude::*;
+use tessera_graph::{Backend, BufferId, TensorMeta, TensorRef};
 use tessera_ops::DType;
 
 use crate::config::{ConfigError, ModelConfig, TensorSpec};
 use crate::gguf::{GgufError, GgufWriter};
+use crate::weights::ModelWeights;
 
 /// Elements per generated chunk (rounded up to whole rows).
 pub const CHUNK_ELEMS: usize = 1 << 20;
@@ -62,6 +64,9 @@ pub enum SynthError {
     /// A tensor whose rows cannot be stored in the block-quantized dtype.
     #[error("tensor `{name}`: ne0 = {ne0} is not a multiple of the {dtype} block size {block}")]
     NotBlockAligned { name: String, dtype: DType, ne0: usize, block: usize },
+    /// Uploading a synthetic tensor to a backend failed.
+    #[error("uploading `{name}`: {why}")]
+    Upload { name: String, why: String },
     /// The file would not fit on its file system (checked before anything is written).
     #[error("{path}: the file needs {needed} bytes of tensor data but its file system has {available} bytes free")]
     NoSpace { path: PathBuf, needed: u64, available: u64 },
@@ -199,6 +204,62 @@ fn write_tensor(
         }
     }
     Ok(())
+}
+
+/// Uploads the weights [`synthesize`] would write for `config` (same dtype rules, same seed,
+/// same bytes) straight into `backend` memory, a tensor at a time in chunks generated in
+/// parallel: a model to run or measure with no file, no disk and no read back. On an error the
+/// tensors uploaded so far are freed.
+pub fn upload_weights(
+    config: &ModelConfig,
+    weight: DType,
+    seed: u64,
+    backend: &mut dyn Backend,
+) -> Result<ModelWeights, SynthError> {
+    output_bytes(config, weight)?; // validates the config and the dtypes, bounds the size
+    let mut weights = ModelWeights::default();
+    for spec in config.tensor_specs() {
+        let dtype = storage_dtype(&spec, weight);
+        let upload = |backend: &mut dyn Backend| -> Result<TensorRef, String> {
+            let meta = TensorMeta::contiguous("weight", dtype, spec.ne).map_err(|e| e.to_string())?;
+            let buffer = backend.alloc(meta.nbytes_contiguous()).map_err(|e| e.to_string())?;
+            let mut out = BackendWriter { backend: &mut *backend, buffer, at: 0 };
+            match write_tensor(&spec, dtype, seed, &mut out, &mut |_| {}) {
+                Ok(()) => Ok(TensorRef { buffer, offset: 0, meta }),
+                Err(e) => {
+                    backend.free(buffer);
+                    Err(e.to_string())
+                }
+            }
+        };
+        match upload(backend) {
+            Ok(place) => weights.insert(spec.name.clone(), place),
+            Err(why) => {
+                weights.free(backend);
+                return Err(SynthError::Upload { name: spec.name.clone(), why });
+            }
+        }
+    }
+    Ok(weights)
+}
+
+/// Writes into a backend buffer from offset 0 on, as a file would be written.
+struct BackendWriter<'b> {
+    backend: &'b mut dyn Backend,
+    buffer: BufferId,
+    at: usize,
+}
+
+impl Write for BackendWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.backend.write(self.buffer, self.at, buf).map_err(io::Error::other)?;
+        self.at += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The bytes [`synthesize`] writes for `spec` when the weights are `weight` (for tests and for

@@ -105,6 +105,11 @@ impl ModelWeights {
         Ok(())
     }
 
+    /// Adds a tensor placed by the caller (synthetic weights).
+    pub(crate) fn insert(&mut self, name: String, place: TensorRef) {
+        self.tensors.insert(name, place);
+    }
+
     /// The placed tensor `name`.
     pub fn get(&self, name: &str) -> Result<TensorRef, WeightsError> {
         self.tensors.get(name).copied().ok_or_else(|| WeightsError::Missing { name: name.to_string() })

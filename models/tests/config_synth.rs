@@ -251,3 +251,37 @@ fn tiny_preset_sizes() {
     assert!(m.n_params() < 600_000, "{}", m.n_params());
     assert_eq!(t.tensor_specs().len(), 3 + 2 * (2 + 9 + 3) + 2 * (2 + 6 + 3));
 }
+
+#[test]
+fn uploaded_synthetic_weights_are_the_file_s_weights() {
+    use tessera_cpu::CpuBackend;
+    use tessera_models::qwen35::{Logits, Model, ModelOptions};
+    for (preset, dtype) in [("tiny", DType::F32), ("tiny-moe", DType::Q8_0), ("tiny-moe", DType::NvFp4)] {
+        let c = ModelConfig::preset(preset).unwrap();
+        let path = std::env::temp_dir().join(format!("tessera_upload_{preset}_{dtype}_{}.gguf", std::process::id()));
+        synthesize(&c, dtype, 9, &path, None).unwrap();
+        let file = tessera_models::gguf::GgufFile::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let mut be = CpuBackend::new();
+        let opts = ModelOptions { kv_blocks: 16, block_size: 4, max_context: 32, ..ModelOptions::default() };
+        let mut from_file = Model::load(&file, &mut be, opts).unwrap();
+        let mut uploaded = Model::synthetic(c.clone(), dtype, 9, &mut be, opts).unwrap();
+        let prompt = [3u32, 1, 4, 1, 5, 9, 2, 6];
+        let a = from_file.step(&mut be, &[(0, &prompt)], Logits::All).unwrap();
+        let b = uploaded.step(&mut be, &[(0, &prompt)], Logits::All).unwrap();
+        assert_eq!(a, b, "{preset} {dtype}: the uploaded weights differ from the file's");
+        for name in c.tensor_specs().iter().map(|s| s.name.clone()) {
+            let (x, y) = (from_file.weights.get(&name).unwrap(), uploaded.weights.get(&name).unwrap());
+            assert_eq!(x.meta, y.meta, "{name}");
+        }
+        from_file.free(&mut be);
+        uploaded.free(&mut be);
+        assert_eq!(be.allocated(), 0);
+    }
+    // a config the synthesizer refuses is an error, not a partial upload
+    let mut be = CpuBackend::new();
+    let c = ModelConfig::preset("tiny").unwrap();
+    let e = Model::synthetic(c, DType::I32, 1, &mut be, ModelOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("not supported for synthesis"), "{e}");
+    assert_eq!(be.allocated(), 0);
+}
