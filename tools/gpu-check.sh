@@ -47,6 +47,8 @@ timeout 240 "$G/tessera" run /tmp/big.gguf --backend cuda --tokens $P16 -n 64 > 
 note "35B-A3B nvfp4, 1 seq: rc=$? $(grep -E '^(prefill|decode)' "$OUT/run-big-1.txt" | tr '\n' ' ')"
 timeout 240 "$G/tessera" run /tmp/big.gguf --backend cuda --max-tokens-per-step 512 --tokens "$(seq -s, 1 512)" -n 8 > "$OUT/run-big-512.txt" 2>&1
 note "35B-A3B nvfp4, 512-token prompt: rc=$? $(grep -E '^(prefill|decode)' "$OUT/run-big-512.txt" | tr '\n' ' ')"
+timeout 300 "$G/tessera" bench /tmp/big.gguf --backend cuda -r 2 --widths 1,8,32 --prefill 512,2048 > "$OUT/bench-big.md" 2>&1
+note "35B-A3B nvfp4, tessera bench: rc=$? $(grep -E '^\| (pp|tg)' "$OUT/bench-big.md" | awk -F'|' '{printf "%s %s;", $2, $4}')"
 args=""; for s in 1 2 3 4 5 6 7 8; do args="$args --tokens $(seq -s, $s $((s+15)))"; done
 timeout 240 "$G/tessera" run /tmp/big.gguf --backend cuda $args -n 64 > "$OUT/run-big-8.txt" 2>&1
 note "35B-A3B nvfp4, 8 seqs: rc=$? $(grep -E '^(prefill|decode)' "$OUT/run-big-8.txt" | tr '\n' ' ')"
