@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use tessera_models::config::ModelConfig;
-use tessera_models::engine::{Engine, EngineConfig, EngineStats};
+use tessera_models::engine::{Engine, EngineConfig};
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Model, ModelOptions, StepTimes};
 use tessera_models::sample::SamplerParams;
@@ -177,7 +177,7 @@ fn run_case(engine: &mut Engine, args: &BenchArgs, case: Case, graphs: Option<bo
         steps: 0,
     };
     for rep in 0..=args.reps {
-        let before = *engine.stats();
+        engine.reset_stats();
         match case {
             Case::Prefill(n) => {
                 engine.submit(&prompt_tokens(n, rep, n_vocab), 1, params).map_err(|e| e.to_string())?;
@@ -191,11 +191,10 @@ fn run_case(engine: &mut Engine, args: &BenchArgs, case: Case, graphs: Option<bo
             }
         }
         engine.run_to_completion().map_err(|e| e.to_string())?;
-        let after = *engine.stats();
+        let d = *engine.stats();
         if rep == 0 {
             continue; // warm-up: first shapes are built, planned and captured here
         }
-        let d = delta(&after, &before);
         let (rate, times, steps) = match case {
             Case::Prefill(n) => (n as f64 / d.prefill_secs.max(1e-12), d.prefill_times, d.prefill_steps),
             Case::Decode(_) => (d.decode_only_tokens as f64 / d.decode_secs.max(1e-12), d.decode_times, d.decode_steps),
@@ -208,27 +207,6 @@ fn run_case(engine: &mut Engine, args: &BenchArgs, case: Case, graphs: Option<bo
         row.steps = steps;
     }
     Ok(row)
-}
-
-fn delta(a: &EngineStats, b: &EngineStats) -> EngineStats {
-    let t = |x: StepTimes, y: StepTimes| StepTimes {
-        prepare: x.prepare - y.prepare,
-        launch: x.launch - y.launch,
-        wait: x.wait - y.wait,
-    };
-    EngineStats {
-        steps: a.steps - b.steps,
-        prefill_steps: a.prefill_steps - b.prefill_steps,
-        decode_steps: a.decode_steps - b.decode_steps,
-        prefill_times: t(a.prefill_times, b.prefill_times),
-        decode_times: t(a.decode_times, b.decode_times),
-        prefill_tokens: a.prefill_tokens - b.prefill_tokens,
-        prefill_secs: a.prefill_secs - b.prefill_secs,
-        decode_tokens: a.decode_tokens - b.decode_tokens,
-        decode_only_tokens: a.decode_only_tokens - b.decode_only_tokens,
-        decode_secs: a.decode_secs - b.decode_secs,
-        generated: a.generated - b.generated,
-    }
 }
 
 fn print_table(args: &BenchArgs, device: &str, peak: Option<u64>, load_secs: f64, rows: &[Row]) {

@@ -71,6 +71,20 @@ struct Cli {
     command: Command,
 }
 
+/// The synthetic weights of a preset: `tessera synth` and `tessera bench --preset`.
+#[derive(clap::Args, Debug)]
+struct SynthWeights {
+    /// Dtype of the weight matrices (norms and small vectors stay f32).
+    #[arg(long, value_enum, default_value_t = WeightDType::F16)]
+    dtype: WeightDType,
+    /// Seed of the weights: the same seed gives the same weights.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Override a metadata key, without the arch prefix (repeatable): block_count=8.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Write a GGUF with a preset's metadata and seeded random weights.
@@ -78,15 +92,8 @@ enum Command {
         /// tiny, tiny-moe, qwen35-27b or qwen35moe-35b-a3b.
         #[arg(long)]
         preset: String,
-        /// Dtype of the weight matrices (norms and small vectors stay f32).
-        #[arg(long, value_enum, default_value_t = WeightDType::F16)]
-        dtype: WeightDType,
-        /// Seed of the weights: the same seed gives the same file.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Override a metadata key, without the arch prefix (repeatable): block_count=8.
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        set: Vec<String>,
+        #[command(flatten)]
+        weights: SynthWeights,
         /// Output file.
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
@@ -153,15 +160,9 @@ enum Command {
         /// weights uploaded straight to the backend, the ones `tessera synth` would write.
         #[arg(long)]
         preset: Option<String>,
-        /// With --preset: the dtype of the weight matrices.
-        #[arg(long, value_enum, default_value_t = WeightDType::F16)]
-        dtype: WeightDType,
-        /// With --preset: the seed of the weights.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// With --preset: override a metadata key, without the arch prefix (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        set: Vec<String>,
+        /// With --preset: the weights, as `tessera synth` takes them.
+        #[command(flatten)]
+        weights: SynthWeights,
         /// Prompt lengths of the prefill cases, comma separated.
         #[arg(long, value_delimiter = ',', default_value = "512,2048")]
         prefill: Vec<usize>,
@@ -292,9 +293,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
-        Command::Synth { preset, dtype, seed, set, output, quiet } => {
-            run_synth(&preset, dtype.into(), seed, &set, &output, quiet)
-        }
+        Command::Synth { preset, weights, output, quiet } => run_synth(&preset, &weights, &output, quiet),
         Command::Inspect { file } => inspect::run(&file),
         Command::Run {
             file,
@@ -328,9 +327,7 @@ fn main() -> ExitCode {
         Command::Bench {
             file,
             preset,
-            dtype,
-            seed,
-            set,
+            weights,
             prefill,
             widths,
             n_gen,
@@ -344,11 +341,11 @@ fn main() -> ExitCode {
         } => {
             let model = match (file, preset) {
                 (Some(file), _) => Ok(bench::Source::File(file)),
-                (None, Some(p)) => preset_config(&p, &set).map(|config| bench::Source::Preset {
+                (None, Some(p)) => preset_config(&p, &weights.set).map(|config| bench::Source::Preset {
                     name: p,
                     config: Box::new(config),
-                    dtype: dtype.into(),
-                    seed,
+                    dtype: weights.dtype.into(),
+                    seed: weights.seed,
                 }),
                 (None, None) => Err("bench: give a GGUF file or --preset".to_string()),
             };
@@ -396,16 +393,10 @@ fn preset_config(preset: &str, overrides: &[String]) -> Result<ModelConfig, Stri
     Ok(config)
 }
 
-fn run_synth(
-    preset: &str,
-    dtype: DType,
-    seed: u64,
-    overrides: &[String],
-    output: &Path,
-    quiet: bool,
-) -> Result<(), String> {
+fn run_synth(preset: &str, weights: &SynthWeights, output: &Path, quiet: bool) -> Result<(), String> {
+    let (dtype, seed): (DType, u64) = (weights.dtype.into(), weights.seed);
     tessera_files::check_output(output, &[]).map_err(|e| format!("{}: {e}", output.display()))?;
-    let config = preset_config(preset, overrides)?;
+    let config = preset_config(preset, &weights.set)?;
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")

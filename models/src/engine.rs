@@ -262,6 +262,11 @@ impl Engine {
         &self.stats
     }
 
+    /// Starts the statistics afresh (benches measure one run at a time).
+    pub fn reset_stats(&mut self) {
+        self.stats = EngineStats::default();
+    }
+
     /// Keep (`true`) or stop keeping the logits of every fed token from the next step on; see
     /// [`Engine::take_logits`]. Off by default (then only the last row per sequence is computed).
     pub fn record_logits(&mut self, on: bool) {
