@@ -145,13 +145,18 @@ fn greedy_steps_on_the_device_pick_the_argmax_of_the_logits() {
     b.free(&mut be);
 }
 
-/// A CPU backend that counts the calls that wait for the device (`read`, `synchronize`) and the
-/// bytes read back.
-struct Counting {
-    inner: CpuBackend,
+/// The calls that wait for the device (`read`, `synchronize`) and the bytes read back.
+#[derive(Debug, Default, Clone, Copy)]
+struct Waits {
     reads: usize,
     read_bytes: usize,
     syncs: usize,
+}
+
+/// A CPU backend that counts its waits into a handle the test keeps (the engine owns the backend).
+struct Counting {
+    inner: CpuBackend,
+    waits: std::sync::Arc<std::sync::Mutex<Waits>>,
 }
 
 impl tessera_graph::Backend for Counting {
@@ -179,70 +184,28 @@ impl tessera_graph::Backend for Counting {
         at: usize,
         out: &mut [u8],
     ) -> Result<(), tessera_graph::BackendError> {
-        self.reads += 1;
-        self.read_bytes += out.len();
+        let mut w = self.waits.lock().unwrap();
+        w.reads += 1;
+        w.read_bytes += out.len();
         self.inner.read(b, at, out)
     }
     fn compute(&mut self, tasks: &[tessera_graph::Task<'_>]) -> Result<(), tessera_graph::BackendError> {
         self.inner.compute(tasks)
     }
     fn synchronize(&mut self) -> Result<(), tessera_graph::BackendError> {
-        self.syncs += 1;
+        self.waits.lock().unwrap().syncs += 1;
         self.inner.synchronize()
     }
 }
 
 #[test]
 fn a_greedy_decode_step_waits_once_and_reads_back_only_token_ids() {
-    use std::sync::{Arc, Mutex};
     use tessera_models::engine::{Engine, EngineConfig};
     use tessera_models::sample::SamplerParams;
 
-    /// The engine owns its backend: share the counters through a handle.
-    struct Shared(Arc<Mutex<Counting>>);
-    impl tessera_graph::Backend for Shared {
-        fn name(&self) -> &str {
-            "counting"
-        }
-        fn supports(&self, op: &tessera_graph::Op, inputs: &[tessera_graph::TensorMeta]) -> bool {
-            self.0.lock().unwrap().supports(op, inputs)
-        }
-        fn alloc(&mut self, bytes: usize) -> Result<tessera_graph::BufferId, tessera_graph::BackendError> {
-            self.0.lock().unwrap().alloc(bytes)
-        }
-        fn free(&mut self, buffer: tessera_graph::BufferId) {
-            self.0.lock().unwrap().free(buffer)
-        }
-        fn size(&self, buffer: tessera_graph::BufferId) -> Result<usize, tessera_graph::BackendError> {
-            self.0.lock().unwrap().size(buffer)
-        }
-        fn write(
-            &mut self,
-            b: tessera_graph::BufferId,
-            at: usize,
-            d: &[u8],
-        ) -> Result<(), tessera_graph::BackendError> {
-            self.0.lock().unwrap().write(b, at, d)
-        }
-        fn read(
-            &mut self,
-            b: tessera_graph::BufferId,
-            at: usize,
-            o: &mut [u8],
-        ) -> Result<(), tessera_graph::BackendError> {
-            self.0.lock().unwrap().read(b, at, o)
-        }
-        fn compute(&mut self, tasks: &[tessera_graph::Task<'_>]) -> Result<(), tessera_graph::BackendError> {
-            self.0.lock().unwrap().compute(tasks)
-        }
-        fn synchronize(&mut self) -> Result<(), tessera_graph::BackendError> {
-            self.0.lock().unwrap().synchronize()
-        }
-    }
-
     let f = file("tiny-moe");
-    let counting = Arc::new(Mutex::new(Counting { inner: CpuBackend::new(), reads: 0, read_bytes: 0, syncs: 0 }));
-    let mut be = Shared(counting.clone());
+    let waits = std::sync::Arc::new(std::sync::Mutex::new(Waits::default()));
+    let mut be = Counting { inner: CpuBackend::new(), waits: waits.clone() };
     let m = Model::load(&f, &mut be, opts(8, 8)).unwrap();
     let mut e = Engine::new(m, Box::new(be), EngineConfig { max_tokens_per_step: 64 }).unwrap();
     for p in [&[1u32, 2, 3][..], &[4, 5], &[6, 7, 8, 9]] {
@@ -251,16 +214,13 @@ fn a_greedy_decode_step_waits_once_and_reads_back_only_token_ids() {
     e.step().unwrap(); // the prompts
     let mut decode_steps = 0;
     while !e.is_idle() {
-        let before = {
-            let c = counting.lock().unwrap();
-            (c.reads, c.read_bytes, c.syncs)
-        };
+        let before = *waits.lock().unwrap();
         let n_seq =
             e.step().unwrap().iter().filter(|ev| matches!(ev, tessera_models::engine::Event::Token { .. })).count();
-        let c = counting.lock().unwrap();
-        assert_eq!(c.reads - before.0, 1, "one wait a decode step");
-        assert_eq!(c.read_bytes - before.1, 4 * n_seq, "token ids only");
-        assert_eq!(c.syncs, before.2, "no other synchronisation");
+        let c = *waits.lock().unwrap();
+        assert_eq!(c.reads - before.reads, 1, "one wait a decode step");
+        assert_eq!(c.read_bytes - before.read_bytes, 4 * n_seq, "token ids only");
+        assert_eq!(c.syncs, before.syncs, "no other synchronisation");
         decode_steps += 1;
     }
     assert_eq!(decode_steps, 19);
