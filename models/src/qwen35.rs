@@ -347,22 +347,20 @@ impl Model {
                 LayerKind::FullAttention => ([model.kv.k_shape(), model.kv.v_shape()], opts.kv_dtype),
                 LayerKind::GatedDeltaNet => ([model.recurrent.conv_shape(), model.recurrent.delta_shape()], DType::F32),
             };
-            let a = alloc_zeroed(backend, shapes[0], dtype);
-            let b = a.as_ref().ok().map(|_| alloc_zeroed(backend, shapes[1], dtype));
-            let (a, b) = match (a, b) {
-                (Ok(a), Some(Ok(b))) => (a, b),
-                (a, b) => {
-                    if let Ok(a) = a {
-                        backend.free(a.buffer);
-                    }
+            // On an error, free what this model allocated so far (the caller frees the weights).
+            let a = match alloc_zeroed(backend, shapes[0], dtype) {
+                Ok(a) => a,
+                Err(e) => {
                     model.free(backend);
-                    return Err(match b {
-                        Some(Err(e)) => e,
-                        _ => ModelError::Backend(BackendError::Device {
-                            backend: backend.name().to_string(),
-                            detail: format!("allocating the caches of layer {il}"),
-                        }),
-                    });
+                    return Err(e);
+                }
+            };
+            let b = match alloc_zeroed(backend, shapes[1], dtype) {
+                Ok(b) => b,
+                Err(e) => {
+                    backend.free(a.buffer);
+                    model.free(backend);
+                    return Err(e);
                 }
             };
             model.layers.push(match model.config.layer_kind(il) {
