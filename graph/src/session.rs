@@ -409,6 +409,22 @@ enum Held<'g> {
     Lent(&'g mut Placement),
 }
 
+impl Held<'_> {
+    fn get(&self) -> &Placement {
+        match self {
+            Held::Own(p) => p,
+            Held::Lent(p) => p,
+        }
+    }
+
+    fn get_mut(&mut self) -> &mut Placement {
+        match self {
+            Held::Own(p) => p,
+            Held::Lent(p) => p,
+        }
+    }
+}
+
 /// A graph placed on one backend, or spread over several ([`Session::scheduled`]). Frees what it
 /// allocated when dropped (unless it was lent by an [`Executable`], which keeps it).
 pub struct Session<'g, 'b> {
@@ -462,10 +478,7 @@ impl<'g, 'b> Session<'g, 'b> {
     }
 
     fn p(&self) -> &Placement {
-        match &self.held {
-            Held::Own(p) => p,
-            Held::Lent(p) => p,
-        }
+        self.held.get()
     }
 
     /// The plan this session runs (memory statistics, slots, tasks, home backends).
@@ -503,10 +516,7 @@ impl<'g, 'b> Session<'g, 'b> {
         self.p().check(&self.backends)?;
         let b = self.p().plan.home[t.id().index()];
         self.backends[b].write(place.buffer, place.offset, data)?;
-        match &mut self.held {
-            Held::Own(p) => p.leaf_set[t.id().index()] = true,
-            Held::Lent(p) => p.leaf_set[t.id().index()] = true,
-        }
+        self.held.get_mut().leaf_set[t.id().index()] = true;
         Ok(())
     }
 
@@ -540,11 +550,7 @@ impl<'g, 'b> Session<'g, 'b> {
     /// Computes every live node. Errors before running anything if a leaf that is read was never
     /// set. (Backend support and in-place aliasing were checked when the graph was placed.)
     pub fn run(&mut self) -> Result<(), ExecError> {
-        let graph = self.graph;
-        match &mut self.held {
-            Held::Own(p) => p.run(graph, &mut self.backends),
-            Held::Lent(p) => p.run(graph, &mut self.backends),
-        }
+        self.held.get_mut().run(self.graph, &mut self.backends)
     }
 
     /// Waits for the backends to finish queued work (asynchronous backends) and reports any
