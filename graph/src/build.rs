@@ -225,7 +225,7 @@ impl Graph {
         scale: f32,
         softcap: f32,
     ) -> R {
-        let params = FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some() };
+        let params = FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: false };
         let inputs: Vec<Tensor> = [Some(q), Some(k), Some(v), mask, block_table].into_iter().flatten().collect();
         self.op(Op::FlashAttnExt(params), &inputs)
     }

@@ -51,8 +51,8 @@ fn float_ops(x: f32) -> Vec<Op> {
         Op::Softmax(SoftmaxParams { scale: x }),
         Op::L2Norm { eps: x },
         Op::RopeMulti(rope(x)),
-        Op::FlashAttnExt(FlashAttnParams { scale: x, softcap: 0.0, mask: true, paged: false }),
-        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: x, mask: true, paged: false }),
+        Op::FlashAttnExt(FlashAttnParams { scale: x, softcap: 0.0, mask: true, paged: false, ragged: false }),
+        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: x, mask: true, paged: false, ragged: false }),
         Op::GatedDeltaNet(GatedDeltaNetParams { scale: x, head_map: HeadMap::Tiled, algo: DeltaNetAlgo::Serial }),
     ]
 }
@@ -105,8 +105,8 @@ fn equal_ops_hash_equal_and_differing_ops_differ() {
         Op::RopeMulti(rope(1e6)),
         Op::RopeMulti(RopeParams { sections: None, ..rope(1e6) }),
         Op::RopeMulti(RopeParams { pairing: RopePairing::Adjacent, ..rope(1e6) }),
-        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask: true, paged: false }),
-        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask: true, paged: true }),
+        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask: true, paged: false, ragged: false }),
+        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask: true, paged: true, ragged: false }),
         Op::SsmConvUpdate { silu: true },
         Op::SsmConvUpdate { silu: false },
         gdn(HeadMap::Tiled, DeltaNetAlgo::Serial),

@@ -127,8 +127,12 @@ pub struct FlashAttnParams {
     pub softcap: f32,
     /// A mask input follows `v`.
     pub mask: bool,
-    /// A block-table input comes last: K/V are read through it from a shared paged cache.
+    /// A block-table input follows the mask: K/V are read through it from a shared paged cache.
     pub paged: bool,
+    /// Ragged (varlen) token batch: `q` packs the tokens of all sequences (`[d_k, n_tokens,
+    /// n_head, 1]`) and two i32 inputs come last, `seq_offsets [n_seq + 1]` and `kv_lens [n_seq]`;
+    /// attention is causal, bottom-right aligned per sequence (see `Op::FlashAttnExt`).
+    pub ragged: bool,
 }
 
 /// Sort direction of `argsort`.
@@ -246,7 +250,8 @@ pub enum Op {
     // ---- attention ----
     /// `[x, positions]`: `x [head_dim, n_head, n_tokens, 1]`; see [`RopeParams`].
     RopeMulti(RopeParams),
-    /// `[q, k, v]` + `[mask]` if `mask` + `[block_table]` if `paged`:
+    /// `[q, k, v]` + `[mask]` if `mask` + `[block_table]` if `paged` + `[seq_offsets, kv_lens]` if
+    /// `ragged`:
     /// `q [d_k, n_tokens, n_head, n_seq]` f32; `k [d_k, n_kv, n_head_kv, n_seq]`,
     /// `v [d_v, n_kv, n_head_kv, n_seq]` (f32/f16/bf16); `mask [n_kv, >= n_tokens, 1, 1 or n_seq]`
     /// (f32/f16, added to the logits); with `paged`, `k`/`v` are a shared cache
@@ -256,6 +261,11 @@ pub enum Op {
     /// softcap)` when `softcap > 0`) plus `mask[j, t, 0, s % mask.ne3]`; `-inf` positions are
     /// skipped and a row whose every logit is `-inf` is all zeros. q may have any strides, k/v need
     /// dense rows; a block-table entry outside `0..n_cells` is `KernelError::IndexOutOfRange`.
+    /// With `ragged`, `q [d_k, n_tokens, n_head, 1]` packs the sequences' tokens: sequence `s` owns
+    /// tokens `seq_offsets[s] .. seq_offsets[s + 1]` (its `L` tokens sit at positions
+    /// `kv_lens[s] - L ..` and token `i` attends positions `0 ..= kv_lens[s] - L + i`, through row
+    /// `s` of the table or of k/v); the mask, if any, is `[n_kv, >= n_tokens, 1, 1]`; tokens of no
+    /// sequence output 0; output `[d_v, n_head, n_tokens, 1]`.
     FlashAttnExt(FlashAttnParams),
 
     // ---- recurrent (gated DeltaNet) ----
@@ -380,8 +390,8 @@ impl fmt::Display for Op {
             ),
             Op::FlashAttnExt(p) => write!(
                 f,
-                "flash_attn_ext(scale={}, softcap={}, mask={}, paged={})",
-                p.scale, p.softcap, p.mask, p.paged
+                "flash_attn_ext(scale={}, softcap={}, mask={}, paged={}, ragged={})",
+                p.scale, p.softcap, p.mask, p.paged, p.ragged
             ),
             Op::SsmConvUpdate { silu } => write!(f, "ssm_conv_update_inplace(silu={silu})"),
             Op::GatedDeltaNet(p) => write!(f, "gated_delta_net(scale={}, {:?}, {:?})", p.scale, p.head_map, p.algo),
@@ -455,9 +465,9 @@ impl RopeParams {
 }
 
 impl FlashAttnParams {
-    fn key(&self) -> (Bits, Bits, bool, bool) {
-        let FlashAttnParams { scale, softcap, mask, paged } = *self;
-        (scale.into(), softcap.into(), mask, paged)
+    fn key(&self) -> (Bits, Bits, bool, bool, bool) {
+        let FlashAttnParams { scale, softcap, mask, paged, ragged } = *self;
+        (scale.into(), softcap.into(), mask, paged, ragged)
     }
 }
 

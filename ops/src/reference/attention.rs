@@ -88,7 +88,7 @@ mod tests {
     use crate::{DType, FlashAttnParams};
 
     fn op(scale: f32, softcap: f32, mask: bool, paged: bool) -> Op {
-        Op::FlashAttnExt(FlashAttnParams { scale, softcap, mask, paged })
+        Op::FlashAttnExt(FlashAttnParams { scale, softcap, mask, paged, ragged: false })
     }
 
     fn run(op: &Op, inputs: &[RefTensor]) -> Result<RefTensor, KernelError> {

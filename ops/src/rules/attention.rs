@@ -173,7 +173,7 @@ mod tests {
     }
 
     fn op(mask: bool, paged: bool) -> Op {
-        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask, paged })
+        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask, paged, ragged: false })
     }
 
     const F32: DType = DType::F32;
@@ -224,7 +224,7 @@ mod tests {
         let mut kt = k;
         kt.nb = [128, 2, 1280, 5120]; // transposed rows
         assert!(matches!(infer(&op(false, false), &[&q, &kt, &v]), Err(OpError::NotContiguous { input: 1, .. })));
-        let bad = Op::FlashAttnExt(FlashAttnParams { scale: 1.0, softcap: -1.0, mask: false, paged: false });
+        let bad = Op::FlashAttnExt(FlashAttnParams { scale: 1.0, softcap: -1.0, mask: false, paged: false, ragged: false });
         assert!(matches!(infer(&bad, &[&q, &k, &v]), Err(OpError::InvalidParam { .. })));
         // block table: dtype and shape
         let tf = meta(F32, [10, 1, 1, 1]);
