@@ -211,12 +211,15 @@ __device__ __forceinline__ void report_error(ErrorRecord* rec, u32 code, u32 wha
 
 #define ERR_INDEX_OUT_OF_RANGE 1u
 #define ERR_DUPLICATE_INDEX 2u
+#define ERR_VALUE_OUT_OF_RANGE 3u  // index = value, first = its position, second..=limit allowed
 
 #define WHAT_ROW_ID 1u
 #define WHAT_STATE_SLOT 2u
 #define WHAT_EXPERT_ID 3u
 #define WHAT_KV_CELL 4u
 #define WHAT_DEST_ROW 5u
+#define WHAT_SEQ_OFFSETS 6u
+#define WHAT_KV_LENS 7u
 
 // Slots must be in range and distinct; the first bad one in sequence order is reported, as
 // `tessera_ops::checked_slots` does. Call with one whole block; sequence s is bad when its slot is
@@ -243,6 +246,61 @@ __device__ void check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32
     }
     i64 e = 0;
     while (*(const int*)(slots.data + e * slots.nb[0]) != v) e++;
+    report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
+}
+
+// A ragged batch's `seq_offsets` (i32 [n_seq + 1]) must be non-decreasing within 0..=n_tokens;
+// the first bad one in order is reported, as `tessera_ops::checked_seq_offsets` does. Call with one
+// whole block; returns (to every thread) whether the offsets are valid. Kernels that read the
+// offsets clamp them, so bad values never send a read or write out of bounds.
+__device__ bool check_seq_offsets(const Tensor& offsets, i64 n_tokens, u64 err, u32 op) {
+    __shared__ int ok;
+    if (threadIdx.x == 0) {
+        ok = 1;
+        i64 low = 0;
+        for (i64 i = 0; i < offsets.ne[0]; i++) {
+            const i64 v = *(const int*)(offsets.data + i * offsets.nb[0]);
+            if (v < low || v > n_tokens) {
+                report_error((ErrorRecord*)err, ERR_VALUE_OUT_OF_RANGE, WHAT_SEQ_OFFSETS, op, v, n_tokens, i, low);
+                ok = 0;
+                break;
+            }
+            low = v;
+        }
+    }
+    __syncthreads();
+    return ok != 0;
+}
+
+// The slots of a ragged batch's sequences that have tokens (`seq_offsets[s] < seq_offsets[s + 1]`,
+// offsets already checked) must be in range and distinct among themselves; sequences without
+// tokens are skipped. The first bad one in sequence order is reported, as
+// `tessera_ops::checked_ragged_slots` does. Call with one whole block.
+__device__ void check_ragged_state_slots(const Tensor& slots, const Tensor& offsets, i64 n_slots, u64 err, u32 op) {
+    __shared__ long long first_bad_ragged;
+    if (threadIdx.x == 0) first_bad_ragged = 0x7fffffffffffffffLL;
+    __syncthreads();
+    const i64 n = slots.ne[0];
+    auto slot = [&](i64 s) -> i64 { return *(const int*)(slots.data + s * slots.nb[0]); };
+    auto has_tokens = [&](i64 s) -> bool {
+        return *(const int*)(offsets.data + s * offsets.nb[0]) < *(const int*)(offsets.data + (s + 1) * offsets.nb[0]);
+    };
+    for (i64 s = threadIdx.x; s < n; s += blockDim.x) {
+        if (!has_tokens(s)) continue;
+        const i64 v = slot(s);
+        bool bad = v < 0 || v >= n_slots;
+        for (i64 e = 0; e < s && !bad; e++) bad = has_tokens(e) && slot(e) == v;
+        if (bad) atomicMin(&first_bad_ragged, (long long)s);
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 || first_bad_ragged >= n) return;
+    const i64 s = first_bad_ragged, v = slot(s);
+    if (v < 0 || v >= n_slots) {
+        report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_STATE_SLOT, op, v, n_slots, 0, 0);
+        return;
+    }
+    i64 e = 0;
+    while (!has_tokens(e) || slot(e) != v) e++;
     report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
 }
 

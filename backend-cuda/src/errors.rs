@@ -63,6 +63,9 @@ pub(crate) struct ErrorRecord {
 
 pub(crate) const ERR_INDEX_OUT_OF_RANGE: u32 = 1;
 pub(crate) const ERR_DUPLICATE_INDEX: u32 = 2;
+/// `KernelError::ValueOutOfRange`: `index` holds the value, `first` its position, `second` and
+/// `limit` the allowed `low..=high`.
+pub(crate) const ERR_VALUE_OUT_OF_RANGE: u32 = 3;
 
 /// The ops that can report data errors, by the code kernels store in `ErrorRecord::op`.
 pub(crate) const OPS_WITH_ERRORS: [&str; 7] =
@@ -80,6 +83,8 @@ fn what_name(what: u32) -> &'static str {
         3 => "expert id",
         4 => "block table entry (k/v cell)",
         5 => "destination row",
+        6 => "seq_offsets",
+        7 => "kv_lens",
         _ => "index",
     }
 }
@@ -101,6 +106,14 @@ impl ErrorRecord {
             ERR_INDEX_OUT_OF_RANGE => {
                 Some(KernelError::IndexOutOfRange { op, index: self.index, limit: self.limit.max(0) as usize, what })
             }
+            ERR_VALUE_OUT_OF_RANGE => Some(KernelError::ValueOutOfRange {
+                op,
+                what,
+                at: self.first.max(0) as usize,
+                value: self.index,
+                low: self.second,
+                high: self.limit,
+            }),
             other => Some(KernelError::Unsupported { op, why: format!("unknown device error code {other}") }),
         }
     }

@@ -11,6 +11,54 @@ pub enum KernelError {
 
     #[error("{op}: not supported here: {why}")]
     Unsupported { op: &'static str, why: String },
+
+    /// A value outside the range its position allows: `what[at] = value` is not in `low..=high`
+    /// (e.g. a ragged batch's `seq_offsets`, which must be non-decreasing and at most n_tokens).
+    #[error("{op}: {what}[{at}] = {value} is outside {low}..={high}")]
+    ValueOutOfRange { op: &'static str, what: &'static str, at: usize, value: i64, low: i64, high: i64 },
+}
+
+/// The `seq_offsets` of a ragged token batch (`n_seq + 1` values; sequence `s` owns tokens
+/// `offsets[s] .. offsets[s + 1]`), checked in order: each value must lie in
+/// `previous..=n_tokens` (the first in `0..=n_tokens`), else [`KernelError::ValueOutOfRange`]
+/// names the first bad one. Every backend checks offsets with this (or its device twin
+/// `check_seq_offsets` in backend-cuda's common.cuh) before writing anything.
+pub fn checked_seq_offsets(
+    op: &'static str,
+    offsets: impl IntoIterator<Item = i64>,
+    n_tokens: usize,
+) -> Result<Vec<usize>, KernelError> {
+    let mut out: Vec<usize> = Vec::new();
+    for (at, value) in offsets.into_iter().enumerate() {
+        let low = out.last().map_or(0, |&o| o as i64);
+        if value < low || value > n_tokens as i64 {
+            return Err(KernelError::ValueOutOfRange {
+                op,
+                what: "seq_offsets",
+                at,
+                value,
+                low,
+                high: n_tokens as i64,
+            });
+        }
+        out.push(value as usize);
+    }
+    Ok(out)
+}
+
+/// The state slot of each sequence of a ragged batch whose checked `seq_offsets` are `offsets`
+/// (from [`checked_seq_offsets`]): `None` for a sequence with no tokens, whose slot is not read,
+/// written or checked; the slots of the sequences with tokens are checked as [`checked_slots`]
+/// checks them (in range, distinct among themselves), in sequence order. Device twin:
+/// `check_ragged_state_slots` in backend-cuda's common.cuh.
+pub fn checked_ragged_slots(
+    op: &'static str,
+    slots: impl IntoIterator<Item = i64>,
+    offsets: &[usize],
+    n_slots: usize,
+) -> Result<Vec<Option<usize>>, KernelError> {
+    let slots = slots.into_iter().zip(offsets.windows(2)).map(|(v, w)| (w[0] < w[1]).then_some(v));
+    checked_slots_of(op, slots, n_slots)
 }
 
 /// The state slot of each sequence, checked in sequence order: a value outside `0..n_slots` is
@@ -21,9 +69,23 @@ pub fn checked_slots(
     slots: impl IntoIterator<Item = i64>,
     n_slots: usize,
 ) -> Result<Vec<usize>, KernelError> {
+    let slots = checked_slots_of(op, slots.into_iter().map(Some), n_slots)?;
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// [`checked_slots`] over the sequences whose slot is `Some`; `None` entries are skipped.
+fn checked_slots_of(
+    op: &'static str,
+    slots: impl IntoIterator<Item = Option<i64>>,
+    n_slots: usize,
+) -> Result<Vec<Option<usize>>, KernelError> {
     let mut owner: Vec<Option<usize>> = vec![None; n_slots];
     let mut out = Vec::new();
     for (s, v) in slots.into_iter().enumerate() {
+        let Some(v) = v else {
+            out.push(None);
+            continue;
+        };
         let k = usize::try_from(v).ok().filter(|&k| k < n_slots).ok_or(KernelError::IndexOutOfRange {
             op,
             index: v,
@@ -34,7 +96,7 @@ pub fn checked_slots(
             return Err(KernelError::DuplicateIndex { op, index: k, first, second: s, what: "state slot" });
         }
         owner[k] = Some(s);
-        out.push(k);
+        out.push(Some(k));
     }
     Ok(out)
 }
@@ -51,5 +113,28 @@ mod tests {
         let e = checked_slots("t", [1, 0, 1], 3).unwrap_err();
         assert_eq!(e, KernelError::DuplicateIndex { op: "t", index: 1, first: 0, second: 2, what: "state slot" });
         assert!(e.to_string().contains("state slot 1 is named by both sequence 0 and sequence 2"), "{e}");
+    }
+
+    #[test]
+    fn seq_offsets_must_be_non_decreasing_and_within_n_tokens() {
+        assert_eq!(checked_seq_offsets("t", [0, 3, 3, 7], 9), Ok(vec![0, 3, 3, 7]));
+        assert_eq!(checked_seq_offsets("t", [2, 9], 9), Ok(vec![2, 9]));
+        let bad = |o: &[i64]| checked_seq_offsets("t", o.iter().copied(), 9).unwrap_err();
+        let e = bad(&[0, 5, 4, 9]);
+        assert_eq!(e, KernelError::ValueOutOfRange { op: "t", what: "seq_offsets", at: 2, value: 4, low: 5, high: 9 });
+        assert!(e.to_string().contains("seq_offsets[2] = 4 is outside 5..=9"), "{e}");
+        assert!(matches!(bad(&[-1, 2]), KernelError::ValueOutOfRange { at: 0, value: -1, low: 0, .. }));
+        assert!(matches!(bad(&[0, 10]), KernelError::ValueOutOfRange { at: 1, value: 10, high: 9, .. }));
+    }
+
+    #[test]
+    fn ragged_slots_skip_empty_sequences() {
+        let offsets = [0, 2, 2, 3, 3];
+        // Empty sequences may name anything, even a slot another sequence uses or none at all.
+        assert_eq!(checked_ragged_slots("t", [1, 1, 0, -5], &offsets, 2), Ok(vec![Some(1), None, Some(0), None]));
+        let e = checked_ragged_slots("t", [1, 0, 1, 0], &offsets, 2).unwrap_err();
+        assert_eq!(e, KernelError::DuplicateIndex { op: "t", index: 1, first: 0, second: 2, what: "state slot" });
+        let e = checked_ragged_slots("t", [0, 0, 2, 0], &offsets, 2).unwrap_err();
+        assert!(matches!(e, KernelError::IndexOutOfRange { index: 2, limit: 2, .. }), "{e}");
     }
 }

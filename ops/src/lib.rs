@@ -18,7 +18,7 @@ mod rules;
 
 pub use dtype::DType;
 pub use error::OpError;
-pub use kernel_error::{KernelError, checked_slots};
+pub use kernel_error::{KernelError, checked_ragged_slots, checked_seq_offsets, checked_slots};
 pub use meta::{MAX_DIMS, TensorMeta};
 pub use op::{
     BinaryOp, DeltaNetAlgo, FlashAttnParams, GatedDeltaNetParams, HeadMap, Op, RmsNormParams, RopePairing, RopeParams,
