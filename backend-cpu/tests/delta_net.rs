@@ -73,7 +73,7 @@ fn data(d: Dims, slots: &[usize], seed: u64) -> Data {
 }
 
 fn params(head_map: HeadMap, algo: DeltaNetAlgo, s_k: usize) -> GatedDeltaNetParams {
-    GatedDeltaNetParams { scale: 1.0 / (s_k as f32).sqrt(), head_map, algo }
+    GatedDeltaNetParams { scale: 1.0 / (s_k as f32).sqrt(), head_map, algo, ragged: false }
 }
 
 /// The seven leaves of a problem (the state a state leaf) and the op on them.

@@ -246,7 +246,25 @@ impl Graph {
         slots: Tensor,
         silu: bool,
     ) -> R {
-        self.op(Op::SsmConvUpdate { silu }, &[x, state, kernel, slots])
+        self.op(Op::SsmConvUpdate { silu, ragged: false }, &[x, state, kernel, slots])
+    }
+
+    /// [`Graph::ssm_conv_update_inplace`] on a ragged batch: `x [channels, n_tokens, 1, 1]` packs
+    /// the tokens of all sequences, sequence `s` owning tokens `seq_offsets[s] ..
+    /// seq_offsets[s + 1]` (i32 `[n_seq + 1]`) and state slot `slots[s]` (i32 `[n_seq]`). Each
+    /// sequence with tokens convolves them after its slot's `d_conv - 1` saved samples and saves
+    /// its last `d_conv - 1`; one without tokens touches nothing; tokens of no sequence output 0.
+    /// Output f32 `[channels, n_tokens, 1, 1]`.
+    pub fn ssm_conv_update_inplace_ragged(
+        &mut self,
+        x: Tensor,
+        state: Tensor,
+        kernel: Tensor,
+        slots: Tensor,
+        seq_offsets: Tensor,
+        silu: bool,
+    ) -> R {
+        self.op(Op::SsmConvUpdate { silu, ragged: true }, &[x, state, kernel, slots, seq_offsets])
     }
 
     /// The gated delta rule, reading and writing each sequence's state slot in place.
@@ -262,6 +280,29 @@ impl Graph {
         slots: Tensor,
         params: GatedDeltaNetParams,
     ) -> R {
-        self.op(Op::GatedDeltaNet(params), &[q, k, v, g, beta, state, slots])
+        self.op(Op::GatedDeltaNet(GatedDeltaNetParams { ragged: false, ..params }), &[q, k, v, g, beta, state, slots])
+    }
+
+    /// [`Graph::gated_delta_net`] on a ragged batch (sets `params.ragged`): q, k `[S_k, H_k,
+    /// n_tokens, 1]`, v `[S_v, H_v, n_tokens, 1]`, g, beta `[1, H_v, n_tokens, 1]` pack the tokens
+    /// of all sequences, sequence `s` owning tokens `seq_offsets[s] .. seq_offsets[s + 1]` (i32
+    /// `[n_seq + 1]`) and state slot `slots[s]` (i32 `[n_seq]`). Each sequence with tokens runs
+    /// from its slot's state and writes its final state back; one without tokens touches nothing;
+    /// tokens of no sequence output 0. Output f32 `[S_v, H_v, n_tokens, 1]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net_ragged(
+        &mut self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        state: Tensor,
+        slots: Tensor,
+        seq_offsets: Tensor,
+        params: GatedDeltaNetParams,
+    ) -> R {
+        let params = GatedDeltaNetParams { ragged: true, ..params };
+        self.op(Op::GatedDeltaNet(params), &[q, k, v, g, beta, state, slots, seq_offsets])
     }
 }

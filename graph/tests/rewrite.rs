@@ -53,7 +53,12 @@ fn float_ops(x: f32) -> Vec<Op> {
         Op::RopeMulti(rope(x)),
         Op::FlashAttnExt(FlashAttnParams { scale: x, softcap: 0.0, mask: true, paged: false, ragged: false }),
         Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: x, mask: true, paged: false, ragged: false }),
-        Op::GatedDeltaNet(GatedDeltaNetParams { scale: x, head_map: HeadMap::Tiled, algo: DeltaNetAlgo::Serial }),
+        Op::GatedDeltaNet(GatedDeltaNetParams {
+            scale: x,
+            head_map: HeadMap::Tiled,
+            algo: DeltaNetAlgo::Serial,
+            ragged: false,
+        }),
     ]
 }
 
@@ -84,7 +89,7 @@ fn equal_ops_hash_equal_and_differing_ops_differ() {
         assert_eq!(hash_of(&a), hash_of(&b));
     }
     // Every field counts, and so does the variant when the parameters look alike.
-    let gdn = |head_map, algo| Op::GatedDeltaNet(GatedDeltaNetParams { scale: 0.5, head_map, algo });
+    let gdn = |head_map, algo| Op::GatedDeltaNet(GatedDeltaNetParams { scale: 0.5, head_map, algo, ragged: false });
     let distinct = [
         Op::Cont,
         Op::Transpose,
@@ -107,8 +112,15 @@ fn equal_ops_hash_equal_and_differing_ops_differ() {
         Op::RopeMulti(RopeParams { pairing: RopePairing::Adjacent, ..rope(1e6) }),
         Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask: true, paged: false, ragged: false }),
         Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask: true, paged: true, ragged: false }),
-        Op::SsmConvUpdate { silu: true },
-        Op::SsmConvUpdate { silu: false },
+        Op::SsmConvUpdate { silu: true, ragged: false },
+        Op::SsmConvUpdate { silu: false, ragged: false },
+        Op::SsmConvUpdate { silu: true, ragged: true },
+        Op::GatedDeltaNet(GatedDeltaNetParams {
+            scale: 0.5,
+            head_map: HeadMap::Tiled,
+            algo: DeltaNetAlgo::Serial,
+            ragged: true,
+        }),
         gdn(HeadMap::Tiled, DeltaNetAlgo::Serial),
         gdn(HeadMap::Grouped, DeltaNetAlgo::Serial),
         gdn(HeadMap::Tiled, DeltaNetAlgo::Chunked { chunk: 64 }),

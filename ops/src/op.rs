@@ -167,6 +167,10 @@ pub struct GatedDeltaNetParams {
     pub scale: f32,
     pub head_map: HeadMap,
     pub algo: DeltaNetAlgo,
+    /// Ragged (varlen) token batch: q, k, v, g and beta pack the tokens of all sequences
+    /// (`[.., n_tokens, 1]`) and an eighth input, `seq_offsets` i32 `[n_seq + 1]`, says whose
+    /// they are (see `Op::GatedDeltaNet`).
+    pub ragged: bool,
 }
 
 /// One operation in a graph. Inputs are positional; each variant documents them.
@@ -278,8 +282,14 @@ pub enum Op {
     /// [d_conv, channels]`, `slots` i32 `[n_seq]` (distinct). Equals
     /// `ssm_conv(concat(state[slot], x^T))` (then SiLU if `silu`); afterwards `state[slot]` holds
     /// the last `d_conv - 1` samples of that window, for any `n_t >= 1`. An out-of-range or
-    /// repeated slot fails the run before anything is written.
-    SsmConvUpdate { silu: bool },
+    /// repeated slot fails the run before anything is written. With `ragged`,
+    /// `[x, state, kernel, slots, seq_offsets]`: `x [channels, n_tokens, 1]` packs the tokens of
+    /// all sequences, sequence `s` owning tokens `seq_offsets[s] .. seq_offsets[s + 1]` (i32
+    /// `[n_seq + 1]`, non-decreasing, at most `n_tokens`); each sequence with tokens convolves its
+    /// own after its slot's samples and saves its last `d_conv - 1`; one without tokens touches
+    /// nothing (its slot is not checked); tokens of no sequence output 0. Output
+    /// `[channels, n_tokens, 1]`.
+    SsmConvUpdate { silu: bool, ragged: bool },
     /// `[q, k, v, g, beta, state, slots]`: `q, k [S_k, H_k, n_t, n_seq]`, `v [S_v, H_v, n_t,
     /// n_seq]`, `g` (log decay), `beta [1, H_v, n_t, n_seq]`, `state [S_k, S_v, H_v, n_slots]` f32,
     /// `slots` i32 `[n_seq]`. Per head and token: `S <- exp(g) S; u = S^T k;
@@ -287,6 +297,11 @@ pub enum Op {
     /// sequence's final state is written back to its slot in place. `state[i, j, h, slot]` is
     /// `S[k = i][v = j]` (ggml layout); value head `h` reads key head per [`HeadMap`]; slots must
     /// be distinct and in range (checked before anything is written). q/k are not normalised.
+    /// With `ragged`, `[q, k, v, g, beta, state, slots, seq_offsets]`: q, k, v, g and beta are
+    /// `[.., n_tokens, 1]`, sequence `s` owning tokens `seq_offsets[s] .. seq_offsets[s + 1]`
+    /// (i32 `[n_seq + 1]`); each sequence with tokens runs from its slot's state and writes its
+    /// final state back (chunks restart at its first token); one without tokens touches nothing
+    /// (its slot is not checked); tokens of no sequence output 0. Output `[S_v, H_v, n_tokens, 1]`.
     GatedDeltaNet(GatedDeltaNetParams),
 
     // ---- matrix multiplication ----
@@ -393,8 +408,10 @@ impl fmt::Display for Op {
                 "flash_attn_ext(scale={}, softcap={}, mask={}, paged={}, ragged={})",
                 p.scale, p.softcap, p.mask, p.paged, p.ragged
             ),
-            Op::SsmConvUpdate { silu } => write!(f, "ssm_conv_update_inplace(silu={silu})"),
-            Op::GatedDeltaNet(p) => write!(f, "gated_delta_net(scale={}, {:?}, {:?})", p.scale, p.head_map, p.algo),
+            Op::SsmConvUpdate { silu, ragged } => write!(f, "ssm_conv_update_inplace(silu={silu}, ragged={ragged})"),
+            Op::GatedDeltaNet(p) => {
+                write!(f, "gated_delta_net(scale={}, {:?}, {:?}, ragged={})", p.scale, p.head_map, p.algo, p.ragged)
+            }
             other => f.write_str(other.name()),
         }
     }
@@ -472,9 +489,9 @@ impl FlashAttnParams {
 }
 
 impl GatedDeltaNetParams {
-    fn key(&self) -> (Bits, HeadMap, DeltaNetAlgo) {
-        let GatedDeltaNetParams { scale, head_map, algo } = *self;
-        (scale.into(), head_map, algo)
+    fn key(&self) -> (Bits, HeadMap, DeltaNetAlgo, bool) {
+        let GatedDeltaNetParams { scale, head_map, algo, ragged } = *self;
+        (scale.into(), head_map, algo, ragged)
     }
 }
 
@@ -485,7 +502,7 @@ enum OpParams<'a> {
     DType(DType),
     Index(usize),
     Dims([usize; 4]),
-    Flag(bool),
+    Flags([bool; 2]),
     Float(Bits),
     View(&'a ViewParams),
     Unary(UnaryOp),
@@ -528,7 +545,7 @@ impl Op {
             Op::Argsort(o) => P::Order(*o),
             Op::RopeMulti(p) => P::Rope(p),
             Op::FlashAttnExt(p) => P::FlashAttn(p),
-            Op::SsmConvUpdate { silu } => P::Flag(*silu),
+            Op::SsmConvUpdate { silu, ragged } => P::Flags([*silu, *ragged]),
             Op::GatedDeltaNet(p) => P::DeltaNet(p),
         };
         (mem::discriminant(self), params)

@@ -67,7 +67,7 @@ fn inputs(d: Dims, seed: u64) -> Vec<RefTensor> {
 }
 
 fn op(head_map: HeadMap, algo: DeltaNetAlgo, s_k: usize) -> Op {
-    Op::GatedDeltaNet(GatedDeltaNetParams { scale: 1.0 / (s_k as f32).sqrt(), head_map, algo })
+    Op::GatedDeltaNet(GatedDeltaNetParams { scale: 1.0 / (s_k as f32).sqrt(), head_map, algo, ragged: false })
 }
 
 /// Runs the op through the shape rules and the reference: (output, new state).

@@ -53,11 +53,12 @@ fn every_op() -> Vec<Op> {
         }),
         Op::FlashAttnExt(tessera_ops::FlashAttnParams { scale: 1.0, softcap: 0.0, mask: false, paged: false, ragged: false }),
         Op::SsmConv,
-        Op::SsmConvUpdate { silu: true },
+        Op::SsmConvUpdate { silu: true, ragged: false },
         Op::GatedDeltaNet(tessera_ops::GatedDeltaNetParams {
             scale: 1.0,
             head_map: tessera_ops::HeadMap::Tiled,
             algo: tessera_ops::DeltaNetAlgo::Serial,
+            ragged: false,
         }),
     ];
     ops.extend(UnaryOp::ALL.map(Op::Unary));

@@ -8,11 +8,14 @@
 //! transposed `x`) is first transposed into channel-major f32 in cache-sized tiles, so no row
 //! reads memory with a large stride. The update op then writes each sequence's new state back to its slot, in parallel over
 //! (sequence, channel block); it runs after every output row is done, because the rows read the
-//! old state. Slots are checked (in range, distinct) before anything is written.
+//! old state. Slots are checked (in range, distinct) before anything is written. A ragged batch
+//! (tokens of all sequences packed, `seq_offsets` saying whose) runs the same per sequence, each
+//! output row finding its sequence in a token table; tokens of no sequence output 0.
 
-use tessera_ops::{DType, KernelError, checked_slots};
+use tessera_ops::{DType, KernelError};
 
 use super::StateMut;
+use super::delta_net::{Seq, sequences};
 use super::math::silu;
 use super::par;
 use super::strided::{Dst, DstRow, Src, cast_f32, row_coords};
@@ -153,19 +156,22 @@ pub(super) fn ssm_conv(sx: Src<'_>, kernel: Src<'_>, dst: &mut Dst<'_>) -> Resul
     Ok(())
 }
 
-/// `ssm_conv_update_inplace [x, state, kernel, slots]`: for sequence `s` in slot `k`, the window
-/// is `concat(state[:, :, k], x[:, :, s]^T)`; the output is its convolution (then SiLU if
-/// `act`), and `state[:, :, k]` becomes the window's last `d_conv - 1` samples.
+/// `ssm_conv_update_inplace [x, state, kernel, slots]` (+ `offsets`, the ragged batch's
+/// `seq_offsets`): for a sequence in slot `k` whose tokens are `x_s` (`x[:, :, s]`, or its token
+/// range of `x[:, :, 0]` ragged), the window is `concat(state[:, :, k], x_s^T)`; its outputs are
+/// the window's convolution (then SiLU if `act`), and `state[:, :, k]` becomes the window's last
+/// `d_conv - 1` samples. Ragged tokens of no sequence output 0.
 pub(super) fn ssm_conv_update(
     act: bool,
     x: Src<'_>,
     state: StateMut<'_>,
     kernel: Src<'_>,
     slots: Src<'_>,
+    offsets: Option<Src<'_>>,
     dst: &mut Dst<'_>,
 ) -> Result<(), KernelError> {
     let ne = dst.ne();
-    let [channels, _, n_seq, _] = ne;
+    let [channels, n_t, n_seq, _] = ne;
     let d_conv = kernel.ne()[0];
     let keep = d_conv - 1;
     let n_slots = state.meta.ne[2];
@@ -176,23 +182,32 @@ pub(super) fn ssm_conv_update(
         let why = format!("state must be contiguous f32 [{keep}, {channels}, n_slots, 1], got {:?}", state.meta);
         return Err(KernelError::Unsupported { op: UPDATE, why });
     }
-    let slot_of = checked_slots(UPDATE, (0..n_seq).map(|s| i64::from(slots.elem_i32([s, 0, 0, 0]))), n_slots)?;
+    let seqs = sequences(UPDATE, offsets, slots, n_t, n_seq, n_slots)?;
+    // Output row (t, s) belongs to the sequence in slot `k` whose first token is `start`:
+    // owner[s * n_t + t] = Some((k, start)); None for ragged padding (zeros).
+    let mut owner: Vec<Option<(usize, usize)>> = vec![None; n_t * n_seq];
+    for seq in &seqs {
+        for t in seq.tokens.clone() {
+            owner[seq.outer * n_t + t] = Some((seq.slot, seq.tokens.start));
+        }
+    }
     // Outputs first: they read the old state. Row (j, k) of `cols` is sample j of every channel
     // of slot k.
-    if !outputs_by_channel(act, &x, state.bytes, &kernel, &slot_of, dst) {
+    if !outputs_by_channel(act, &x, state.bytes, &kernel, &owner, dst) {
         let taps = taps(UPDATE, kernel)?;
         let cols = swap01(UPDATE, Src::new(state.bytes, state.meta).ok_or_else(state_too_small)?)?;
         // x's channel vectors are its rows; copy them dense first when they are strided.
-        let n_t = ne[1];
         let copy = (!x.dense_rows()).then(|| swap01(UPDATE, x).map(|xt| channel_major(&xt))).transpose()?;
         dst.for_each_row(channels * d_conv, Scratch::default, |sc, r, mut row| {
             let [t, s, _] = row_coords(ne, r);
-            let k = slot_of[s];
-            conv_row(&mut row, sc, &taps, channels, act, |i| match (t + i).checked_sub(keep) {
-                None => Vector::Row(&cols, [t + i, k, 0]),
+            let Some((k, start)) = owner[s * n_t + t] else {
+                return row.fill_f32(&mut sc.out, |out| out.fill(0.0));
+            };
+            conv_row(&mut row, sc, &taps, channels, act, |i| match (t - start + i).checked_sub(keep) {
+                None => Vector::Row(&cols, [t - start + i, k, 0]),
                 Some(tt) => match &copy {
-                    Some(c) => Vector::Dense(&c[(tt + n_t * s) * channels..][..channels]),
-                    None => Vector::Row(&x, [tt, s, 0]),
+                    Some(c) => Vector::Dense(&c[(start + tt + n_t * s) * channels..][..channels]),
+                    None => Vector::Row(&x, [start + tt, s, 0]),
                 },
             });
         });
@@ -201,9 +216,9 @@ pub(super) fn ssm_conv_update(
     // Then each named slot keeps the last `keep` samples of its window.
     let mut by_slot: Vec<Option<&mut [u8]>> =
         state.bytes[..n_slots * slot_elems * 4].chunks_exact_mut(slot_elems * 4).map(Some).collect();
-    let mut jobs = Vec::with_capacity(n_seq);
-    for (s, &k) in slot_of.iter().enumerate() {
-        jobs.push((s, by_slot[k].take().ok_or_else(state_too_small)?));
+    let mut jobs = Vec::with_capacity(seqs.len());
+    for seq in &seqs {
+        jobs.push((seq, by_slot[seq.slot].take().ok_or_else(state_too_small)?));
     }
     par::chunks_mut(
         &mut jobs,
@@ -211,9 +226,9 @@ pub(super) fn ssm_conv_update(
         1,
         || (),
         |_, _, job| {
-            for (s, slot) in job {
+            for (seq, slot) in job {
                 par::chunks_mut(slot, STATE_BLOCK * keep * 4, 1, Vec::new, |xs, b, block| {
-                    save_block(&x, *s, b * STATE_BLOCK, keep, block, xs);
+                    save_block(&x, seq, b * STATE_BLOCK, keep, block, xs);
                 });
             }
         },
@@ -237,17 +252,19 @@ fn f32_elements<'a>(src: &Src<'a>) -> Option<(&'a [f32], [usize; 3])> {
 /// (`old`: the contiguous f32 `[keep, channels, n_slots]` state) and `x` where they lie, with no
 /// transposed copies: the decode case, where the transposes cost more than the convolution.
 /// Each value is `conv_row`'s sum in `conv_row`'s order (`0 + w_0 k_0 + w_1 k_1 + ...`, each term
-/// a product then an add), then SiLU if `act`, so the bits are the same. `false` (nothing
-/// written) when an operand is not aligned f32 with whole-element strides.
+/// a product then an add), then SiLU if `act`, so the bits are the same. `owner` is
+/// `ssm_conv_update`'s (slot, first token) per output row. `false` (nothing written) when an
+/// operand is not aligned f32 with whole-element strides.
 fn outputs_by_channel(
     act: bool,
     x: &Src<'_>,
     old: &[u8],
     kernel: &Src<'_>,
-    slot_of: &[usize],
+    owner: &[Option<(usize, usize)>],
     dst: &mut Dst<'_>,
 ) -> bool {
     let ne = dst.ne();
+    let n_t = ne[1];
     let [d_conv, channels, _, _] = kernel.ne();
     let keep = d_conv - 1;
     let (Some((kd, ks)), Some((xd, xs)), Some(st)) =
@@ -257,14 +274,18 @@ fn outputs_by_channel(
     };
     dst.for_each_row(channels * d_conv, Vec::new, |scratch, r, mut row| {
         let [t, s, _] = row_coords(ne, r);
-        let old = &st[slot_of[s] * keep * channels..][..keep * channels];
+        let Some((k, start)) = owner[s * n_t + t] else {
+            return row.fill_f32(scratch, |out| out.fill(0.0));
+        };
+        let tl = t - start;
+        let old = &st[k * keep * channels..][..keep * channels];
         row.fill_f32(scratch, |out| {
             for (c, o) in out.iter_mut().enumerate() {
                 let mut acc = 0.0f32;
                 for i in 0..d_conv {
-                    let w = match (t + i).checked_sub(keep) {
-                        None => old[c * keep + t + i],
-                        Some(tt) => xd[c * xs[0] + tt * xs[1] + s * xs[2]],
+                    let w = match (tl + i).checked_sub(keep) {
+                        None => old[c * keep + tl + i],
+                        Some(tt) => xd[c * xs[0] + (start + tt) * xs[1] + s * xs[2]],
                     };
                     acc += w * kd[i * ks[0] + c * ks[1]];
                 }
@@ -279,23 +300,25 @@ fn state_too_small() -> KernelError {
     KernelError::Unsupported { op: UPDATE, why: "the state buffer is smaller than its descriptor".into() }
 }
 
-/// Writes the new state of channels `c0 ..` of sequence `s` into `block` (`keep` f32 per channel,
-/// time innermost, maybe unaligned): sample `j` becomes window sample `n_t + j`, which is the old
-/// sample `n_t + j` while that is below `keep` (read before it is overwritten: `j` ascends), and
-/// otherwise input token `n_t + j - keep`.
-fn save_block(x: &Src<'_>, s: usize, c0: usize, keep: usize, block: &mut [u8], xs: &mut Vec<f32>) {
+/// Writes the new state of channels `c0 ..` of sequence `seq` into `block` (`keep` f32 per
+/// channel, time innermost, maybe unaligned): with `L` the sequence's tokens, sample `j` becomes
+/// window sample `L + j`, which is the old sample `L + j` while that is below `keep` (read before
+/// it is overwritten: `j` ascends), and otherwise its token `L + j - keep`.
+fn save_block(x: &Src<'_>, seq: &Seq, c0: usize, keep: usize, block: &mut [u8], xs: &mut Vec<f32>) {
     let [channels, n_t, _, _] = x.ne();
+    let (len, s) = (seq.tokens.len(), seq.outer);
     let cb = block.len() / (keep * 4);
-    // The last m tokens are the only ones kept; xs[(t - first) * cb + ci] = x[c0 + ci, t, s].
-    let m = n_t.min(keep);
-    let first = n_t - m;
+    // The last m tokens are the only ones kept; xs[(t - first) * cb + ci] = x[c0 + ci, t, s]
+    // for the sequence's token t.
+    let m = len.min(keep);
+    let first = len - m;
     xs.resize(m * cb, 0.0);
     for (dt, seg) in xs.chunks_exact_mut(cb).enumerate() {
-        x.gather_flat_f32(c0 + channels * (first + dt + n_t * s), seg);
+        x.gather_flat_f32(c0 + channels * (seq.tokens.start + first + dt + n_t * s), seg);
     }
     for (ci, ch) in block.chunks_exact_mut(keep * 4).enumerate() {
         for j in 0..keep {
-            let from = n_t + j;
+            let from = len + j;
             let v = if from < keep {
                 let mut b = [0u8; 4];
                 b.copy_from_slice(&ch[from * 4..from * 4 + 4]);

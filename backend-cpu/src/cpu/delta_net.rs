@@ -11,7 +11,11 @@
 //! formulas are in `tessera_ops::reference` (delta_net) and docs/OPS.md; this file computes the
 //! same in f32 with f32 accumulation.
 
-use tessera_ops::{DeltaNetAlgo, GatedDeltaNetParams, HeadMap, KernelError, checked_slots};
+use std::ops::Range;
+
+use tessera_ops::{
+    DeltaNetAlgo, GatedDeltaNetParams, HeadMap, KernelError, checked_ragged_slots, checked_seq_offsets, checked_slots,
+};
 
 use super::StateMut;
 use super::math::exp;
@@ -20,19 +24,55 @@ use super::strided::{Dst, Src, cast_f32_mut, row_coords};
 
 const OP: &str = "gated_delta_net";
 
-/// `qkvgb` is `[q, k, v, g, beta]`.
+/// One sequence of a recurrent op's batch: its state slot, the index of its tokens along the
+/// outermost dimension (`s` dense, 0 ragged) and its tokens along the token dimension.
+pub(super) struct Seq {
+    pub slot: usize,
+    pub outer: usize,
+    pub tokens: Range<usize>,
+}
+
+/// The sequences a recurrent op runs, checked before anything is written. Dense (no `offsets`):
+/// `n_seq` sequences of all `n_t` tokens. Ragged: sequence `s` owns tokens `offsets[s] ..
+/// offsets[s + 1]`; sequences without tokens are left out and their slots not checked.
+pub(super) fn sequences(
+    op: &'static str,
+    offsets: Option<Src<'_>>,
+    slots: Src<'_>,
+    n_t: usize,
+    n_seq: usize,
+    n_slots: usize,
+) -> Result<Vec<Seq>, KernelError> {
+    let slot = |s: usize| i64::from(slots.elem_i32([s, 0, 0, 0]));
+    let Some(offsets) = offsets else {
+        let slot_of = checked_slots(op, (0..n_seq).map(slot), n_slots)?;
+        return Ok(slot_of.into_iter().enumerate().map(|(s, slot)| Seq { slot, outer: s, tokens: 0..n_t }).collect());
+    };
+    let n = offsets.ne()[0];
+    let offsets = checked_seq_offsets(op, (0..n).map(|i| i64::from(offsets.elem_i32([i, 0, 0, 0]))), n_t)?;
+    let slot_of = checked_ragged_slots(op, (0..n.saturating_sub(1)).map(slot), &offsets, n_slots)?;
+    Ok(slot_of
+        .into_iter()
+        .zip(offsets.windows(2))
+        .filter_map(|(slot, w)| slot.map(|slot| Seq { slot, outer: 0, tokens: w[0]..w[1] }))
+        .collect())
+}
+
+/// `qkvgb` is `[q, k, v, g, beta]`; `offsets` is the ragged batch's `seq_offsets` (`None`:
+/// dense).
 pub(super) fn gated_delta_net(
     p: &GatedDeltaNetParams,
     qkvgb: [Src<'_>; 5],
     state: StateMut<'_>,
     slots: Src<'_>,
+    offsets: Option<Src<'_>>,
     dst: &mut Dst<'_>,
 ) -> Result<(), KernelError> {
     let [q, k, v, g, beta] = qkvgb;
     let [s_k, h_k, n_t, n_seq] = q.ne();
     let [s_v, h_v, ..] = v.ne();
     let n_slots = state.meta.ne[3];
-    let slot_of = checked_slots(OP, (0..n_seq).map(|s| i64::from(slots.elem_i32([s, 0, 0, 0]))), n_slots)?;
+    let seqs = sequences(OP, offsets, slots, n_t, n_seq, n_slots)?;
     let mat_bytes = s_k * s_v * 4;
     if state.bytes.len() < mat_bytes * h_v * n_slots || dst.ne() != [s_v, h_v, n_t, n_seq] {
         return Err(KernelError::Unsupported { op: OP, why: "state or output does not match q and v".into() });
@@ -42,36 +82,47 @@ pub(super) fn gated_delta_net(
         DeltaNetAlgo::Chunked { chunk: 0 } => {
             return Err(KernelError::Unsupported { op: OP, why: "chunk size 0".into() });
         }
-        DeltaNetAlgo::Chunked { chunk } => Some(chunk.min(n_t)),
+        DeltaNetAlgo::Chunked { chunk } => Some(chunk),
     };
 
     // The state of every (slot, head), then the ones the sequences name, in (seq, head) order.
     let mut mats: Vec<Option<&mut [u8]>> =
         state.bytes.chunks_exact_mut(mat_bytes).take(h_v * n_slots).map(Some).collect();
-    let mut tasks: Vec<(usize, usize, &mut [u8])> = Vec::with_capacity(n_seq * h_v);
-    for (s, &slot) in slot_of.iter().enumerate() {
+    let mut tasks: Vec<(&Seq, usize, &mut [u8])> = Vec::with_capacity(seqs.len() * h_v);
+    for (s, seq) in seqs.iter().enumerate() {
         for h in 0..h_v {
-            let m = mats[slot * h_v + h].take().ok_or(KernelError::DuplicateIndex {
+            let m = mats[seq.slot * h_v + h].take().ok_or(KernelError::DuplicateIndex {
                 op: OP,
-                index: slot,
+                index: seq.slot,
                 first: s,
                 second: s,
                 what: "state slot",
             })?;
-            tasks.push((s, h, m));
+            tasks.push((seq, h, m));
         }
     }
 
     let ratio = h_v / h_k;
     let inputs = Inputs { q, k, v, g, beta, scale: p.scale, head_map: p.head_map, h_k, ratio };
-    // Outputs per (seq, head): [n_t][S_v].
-    let mut outs = vec![0f32; n_seq * h_v * n_t * s_v];
-    let mut tasks: Vec<_> = tasks.into_iter().zip(outs.chunks_mut(n_t * s_v)).collect();
+    // Outputs per (seq, head), in task order: [L][S_v] for a sequence of L tokens.
+    let n_out: usize = seqs.iter().map(|q| q.tokens.len()).sum();
+    let mut outs = vec![0f32; n_out * h_v * s_v];
+    let mut tasks: Vec<_> = {
+        let mut rest = outs.as_mut_slice();
+        tasks
+            .into_iter()
+            .map(|task| {
+                let (o, tail) = std::mem::take(&mut rest).split_at_mut(task.0.tokens.len() * s_v);
+                rest = tail;
+                (task, o)
+            })
+            .collect()
+    };
     // A task's work is about one pass over its state per token.
-    let min_len = super::strided::rows_per_task(s_k * s_v * n_t);
+    let min_len = super::strided::rows_per_task(s_k * s_v * n_out.div_ceil(seqs.len().max(1)));
     par::chunks_mut(&mut tasks, 1, min_len, Scratch::default, |sc, _, task| {
-        let [((s, h, bytes), o)] = task else { unreachable!("chunks of one task") };
-        let (s, h, o) = (*s, *h, &mut **o);
+        let [((seq, h, bytes), o)] = task else { unreachable!("chunks of one task") };
+        let (seq, h, o) = (*seq, *h, &mut **o);
         let mut copied = Vec::new();
         let st: &mut [f32] = match cast_f32_mut(bytes) {
             Some(st) => st,
@@ -82,8 +133,8 @@ pub(super) fn gated_delta_net(
             }
         };
         match chunk {
-            None => serial(&inputs, s, h, st, o, sc),
-            Some(c) => chunked(&inputs, s, h, st, o, c, sc),
+            None => serial(&inputs, seq, h, st, o, sc),
+            Some(c) => chunked(&inputs, seq, h, st, o, c.min(seq.tokens.len()), sc),
         }
         if !copied.is_empty() {
             for (b, x) in bytes.chunks_exact_mut(4).zip(&copied) {
@@ -92,13 +143,27 @@ pub(super) fn gated_delta_net(
         }
     });
 
+    // Where each token's outputs are: (sequence's first output, its first token, its length),
+    // by (outer, token); tokens of no sequence (ragged padding) output 0.
+    let mut owner: Vec<Option<(usize, usize, usize)>> = vec![None; n_t * n_seq];
+    let mut base = 0;
+    for seq in &seqs {
+        for t in seq.tokens.clone() {
+            owner[seq.outer * n_t + t] = Some((base, seq.tokens.start, seq.tokens.len()));
+        }
+        base += seq.tokens.len() * h_v * s_v;
+    }
     let ne = dst.ne();
+    let zeros = vec![0f32; s_v];
     dst.for_each_row(
         s_v,
         || (),
         |_, r, mut row| {
             let [h, t, s] = row_coords(ne, r);
-            row.store(&outs[((s * h_v + h) * n_t + t) * s_v..][..s_v]);
+            match owner[s * n_t + t] {
+                Some((base, start, len)) => row.store(&outs[base + (h * len + t - start) * s_v..][..s_v]),
+                None => row.store(&zeros),
+            }
         },
     );
     Ok(())
@@ -197,14 +262,14 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// The recurrence token by token on one head's state `st` (`S_v` runs of `S_k`); `o` is
-/// `[n_t][S_v]`.
-fn serial(x: &Inputs<'_>, s: usize, h: usize, st: &mut [f32], o: &mut [f32], sc: &mut Scratch) {
-    let (s_k, s_v) = (x.q.ne()[0], x.v.ne()[0]);
+/// The recurrence over one sequence's tokens on one head's state `st` (`S_v` runs of `S_k`); `o`
+/// is `[L][S_v]`.
+fn serial(x: &Inputs<'_>, seq: &Seq, h: usize, st: &mut [f32], o: &mut [f32], sc: &mut Scratch) {
+    let (s_k, s_v, s) = (x.q.ne()[0], x.v.ne()[0], seq.outer);
     sc.q.resize(s_k, 0.0);
     sc.k.resize(s_k, 0.0);
     sc.v.resize(s_v, 0.0);
-    for (t, o_t) in o.chunks_exact_mut(s_v).enumerate() {
+    for (t, o_t) in seq.tokens.clone().zip(o.chunks_exact_mut(s_v)) {
         x.load(h, t, s, &mut sc.q, &mut sc.k, &mut sc.v);
         let decay = exp(x.scalar(0, h, t, s));
         let beta = x.scalar(1, h, t, s);
@@ -277,11 +342,11 @@ fn gemm([m, k, n]: [usize; 3], alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c:
     }
 }
 
-/// The chunked form, `chunk` tokens at a time (the last chunk may be shorter). `o` is
-/// `[n_t][S_v]`. The products are small dense matmuls; the state `S` (`S_v` runs of `S_k`) is
+/// The chunked form over one sequence's tokens, `chunk` tokens at a time from its first (the
+/// last chunk may be shorter). `o` is `[L][S_v]`. The products are small dense matmuls; the state `S` (`S_v` runs of `S_k`) is
 /// `S^T` row-major, so `X S` is `gemm(X, transposed(st))`.
-fn chunked(x: &Inputs<'_>, s: usize, h: usize, st: &mut [f32], o: &mut [f32], chunk: usize, sc: &mut Scratch) {
-    let (s_k, s_v, n_t) = (x.q.ne()[0], x.v.ne()[0], x.q.ne()[2]);
+fn chunked(x: &Inputs<'_>, seq: &Seq, h: usize, st: &mut [f32], o: &mut [f32], chunk: usize, sc: &mut Scratch) {
+    let (s_k, s_v, n_t, s) = (x.q.ne()[0], x.v.ne()[0], seq.tokens.len(), seq.outer);
     for (buf, n) in [(&mut sc.q, s_k), (&mut sc.k, s_k), (&mut sc.w, s_k), (&mut sc.kb, s_k), (&mut sc.v, s_v)] {
         buf.resize(chunk * n, 0.0);
     }
@@ -297,7 +362,7 @@ fn chunked(x: &Inputs<'_>, s: usize, h: usize, st: &mut [f32], o: &mut [f32], ch
         let c = chunk.min(n_t - start);
         let mut cum = 0f32;
         for i in 0..c {
-            let tok = start + i;
+            let tok = seq.tokens.start + start + i;
             x.load(h, tok, s, &mut q[span(i, s_k)], &mut k[span(i, s_k)], &mut v[span(i, s_v)]);
             cum += x.scalar(0, h, tok, s);
             gamma[i] = cum;

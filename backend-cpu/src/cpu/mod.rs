@@ -414,10 +414,14 @@ fn dispatch(
             attention::flash_attn_ext(p, input(0)?, input(1)?, input(2)?, mask, table, &mut dst)
         }
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
-        Op::SsmConvUpdate { silu } => conv::ssm_conv_update(*silu, input(0)?, state()?, input(2)?, input(3)?, &mut dst),
+        Op::SsmConvUpdate { silu, ragged } => {
+            let offsets = if *ragged { Some(input(4)?) } else { None };
+            conv::ssm_conv_update(*silu, input(0)?, state()?, input(2)?, input(3)?, offsets, &mut dst)
+        }
         Op::GatedDeltaNet(p) => {
             let qkvgb = [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?];
-            delta_net::gated_delta_net(p, qkvgb, state()?, input(6)?, &mut dst)
+            let offsets = if p.ragged { Some(input(7)?) } else { None };
+            delta_net::gated_delta_net(p, qkvgb, state()?, input(6)?, offsets, &mut dst)
         }
         Op::GetRows => data::get_rows(input(0)?, input(1)?, &mut dst),
         Op::SetRows => data::set_rows(srcs.first().copied().flatten(), input(1)?, input(2)?, &mut dst),

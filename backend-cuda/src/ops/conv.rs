@@ -30,7 +30,8 @@ const THREADS: u32 = 256;
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     match op {
         Op::SsmConv => inputs.len() == 2,
-        Op::SsmConvUpdate { .. } => inputs.len() == 4,
+        Op::SsmConvUpdate { ragged: false, .. } => inputs.len() == 4,
+        Op::SsmConvUpdate { ragged: true, .. } => false,
         _ => false,
     }
 }
@@ -44,7 +45,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let idt = |i: usize| dt(task.inputs[i].meta.dtype);
     match (task.op, ins) {
         (Op::SsmConv, [sx, kern]) => ssm_conv(cx, out, *sx, idt(0), *kern, idt(1)),
-        (Op::SsmConvUpdate { silu }, [x, state, kern, slots]) => {
+        (Op::SsmConvUpdate { silu, ragged: false }, [x, state, kern, slots]) => {
             update(cx, out, (*x, idt(0)), *state, (*kern, idt(2)), *slots, *silu)
         }
         _ => Err(unsupported(

@@ -51,7 +51,7 @@ const OP: &str = "gated_delta_net";
 
 /// Inputs `[q, k, v, g, beta, state, slots]`; the state column must fit in registers.
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
-    matches!(op, Op::GatedDeltaNet(_)) && inputs.len() == 7 && inputs[0].ne[0] <= MAX_S_K
+    matches!(op, Op::GatedDeltaNet(p) if !p.ragged) && inputs.len() == 7 && inputs[0].ne[0] <= MAX_S_K
 }
 
 /// Float4 chunks per lane (the kernels' NC): the key dimension padded to 32 NC.
@@ -282,6 +282,7 @@ mod tests {
             scale: 1.0 / (d as f32).sqrt(),
             head_map: map,
             algo: DeltaNetAlgo::Chunked { chunk },
+            ragged: false,
         };
         let tq = g.input("q", DType::F32, [d, h_k, n_t, n_seq]).expect("q");
         let tk = g.input("k", DType::F32, [d, h_k, n_t, n_seq]).expect("k");

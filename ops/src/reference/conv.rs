@@ -2,7 +2,8 @@
 //! (`kernel[0]` multiplies the oldest sample of the window), as ggml's `ggml_ssm_conv`.
 
 use super::RefTensor;
-use crate::{KernelError, Op, TensorMeta, checked_slots};
+use super::delta_net::{SeqSpan, sequences};
+use crate::{KernelError, Op, TensorMeta};
 
 /// `ssm_conv [sx, kernel]`: `out[c, t, s] = sum_{i < d_conv} sx[t + i, c, s] * kernel[i, c]`.
 pub(super) fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
@@ -26,39 +27,44 @@ pub(super) fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result
     Ok(y)
 }
 
-/// `ssm_conv_update_inplace [x, state, kernel, slots]`: per sequence `s` with slot
-/// `k = slots[s]`, the window `w = concat(state[:, :, k], x[:, :, s]^T)` (`d_conv - 1 + n_t`
-/// samples per channel, oldest first) gives `out[c, t, s] = sum_i w[t + i, c] * kernel[i, c]`
-/// (then SiLU if `silu`), and the new `state[:, :, k]` is the last `d_conv - 1` samples of `w`.
-/// Returns the output and the whole new state. Slots are checked (in range, distinct) before
-/// anything is computed.
+/// `ssm_conv_update_inplace [x, state, kernel, slots]` (+ `seq_offsets` when `ragged`): per
+/// sequence `s` with slot `k = slots[s]`, the window `w = concat(state[:, :, k], x_s^T)` (`x_s`
+/// the sequence's tokens: `x[:, :, s]` dense, `x[:, offsets[s] .. offsets[s + 1], 0]` ragged;
+/// `d_conv - 1 + L` samples per channel, oldest first) gives its outputs
+/// `sum_i w[t + i, c] * kernel[i, c]` (then SiLU if `silu`), and the new `state[:, :, k]` is the
+/// last `d_conv - 1` samples of `w`. Ragged tokens of no sequence output 0, and a sequence
+/// without tokens touches nothing. Returns the output and the whole new state. Offsets and slots
+/// are checked before anything is computed.
 pub(super) fn update(
     silu: bool,
+    ragged: bool,
     inputs: &[RefTensor],
     out: &TensorMeta,
 ) -> Result<(RefTensor, RefTensor), KernelError> {
     const OP: &str = "ssm_conv_update_inplace";
-    let [x, state, kernel, slots] = inputs else {
-        return Err(KernelError::Unsupported { op: OP, why: format!("expected 4 inputs, got {}", inputs.len()) });
+    let n_in = if ragged { 5 } else { 4 };
+    let (Some([x, state, kernel, slots]), true) = (inputs.first_chunk(), inputs.len() == n_in) else {
+        return Err(KernelError::Unsupported { op: OP, why: format!("expected {n_in} inputs, got {}", inputs.len()) });
     };
     let d_conv = kernel.ne[0];
     let keep = d_conv - 1;
     let [channels, n_t, n_seq, _] = out.ne;
-    let slot_of = checked_slots(OP, slots.data[..n_seq].iter().map(|&x| x as i64), state.ne[2])?;
+    let seqs = sequences(OP, inputs.get(4), slots, n_t, n_seq, state.ne[2])?;
     let mut y = RefTensor::zeros(out.ne);
     let mut new_state = state.clone();
-    let mut w = vec![0.0; keep + n_t];
-    for (s, &k) in slot_of.iter().enumerate() {
+    for SeqSpan { slot: k, outer: s, tokens } in seqs {
+        let len = tokens.len();
+        let mut w = vec![0.0; keep + len];
         for c in 0..channels {
             for (j, wj) in w.iter_mut().enumerate() {
-                *wj = if j < keep { state.at([j, c, k, 0]) } else { x.at([c, j - keep, s, 0]) };
+                *wj = if j < keep { state.at([j, c, k, 0]) } else { x.at([c, tokens.start + j - keep, s, 0]) };
             }
-            for t in 0..n_t {
+            for t in 0..len {
                 let acc: f64 = (0..d_conv).map(|i| w[t + i] * kernel.at([i, c, 0, 0])).sum();
-                y.set([c, t, s, 0], if silu { acc / (1.0 + (-acc).exp()) } else { acc });
+                y.set([c, tokens.start + t, s, 0], if silu { acc / (1.0 + (-acc).exp()) } else { acc });
             }
             for j in 0..keep {
-                new_state.set([j, c, k, 0], w[n_t + j]);
+                new_state.set([j, c, k, 0], w[len + j]);
             }
         }
     }
@@ -103,10 +109,10 @@ mod tests {
         let k = RefTensor::new([3, 1, 1, 1], vec![1., 10., 100.]);
         let slots = RefTensor::new([1, 1, 1, 1], vec![1.]);
         let (y, st) =
-            update(false, &[x.clone(), state.clone(), k.clone(), slots.clone()], &meta([1, 1, 1, 1])).unwrap();
+            update(false, false, &[x.clone(), state.clone(), k.clone(), slots.clone()], &meta([1, 1, 1, 1])).unwrap();
         assert_eq!(y.data, [1. + 20. + 500.]);
         assert_eq!(st.data, [9., 9., 2., 5.]);
-        let (y, _) = update(true, &[x, state, k, slots], &meta([1, 1, 1, 1])).unwrap();
+        let (y, _) = update(true, false, &[x, state, k, slots], &meta([1, 1, 1, 1])).unwrap();
         assert_eq!(y.data, [silu(521.)]);
     }
 
@@ -117,7 +123,7 @@ mod tests {
         let state = RefTensor::new([1, 1, 1, 1], vec![1.]);
         let k = RefTensor::new([2, 1, 1, 1], vec![1., 10.]);
         let slots = RefTensor::new([1, 1, 1, 1], vec![0.]);
-        let (y, st) = update(false, &[x, state, k, slots], &meta([1, 3, 1, 1])).unwrap();
+        let (y, st) = update(false, false, &[x, state, k, slots], &meta([1, 3, 1, 1])).unwrap();
         assert_eq!(y.data, [21., 32., 43.]);
         assert_eq!(st.data, [4.]);
     }
@@ -129,7 +135,7 @@ mod tests {
         let state = RefTensor::new([3, 1, 1, 1], vec![1., 2., 3.]);
         let k = RefTensor::new([4, 1, 1, 1], vec![1., 1., 1., 1.]);
         let slots = RefTensor::new([1, 1, 1, 1], vec![0.]);
-        let (y, st) = update(false, &[x, state, k, slots], &meta([1, 1, 1, 1])).unwrap();
+        let (y, st) = update(false, false, &[x, state, k, slots], &meta([1, 1, 1, 1])).unwrap();
         assert_eq!(y.data, [13.]);
         assert_eq!(st.data, [2., 3., 7.]);
     }
@@ -141,7 +147,7 @@ mod tests {
             let x = RefTensor::zeros([1, 1, n, 1]);
             let state = RefTensor::zeros([1, 1, 3, 1]);
             let k = RefTensor::zeros([2, 1, 1, 1]);
-            update(false, &[x, state, k, RefTensor::new([n, 1, 1, 1], slots)], &meta([1, 1, n, 1]))
+            update(false, false, &[x, state, k, RefTensor::new([n, 1, 1, 1], slots)], &meta([1, 1, n, 1]))
         };
         assert!(run(vec![2., 0.]).is_ok());
         assert!(matches!(run(vec![3.]), Err(KernelError::IndexOutOfRange { index: 3, limit: 3, .. })));

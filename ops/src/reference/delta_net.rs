@@ -23,8 +23,13 @@
 //! A last chunk shorter than `C` is handled as a chunk of its own length (the same as padding it
 //! with `g = 0, beta = 0, k = 0` tokens).
 
+use std::ops::Range;
+
 use super::RefTensor;
-use crate::{DeltaNetAlgo, GatedDeltaNetParams, HeadMap, KernelError, TensorMeta, checked_slots};
+use crate::{
+    DeltaNetAlgo, GatedDeltaNetParams, HeadMap, KernelError, TensorMeta, checked_ragged_slots, checked_seq_offsets,
+    checked_slots,
+};
 
 const OP: &str = "gated_delta_net";
 
@@ -34,6 +39,45 @@ pub(crate) fn key_head(map: HeadMap, h: usize, h_k: usize, ratio: usize) -> usiz
         HeadMap::Tiled => h % h_k,
         HeadMap::Grouped => h / ratio,
     }
+}
+
+/// One sequence's work in a recurrent op: its state slot, the index of its tokens along the
+/// outermost dimension (`s` dense, 0 ragged) and its tokens along the token dimension.
+pub(super) struct SeqSpan {
+    pub slot: usize,
+    pub outer: usize,
+    pub tokens: Range<usize>,
+}
+
+/// The sequences a recurrent op runs, checked before anything is computed. Dense (no
+/// `offsets`): `n_seq` sequences of all `n_t` tokens, slot `s` checked by `checked_slots`.
+/// Ragged: sequence `s` owns tokens `offsets[s] .. offsets[s + 1]` of dimension 2 (checked by
+/// `checked_seq_offsets`); sequences without tokens are left out, unchecked
+/// (`checked_ragged_slots`).
+pub(super) fn sequences(
+    op: &'static str,
+    offsets: Option<&RefTensor>,
+    slots: &RefTensor,
+    n_t: usize,
+    n_seq: usize,
+    n_slots: usize,
+) -> Result<Vec<SeqSpan>, KernelError> {
+    let slot_values = slots.data.iter().map(|&x| x as i64);
+    let Some(offsets) = offsets else {
+        let slot_of = checked_slots(op, slot_values.take(n_seq), n_slots)?;
+        return Ok(slot_of
+            .into_iter()
+            .enumerate()
+            .map(|(s, slot)| SeqSpan { slot, outer: s, tokens: 0..n_t })
+            .collect());
+    };
+    let offsets = checked_seq_offsets(op, offsets.data.iter().map(|&x| x as i64), n_t)?;
+    let slot_of = checked_ragged_slots(op, slot_values, &offsets, n_slots)?;
+    Ok(slot_of
+        .into_iter()
+        .zip(offsets.windows(2))
+        .filter_map(|(slot, w)| slot.map(|slot| SeqSpan { slot, outer: 0, tokens: w[0]..w[1] }))
+        .collect())
 }
 
 /// One head's inputs for one sequence, as dense f64 rows (token-major).
@@ -47,34 +91,37 @@ struct HeadSeq {
     beta: Vec<f64>,
 }
 
-/// Returns the output `[S_v, H_v, n_t, n_seq]` and the whole new state tensor.
+/// Returns the output (`[S_v, H_v, n_t, n_seq]`, or `[S_v, H_v, n_tokens, 1]` ragged, zero for
+/// tokens of no sequence) and the whole new state tensor.
 pub(super) fn compute(
     p: &GatedDeltaNetParams,
     inputs: &[RefTensor],
     out: &TensorMeta,
 ) -> Result<(RefTensor, RefTensor), KernelError> {
-    let [q, k, v, g, beta, state, slots] = inputs else {
-        return Err(KernelError::Unsupported { op: OP, why: format!("expected 7 inputs, got {}", inputs.len()) });
+    let n_in = if p.ragged { 8 } else { 7 };
+    let (Some([q, k, v, g, beta, state, slots]), true) = (inputs.first_chunk(), inputs.len() == n_in) else {
+        return Err(KernelError::Unsupported { op: OP, why: format!("expected {n_in} inputs, got {}", inputs.len()) });
     };
-    let [s_k, h_k, n_t, _] = q.ne;
+    let offsets = inputs.get(7);
+    let [s_k, h_k, n_t, n_seq] = q.ne;
     let [s_v, h_v, ..] = v.ne;
     let n_slots = state.ne[3];
-    let slot_of = checked_slots(OP, slots.data.iter().map(|&x| x as i64), n_slots)?;
+    let seqs = sequences(OP, offsets, slots, n_t, n_seq, n_slots)?;
     let ratio = h_v / h_k;
     let mut o = RefTensor::zeros(out.ne);
     let mut new_state = state.clone();
-    for (s, &slot) in slot_of.iter().enumerate() {
+    for SeqSpan { slot, outer: s, tokens } in seqs {
         for h in 0..h_v {
             let kh = key_head(p.head_map, h, h_k, ratio);
             let row = |t: &RefTensor, n: usize, i1: usize, i2: usize, mul: f64| -> Vec<f64> {
                 (0..n).map(|i| t.at([i, i1, i2, s]) * mul).collect()
             };
             let seq = HeadSeq {
-                q: (0..n_t).map(|t| row(q, s_k, kh, t, f64::from(p.scale))).collect(),
-                k: (0..n_t).map(|t| row(k, s_k, kh, t, 1.0)).collect(),
-                v: (0..n_t).map(|t| row(v, s_v, h, t, 1.0)).collect(),
-                g: (0..n_t).map(|t| g.at([0, h, t, s])).collect(),
-                beta: (0..n_t).map(|t| beta.at([0, h, t, s])).collect(),
+                q: tokens.clone().map(|t| row(q, s_k, kh, t, f64::from(p.scale))).collect(),
+                k: tokens.clone().map(|t| row(k, s_k, kh, t, 1.0)).collect(),
+                v: tokens.clone().map(|t| row(v, s_v, h, t, 1.0)).collect(),
+                g: tokens.clone().map(|t| g.at([0, h, t, s])).collect(),
+                beta: tokens.clone().map(|t| beta.at([0, h, t, s])).collect(),
             };
             // S[k][v] = state[k, v, h, slot]
             let mut st: Vec<Vec<f64>> =
@@ -88,7 +135,7 @@ pub(super) fn compute(
                     chunked(&seq, &mut st, chunk)
                 }
             };
-            for (t, ot) in outs.iter().enumerate() {
+            for (t, ot) in tokens.clone().zip(&outs) {
                 for (j, &x) in ot.iter().enumerate() {
                     o.set([j, h, t, s], x);
                 }
@@ -207,7 +254,7 @@ mod tests {
     use super::*;
 
     fn params(algo: DeltaNetAlgo) -> GatedDeltaNetParams {
-        GatedDeltaNetParams { scale: 0.5, head_map: HeadMap::Tiled, algo }
+        GatedDeltaNetParams { scale: 0.5, head_map: HeadMap::Tiled, algo, ragged: false }
     }
 
     fn out_meta(ne: [usize; 4]) -> TensorMeta {

@@ -107,7 +107,7 @@ pub fn compute_updating(
     out: &TensorMeta,
 ) -> Result<(RefTensor, RefTensor), KernelError> {
     match op {
-        Op::SsmConvUpdate { silu } => conv::update(*silu, inputs, out),
+        Op::SsmConvUpdate { silu, ragged } => conv::update(*silu, *ragged, inputs, out),
         Op::GatedDeltaNet(p) => delta_net::compute(p, inputs, out),
         _ => Err(KernelError::Unsupported { op: op.name(), why: "it does not update an input".into() }),
     }

@@ -9,6 +9,10 @@
 //!   updated in place, slot by slot), `kernel [d_conv, channels, 1, 1]` (any float type, any
 //!   strides), `slots` i32 `[n_seq, 1, 1, 1]` (any strides) give a contiguous f32
 //!   `[channels, n_t, n_seq, 1]`. Slot values (in range, distinct) are checked at run time.
+//!   Ragged (`ragged: true`): `x [channels, n_tokens, 1, 1]` packs every sequence's tokens and a
+//!   fifth input `seq_offsets` i32 `[n_seq + 1]` says which are whose (`slots` `[n_seq]`; more
+//!   sequences than slots is allowed, as empty sequences touch no slot); output
+//!   `[channels, n_tokens, 1, 1]`.
 
 use super::{contiguous, expect_arity, expect_dtype, expect_float, expect_not_quantized};
 use crate::{DType, Op, OpError, TensorMeta};
@@ -49,8 +53,11 @@ fn infer_conv(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
 
 fn infer_update(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     let name = op.name();
-    if inputs.len() != 4 {
-        return Err(OpError::Arity { op: name, expected: "4 (x, state, kernel, slots)", got: inputs.len() });
+    let ragged = matches!(op, Op::SsmConvUpdate { ragged: true, .. });
+    let (n_in, expected) =
+        if ragged { (5, "5 (x, state, kernel, slots, seq_offsets)") } else { (4, "4 (x, state, kernel, slots)") };
+    if inputs.len() != n_in {
+        return Err(OpError::Arity { op: name, expected, got: inputs.len() });
     }
     let (x, state, kernel, slots) = (inputs[0], inputs[1], inputs[2], inputs[3]);
     for (i, m) in [(0, x), (2, kernel)] {
@@ -59,8 +66,15 @@ fn infer_update(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> 
     }
     expect_dtype(op, 1, state, DType::F32, "f32 conv state")?;
     expect_dtype(op, 3, slots, DType::I32, "i32 slot ids")?;
-    if x.ne[3] != 1 {
-        let why = "x must be [channels, n_t, n_seq, 1] (ne[3] = 1)".into();
+    if ragged {
+        expect_dtype(op, 4, inputs[4], DType::I32, "i32 seq_offsets")?;
+    }
+    if x.ne[3] != 1 || (ragged && x.ne[2] != 1) {
+        let why = if ragged {
+            "ragged x packs every sequence's tokens: [channels, n_tokens, 1, 1]".into()
+        } else {
+            "x must be [channels, n_t, n_seq, 1] (ne[3] = 1)".into()
+        };
         return Err(OpError::InvalidShape { op: name, shape: x.ne, why });
     }
     if state.ne[3] != 1 {
@@ -86,6 +100,19 @@ fn infer_update(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> 
             state.ne[0], kernel.ne[0]
         );
         return Err(OpError::ShapeMismatch { op: name, lhs: state.ne, rhs: kernel.ne, why });
+    }
+    if ragged {
+        let n = slots.ne[0];
+        if slots.ne != [n, 1, 1, 1] {
+            let why = "slots must be [n_seq, 1, 1, 1]".into();
+            return Err(OpError::ShapeMismatch { op: name, lhs: x.ne, rhs: slots.ne, why });
+        }
+        let offsets = inputs[4];
+        if offsets.ne != [n + 1, 1, 1, 1] {
+            let why = format!("seq_offsets must be [n_seq + 1, 1, 1, 1] = [{}, 1, 1, 1] ({n} slots)", n + 1);
+            return Err(OpError::ShapeMismatch { op: name, lhs: slots.ne, rhs: offsets.ne, why });
+        }
+        return contiguous(op, DType::F32, [channels, x.ne[1], 1, 1]);
     }
     if slots.ne != [n_seq, 1, 1, 1] {
         let why = format!("slots must be [n_seq] = [{n_seq}, 1, 1, 1], one per sequence of x (ne[2])");
@@ -115,14 +142,16 @@ pub(super) fn flops(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     (out.nelements() as u64).saturating_mul(2).saturating_mul(kernel.ne[0] as u64)
 }
 
-/// ssm_conv_update_inplace: `x`, `kernel`, `slots` and the output once each, plus the state of
-/// the `n_seq` named slots read and written (the other slots are not touched).
+/// ssm_conv_update_inplace: `x`, `kernel`, `slots` (and `seq_offsets`) and the output once each,
+/// plus the state of the `n_seq` named slots read and written (the other slots are not touched;
+/// ragged: every sequence counted as if it had tokens).
 pub(super) fn update_bytes(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     let size = |m: &TensorMeta| m.nbytes_contiguous() as u64;
     let (x, state, kernel, slots) = (inputs[0], inputs[1], inputs[2], inputs[3]);
     let per_slot = size(state) / state.ne[2].max(1) as u64;
-    let touched = per_slot.saturating_mul(x.ne[2] as u64).saturating_mul(2);
-    [size(x), size(kernel), size(slots), size(out), touched].into_iter().fold(0u64, u64::saturating_add)
+    let touched = per_slot.saturating_mul(slots.ne[0] as u64).saturating_mul(2);
+    let offsets = inputs.get(4).map_or(0, |m| size(m));
+    [size(x), size(kernel), size(slots), offsets, size(out), touched].into_iter().fold(0u64, u64::saturating_add)
 }
 
 #[cfg(test)]
@@ -133,7 +162,8 @@ mod tests {
         TensorMeta::contiguous("t", dtype, ne).unwrap()
     }
 
-    const UPDATE: Op = Op::SsmConvUpdate { silu: true };
+    const UPDATE: Op = Op::SsmConvUpdate { silu: true, ragged: false };
+    const RAGGED: Op = Op::SsmConvUpdate { silu: false, ragged: true };
 
     #[test]
     fn ssm_conv_output_is_channels_by_tokens() {
@@ -225,5 +255,30 @@ mod tests {
         let m = update_inputs();
         let e = infer(&UPDATE, &[&m[0], &m[1], &m[2]]).unwrap_err();
         assert!(e.to_string().contains("expected 4"), "{e}");
+    }
+
+    #[test]
+    fn ragged_update_packs_tokens_and_takes_offsets_last() {
+        let x = meta(DType::F32, [128, 9, 1, 1]);
+        let state = meta(DType::F32, [3, 128, 2, 1]);
+        let k = meta(DType::F32, [4, 128, 1, 1]);
+        let slots = meta(DType::I32, [3, 1, 1, 1]);
+        let offsets = meta(DType::I32, [4, 1, 1, 1]);
+        let out = infer(&RAGGED, &[&x, &state, &k, &slots, &offsets]).unwrap();
+        assert_eq!((out.dtype, out.ne), (DType::F32, [128, 9, 1, 1]));
+        let c = cost(&RAGGED, &[&x, &state, &k, &slots, &offsets], &out);
+        // x + kernel + slots + offsets + out + 3 sequences' slots of state read and written
+        // (3 sequences, 2 slots: sequences without tokens may share one).
+        assert_eq!(c.bytes, (128 * 9 * 4 + 4 * 128 * 4 + 3 * 4 + 4 * 4 + 128 * 9 * 4 + 3 * 2 * 3 * 128 * 4) as u64);
+        let e = infer(&RAGGED, &[&x, &state, &k, &slots]).unwrap_err();
+        assert!(e.to_string().contains("expected 5"), "{e}");
+        let e = infer(&UPDATE, &[&x, &state, &k, &slots, &offsets]).unwrap_err();
+        assert!(e.to_string().contains("expected 4"), "{e}");
+        let e = infer(&RAGGED, &[&x, &state, &k, &slots, &meta(DType::I32, [3, 1, 1, 1])]).unwrap_err();
+        assert!(e.to_string().contains("seq_offsets must be [n_seq + 1"), "{e}");
+        let e = infer(&RAGGED, &[&x, &state, &k, &slots, &meta(DType::F32, [4, 1, 1, 1])]).unwrap_err();
+        assert!(matches!(e, OpError::DType { input: 4, .. }), "{e}");
+        let e = infer(&RAGGED, &[&meta(DType::F32, [128, 3, 3, 1]), &state, &k, &slots, &offsets]).unwrap_err();
+        assert!(e.to_string().contains("n_tokens, 1, 1"), "{e}");
     }
 }

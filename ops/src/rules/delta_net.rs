@@ -4,6 +4,11 @@
 //! `q, k [S_k, H_k, n_t, n_seq]`, `v [S_v, H_v, n_t, n_seq]`, `g, beta [1, H_v, n_t, n_seq]`
 //! (any float type, any strides), `state [S_k, S_v, H_v, n_slots]` f32 contiguous, `slots` i32
 //! `[n_seq]`; `H_v` a multiple of `H_k`. Output f32 `[S_v, H_v, n_t, n_seq]`, contiguous.
+//!
+//! Ragged (`ragged: true`): the tokens of all sequences packed, `q, k [S_k, H_k, n_tokens, 1]`,
+//! `v [S_v, H_v, n_tokens, 1]`, `g, beta [1, H_v, n_tokens, 1]`, `slots` i32 `[n_seq]` and an
+//! eighth input, `seq_offsets` i32 `[n_seq + 1]` (values checked at run time); output f32
+//! `[S_v, H_v, n_tokens, 1]`.
 
 use super::{contiguous, expect_dtype, expect_float};
 use crate::{DType, DeltaNetAlgo, Op, OpError, TensorMeta};
@@ -15,12 +20,18 @@ const G: usize = 3;
 const BETA: usize = 4;
 const STATE: usize = 5;
 const SLOTS: usize = 6;
+const OFFSETS: usize = 7;
 
 pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     let Op::GatedDeltaNet(p) = op else { unreachable!("delta_net::infer called with {op}") };
     let name = op.name();
-    if inputs.len() != 7 {
-        return Err(OpError::Arity { op: name, expected: "7 (q, k, v, g, beta, state, slots)", got: inputs.len() });
+    let (n_in, expected) = if p.ragged {
+        (8, "8 (q, k, v, g, beta, state, slots, seq_offsets)")
+    } else {
+        (7, "7 (q, k, v, g, beta, state, slots)")
+    };
+    if inputs.len() != n_in {
+        return Err(OpError::Arity { op: name, expected, got: inputs.len() });
     }
     if !p.scale.is_finite() {
         return Err(OpError::InvalidParam { op: name, why: format!("scale must be finite, got {}", p.scale) });
@@ -33,6 +44,9 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
     }
     expect_dtype(op, STATE, inputs[STATE], DType::F32, "f32")?;
     expect_dtype(op, SLOTS, inputs[SLOTS], DType::I32, "i32 state slots")?;
+    if p.ragged {
+        expect_dtype(op, OFFSETS, inputs[OFFSETS], DType::I32, "i32 seq_offsets")?;
+    }
     let (q, k, v, g, beta, state, slots) =
         (inputs[Q].ne, inputs[K].ne, inputs[V].ne, inputs[G].ne, inputs[BETA].ne, inputs[STATE].ne, inputs[SLOTS].ne);
     let mismatch = |lhs: [usize; 4], rhs: [usize; 4], why: String| OpError::ShapeMismatch { op: name, lhs, rhs, why };
@@ -40,6 +54,10 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
         return Err(mismatch(q, k, "q and k must have the same shape [S_k, H_k, n_t, n_seq]".into()));
     }
     let [s_k, h_k, n_t, n_seq] = q;
+    if p.ragged && n_seq != 1 {
+        let why = "ragged q and k pack every sequence's tokens: [S_k, H_k, n_tokens, 1]".into();
+        return Err(OpError::InvalidShape { op: name, shape: q, why });
+    }
     let [s_v, h_v] = [v[0], v[1]];
     if v[2] != n_t || v[3] != n_seq {
         return Err(mismatch(q, v, format!("v must be [S_v, H_v, {n_t}, {n_seq}] (tokens and sequences of q)")));
@@ -63,7 +81,17 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
     if !inputs[STATE].is_contiguous() {
         return Err(OpError::NotContiguous { op: name, input: STATE, shape: state, nb: inputs[STATE].nb });
     }
-    if slots != [n_seq, 1, 1, 1] {
+    if p.ragged {
+        let n = slots[0];
+        if slots != [n, 1, 1, 1] {
+            return Err(mismatch(q, slots, "slots must be i32 [n_seq, 1, 1, 1]".into()));
+        }
+        let offsets = inputs[OFFSETS].ne;
+        if offsets != [n + 1, 1, 1, 1] {
+            let why = format!("seq_offsets must be i32 [n_seq + 1, 1, 1, 1] = [{}, 1, 1, 1] ({n} slots)", n + 1);
+            return Err(mismatch(slots, offsets, why));
+        }
+    } else if slots != [n_seq, 1, 1, 1] {
         return Err(mismatch(q, slots, format!("slots must be i32 [n_seq, 1, 1, 1] = [{n_seq}, 1, 1, 1]")));
     }
     contiguous(op, DType::F32, [s_v, h_v, n_t, n_seq])
@@ -77,14 +105,16 @@ pub(super) fn flops(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     (out.nelements() as u64).saturating_mul(s_k).saturating_mul(7)
 }
 
-/// q, k, v, g, beta, slots and the output once, plus the state of the `n_seq` named slots read
-/// and written (not the whole state tensor).
+/// q, k, v, g, beta, slots (and seq_offsets) and the output once, plus the state of the `n_seq`
+/// named slots read and written (not the whole state tensor; ragged: every sequence counted as
+/// if it had tokens).
 pub(super) fn bytes(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     let size = |m: &TensorMeta| m.nbytes_contiguous() as u64;
-    let streamed = [Q, K, V, G, BETA, SLOTS].iter().fold(0u64, |acc, &i| acc.saturating_add(size(inputs[i])));
+    let streamed =
+        inputs.iter().enumerate().filter(|&(i, _)| i != STATE).fold(0u64, |acc, (_, m)| acc.saturating_add(size(m)));
     let state = inputs[STATE];
     let per_slot = size(state) / state.ne[3].max(1) as u64;
-    let n_seq = out.ne[3] as u64;
+    let n_seq = inputs[SLOTS].ne[0] as u64;
     streamed.saturating_add(size(out)).saturating_add(per_slot.saturating_mul(n_seq).saturating_mul(2))
 }
 
@@ -99,7 +129,7 @@ mod tests {
     }
 
     fn op(algo: DeltaNetAlgo) -> Op {
-        Op::GatedDeltaNet(GatedDeltaNetParams { scale: 0.5, head_map: HeadMap::Tiled, algo })
+        Op::GatedDeltaNet(GatedDeltaNetParams { scale: 0.5, head_map: HeadMap::Tiled, algo, ragged: false })
     }
 
     /// `[q, k, v, g, beta, state, slots]` for S_k 4, S_v 3, H_k 2, H_v 6, 5 tokens, 2 seqs, 3 slots.
@@ -156,6 +186,7 @@ mod tests {
             scale: f32::NAN,
             head_map: HeadMap::Grouped,
             algo: DeltaNetAlgo::Serial,
+            ragged: false,
         });
         assert!(matches!(run(&nan, &good()), Err(OpError::InvalidParam { .. })));
         assert!(matches!(run(&serial, &good()[..6]), Err(OpError::Arity { .. })));
@@ -182,5 +213,66 @@ mod tests {
         assert!(matches!(bad(&|i| i[6] = m(I32, [3, 1, 1, 1])), OpError::ShapeMismatch { .. }));
         // integer activations
         assert!(matches!(bad(&|i| i[0] = m(I32, [4, 2, 5, 2])), OpError::DType { input: 0, .. }));
+    }
+
+    fn ragged_op() -> Op {
+        Op::GatedDeltaNet(GatedDeltaNetParams {
+            scale: 0.5,
+            head_map: HeadMap::Tiled,
+            algo: DeltaNetAlgo::Chunked { chunk: 4 },
+            ragged: true,
+        })
+    }
+
+    /// The ragged form of [`good`]: 9 packed tokens, 3 sequences (3 slots), 4 offsets.
+    fn good_ragged() -> Vec<TensorMeta> {
+        vec![
+            m(F32, [4, 2, 9, 1]),
+            m(F32, [4, 2, 9, 1]),
+            m(F32, [3, 6, 9, 1]),
+            m(F32, [1, 6, 9, 1]),
+            m(F32, [1, 6, 9, 1]),
+            m(F32, [4, 3, 6, 2]),
+            m(I32, [3, 1, 1, 1]),
+            m(I32, [4, 1, 1, 1]),
+        ]
+    }
+
+    #[test]
+    fn ragged_packs_tokens_and_takes_offsets_last() {
+        let ins = good_ragged();
+        let out = run(&ragged_op(), &ins).unwrap();
+        assert_eq!((out.dtype, out.ne), (F32, [3, 6, 9, 1]));
+        let refs: Vec<&TensorMeta> = ins.iter().collect();
+        let c = cost(&ragged_op(), &refs, &out);
+        // q 288 + k 288 + v 648 + g 216 + beta 216 + slots 12 + offsets 16 + out 648, plus the
+        // state of 3 sequences (288 bytes each) read and written
+        assert_eq!(c.bytes, 288 + 288 + 648 + 216 + 216 + 12 + 16 + 648 + 3 * 288 * 2);
+        // More sequences than slots is fine: empty sequences may share a slot.
+        let mut more = good_ragged();
+        more[6] = m(I32, [5, 1, 1, 1]);
+        more[7] = m(I32, [6, 1, 1, 1]);
+        assert!(run(&ragged_op(), &more).is_ok());
+
+        let bad = |f: &dyn Fn(&mut Vec<TensorMeta>)| {
+            let mut ins = good_ragged();
+            f(&mut ins);
+            run(&ragged_op(), &ins).unwrap_err()
+        };
+        assert!(
+            matches!(run(&ragged_op(), &good_ragged()[..7]), Err(OpError::Arity { expected, .. }) if expected.starts_with('8'))
+        );
+        assert!(matches!(run(&op(DeltaNetAlgo::Serial), &good_ragged()), Err(OpError::Arity { .. })));
+        let e = bad(&|i| i[7] = m(I32, [3, 1, 1, 1]));
+        assert!(matches!(&e, OpError::ShapeMismatch { why, .. } if why.contains("seq_offsets")), "{e}");
+        assert!(matches!(bad(&|i| i[7] = m(F32, [4, 1, 1, 1])), OpError::DType { input: 7, .. }));
+        assert!(matches!(bad(&|i| i[6] = m(I32, [3, 2, 1, 1])), OpError::ShapeMismatch { .. }));
+        // Tokens must be packed along dimension 2, with dimension 3 of 1.
+        let e = bad(&|i| {
+            i[0] = m(F32, [4, 2, 3, 3]);
+            i[1] = m(F32, [4, 2, 3, 3]);
+        });
+        assert!(matches!(&e, OpError::InvalidShape { why, .. } if why.contains("n_tokens, 1")), "{e}");
+        assert!(matches!(bad(&|i| i[3] = m(F32, [1, 6, 8, 1])), OpError::ShapeMismatch { .. }));
     }
 }

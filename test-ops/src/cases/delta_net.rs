@@ -104,7 +104,12 @@ impl Gdn {
     }
 
     fn params(&self) -> GatedDeltaNetParams {
-        GatedDeltaNetParams { scale: 1.0 / (self.s_k as f32).sqrt(), head_map: self.map, algo: self.algo }
+        GatedDeltaNetParams {
+            scale: 1.0 / (self.s_k as f32).sqrt(),
+            head_map: self.map,
+            algo: self.algo,
+            ragged: false,
+        }
     }
 
     fn label(&self) -> String {
