@@ -9,6 +9,10 @@
 //!    is zeros; softcapping follows `softcap * tanh(scale * q.k / softcap)`.
 //! 4. Bad shapes and dtypes are build errors; an out-of-range block-table entry is a kernel error
 //!    at run time, the same on both backends.
+//! 5. A ragged (varlen) batch gives exactly the outputs of running each of its sequences alone
+//!    through the dense op with a causal mask, bit for bit on both backends; padding tokens are
+//!    zeros; K/V past a sequence's kv length and the table rows of empty sequences are never read
+//!    (NaN and garbage there change nothing); bad offsets and kv lengths are kernel errors.
 
 use tessera_cpu::{CpuBackend, ReferenceBackend};
 use tessera_graph::{Backend, BackendError, ExecError, Graph, GraphError, Session, Tensor};
@@ -535,4 +539,353 @@ fn results_do_not_depend_on_the_thread_count() {
         let got = c.run(&mut CpuBackend::with_threads(threads).unwrap()).unwrap();
         assert_bitwise(&got[0], &one[0], &format!("{threads} threads vs 1"));
     }
+}
+
+// ---- 5. ragged == each sequence alone ----
+
+/// One ragged batch: per sequence its token count and kv length, padding tokens before the first
+/// and after the last sequence, paged or per-sequence K/V, and an optional mask.
+struct Ragged {
+    d: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    kv: DType,
+    lens: Vec<usize>,
+    kv_lens: Vec<usize>,
+    lead: usize,
+    pad: usize,
+    /// Positions per sequence (the table's or k/v's n_kv), at least every kv length.
+    n_kv: usize,
+    paged: bool,
+    mask: bool,
+    softcap: f32,
+}
+
+/// Runs the ragged batch and, in the same graph, each non-empty sequence alone through the dense
+/// op (its first `kv_len` positions, a causal mask combined with the ragged mask's rows), on the
+/// CPU and the reference, and checks the ragged rows equal the dense ones bit for bit and padding
+/// rows are zero. Positions past each kv length hold NaN (contiguous K/V) or garbage table
+/// entries (paged), and empty sequences get garbage kv lengths and table rows.
+fn ragged_equals_dense(seed: u64, r: &Ragged) {
+    let Ragged { d, n_head, n_head_kv, kv, lead, pad, n_kv, paged, mask, softcap, .. } = *r;
+    let (lens, kv_lens) = (&r.lens, &r.kv_lens);
+    let n_seq = lens.len();
+    let n_tokens = lead + lens.iter().sum::<usize>() + pad;
+    let mut rng = Rng::new(seed);
+    let mut offsets = vec![lead];
+    for &l in lens {
+        offsets.push(offsets.last().unwrap() + l);
+    }
+    let empty_kv_len = |s: usize| if s % 2 == 0 { -5.0 } else { 1e6 };
+    let kv_len_values: Vec<f64> =
+        (0..n_seq).map(|s| if lens[s] == 0 { empty_kv_len(s) } else { kv_lens[s] as f64 }).collect();
+    // K/V of each sequence's positions, [d, n_kv, n_head_kv] per sequence (NaN past kv_len)
+    let mut k = vec![f64::NAN; d * n_kv * n_head_kv * n_seq];
+    let mut v = k.clone();
+    for s in 0..n_seq {
+        for hk in 0..n_head_kv {
+            for j in 0..kv_lens[s] {
+                let at = d * (j + n_kv * (hk + n_head_kv * s));
+                k[at..at + d].copy_from_slice(&rng.values(d, kv));
+                v[at..at + d].copy_from_slice(&rng.values(d, kv));
+            }
+        }
+    }
+    let q = rng.values(d * n_tokens * n_head, F32);
+    let mvals: Vec<f64> = (0..n_kv * n_tokens)
+        .map(|i| if i % 13 == 6 && i % n_kv != 0 { f64::NEG_INFINITY } else { 0.5 * rng.uniform() })
+        .collect();
+    let mut c = Case::new();
+    let qt = c.leaf("q", F32, [d, n_tokens, n_head, 1], q.clone());
+    let off = c.leaf("seq_offsets", I32, [n_seq + 1, 1, 1, 1], offsets.iter().map(|&o| o as f64).collect());
+    let kvl = c.leaf("kv_lens", I32, [n_seq, 1, 1, 1], kv_len_values);
+    let mt = mask.then(|| c.leaf("mask", F32, [n_kv, n_tokens, 1, 1], mvals.clone()));
+    let scale = 1.0 / (d as f32).sqrt();
+    // (k, v, table) of the ragged call
+    let (kt, vt, table) = if paged {
+        // every position of every sequence in its own shuffled cell; unused cells hold NaN
+        let n_cells = n_kv * n_seq + 5;
+        let mut places: Vec<usize> = (0..n_cells).collect();
+        rng.shuffle(&mut places);
+        let mut kc = vec![f64::NAN; d * n_cells * n_head_kv];
+        let mut vc = kc.clone();
+        let mut tab = vec![0.0; n_kv * n_seq];
+        for s in 0..n_seq {
+            for j in 0..n_kv {
+                let cell = places[j + n_kv * s];
+                // garbage where nothing may be read: past kv_len, and whole rows of empty sequences
+                tab[j + n_kv * s] = if j < kv_lens[s] && lens[s] > 0 { cell as f64 } else { -1.0 - j as f64 };
+                for hk in 0..n_head_kv {
+                    let (src, dst) = (d * (j + n_kv * (hk + n_head_kv * s)), d * (cell + n_cells * hk));
+                    kc[dst..dst + d].copy_from_slice(&k[src..src + d]);
+                    vc[dst..dst + d].copy_from_slice(&v[src..src + d]);
+                }
+            }
+        }
+        let kc = c.leaf("k_cache", kv, [d, n_cells, n_head_kv, 1], kc);
+        let vc = c.leaf("v_cache", kv, [d, n_cells, n_head_kv, 1], vc);
+        let t = c.leaf("table", I32, [n_kv, n_seq, 1, 1], tab);
+        (kc, vc, Some(t))
+    } else {
+        let kt = c.leaf("k", kv, [d, n_kv, n_head_kv, n_seq], k.clone());
+        let vt = c.leaf("v", kv, [d, n_kv, n_head_kv, n_seq], v.clone());
+        (kt, vt, None)
+    };
+    let ragged = c.graph.flash_attn_ext_ragged(qt, kt, vt, mt, table, off, kvl, scale, softcap).unwrap();
+    c.output(ragged);
+    // each sequence alone: q rows, its kv_len positions, causal (+ the ragged mask's rows) mask
+    let mut alone = Vec::new();
+    for s in (0..n_seq).filter(|&s| lens[s] > 0) {
+        let (len, kv_len, t0) = (lens[s], kv_lens[s], offsets[s]);
+        let mut qs = Vec::with_capacity(d * len * n_head);
+        for h in 0..n_head {
+            for t in t0..t0 + len {
+                qs.extend_from_slice(&q[d * (t + n_tokens * h)..][..d]);
+            }
+        }
+        let take = |x: &[f64]| {
+            let mut out = Vec::with_capacity(d * kv_len * n_head_kv);
+            for hk in 0..n_head_kv {
+                out.extend_from_slice(&x[d * n_kv * (hk + n_head_kv * s)..][..d * kv_len]);
+            }
+            out
+        };
+        let mut m = vec![f64::NEG_INFINITY; kv_len * len];
+        for i in 0..len {
+            for j in 0..=kv_len - len + i {
+                m[j + kv_len * i] = if mask { mvals[j + n_kv * (t0 + i)] } else { 0.0 };
+            }
+        }
+        let qd = c.leaf("q_alone", F32, [d, len, n_head, 1], qs);
+        let kd = c.leaf("k_alone", kv, [d, kv_len, n_head_kv, 1], take(&k));
+        let vd = c.leaf("v_alone", kv, [d, kv_len, n_head_kv, 1], take(&v));
+        let md = c.leaf("mask_alone", F32, [kv_len, len, 1, 1], m);
+        let out = c.graph.flash_attn_ext(qd, kd, vd, Some(md), None, scale, softcap).unwrap();
+        c.output(out);
+        alone.push((s, out));
+    }
+    let outs = c.run_both();
+    let row = d * n_head; // one token's output
+    for (name, out) in BACKENDS.iter().zip(&outs) {
+        let got = &out[0];
+        let mut covered = vec![false; n_tokens];
+        for (i, &(s, _)) in alone.iter().enumerate() {
+            let (t0, len) = (offsets[s], lens[s]);
+            covered[t0..t0 + len].fill(true);
+            let what = format!("{name}: sequence {s} ({len} tokens over {}) vs alone", kv_lens[s]);
+            assert_bitwise(&got[row * t0..row * (t0 + len)], &out[1 + i], &what);
+        }
+        for t in (0..n_tokens).filter(|&t| !covered[t]) {
+            assert!(got[row * t..row * (t + 1)].iter().all(|&x| x == 0.0), "{name}: padding token {t} not zero");
+        }
+        assert!(got.iter().all(|x| x.is_finite()), "{name}: a NaN past a kv length was read");
+    }
+    let e = nmse(&outs[0][0], &outs[1][0]);
+    assert!(e < 1e-10, "cpu vs reference NMSE {e:e}");
+}
+
+fn ragged(lens: &[usize], kv_lens: &[usize], n_kv: usize) -> Ragged {
+    Ragged {
+        d: 64,
+        n_head: 4,
+        n_head_kv: 2,
+        kv: F16,
+        lens: lens.to_vec(),
+        kv_lens: kv_lens.to_vec(),
+        lead: 0,
+        pad: 0,
+        n_kv,
+        paged: false,
+        mask: false,
+        softcap: 0.0,
+    }
+}
+
+#[test]
+fn ragged_decode_equals_each_sequence_alone() {
+    // 8 decode tokens over different cache lengths, one empty sequence, padding at the end
+    let mut r = ragged(&[1, 1, 0, 1, 1, 1, 1, 1, 1], &[1, 70, 0, 64, 65, 129, 5, 200, 33], 200);
+    r.pad = 3;
+    ragged_equals_dense(70, &r);
+    r.paged = true;
+    r.kv = BF16;
+    ragged_equals_dense(71, &r);
+    // the 35B-A3B heads: 16 query heads over 2 kv heads of dim 256
+    let mut r = ragged(&[1, 1, 1], &[300, 1, 77], 300);
+    (r.d, r.n_head, r.n_head_kv, r.paged) = (256, 16, 2, true);
+    ragged_equals_dense(72, &r);
+}
+
+#[test]
+fn ragged_prefill_chunks_and_decodes_equal_each_sequence_alone() {
+    // prefill chunks (a whole prompt, a continued one, a 1-token chunk) mixed with decodes and
+    // empty sequences, padding before and after
+    let lens = [130, 1, 0, 37, 1, 64, 0, 1, 3];
+    let kv_lens = [130, 90, 0, 37 + 100, 2, 64 + 64, 0, 1, 3 + 61];
+    let mut r = ragged(&lens, &kv_lens, 200);
+    (r.lead, r.pad) = (2, 5);
+    ragged_equals_dense(80, &r);
+    r.paged = true;
+    r.mask = true;
+    ragged_equals_dense(81, &r);
+    r.paged = false;
+    (r.kv, r.softcap) = (F32, 4.0);
+    ragged_equals_dense(82, &r);
+}
+
+#[test]
+fn a_long_ragged_prefill_equals_it_alone() {
+    // 300 tokens (several CPU tasks per kv head, several 64-position chunks) after 20 cached ones,
+    // next to 31 decodes; head dim 128, GQA 8:2. CPU and reference both, so kept small in d.
+    let mut lens = vec![300];
+    let mut kv_lens = vec![320];
+    for s in 0..31 {
+        lens.push(1);
+        kv_lens.push(1 + (s * 37) % 320);
+    }
+    let mut r = ragged(&lens, &kv_lens, 320);
+    (r.d, r.n_head, r.n_head_kv, r.paged, r.pad) = (32, 8, 2, true, 1);
+    ragged_equals_dense(90, &r);
+}
+
+/// A small ragged call with these offsets and kv lengths (3 sequences, 6 tokens, n_kv 8, paged
+/// over 30 cells), run on both backends; the error each gives.
+fn ragged_error(offsets: &[f64], kv_lens: &[f64], table: Option<Vec<f64>>) -> [ExecError; 2] {
+    let mut rng = Rng::new(95);
+    let mut c = Case::new();
+    let q = c.leaf("q", F32, [16, 6, 2, 1], rng.values(16 * 6 * 2, F32));
+    let k = c.leaf("k", F16, [16, 30, 1, 1], rng.values(16 * 30, F16));
+    let v = c.leaf("v", F16, [16, 30, 1, 1], rng.values(16 * 30, F16));
+    let t = c.leaf("table", I32, [8, 3, 1, 1], table.unwrap_or_else(|| (0..24).map(|i| i as f64).collect()));
+    let o = c.leaf("seq_offsets", I32, [4, 1, 1, 1], offsets.to_vec());
+    let l = c.leaf("kv_lens", I32, [3, 1, 1, 1], kv_lens.to_vec());
+    let out = c.graph.flash_attn_ext_ragged(q, k, v, None, Some(t), o, l, 0.25, 0.0).unwrap();
+    c.output(out);
+    [
+        c.run(&mut CpuBackend::new()).expect_err("cpu must fail"),
+        c.run(&mut ReferenceBackend::new()).expect_err("reference must fail"),
+    ]
+}
+
+fn kernel_error(e: ExecError) -> KernelError {
+    match e {
+        ExecError::Backend(BackendError::Kernel(k)) => k,
+        other => panic!("expected a kernel error, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_ragged_offsets_and_kv_lens_fail_at_run_time() {
+    let offsets_err = |at, value, low, high| KernelError::ValueOutOfRange {
+        op: "flash_attn_ext",
+        what: "seq_offsets",
+        at,
+        value,
+        low,
+        high,
+    };
+    let kv_err = |at, value, low, high| KernelError::ValueOutOfRange {
+        op: "flash_attn_ext",
+        what: "kv_lens",
+        at,
+        value,
+        low,
+        high,
+    };
+    let ok_lens = [8.0, 8.0, 8.0];
+    for (offsets, want) in [
+        (vec![0.0, 4.0, 3.0, 6.0], offsets_err(2, 3, 4, 6)),
+        (vec![-1.0, 4.0, 5.0, 6.0], offsets_err(0, -1, 0, 6)),
+        (vec![0.0, 4.0, 5.0, 7.0], offsets_err(3, 7, 5, 6)),
+    ] {
+        for (name, e) in BACKENDS.iter().zip(ragged_error(&offsets, &ok_lens, None)) {
+            assert_eq!(kernel_error(e), want, "{name}: offsets {offsets:?}");
+        }
+    }
+    // a kv length below the sequence's token count or past n_kv; the first bad sequence wins
+    for (lens, want) in [
+        ([8.0, 2.0, 8.0], kv_err(1, 2, 3, 8)),
+        ([9.0, -1.0, 8.0], kv_err(0, 9, 1, 8)),
+        ([1.0, 3.0, 0.0], kv_err(2, 0, 2, 8)),
+    ] {
+        for (name, e) in BACKENDS.iter().zip(ragged_error(&[0.0, 1.0, 4.0, 6.0], &lens, None)) {
+            assert_eq!(kernel_error(e), want, "{name}: kv_lens {lens:?}");
+        }
+    }
+    // a bad table entry among the positions read: sequence 1 reads positions 0..5
+    let mut table: Vec<f64> = (0..24).map(|i| i as f64).collect();
+    table[8 + 4] = 30.0;
+    for (name, e) in BACKENDS.iter().zip(ragged_error(&[0.0, 1.0, 4.0, 6.0], &[8.0, 5.0, 8.0], Some(table))) {
+        let want = KernelError::IndexOutOfRange {
+            op: "flash_attn_ext",
+            index: 30,
+            limit: 30,
+            what: "block table entry (k/v cell)",
+        };
+        assert_eq!(kernel_error(e), want, "{name}");
+    }
+}
+
+#[test]
+fn empty_sequences_and_unread_positions_are_not_checked() {
+    // sequence 1 has no tokens: its kv length and table row are garbage; sequence 0 reads
+    // positions 0..3 only, so its entries past 3 may be garbage too
+    let mut rng = Rng::new(96);
+    let mut c = Case::new();
+    let q = c.leaf("q", F32, [16, 6, 2, 1], rng.values(16 * 6 * 2, F32));
+    let k = c.leaf("k", F16, [16, 30, 1, 1], rng.values(16 * 30, F16));
+    let v = c.leaf("v", F16, [16, 30, 1, 1], rng.values(16 * 30, F16));
+    let mut table: Vec<f64> = (0..24).map(|i| i as f64).collect();
+    table[3..8].fill(-7.0);
+    table[8..16].fill(1e9);
+    let t = c.leaf("table", I32, [8, 3, 1, 1], table);
+    let o = c.leaf("seq_offsets", I32, [4, 1, 1, 1], vec![1.0, 3.0, 3.0, 5.0]);
+    let l = c.leaf("kv_lens", I32, [3, 1, 1, 1], vec![3.0, -100.0, 8.0]);
+    let out = c.graph.flash_attn_ext_ragged(q, k, v, None, Some(t), o, l, 0.25, 0.0).unwrap();
+    c.output(out);
+    let [cpu, reference] = c.run_both();
+    assert_bitwise(&cpu[0][..32], &[0.0; 32], "cpu: token 0 is padding");
+    assert_bitwise(&cpu[0][5 * 32..], &[0.0; 32], "cpu: token 5 is padding");
+    let e = nmse(&cpu[0], &reference[0]);
+    assert!(e < 1e-10, "cpu vs reference NMSE {e:e}");
+}
+
+#[test]
+fn ragged_shapes_are_checked_at_build_time() {
+    let e = build_error(|g| {
+        let q = g.input("q", F32, [64, 5, 8, 2])?;
+        let k = g.input("k", F16, [64, 10, 4, 2])?;
+        let (o, l) = (g.input("o", I32, [3, 1, 1, 1])?, g.input("l", I32, [2, 1, 1, 1])?);
+        g.flash_attn_ext_ragged(q, k, k, None, None, o, l, 1.0, 0.0)
+    });
+    assert!(e.to_string().contains("packs"), "{e}");
+    let e = build_error(|g| {
+        let q = g.input("q", F32, [64, 5, 8, 1])?;
+        let k = g.input("k", F16, [64, 10, 4, 3])?;
+        let (o, l) = (g.input("o", I32, [3, 1, 1, 1])?, g.input("l", I32, [2, 1, 1, 1])?);
+        g.flash_attn_ext_ragged(q, k, k, None, None, o, l, 1.0, 0.0)
+    });
+    assert!(e.to_string().contains("seq_offsets.ne[0] - 1"), "{e}");
+    let e = build_error(|g| {
+        let q = g.input("q", F32, [64, 5, 8, 1])?;
+        let k = g.input("k", F16, [64, 10, 4, 2])?;
+        let (o, l) = (g.input("o", I32, [3, 1, 1, 1])?, g.input("l", I32, [3, 1, 1, 1])?);
+        g.flash_attn_ext_ragged(q, k, k, None, None, o, l, 1.0, 0.0)
+    });
+    assert!(e.to_string().contains("kv_lens must be [n_seq = 2"), "{e}");
+    let e = build_error(|g| {
+        let q = g.input("q", F32, [64, 5, 8, 1])?;
+        let k = g.input("k", F16, [64, 10, 4, 2])?;
+        let (o, l) = (g.input("o", F32, [3, 1, 1, 1])?, g.input("l", I32, [2, 1, 1, 1])?);
+        g.flash_attn_ext_ragged(q, k, k, None, None, o, l, 1.0, 0.0)
+    });
+    assert!(matches!(e, OpError::DType { input: 3, .. }), "{e}");
+    let e = build_error(|g| {
+        let q = g.input("q", F32, [64, 5, 8, 1])?;
+        let k = g.input("k", F16, [64, 10, 4, 2])?;
+        let m = g.input("m", F16, [10, 5, 1, 2])?;
+        let (o, l) = (g.input("o", I32, [3, 1, 1, 1])?, g.input("l", I32, [2, 1, 1, 1])?);
+        g.flash_attn_ext_ragged(q, k, k, Some(m), None, o, l, 1.0, 0.0)
+    });
+    assert!(e.to_string().contains("ragged batch's mask"), "{e}");
 }

@@ -225,8 +225,36 @@ impl Graph {
         scale: f32,
         softcap: f32,
     ) -> R {
-        let params = FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: false };
+        let params =
+            FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: false };
         let inputs: Vec<Tensor> = [Some(q), Some(k), Some(v), mask, block_table].into_iter().flatten().collect();
+        self.op(Op::FlashAttnExt(params), &inputs)
+    }
+
+    /// Attention over a ragged (varlen) batch: `q [d_k, n_tokens, n_head, 1]` packs every
+    /// sequence's tokens, sequence `s` owning tokens `seq_offsets[s] .. seq_offsets[s + 1]`
+    /// (i32 `[n_seq + 1]`); its `L` tokens are the last of its `kv_lens[s]` (i32 `[n_seq]`)
+    /// positions and attend causally (bottom-right aligned): token `i` reads positions
+    /// `0 ..= kv_lens[s] - L + i` of row `s` of `block_table` (i32 `[n_kv, n_seq]`, paged cache
+    /// `[d, n_cells, n_head_kv, 1]`) or of k/v `[d, n_kv, n_head_kv, n_seq]`. An optional `mask`
+    /// `[n_kv, >= n_tokens, 1, 1]` adds to the logits (row t for token t). Tokens of no sequence
+    /// output 0. Output f32 `[d_v, n_head, n_tokens, 1]` (see `Op::FlashAttnExt`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_ext_ragged(
+        &mut self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<Tensor>,
+        block_table: Option<Tensor>,
+        seq_offsets: Tensor,
+        kv_lens: Tensor,
+        scale: f32,
+        softcap: f32,
+    ) -> R {
+        let params = FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: true };
+        let inputs: Vec<Tensor> =
+            [Some(q), Some(k), Some(v), mask, block_table, Some(seq_offsets), Some(kv_lens)].into_iter().flatten().collect();
         self.op(Op::FlashAttnExt(params), &inputs)
     }
 

@@ -15,10 +15,20 @@
 //! depend on where a row lives, so paged and contiguous K/V holding the same rows give bit-identical
 //! results. A row whose every logit is `-inf` comes out as zeros (the reference's rule).
 //!
+//! Ragged batches (`params.ragged`) run the same tasks per sequence: a segment is one sequence's
+//! run of packed tokens, and a row of token `i` of a sequence with `L` tokens and kv length `K`
+//! sees positions `0 ..= K - L + i`: positions past that get logit `-inf` inside the chunk that
+//! straddles them, and chunks past the task's last visible position are not visited. Since a
+//! masked position changes nothing in the online softmax (weight 0, maximum unchanged), each row
+//! gets exactly the bits of a dense call over that sequence alone with a causal mask. Offsets, kv
+//! lengths and the table entries read are checked first (the reference's order).
+//!
 //! Results go to a scratch buffer laid out per task, then into the output's rows
-//! (`[d_v, n_head, n_tokens, n_seq]`).
+//! (`[d_v, n_head, n_tokens, n_seq]`); rows of tokens of no sequence are zeros.
 
-use tessera_ops::{FlashAttnParams, KernelError};
+use std::ops::Range;
+
+use tessera_ops::{FlashAttnParams, KernelError, checked_seq_offsets};
 
 use super::math::{exp, map_in_place, zip_in_place};
 use super::par;
@@ -52,17 +62,71 @@ struct Scratch {
     l: Vec<f32>,
 }
 
-/// The k/v row of every logical position of every sequence (`n_kv` per sequence), checking the
-/// block table's entries against the cache's `n_cells` rows.
-fn cells(table: Option<Src<'_>>, n_rows: usize, n_seq: usize) -> Result<Vec<usize>, KernelError> {
-    let Some(t) = table else {
-        return Ok((0..n_seq).flat_map(|_| 0..n_rows).collect());
+/// The query rows of one sequence: packed tokens `tokens` of q's (and the output's) sequence
+/// slot `qs`, reading row `s` of the table (or sequence `s` of k/v). Token `tokens.start + i`
+/// sees positions `0..first_visible + i` when `causal`, else `0..first_visible`.
+struct Segment {
+    s: usize,
+    qs: usize,
+    tokens: Range<usize>,
+    first_visible: usize,
+    causal: bool,
+    /// Where this segment's positions start in the cell list.
+    cells_at: usize,
+}
+
+impl Segment {
+    /// Positions the segment's last token sees (the most any of its rows reads).
+    fn reads(&self) -> usize {
+        self.first_visible + if self.causal { self.tokens.len() - 1 } else { 0 }
+    }
+}
+
+/// The segments of a dense batch (one per sequence, all of q's tokens over all `n_kv`
+/// positions) or of a ragged one (one per sequence with tokens; offsets and kv lengths checked
+/// as the reference checks them).
+fn segments(
+    ragged: Option<(Src<'_>, Src<'_>)>,
+    n_tokens: usize,
+    n_seq: usize,
+    n_kv: usize,
+) -> Result<Vec<Segment>, KernelError> {
+    let Some((offsets, kv_lens)) = ragged else {
+        let seg = |s| Segment { s, qs: s, tokens: 0..n_tokens, first_visible: n_kv, causal: false, cells_at: 0 };
+        return Ok((0..n_seq).map(seg).collect());
     };
-    let n_kv = t.ne()[0];
-    let mut out = Vec::with_capacity(n_kv * n_seq);
-    for s in 0..n_seq {
-        for j in 0..n_kv {
-            let c = t.elem_i32([j, s, 0, 0]);
+    let n = offsets.ne()[0];
+    let offsets = checked_seq_offsets(OP, (0..n).map(|i| i64::from(offsets.elem_i32([i, 0, 0, 0]))), n_tokens)?;
+    let mut out = Vec::new();
+    for (s, w) in offsets.windows(2).enumerate() {
+        let len = w[1] - w[0];
+        if len == 0 {
+            continue; // no tokens: its kv length and table row are not read
+        }
+        let kv_len = i64::from(kv_lens.elem_i32([s, 0, 0, 0]));
+        if kv_len < len as i64 || kv_len > n_kv as i64 {
+            let (low, high) = (len as i64, n_kv as i64);
+            return Err(KernelError::ValueOutOfRange { op: OP, what: "kv_lens", at: s, value: kv_len, low, high });
+        }
+        let first_visible = kv_len as usize - len + 1;
+        out.push(Segment { s, qs: 0, tokens: w[0]..w[1], first_visible, causal: true, cells_at: 0 });
+    }
+    Ok(out)
+}
+
+/// The k/v row of every position each segment reads (`reads()` per segment, from `cells_at`),
+/// checking the block table's entries against the cache's `n_cells` rows in (segment, position)
+/// order.
+fn cells(table: Option<Src<'_>>, n_rows: usize, segs: &mut [Segment]) -> Result<Vec<usize>, KernelError> {
+    let mut out = Vec::with_capacity(segs.iter().map(Segment::reads).sum());
+    for seg in segs {
+        seg.cells_at = out.len();
+        let Some(t) = &table else {
+            out.extend(0..seg.reads());
+            continue;
+        };
+        for j in 0..seg.reads() {
+            let c = t.elem_i32([j, seg.s, 0, 0]);
             match usize::try_from(c) {
                 Ok(c) if c < n_rows => out.push(c),
                 _ => {
@@ -80,7 +144,8 @@ fn cells(table: Option<Src<'_>>, n_rows: usize, n_seq: usize) -> Result<Vec<usiz
 }
 
 /// `out[:, h, t, s] = softmax_j(logit(q[:, t, h, s], k_j) + mask[j, t, 0, s]) . v_j` (see the
-/// module doc and `Op::FlashAttnExt`).
+/// module doc and `Op::FlashAttnExt`); `ragged` is `(seq_offsets, kv_lens)` of a ragged batch.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn flash_attn_ext(
     p: &FlashAttnParams,
     q: Src<'_>,
@@ -88,65 +153,84 @@ pub(super) fn flash_attn_ext(
     v: Src<'_>,
     mask: Option<Src<'_>>,
     table: Option<Src<'_>>,
+    ragged: Option<(Src<'_>, Src<'_>)>,
     dst: &mut Dst<'_>,
 ) -> Result<(), KernelError> {
-    let [d_k, n_tokens, n_head, n_seq] = q.ne();
+    let [d_k, n_tokens, n_head, q_seq] = q.ne();
     let (d_v, n_rows, n_head_kv) = (v.ne()[0], k.ne()[1], k.ne()[2]);
     if !k.dense_rows() || !v.dense_rows() {
         return Err(KernelError::Unsupported { op: OP, why: "k and v rows must be dense".into() });
     }
     let paged = table.is_some();
-    let cells = cells(table, n_rows, n_seq)?;
-    let n_kv = cells.len() / n_seq;
+    let n_kv = table.as_ref().map_or(n_rows, |t| t.ne()[0]);
+    let n_seq = ragged.as_ref().map_or(q_seq, |(o, _)| o.ne()[0] - 1);
+    let mut segs = segments(ragged, n_tokens, n_seq, n_kv)?;
+    let cells = cells(table, n_rows, &mut segs)?;
     let group = n_head / n_head_kv;
     let (scale, softcap) = (p.scale, p.softcap);
     let (k_stride, k_row) = (k.meta.nb[1], k.meta.row_bytes());
 
-    // Task shape: `tb` tokens times `hb` heads of one kv group of one sequence. Every query row's
+    // Task shape: `tb` tokens times `hb` heads of one kv group of one segment. Every query row's
     // arithmetic is the same whatever rows share its task, so the shape only trades K/V reuse
     // (more heads and tokens per task) against parallelism; it never changes the results.
     let tb = (ROWS / group).clamp(1, n_tokens);
-    let t_blocks = n_tokens.div_ceil(tb);
-    let base_tasks = n_seq * n_head_kv * t_blocks;
+    let t_blocks = |seg: &Segment| seg.tokens.len().div_ceil(tb);
+    let base_tasks: usize = segs.iter().map(|seg| n_head_kv * t_blocks(seg)).sum();
     // One thread, or too little work to split (decode over a short cache: a handoff between
     // threads costs more than the task): one task per kv group, whose heads then share every K/V
     // row it reads.
-    let work = n_kv * n_head * n_tokens * n_seq * (d_k + d_v);
+    let work: usize = segs.iter().map(|seg| seg.reads() * seg.tokens.len()).sum::<usize>() * n_head * (d_k + d_v);
     let threads = if work < SPLIT_WORK { 1 } else { par::threads() };
-    let splits = if threads <= 1 { 1 } else { (2 * threads).div_ceil(base_tasks).clamp(1, group) };
+    let splits = if threads <= 1 { 1 } else { (2 * threads).div_ceil(base_tasks.max(1)).clamp(1, group) };
     let hb = group.div_ceil(splits);
     let h_blocks = group.div_ceil(hb);
     let slot = tb * hb * d_v;
+    // Each segment's first task, and the segment (and its first task) of each task.
+    let mut seg_task = Vec::with_capacity(segs.len());
+    let mut task_seg = Vec::with_capacity(base_tasks * h_blocks);
+    for (i, seg) in segs.iter().enumerate() {
+        seg_task.push(task_seg.len());
+        let first = task_seg.len();
+        task_seg.extend(std::iter::repeat_n((i, first), n_head_kv * t_blocks(seg) * h_blocks));
+    }
 
-    // Results per task slot: row (hj, tj) of task (s, hk, t block, h block) at `(hj * tb' + tj) *
-    // d_v`, where tb' is that block's token count.
-    let mut tmp = vec![0f32; base_tasks * h_blocks * slot];
+    // Results per task slot: row (hj, tj) of task (segment, hk, t block, h block) at
+    // `(hj * tb' + tj) * d_v`, where tb' is that block's token count.
+    let mut tmp = vec![0f32; task_seg.len() * slot];
     let min_tasks = if threads <= 1 { usize::MAX } else { 1 };
     par::chunks_mut(&mut tmp, slot, min_tasks, Scratch::default, |sc, task, acc| {
-        let hbi = task % h_blocks;
-        let tbi = (task / h_blocks) % t_blocks;
-        let hk = (task / (h_blocks * t_blocks)) % n_head_kv;
-        let s = task / (h_blocks * t_blocks * n_head_kv);
+        let (si, first) = task_seg[task];
+        let seg = &segs[si];
+        let local = task - first;
+        let seg_t_blocks = t_blocks(seg);
+        let hbi = local % h_blocks;
+        let tbi = (local / h_blocks) % seg_t_blocks;
+        let hk = local / (h_blocks * seg_t_blocks);
+        let (s, qs) = (seg.s, seg.qs);
         let ks = if paged { 0 } else { s };
-        let (t0, h0) = (tbi * tb, hk * group + hbi * hb);
-        let (tn, hn) = (tb.min(n_tokens - t0), hb.min(group - hbi * hb));
+        let (t0, h0) = (seg.tokens.start + tbi * tb, hk * group + hbi * hb);
+        let (tn, hn) = (tb.min(seg.tokens.end - t0), hb.min(group - hbi * hb));
         let rows = tn * hn;
         let acc = &mut acc[..rows * d_v];
-        let cells = &cells[s * n_kv..(s + 1) * n_kv];
-        // query row i is (head h0 + i / tn, token t0 + i % tn)
+        // query row i is (head h0 + i / tn, token t0 + i % tn); it sees positions 0..visible(i)
         let coords = |i: usize| (h0 + i / tn, t0 + i % tn);
+        let visible = |i: usize| {
+            if seg.causal { seg.first_visible + (t0 - seg.tokens.start) + i % tn } else { seg.first_visible }
+        };
+        let n_read = if seg.causal { visible(tn - 1) } else { seg.first_visible };
+        let cells = &cells[seg.cells_at..seg.cells_at + n_read];
         sc.q.resize(rows * d_k, 0.0);
         for (i, qrow) in sc.q.chunks_exact_mut(d_k).enumerate() {
             let (h, t) = coords(i);
-            q.load_row([t, h, s], qrow);
+            q.load_row([t, h, qs], qrow);
         }
         sc.s.resize(rows * CHUNK, 0.0);
         sc.m.clear();
         sc.m.resize(rows, f32::NEG_INFINITY);
         sc.l.clear();
         sc.l.resize(rows, 0.0);
-        for j0 in (0..n_kv).step_by(CHUNK) {
-            let cn = CHUNK.min(n_kv - j0);
+        for j0 in (0..n_read).step_by(CHUNK) {
+            let cn = CHUNK.min(n_read - j0);
             let chunk_cells = &cells[j0..j0 + cn];
             // Raw dot products of the chunk, by runs of consecutive cells (rows `nb[1]` bytes
             // apart): one dot kernel call per run and query row, each value that of
@@ -172,11 +256,14 @@ pub(super) fn flash_attn_ext(
                     map_in_place(row, |x| x * scale);
                 }
                 if let Some(m) = &mask {
-                    let start = m.row_start([coords(i).1, 0, s % m.ne()[3]]) + j0 * m.meta.nb[0];
+                    let start = m.row_start([coords(i).1, 0, qs % m.ne()[3]]) + j0 * m.meta.nb[0];
                     sc.mask.resize(cn, 0.0);
                     decode(m.dtype(), &m.bytes()[start..], m.meta.nb[0], &mut sc.mask);
                     zip_in_place(row, &sc.mask, |x, mv| x + mv);
                 }
+                // Causal: positions past the row's last visible one (ragged only).
+                let seen = visible(i).saturating_sub(j0).min(cn);
+                row[seen..].fill(f32::NEG_INFINITY);
                 let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let m_old = sc.m[i];
                 let m_new = m_old.max(chunk_max);
@@ -194,7 +281,7 @@ pub(super) fn flash_attn_ext(
                 sc.l[i] += row.iter().sum::<f32>();
             }
             // Weighted V rows, each decoded once for all the task's rows.
-            for (c, &cell) in cells[j0..j0 + cn].iter().enumerate() {
+            for (c, &cell) in chunk_cells.iter().enumerate() {
                 let vc = [cell, hk, ks];
                 let vrow: &[f32] = match v.row_f32(vc) {
                     Some(r) => r,
@@ -220,13 +307,24 @@ pub(super) fn flash_attn_ext(
         }
     });
 
+    // The segment of each (q slot, token), if any.
+    let mut owner = vec![usize::MAX; q_seq * n_tokens];
+    for (i, seg) in segs.iter().enumerate() {
+        owner[seg.qs * n_tokens + seg.tokens.start..seg.qs * n_tokens + seg.tokens.end].fill(i);
+    }
     let ne = dst.ne();
     dst.for_each_row(d_v, Vec::new, |scratch, r, mut row| {
-        let [h, t, s] = row_coords(ne, r);
+        let [h, t, qs] = row_coords(ne, r);
+        let si = owner[qs * n_tokens + t];
+        let Some(seg) = segs.get(si) else {
+            row.fill_f32(scratch, |out| out.fill(0.0)); // a token of no sequence
+            return;
+        };
         let (hk, hi) = (h / group, h % group);
-        let (hbi, hj, tbi, tj) = (hi / hb, hi % hb, t / tb, t % tb);
-        let tn = tb.min(n_tokens - tbi * tb);
-        let task = ((s * n_head_kv + hk) * t_blocks + tbi) * h_blocks + hbi;
+        let lt = t - seg.tokens.start;
+        let (hbi, hj, tbi, tj) = (hi / hb, hi % hb, lt / tb, lt % tb);
+        let tn = tb.min(seg.tokens.len() - tbi * tb);
+        let task = seg_task[si] + (hk * t_blocks(seg) + tbi) * h_blocks + hbi;
         let start = task * slot + (hj * tn + tj) * d_v;
         row.fill_f32(scratch, |out| out.copy_from_slice(&tmp[start..start + d_v]));
     });

@@ -411,7 +411,9 @@ fn dispatch(
         Op::FlashAttnExt(p) => {
             let mask = if p.mask { Some(input(3)?) } else { None };
             let table = if p.paged { Some(input(3 + usize::from(p.mask))?) } else { None };
-            attention::flash_attn_ext(p, input(0)?, input(1)?, input(2)?, mask, table, &mut dst)
+            let at = 3 + usize::from(p.mask) + usize::from(p.paged);
+            let ragged = if p.ragged { Some((input(at)?, input(at + 1)?)) } else { None };
+            attention::flash_attn_ext(p, input(0)?, input(1)?, input(2)?, mask, table, ragged, &mut dst)
         }
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
         Op::SsmConvUpdate { silu, ragged } => {

@@ -5,6 +5,11 @@
 //! strides free), then `mask [n_kv, >= n_tokens, 1, 1 or n_seq]` f32/f16 when `params.mask`, then
 //! `block_table` i32 `[n_kv, n_seq, 1, 1]` when `params.paged` (K/V are then a shared cache
 //! `[d, n_cells, n_head_kv, 1]`). Output f32 `[d_v, n_head, n_tokens, n_seq]`, contiguous.
+//!
+//! Ragged (`params.ragged`): `q [d_k, n_tokens, n_head, 1]` packs every sequence's tokens, two
+//! i32 inputs come last, `seq_offsets [n_seq + 1, 1, 1, 1]` and `kv_lens [n_seq, 1, 1, 1]` (n_seq
+//! comes from the offsets), the mask is `[n_kv, >= n_tokens, 1, 1]` and the output
+//! `[d_v, n_head, n_tokens, 1]`. Their values are checked at run time.
 
 use super::contiguous;
 use crate::{DType, FlashAttnParams, Op, OpError, TensorMeta};
@@ -16,15 +21,26 @@ struct Inputs<'a> {
     v: &'a TensorMeta,
     mask: Option<&'a TensorMeta>,
     table: Option<&'a TensorMeta>,
+    /// `(seq_offsets, kv_lens)` when ragged.
+    ragged: Option<(&'a TensorMeta, &'a TensorMeta)>,
+}
+
+/// The number of inputs a node with these params takes, and how an arity error names them.
+fn arity(p: &FlashAttnParams) -> (usize, &'static str) {
+    match (p.mask, p.paged, p.ragged) {
+        (false, false, false) => (3, "3 (q, k, v)"),
+        (true, false, false) => (4, "4 (q, k, v, mask)"),
+        (false, true, false) => (4, "4 (q, k, v, block_table)"),
+        (true, true, false) => (5, "5 (q, k, v, mask, block_table)"),
+        (false, false, true) => (5, "5 (q, k, v, seq_offsets, kv_lens)"),
+        (true, false, true) => (6, "6 (q, k, v, mask, seq_offsets, kv_lens)"),
+        (false, true, true) => (6, "6 (q, k, v, block_table, seq_offsets, kv_lens)"),
+        (true, true, true) => (7, "7 (q, k, v, mask, block_table, seq_offsets, kv_lens)"),
+    }
 }
 
 fn split<'a>(op: &Op, p: &FlashAttnParams, inputs: &[&'a TensorMeta]) -> Result<Inputs<'a>, OpError> {
-    let (want, expected) = match (p.mask, p.paged) {
-        (false, false) => (3, "3 (q, k, v)"),
-        (true, false) => (4, "4 (q, k, v, mask)"),
-        (false, true) => (4, "4 (q, k, v, block_table)"),
-        (true, true) => (5, "5 (q, k, v, mask, block_table)"),
-    };
+    let (want, expected) = arity(p);
     if inputs.len() != want {
         return Err(OpError::Arity { op: op.name(), expected, got: inputs.len() });
     }
@@ -34,6 +50,7 @@ fn split<'a>(op: &Op, p: &FlashAttnParams, inputs: &[&'a TensorMeta]) -> Result<
         v: inputs[2],
         mask: p.mask.then(|| inputs[3]),
         table: p.paged.then(|| inputs[3 + usize::from(p.mask)]),
+        ragged: p.ragged.then(|| (inputs[want - 2], inputs[want - 1])),
     })
 }
 
@@ -49,7 +66,7 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             why: format!("softcap must be finite and >= 0 (0 turns it off), got {}", p.softcap),
         });
     }
-    let Inputs { q, k, v, mask, table } = split(op, p, inputs)?;
+    let Inputs { q, k, v, mask, table, ragged } = split(op, p, inputs)?;
     if q.dtype != DType::F32 {
         return Err(OpError::DType { op: name, input: 0, dtype: q.dtype, expected: "f32 queries" });
     }
@@ -78,14 +95,23 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
     if k.ne[1] != v.ne[1] || k.ne[2] != v.ne[2] || k.ne[3] != v.ne[3] {
         return Err(mismatch(k, v, "k and v must agree in dims 1..3 (kv positions, kv heads, sequences)"));
     }
-    let (n_tokens, n_head, n_seq) = (q.ne[1], q.ne[2], q.ne[3]);
+    let (n_tokens, n_head) = (q.ne[1], q.ne[2]);
+    let n_seq = match ragged {
+        None => q.ne[3],
+        Some((offsets, kv_lens)) => ragged_n_seq(op, q, offsets, kv_lens, inputs.len())?,
+    };
     if !n_head.is_multiple_of(k.ne[2]) {
         return Err(mismatch(q, k, "the query head count ne[2] must be a multiple of the kv head count"));
     }
     let n_kv = match table {
         None => {
             if k.ne[3] != n_seq {
-                return Err(mismatch(q, k, "q and k must have the same number of sequences ne[3]"));
+                let why = if ragged.is_some() {
+                    "ragged k/v must have n_seq = seq_offsets.ne[0] - 1 sequences in ne[3]"
+                } else {
+                    "q and k must have the same number of sequences ne[3]"
+                };
+                return Err(mismatch(q, k, why));
             }
             k.ne[1]
         }
@@ -99,7 +125,12 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
                 });
             }
             if t.ne[1] != n_seq || t.ne[2] != 1 || t.ne[3] != 1 {
-                return Err(mismatch(q, t, "the block table must be [n_kv, n_seq, 1, 1] with q's n_seq = ne[3]"));
+                let why = if ragged.is_some() {
+                    "the block table must be [n_kv, n_seq, 1, 1] with n_seq = seq_offsets.ne[0] - 1"
+                } else {
+                    "the block table must be [n_kv, n_seq, 1, 1] with q's n_seq = ne[3]"
+                };
+                return Err(mismatch(q, t, why));
             }
             if k.ne[3] != 1 {
                 return Err(mismatch(k, t, "a paged k/v cache must be [d, n_cells, n_head_kv, 1]"));
@@ -117,37 +148,76 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
         if m.ne[1] < n_tokens {
             return Err(mismatch(m, q, &format!("the mask needs at least n_tokens = {n_tokens} rows (ne[1])")));
         }
+        if ragged.is_some() && (m.ne[2] != 1 || m.ne[3] != 1) {
+            return Err(mismatch(m, q, "a ragged batch's mask must be [n_kv, >= n_tokens, 1, 1] (row t for token t)"));
+        }
         if m.ne[2] != 1 || (m.ne[3] != 1 && m.ne[3] != n_seq) {
             return Err(mismatch(m, q, &format!("the mask must be [n_kv, >= n_tokens, 1, 1 or n_seq = {n_seq}]")));
         }
     }
-    contiguous(op, DType::F32, [v.ne[0], n_head, n_tokens, n_seq])
+    contiguous(op, DType::F32, [v.ne[0], n_head, n_tokens, q.ne[3]])
 }
 
-/// The number of logical kv positions: the block table's length when paged, else `k.ne[1]`.
-/// (A trailing i32 input is the block table: masks are f32/f16.)
-fn n_kv(inputs: &[&TensorMeta]) -> usize {
-    match inputs.last() {
-        Some(t) if inputs.len() > 3 && t.dtype == DType::I32 => t.ne[0],
-        _ => inputs[1].ne[1],
+/// A ragged batch's n_seq (`seq_offsets.ne[0] - 1`), after checking q's single sequence and the
+/// dtypes and shapes of `seq_offsets [n_seq + 1, 1, 1, 1]` and `kv_lens [n_seq, 1, 1, 1]`.
+fn ragged_n_seq(
+    op: &Op,
+    q: &TensorMeta,
+    offsets: &TensorMeta,
+    kv_lens: &TensorMeta,
+    n_inputs: usize,
+) -> Result<usize, OpError> {
+    let name = op.name();
+    let mismatch = |lhs: &TensorMeta, rhs: &TensorMeta, why: &str| OpError::ShapeMismatch {
+        op: name,
+        lhs: lhs.ne,
+        rhs: rhs.ne,
+        why: why.into(),
+    };
+    if q.ne[3] != 1 {
+        return Err(mismatch(q, offsets, "ragged q packs every sequence's tokens: [d_k, n_tokens, n_head, 1]"));
     }
+    for (i, m, what) in [(n_inputs - 2, offsets, "i32 seq_offsets"), (n_inputs - 1, kv_lens, "i32 kv_lens")] {
+        if m.dtype != DType::I32 {
+            return Err(OpError::DType { op: name, input: i, dtype: m.dtype, expected: what });
+        }
+    }
+    if offsets.ne[0] < 2 || offsets.ne[1..] != [1, 1, 1] {
+        return Err(mismatch(offsets, q, "seq_offsets must be [n_seq + 1, 1, 1, 1] with n_seq >= 1"));
+    }
+    let n_seq = offsets.ne[0] - 1;
+    if kv_lens.ne != [n_seq, 1, 1, 1] {
+        return Err(mismatch(kv_lens, offsets, &format!("kv_lens must be [n_seq = {n_seq}, 1, 1, 1]")));
+    }
+    Ok(n_seq)
+}
+
+/// The number of logical kv positions (the block table's length when paged, else `k.ne[1]`) and
+/// the number of sequences.
+fn kv_and_seqs(p: &FlashAttnParams, inputs: &[&TensorMeta]) -> (usize, usize) {
+    let n_kv = if p.paged { inputs[3 + usize::from(p.mask)].ne[0] } else { inputs[1].ne[1] };
+    let n_seq = if p.ragged { inputs[inputs.len() - 2].ne[0].saturating_sub(1) } else { inputs[0].ne[3] };
+    (n_kv, n_seq)
 }
 
 /// `n_seq * n_head * n_tokens * n_kv * (2 (d_k + d_v) + 5)`: the two products, plus about five
-/// operations per logit for scaling, masking and the softmax.
-pub(super) fn flops(inputs: &[&TensorMeta], _out: &TensorMeta) -> u64 {
+/// operations per logit for scaling, masking and the softmax. A ragged batch counts its packed
+/// `n_tokens` over all `n_kv` positions (the same count as the dense layout of that work: its
+/// causal rule skips positions, as a dense call's mask does).
+pub(super) fn flops(p: &FlashAttnParams, inputs: &[&TensorMeta], _out: &TensorMeta) -> u64 {
     let (q, v) = (inputs[0], inputs[2]);
-    let logits = [q.ne[1], q.ne[2], q.ne[3], n_kv(inputs)].iter().fold(1u64, |a, &x| a.saturating_mul(x as u64));
+    let (n_kv, _) = kv_and_seqs(p, inputs);
+    let logits = [q.ne[1], q.ne[2], q.ne[3], n_kv].iter().fold(1u64, |a, &x| a.saturating_mul(x as u64));
     logits.saturating_mul(2 * (q.ne[0] as u64 + v.ne[0] as u64) + 5)
 }
 
 /// q, the K/V rows actually read (`n_kv` rows per kv head per sequence, through the table when
-/// paged), the mask rows read (`n_tokens` per mask sequence), the table and the output.
-pub(super) fn bytes(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
+/// paged), the mask rows read (`n_tokens` per mask sequence), the table, the ragged offsets and
+/// kv lengths, and the output.
+pub(super) fn bytes(p: &FlashAttnParams, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
-    let n_kv = n_kv(inputs) as u64;
-    let n_seq = q.ne[3] as u64;
-    let rows = n_kv.saturating_mul(k.ne[2] as u64).saturating_mul(n_seq);
+    let (n_kv, n_seq) = kv_and_seqs(p, inputs);
+    let rows = (n_kv as u64).saturating_mul(k.ne[2] as u64).saturating_mul(n_seq as u64);
     let kv_row = (k.row_bytes() + v.row_bytes()) as u64;
     let mut total = (q.nbytes_contiguous() as u64)
         .saturating_add(rows.saturating_mul(kv_row))
@@ -224,12 +294,48 @@ mod tests {
         let mut kt = k;
         kt.nb = [128, 2, 1280, 5120]; // transposed rows
         assert!(matches!(infer(&op(false, false), &[&q, &kt, &v]), Err(OpError::NotContiguous { input: 1, .. })));
-        let bad = Op::FlashAttnExt(FlashAttnParams { scale: 1.0, softcap: -1.0, mask: false, paged: false, ragged: false });
+        let bad =
+            Op::FlashAttnExt(FlashAttnParams { scale: 1.0, softcap: -1.0, mask: false, paged: false, ragged: false });
         assert!(matches!(infer(&bad, &[&q, &k, &v]), Err(OpError::InvalidParam { .. })));
         // block table: dtype and shape
         let tf = meta(F32, [10, 1, 1, 1]);
         assert!(matches!(infer(&op(false, true), &[&q, &k, &v, &tf]), Err(OpError::DType { input: 3, .. })));
         let t2 = meta(DType::I32, [10, 2, 1, 1]);
         assert!(matches!(infer(&op(false, true), &[&q, &k, &v, &t2]), Err(OpError::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn ragged_packs_tokens_and_takes_n_seq_from_the_offsets() {
+        let ragged =
+            |mask, paged| Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask, paged, ragged: true });
+        let (q, k) = (meta(F32, [256, 40, 16, 1]), meta(F16, [256, 5000, 2, 1]));
+        let (t, o, l) =
+            (meta(DType::I32, [512, 3, 1, 1]), meta(DType::I32, [4, 1, 1, 1]), meta(DType::I32, [3, 1, 1, 1]));
+        let m = meta(F16, [512, 48, 1, 1]);
+        let out = infer(&ragged(true, true), &[&q, &k, &k, &m, &t, &o, &l]).unwrap();
+        assert_eq!(out, meta(F32, [256, 16, 40, 1]));
+        // cost: the packed tokens over all n_kv positions; n_kv rows per kv head per sequence
+        let c = cost(&ragged(false, true), &[&q, &k, &k, &t, &o, &l], &out);
+        assert_eq!(c.flops, 40 * 16 * 512 * (2 * 512 + 5));
+        let kv = 3 * 2 * 512 * (512 + 512);
+        assert_eq!(c.bytes, (256 * 40 * 16 * 4) + kv + 512 * 3 * 4 + 4 * 4 + 3 * 4 + 256 * 16 * 40 * 4);
+        // per-sequence k/v: ne[3] = n_seq
+        let kd = meta(F16, [256, 512, 2, 3]);
+        assert_eq!(infer(&ragged(false, false), &[&q, &kd, &kd, &o, &l]).unwrap().ne, [256, 16, 40, 1]);
+        // arity, dtypes and shapes
+        let e = infer(&ragged(false, false), &[&q, &kd, &kd, &o]).unwrap_err();
+        assert!(matches!(e, OpError::Arity { got: 4, .. }) && e.to_string().contains("seq_offsets, kv_lens"), "{e}");
+        let of = meta(F32, [4, 1, 1, 1]);
+        assert!(matches!(infer(&ragged(false, false), &[&q, &kd, &kd, &of, &l]), Err(OpError::DType { input: 3, .. })));
+        let one = meta(DType::I32, [1, 1, 1, 1]);
+        let e = infer(&ragged(false, false), &[&q, &kd, &kd, &one, &l]).unwrap_err();
+        assert!(e.to_string().contains("n_seq >= 1"), "{e}");
+        let l4 = meta(DType::I32, [4, 1, 1, 1]);
+        assert!(infer(&ragged(false, false), &[&q, &kd, &kd, &o, &l4]).unwrap_err().to_string().contains("kv_lens"));
+        let q2 = meta(F32, [256, 40, 16, 2]);
+        assert!(infer(&ragged(false, false), &[&q2, &kd, &kd, &o, &l]).unwrap_err().to_string().contains("packs"));
+        let m3 = meta(F16, [512, 48, 1, 3]);
+        let e = infer(&ragged(true, true), &[&q, &k, &k, &m3, &t, &o, &l]).unwrap_err();
+        assert!(e.to_string().contains("ragged batch's mask"), "{e}");
     }
 }

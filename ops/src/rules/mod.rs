@@ -65,7 +65,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::MulMat | Op::MulMatId => matmul::flops(inputs, out),
         // 6 flops per rotated element; the dims past n_rot are copied.
         Op::RopeMulti(p) => n.saturating_mul(6).saturating_mul(p.n_rot as u64) / out.ne[0].max(1) as u64,
-        Op::FlashAttnExt(_) => attention::flops(inputs, out),
+        Op::FlashAttnExt(p) => attention::flops(p, inputs, out),
         Op::SsmConv | Op::SsmConvUpdate { .. } => conv::flops(inputs, out),
         Op::GatedDeltaNet(_) => delta_net::flops(inputs, out),
         Op::L2Norm { .. } => count(inputs[0]).saturating_mul(3),
@@ -90,7 +90,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         // Only the routed experts' weights are read.
         Op::MulMatId => bytes = matmul::mul_mat_id_bytes(inputs, out),
         // K/V are read once per kv head; a paged cache is read only where the table points.
-        Op::FlashAttnExt(_) => bytes = attention::bytes(inputs, out),
+        Op::FlashAttnExt(p) => bytes = attention::bytes(p, inputs, out),
         // The conv/recurrent state of the named slots is read and written, not all slots.
         Op::SsmConvUpdate { .. } => bytes = conv::update_bytes(inputs, out),
         Op::GatedDeltaNet(_) => bytes = delta_net::bytes(inputs, out),
