@@ -101,6 +101,9 @@ pub enum Init {
     /// Each row a shuffle of evenly spaced values in `(-1, 1)`: no ties, and neighbours are at
     /// least `2 / ne0` apart, so argmax cannot flip between f32 and f64.
     Distinct,
+    /// Exactly these integers in logical order, one per element (e.g. a ragged batch's
+    /// `seq_offsets` and slots).
+    Fixed(&'static [i32]),
 }
 
 impl Init {
@@ -176,6 +179,9 @@ pub struct Case {
     inputs: Vec<InputSpec>,
     build: BuildFn,
     nmse_bound: Option<f64>,
+    /// The run must fail with a data error (`KernelError`), the same on the backend as on its
+    /// judge, and leave every leaf an op updates in place untouched.
+    expect_error: bool,
 }
 
 impl fmt::Debug for Case {
@@ -197,7 +203,18 @@ impl Case {
             label.push_str(&format!(",{}={}", input.name, input.layout));
         }
         label.push(')');
-        Case { op, label, inputs, build: Arc::new(build), nmse_bound: None }
+        Case { op, label, inputs, build: Arc::new(build), nmse_bound: None, expect_error: false }
+    }
+
+    /// Marks the case as one whose run must fail (bad values): it passes when the backend fails
+    /// with the judge's `KernelError` and leaves the state leaves as they were.
+    pub fn expect_error(mut self) -> Self {
+        self.expect_error = true;
+        self
+    }
+
+    pub fn expects_error(&self) -> bool {
+        self.expect_error
     }
 
     /// Overrides the NMSE bound (otherwise [`default_bound`] per compared output).

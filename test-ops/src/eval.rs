@@ -2,7 +2,7 @@
 //! and compare every computed node, plus the final contents of every leaf an op updates in place
 //! (recurrent state, caches).
 
-use tessera_graph::{Backend, ExecError, Session, SessionOptions, Tensor};
+use tessera_graph::{Backend, BackendError, ExecError, Session, SessionOptions, Tensor};
 use tessera_ops::DType;
 
 use crate::case::{Built, Case};
@@ -95,6 +95,12 @@ pub fn eval_case(case: &Case, backend: &mut dyn Backend, judge: &mut dyn Backend
         }
     };
     let data = case.input_data(&built);
+    if case.expects_error() {
+        if let Some(outcome) = eval_error_case(backend, judge, &built, &data) {
+            result.outcome = outcome;
+        }
+        return result;
+    }
     let want = match run_and_read(judge, &built, &data) {
         Ok(v) => v,
         Err(e) => {
@@ -131,6 +137,69 @@ pub fn eval_case(case: &Case, backend: &mut dyn Backend, judge: &mut dyn Backend
         result.outcome = Outcome::Failed(reasons);
     }
     result
+}
+
+/// An error case ([`Case::expect_error`]): `None` (passed) when the judge and the backend both
+/// fail with the same data error and leave every leaf updated in place as it was before the run.
+fn eval_error_case(
+    backend: &mut dyn Backend,
+    judge: &mut dyn Backend,
+    built: &Built,
+    data: &[Vec<u8>],
+) -> Option<Outcome> {
+    let want = match run_expecting_error(judge, built, data) {
+        Ok(r) => r,
+        Err(ErrorRun::Unexpected(why) | ErrorRun::Unsupported(why)) => {
+            return Some(Outcome::Failed(vec![format!("judge {}: {why}", judge.name())]));
+        }
+    };
+    let got = match run_expecting_error(backend, built, data) {
+        Ok(r) => r,
+        Err(ErrorRun::Unsupported(why)) => return Some(Outcome::Unsupported(why)),
+        Err(ErrorRun::Unexpected(why)) => return Some(Outcome::Failed(vec![why])),
+    };
+    let mut reasons = Vec::new();
+    if got.0 != want.0 {
+        reasons.push(format!("failed with \"{}\", the judge with \"{}\"", got.0, want.0));
+    }
+    for ((t, got), want) in built.updated.iter().zip(&got.1).zip(&want.1) {
+        if got != want {
+            reasons.push(format!("{}: changed by the failed run", node_label(built, t)));
+        }
+    }
+    (!reasons.is_empty()).then_some(Outcome::Failed(reasons))
+}
+
+/// Why a run that must fail with a data error did not.
+enum ErrorRun {
+    Unsupported(String),
+    /// It succeeded, or failed otherwise.
+    Unexpected(String),
+}
+
+/// Runs a case that must fail with a data error; returns the error's message and every updated
+/// leaf read after the failed run.
+fn run_expecting_error(
+    backend: &mut dyn Backend,
+    built: &Built,
+    data: &[Vec<u8>],
+) -> Result<(String, Vec<Vec<f64>>), ErrorRun> {
+    let unexpected = |e: ExecError| ErrorRun::Unexpected(format!("failed with a non-data error: {e}"));
+    let mut session =
+        Session::with_options(&built.graph, backend, SessionOptions { guard_bytes: GUARD_BYTES, ..Default::default() })
+            .map_err(unexpected)?;
+    for (leaf, bytes) in built.leaves.iter().zip(data) {
+        session.set(*leaf, bytes).map_err(unexpected)?;
+    }
+    // An asynchronous backend may report the error only when it next synchronises.
+    let error = match session.run().and_then(|()| session.synchronize()) {
+        Err(ExecError::Backend(BackendError::Kernel(e))) => e.to_string(),
+        Err(ExecError::Unsupported { op, .. }) => return Err(ErrorRun::Unsupported(format!("{op} is not supported"))),
+        Err(e) => return Err(unexpected(e)),
+        Ok(()) => return Err(ErrorRun::Unexpected("the run succeeded; it must fail with a data error".into())),
+    };
+    let after = built.updated.iter().map(|t| session.get_f64(*t)).collect::<Result<_, _>>().map_err(unexpected)?;
+    Ok((error, after))
 }
 
 /// `op#index`, e.g. `cont#2`; `state:name#index` for a leaf updated in place.
@@ -265,6 +334,25 @@ mod tests {
         let mut scribbles = BadState(backends::make("cpu").unwrap(), StateFault::Scribble);
         let r = eval_case(&sliced, &mut scribbles, judge.as_mut());
         assert!(r.failed() && r.reason().starts_with("state:state"), "{}", r.reason());
+    }
+
+    #[test]
+    fn error_cases_pass_only_when_both_sides_fail_alike_and_keep_the_state() {
+        let mut judge = backends::make("ref").unwrap();
+        let bad = catalogue_case("gated_delta_net", "ragged=repeated_slot");
+        assert!(bad.expects_error());
+        let mut cpu = backends::make("cpu").unwrap();
+        let r = eval_case(&bad, cpu.as_mut(), judge.as_mut());
+        assert!(r.passed(), "{}", r.reason());
+        // A run that succeeds fails an error case.
+        let good = catalogue_case("gated_delta_net", "ragged=decode").expect_error();
+        let r = eval_case(&good, cpu.as_mut(), judge.as_mut());
+        assert!(r.failed() && r.reason().contains("must fail"), "{}", r.reason());
+        // So does a failed run that changed the state.
+        let mut forgets = BadState(backends::make("cpu").unwrap(), StateFault::Scribble);
+        let bad_conv = catalogue_case("ssm_conv_update_inplace", "ragged=past_end");
+        let r = eval_case(&bad_conv, &mut forgets, judge.as_mut());
+        assert!(r.passed() || r.reason().contains("changed by the failed run"), "{}", r.reason());
     }
 
     #[test]

@@ -20,8 +20,11 @@ pub(crate) fn leaf_bytes(spec: &InputSpec, leaf: &TensorMeta, seen: &TensorMeta,
     if spec.layout == Layout::Contiguous {
         return encode(spec.dtype, &values);
     }
-    let filler_init =
-        if matches!(spec.init, Init::Ids { .. }) { Init::Uniform { lo: 0.0, hi: 0.0 } } else { Init::SIGNED };
+    let filler_init = if matches!(spec.init, Init::Ids { .. } | Init::Fixed(_)) {
+        Init::Uniform { lo: 0.0, hi: 0.0 }
+    } else {
+        Init::SIGNED
+    };
     let filler = draw_uniform(spec.dtype, filler_init, leaf.nelements(), &mut rng);
     let mut bytes = encode(spec.dtype, &filler);
     let values: Vec<f64> = values.iter().map(|&x| f64::from(x)).collect();
@@ -55,6 +58,11 @@ fn logical_values(spec: &InputSpec, rng: &mut SmallRng) -> Vec<f32> {
                 if i % row != 0 && rng.random_range(0..4) == 0 { f32::NEG_INFINITY } else { x }
             })
             .collect(),
+        Init::Fixed(values) => {
+            assert_eq!(values.len(), n, "{}: {} fixed values for {n} elements", spec.name, values.len());
+            // |values| < 2^24 in practice: exact in f32.
+            values.iter().map(|&v| v as f32).collect()
+        }
         Init::Distinct => {
             let mut out = Vec::with_capacity(n);
             let mut levels: Vec<f32> = (0..row).map(|i| (-1.0 + 2.0 * (i as f64 + 0.5) / row as f64) as f32).collect();

@@ -5,9 +5,14 @@
 //! Qwen3.6 conv channels: `2 * H_k * S_k + H_v * S_v` = 2*16*128 + 48*128 = 10240 (dense 27B)
 //! and 2*16*128 + 32*128 = 8192 (MoE 35B-A3B), `d_conv` 4. Decode is one token per sequence;
 //! prefill cases keep a few tokens so the f64 judge stays fast.
+//!
+//! Ragged batches of ssm_conv_update_inplace use the batches of the delta_net cases
+//! ([`Ragged`]): sequences shorter and longer than `d_conv - 1`, empty sequences, padding, and the
+//! bad batches that must fail with the judge's error.
 
 use tessera_ops::DType;
 
+use super::delta_net::{RAGGED_BAD, RAGGED_EVAL, RAGGED_PERF, RAGGED_QWEN, Ragged};
 use super::{BF16, F16, F32, I32, sh};
 use crate::case::{Case, Init, InputSpec as In, Layout};
 
@@ -114,6 +119,8 @@ struct Update {
     n_slots: usize,
     /// Layouts of x, state, kernel and slots.
     layouts: [Layout; 4],
+    /// A ragged batch (`n_t` its packed tokens, `n_seq` 1) instead of dense sequences.
+    ragged: Option<Ragged>,
 }
 
 impl Update {
@@ -128,7 +135,13 @@ impl Update {
             n_seq,
             n_slots,
             layouts: [Layout::Contiguous; 4],
+            ragged: None,
         }
+    }
+
+    /// `channels` over the ragged batch `r`.
+    fn ragged(d_conv: usize, channels: usize, r: Ragged) -> Self {
+        Update { ragged: Some(r), ..Update::new(d_conv, channels, r.n_tokens, 1, r.n_slots) }
     }
 
     fn types(mut self, x: DType, k: DType) -> Self {
@@ -148,22 +161,40 @@ impl Update {
     }
 
     fn case(self) -> Case {
-        let Update { type_x, type_k, silu, d_conv, channels, n_t, n_seq, n_slots, layouts } = self;
-        let inputs = vec![
+        let Update { type_x, type_k, silu, d_conv, channels, n_t, n_seq, n_slots, layouts, ragged } = self;
+        let mut inputs = vec![
             In::new("x", type_x, [channels, n_t, n_seq, 1]).layout(layouts[0]),
             In::new("state", F32, [d_conv - 1, channels, n_slots, 1]).layout(layouts[1]).state(),
             In::new("kernel", type_k, [d_conv, channels, 1, 1]).layout(layouts[2]),
-            In::new("slots", I32, [n_seq, 1, 1, 1]).layout(layouts[3]).init(Init::Ids { rows: n_slots, unique: true }),
         ];
-        Case::new(
+        match ragged {
+            None => inputs.push(
+                In::new("slots", I32, [n_seq, 1, 1, 1])
+                    .layout(layouts[3])
+                    .init(Init::Ids { rows: n_slots, unique: true }),
+            ),
+            Some(r) => inputs.extend(r.inputs().map(|i| i.layout(layouts[3]))),
+        }
+        let case = Case::new(
             "ssm_conv_update_inplace",
             format_args!(
                 "type_x={type_x},type_k={type_k},silu={silu},d_conv={d_conv},channels={channels},n_t={n_t},\
-                 n_seq={n_seq},n_slots={n_slots}"
+                 n_seq={n_seq},n_slots={n_slots}{}",
+                ragged.map(|r| r.label()).unwrap_or_default()
             ),
             inputs,
-            move |g, t| g.ssm_conv_update_inplace(t[0], t[1], t[2], t[3], silu),
-        )
+            move |g, t| match *t {
+                [x, state, kernel, slots] => g.ssm_conv_update_inplace(x, state, kernel, slots, silu),
+                [x, state, kernel, slots, offsets] => {
+                    g.ssm_conv_update_inplace_ragged(x, state, kernel, slots, offsets, silu)
+                }
+                _ => unreachable!("ssm_conv_update_inplace cases have 4 or 5 inputs"),
+            },
+        );
+        match ragged {
+            Some(r) => r.finish(case),
+            None => case,
+        }
     }
 }
 
@@ -197,6 +228,24 @@ fn ssm_conv_update(out: &mut Vec<Case>) {
     out.push(Update::new(4, C_DENSE, 7, 1, 4).case());
     out.push(Update::new(4, C_MOE, 5, 2, 8).types(BF16, F32).case());
     out.push(Update::new(4, C_DENSE, 4, 2, 8).layout(0, Layout::TRANSPOSED).case());
+    ragged(out);
+}
+
+/// Ragged batches: each eval batch (sequences of 1 to 300 tokens, below and above the 3 kept
+/// samples), with and without SiLU, a transposed x and half precision, a strided slots and
+/// offsets, the bad batches, and the MoE channels over a small mix.
+fn ragged(out: &mut Vec<Case>) {
+    for (i, r) in RAGGED_EVAL.into_iter().enumerate() {
+        out.push(Update::ragged(4, 67, r).silu(i % 2 == 0).case());
+    }
+    let mix = RAGGED_EVAL[0];
+    out.push(Update::ragged(4, 33, mix).layout(0, Layout::TRANSPOSED).case());
+    out.push(Update::ragged(3, 33, mix).types(BF16, F16).case());
+    out.push(Update::ragged(4, 33, mix).layout(1, STATE_SLICE).layout(3, Layout::WINDOW).case());
+    for r in RAGGED_BAD {
+        out.push(Update::ragged(4, 7, r).case());
+    }
+    out.push(Update::ragged(4, C_MOE, RAGGED_QWEN).case());
 }
 
 /// The composition the fused update replaces, as llama.cpp builds it (delta-net-base
@@ -243,17 +292,26 @@ fn composed(out: &mut Vec<Case>) {
 /// Model-sized conv cases for perf mode: Qwen3.6 decode (1 token for 1 to 4 sequences) and
 /// prefill (512 and 2048 tokens), dense (10240 channels) and MoE (8192).
 pub(super) fn perf_cases() -> Vec<Case> {
-    vec![
+    let mut out = vec![
         Conv::new(4, 512, C_DENSE, 1).case(),
         Conv::new(4, 2048, C_MOE, 1).case(),
         // The PERF-ANCHORS ssm_conv prefill: sx 2051 x 10240.
         Conv::new(4, 2048, C_DENSE, 1).case(),
-        // Decode batches of 32 and 128 sequences (the eval catalogue has the 1-4 sequence shapes).
+        // Decode batches of 32 and 128 sequences (the eval catalogue has the 1-4 sequence shapes;
+        // the MoE decode batches are with the ragged ones below).
         Update::new(4, C_DENSE, 1, 32, 64).case(),
         Update::new(4, C_DENSE, 1, 128, 128).case(),
-        Update::new(4, C_MOE, 1, 128, 128).case(),
         Update::new(4, C_DENSE, 512, 1, 4).case(),
         Update::new(4, C_MOE, 2048, 1, 4).case(),
         Update::new(4, C_DENSE, 512, 1, 4).layout(0, Layout::TRANSPOSED).case(),
-    ]
+    ];
+    // The 35B-A3B conv, dense next to ragged for the same work: decode of 1 to 128 sequences,
+    // prefills of 512 and 2048 tokens, a 300-token chunk with 31 decode tokens (ragged only).
+    for r in RAGGED_PERF {
+        if r.n_seq() == 1 || r.n_tokens == r.n_seq() {
+            out.push(Update::new(4, C_MOE, r.n_tokens / r.n_seq(), r.n_seq(), r.n_slots).case());
+        }
+        out.push(Update::ragged(4, C_MOE, r).case());
+    }
+    out
 }

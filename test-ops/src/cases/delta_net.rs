@@ -12,11 +12,141 @@
 //! delta rule is contractive as with callers' l2-normalised keys), `q` and `v` in `[-1, 1)`, `g`
 //! (log decay) in `[-1, 0)`, `beta` in `[0, 1)`, the state in `[-1, 1)`. Eval sizes keep the f64
 //! reference well under a second per case; model-sized runs are in [`perf_cases`].
+//!
+//! Ragged batches ([`Ragged`], shared with the conv cases): prefill chunks of 1 to 300 tokens
+//! mixed with decode tokens, sequences without tokens (naming a slot another sequence uses, or
+//! none in range), padding tokens before and after, and error cases (offsets that decrease or
+//! pass `n_tokens`, two sequences with tokens in one slot, a slot out of range), which must fail
+//! with the judge's error and leave the state as it was.
 
+use tessera_graph::{Graph, Tensor};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap};
 
 use super::{BF16, F16, F32, I32};
 use crate::case::{Case, Init, InputSpec as In, Layout};
+
+/// A ragged batch of the recurrent ops' cases: `n_tokens` packed tokens, sequence `s` owning
+/// tokens `offsets[s] .. offsets[s + 1]` and state slot `slots[s]` (of `n_slots`); `bad` when the
+/// run must fail (the case expects the judge's error).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ragged {
+    pub name: &'static str,
+    pub n_tokens: usize,
+    pub offsets: &'static [i32],
+    pub slots: &'static [i32],
+    pub n_slots: usize,
+    pub bad: bool,
+}
+
+impl Ragged {
+    const fn new(
+        name: &'static str,
+        n_tokens: usize,
+        offsets: &'static [i32],
+        slots: &'static [i32],
+        n_slots: usize,
+    ) -> Self {
+        Ragged { name, n_tokens, offsets, slots, n_slots, bad: false }
+    }
+
+    const fn bad(self) -> Self {
+        Ragged { bad: true, ..self }
+    }
+
+    pub fn n_seq(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The `slots` and `seq_offsets` inputs.
+    pub fn inputs(&self) -> [In; 2] {
+        [
+            In::new("slots", I32, [self.n_seq(), 1, 1, 1]).init(Init::Fixed(self.slots)),
+            In::new("seq_offsets", I32, [self.n_seq() + 1, 1, 1, 1]).init(Init::Fixed(self.offsets)),
+        ]
+    }
+
+    /// `,ragged=name` for a label.
+    pub fn label(&self) -> String {
+        format!(",ragged={}", self.name)
+    }
+
+    /// The case, marked as expecting an error when the batch is bad.
+    pub fn finish(&self, case: Case) -> Case {
+        if self.bad { case.expect_error() } else { case }
+    }
+}
+
+/// `[0, 1, .., N - 1]`: offsets of one token per sequence, or distinct slots.
+const fn iota<const N: usize>() -> [i32; N] {
+    let mut a = [0; N];
+    let mut i = 0;
+    while i < N {
+        a[i] = i as i32;
+        i += 1;
+    }
+    a
+}
+
+/// `[0, len, len + 1, .., len + N - 2]`: one sequence of `len` tokens, then `N - 2` decode tokens.
+const fn chunk_then_decode<const N: usize>(len: i32) -> [i32; N] {
+    let mut a = [0; N];
+    let mut i = 1;
+    while i < N {
+        a[i] = len + i as i32 - 1;
+        i += 1;
+    }
+    a
+}
+
+/// The eval batches (see the module doc); every one of them has padding or empty sequences.
+pub(super) const RAGGED_EVAL: [Ragged; 6] = [
+    // Prefill chunks (70 tokens: several chunks, a partial last one), decode tokens, empty
+    // sequences (one in another's slot, one out of range), 4 padding tokens at the end.
+    Ragged::new("mix", 86, &[0, 5, 6, 6, 76, 77, 77, 80, 82], &[4, 0, 4, 2, 5, 99, 1, 3], 6),
+    // A 300-token prefill next to decode tokens and a 37-token chunk.
+    Ragged::new("long", 343, &[0, 300, 301, 302, 339, 340], &[2, 0, 3, 1, 4], 5),
+    // Decode: single tokens, an empty sequence reusing a slot, padding at the end.
+    Ragged::new("decode", 8, &[0, 1, 2, 3, 3, 4, 5], &[3, 1, 0, 3, 5, 2], 6),
+    // Padding before the first sequence, an empty first sequence with a slot out of range.
+    Ragged::new("lead", 12, &[2, 2, 9, 10], &[7, 1, 0], 3),
+    // No sequence has tokens: every output 0, the state untouched.
+    Ragged::new("empty", 4, &[0, 0, 0], &[9, 9], 2),
+    // More sequences than slots (the empty ones share).
+    Ragged::new("shared", 7, &[0, 2, 2, 2, 7], &[1, 1, 0, 0], 2),
+];
+
+/// Bad batches: each must fail before anything is written.
+pub(super) const RAGGED_BAD: [Ragged; 5] = [
+    Ragged::new("decreasing", 6, &[0, 3, 2, 5], &[0, 1, 2], 3).bad(),
+    Ragged::new("past_end", 6, &[0, 3, 7], &[0, 1], 3).bad(),
+    Ragged::new("negative", 6, &[-1, 2], &[0], 3).bad(),
+    Ragged::new("repeated_slot", 6, &[0, 2, 2, 5], &[1, 0, 1], 3).bad(),
+    Ragged::new("slot_out_of_range", 6, &[0, 1, 4], &[0, 3], 3).bad(),
+];
+
+/// A Qwen-sized mix: decode tokens around a 17-token chunk, an empty sequence, padding.
+pub(super) const RAGGED_QWEN: Ragged = Ragged::new("qwen_mix", 23, &[0, 1, 2, 19, 20, 20, 21], &[5, 2, 0, 1, 5, 3], 6);
+
+/// Perf batches: decode of 1, 8, 32 and 128 sequences, one prefill of 512 and of 2048 tokens, and
+/// a 300-token chunk with 31 decode tokens.
+const DECODE_1: [i32; 2] = iota();
+const DECODE_8: [i32; 9] = iota();
+const DECODE_32: [i32; 33] = iota();
+const DECODE_128: [i32; 129] = iota();
+const SLOTS_1: [i32; 1] = iota();
+const SLOTS_8: [i32; 8] = iota();
+const SLOTS_32: [i32; 32] = iota();
+const SLOTS_128: [i32; 128] = iota();
+const MIX_300_31: [i32; 33] = chunk_then_decode(300);
+pub(super) const RAGGED_PERF: [Ragged; 7] = [
+    Ragged::new("decode1", 1, &DECODE_1, &SLOTS_1, 128),
+    Ragged::new("decode8", 8, &DECODE_8, &SLOTS_8, 128),
+    Ragged::new("decode32", 32, &DECODE_32, &SLOTS_32, 128),
+    Ragged::new("decode128", 128, &DECODE_128, &SLOTS_128, 128),
+    Ragged::new("prefill512", 512, &[0, 512], &[0], 1),
+    Ragged::new("prefill2048", 2048, &[0, 2048], &[0], 1),
+    Ragged::new("mix300+31", 331, &MIX_300_31, &SLOTS_32, 128),
+];
 
 const SERIAL: DeltaNetAlgo = DeltaNetAlgo::Serial;
 
@@ -44,6 +174,8 @@ struct Gdn {
     gb_layout: Layout,
     /// q, k and v are channel windows of one conv output `[2 H_k S_k + H_v S_v, n_t, n_seq]`.
     conv_split: bool,
+    /// A ragged batch (`n_t` its packed tokens, `n_seq` 1) instead of dense sequences.
+    ragged: Option<Ragged>,
 }
 
 impl Gdn {
@@ -65,7 +197,13 @@ impl Gdn {
             v_layout: Layout::Contiguous,
             gb_layout: Layout::Contiguous,
             conv_split: false,
+            ragged: None,
         }
+    }
+
+    /// Heads of `s` over the ragged batch `r`.
+    fn ragged(s: usize, h_k: usize, h_v: usize, r: Ragged) -> Self {
+        Gdn { ragged: Some(r), n_slots: r.n_slots, ..Gdn::new(s, h_k, h_v, r.n_tokens, 1) }
     }
 
     fn s_v(mut self, s_v: usize) -> Self {
@@ -104,12 +242,8 @@ impl Gdn {
     }
 
     fn params(&self) -> GatedDeltaNetParams {
-        GatedDeltaNetParams {
-            scale: 1.0 / (self.s_k as f32).sqrt(),
-            head_map: self.map,
-            algo: self.algo,
-            ragged: false,
-        }
+        let ragged = self.ragged.is_some();
+        GatedDeltaNetParams { scale: 1.0 / (self.s_k as f32).sqrt(), head_map: self.map, algo: self.algo, ragged }
     }
 
     fn label(&self) -> String {
@@ -122,42 +256,60 @@ impl Gdn {
             HeadMap::Grouped => "grouped",
         };
         let split = if self.conv_split { ",conv_split" } else { "" };
+        let ragged = self.ragged.map(|r| r.label()).unwrap_or_default();
         format!(
-            "type={},s_k={},s_v={},h_k={},h_v={},n_t={},n_seq={},n_slots={},{map},{algo}{split}",
+            "type={},s_k={},s_v={},h_k={},h_v={},n_t={},n_seq={},n_slots={},{map},{algo}{split}{ragged}",
             self.dtype, self.s_k, self.s_v, self.h_k, self.h_v, self.n_t, self.n_seq, self.n_slots
         )
     }
 
     fn case(self) -> Case {
-        let Gdn { s_k, s_v, h_k, h_v, n_t, n_seq, n_slots, .. } = self;
+        match self.ragged {
+            Some(r) => r.finish(self.build_case()),
+            None => self.build_case(),
+        }
+    }
+
+    fn build_case(self) -> Case {
+        let Gdn { s_k, s_v, h_k, h_v, n_t, n_seq, n_slots, ragged, .. } = self;
         let k_range = (1.5 / s_k as f32).sqrt();
         let k_init = Init::Uniform { lo: -k_range, hi: k_range };
         let heads = [1, h_v, n_t, n_seq];
         let g = In::new("g", F32, heads).init(Init::Uniform { lo: -1.0, hi: 0.0 }).layout(self.gb_layout);
         let beta = In::new("beta", F32, heads).init(Init::Uniform { lo: 0.0, hi: 1.0 }).layout(self.gb_layout);
         let state = In::new("state", F32, [s_k, s_v, h_v, n_slots]).state();
-        let slots = In::new("slots", I32, [n_seq, 1, 1, 1]).init(Init::Ids { rows: n_slots, unique: true });
+        // Dense: distinct slots drawn at random; ragged: the batch's slots and offsets.
+        let tail: Vec<In> = match ragged {
+            None => vec![In::new("slots", I32, [n_seq, 1, 1, 1]).init(Init::Ids { rows: n_slots, unique: true })],
+            Some(r) => r.inputs().to_vec(),
+        };
         let p = self.params();
+        // The op on q, k, v and the inputs after them (g, beta, state, slots and the offsets).
+        let op = move |gr: &mut Graph, q, k, v, x: &[Tensor]| match *x {
+            [g, beta, state, slots] => gr.gated_delta_net(q, k, v, g, beta, state, slots, p),
+            [g, beta, state, slots, offsets] => gr.gated_delta_net_ragged(q, k, v, g, beta, state, slots, offsets, p),
+            _ => unreachable!("gated_delta_net cases have 4 or 5 inputs after q, k and v"),
+        };
         if self.conv_split {
             // One conv output holds q, k, v per token; k's values need the smaller range, so the
             // whole leaf gets it (q and v only scale the output).
             let ch = 2 * h_k * s_k + h_v * s_v;
             let conv = In::new("conv", self.dtype, [ch, n_t, n_seq, 1]).init(k_init);
             let eb = self.dtype.block_bytes();
-            return Case::new("gated_delta_net", self.label(), vec![conv, g, beta, state, slots], move |gr, x| {
+            let inputs = [vec![conv, g, beta, state], tail].concat();
+            return Case::new("gated_delta_net", self.label(), inputs, move |gr, x| {
                 let nb = |row: usize| [eb, eb * row, eb * ch, eb * ch * n_t];
                 let q = gr.view(x[0], [s_k, h_k, n_t, n_seq], nb(s_k), 0)?;
                 let k = gr.view(x[0], [s_k, h_k, n_t, n_seq], nb(s_k), eb * h_k * s_k)?;
                 let v = gr.view(x[0], [s_v, h_v, n_t, n_seq], nb(s_v), eb * 2 * h_k * s_k)?;
-                gr.gated_delta_net(q, k, v, x[1], x[2], x[3], x[4], p)
+                op(gr, q, k, v, &x[1..])
             });
         }
         let q = In::new("q", self.dtype, [s_k, h_k, n_t, n_seq]).layout(self.q_layout);
         let k = In::new("k", self.dtype, [s_k, h_k, n_t, n_seq]).layout(self.k_layout).init(k_init);
         let v = In::new("v", self.dtype, [s_v, h_v, n_t, n_seq]).layout(self.v_layout);
-        Case::new("gated_delta_net", self.label(), vec![q, k, v, g, beta, state, slots], move |gr, x| {
-            gr.gated_delta_net(x[0], x[1], x[2], x[3], x[4], x[5], x[6], p)
-        })
+        let inputs = [vec![q, k, v, g, beta, state], tail].concat();
+        Case::new("gated_delta_net", self.label(), inputs, move |gr, x| op(gr, x[0], x[1], x[2], &x[3..]))
     }
 }
 
@@ -165,6 +317,29 @@ pub(crate) fn cases(out: &mut Vec<Case>) {
     toy(out);
     layouts(out);
     qwen(out);
+    ragged(out);
+}
+
+/// Ragged batches: every eval batch with each algorithm (chunks of 16 restart inside the
+/// 37-, 70- and 300-token sequences), both head maps, a conv-output split and half precision;
+/// the bad batches; and the Qwen3.6 35B-A3B heads over a small mix.
+fn ragged(out: &mut Vec<Case>) {
+    for r in RAGGED_EVAL {
+        for algo in [SERIAL, chunk(16)] {
+            out.push(Gdn::ragged(16, 2, 4, r).s_v(12).algo(algo).case());
+        }
+    }
+    let mix = RAGGED_EVAL[0];
+    out.push(Gdn::ragged(16, 2, 4, mix).algo(chunk(64)).map(HeadMap::Grouped).case());
+    out.push(Gdn::ragged(8, 2, 4, mix).s_v(6).conv_split().algo(chunk(4)).case());
+    out.push(Gdn::ragged(16, 2, 4, RAGGED_EVAL[2]).dtype(BF16).case());
+    for r in RAGGED_BAD {
+        out.push(Gdn::ragged(8, 1, 2, r).case());
+        out.push(Gdn::ragged(8, 1, 2, r).algo(chunk(64)).case());
+    }
+    for algo in [SERIAL, chunk(64)] {
+        out.push(Gdn::ragged(128, 16, 32, RAGGED_QWEN).algo(algo).case());
+    }
 }
 
 /// Small and odd sizes: every algorithm and both head maps on each.
@@ -232,9 +407,20 @@ fn qwen(out: &mut Vec<Case>) {
 /// state of the 128 slots is 400 MB) and a 2048-token prefill of one sequence, chunked (serial
 /// over 512 tokens for comparison).
 pub(super) fn perf_cases() -> Vec<Case> {
-    vec![
+    let mut out = vec![
         Gdn::new(128, 16, 48, 1, 128).slots(128).case(),
         Gdn::new(128, 16, 48, 2048, 1).slots(1).algo(chunk(64)).case(),
         Gdn::new(128, 16, 48, 512, 1).slots(1).case(),
-    ]
+    ];
+    // The 35B-A3B linear-attention layer, dense next to ragged for the same work: decode of 1 to
+    // 128 sequences (serial, as the model runs decode), prefills of 512 and 2048 tokens (chunked),
+    // and a 300-token chunk with 31 decode tokens (ragged only).
+    for r in RAGGED_PERF {
+        let algo = if r.n_tokens == r.n_seq() { SERIAL } else { chunk(64) };
+        if r.n_seq() == 1 || r.n_tokens == r.n_seq() {
+            out.push(Gdn::new(128, 16, 32, r.n_tokens / r.n_seq(), r.n_seq()).slots(r.n_slots).algo(algo).case());
+        }
+        out.push(Gdn::ragged(128, 16, 32, r).algo(algo).case());
+    }
+    out
 }
