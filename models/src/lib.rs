@@ -8,8 +8,9 @@
 //!   the recurrent-state cache (one conv + delta-rule slot per sequence).
 //! - [`weights`]: [`weights::ModelWeights`], every tensor uploaded once to a backend and bound
 //!   into step graphs as parameter leaves.
+//! - [`batch`]: a step's packed (ragged) token layout, padded to a shape bucket.
 //! - [`qwen35`]: [`qwen35::Model`], the `qwen35` / `qwen35moe` forward pass: one graph per step
-//!   over resident weights and caches.
+//!   for any mix of sequences and lengths, planned once per bucket and replayed.
 //! - [`sample`]: [`sample::Sampler`], greedy / temperature / top-k / top-p sampling with a seed.
 //! - [`engine`]: [`engine::Engine`], continuous batching over a model: decode tokens first, then
 //!   prompt chunks under a per-step token budget; events, memory accounting.
@@ -41,6 +42,7 @@
 //! # }
 //! ```
 
+pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod convert;

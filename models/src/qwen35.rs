@@ -1,12 +1,15 @@
 //! The `qwen35` / `qwen35moe` forward pass: one graph per step, built the way llama.cpp builds it
 //! (docs/notes/hybrid-ops.md §2.2, §4.2, §5.1), run on a backend with weights and caches resident.
 //!
-//! Token layout inside a step graph: the step's sequences all have the same token count `T`
-//! (a step with mixed counts runs one graph per count); token `t` of sequence `s` is column
-//! `s * T + t` of every `[n_embd, N]` activation (`N = T * n_seq`).
+//! Token layout inside a step graph: the tokens of every sequence of the step packed one after
+//! the other, padded to the step's bucket ([`crate::batch`]): column `j` of every `[n_embd, N]`
+//! activation is packed token `j`, and the ragged ops read which sequence owns it from the
+//! `seq_offsets` input. Any mix of decode tokens and prompt chunks is one graph.
 
 use std::collections::HashMap;
 use std::ops::Range;
+
+use crate::batch::StepInputs;
 
 use tessera_graph::{
     Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, Tensor, TensorRef,
@@ -55,11 +58,10 @@ pub struct ModelOptions {
     pub policy: AllocPolicy,
     /// Sequences live at once (recurrent state slots).
     pub n_slots: usize,
-    /// The attention's KV length (`n_kv`, the block table's and mask's width) is rounded up to a
-    /// multiple of this; the padding is masked. 1 = exact. Decode steps keep one shape for
+    /// The attention's KV length (`n_kv`, the block table's width) is rounded up to a multiple
+    /// of this; positions past a sequence's length are never read. 1 = exact. Decode steps keep one shape for
     /// `kv_pad` tokens, so their planned step graph (and on a GPU its captured CUDA graph) is
-    /// replayed instead of built again every step; the extra masked cells cost a little attention
-    /// work. A GPU backend wants e.g. 256, the CPU 32.
+    /// replayed instead of built again every step. A GPU backend wants e.g. 256, the CPU 32.
     pub kv_pad: usize,
     /// Planned step graphs kept (one per shape [`Bucket`]); the least recently used are freed
     /// beyond it.
@@ -115,12 +117,15 @@ pub struct Model {
     last_times: StepTimes,
 }
 
-/// What a step graph's shape depends on: tokens per sequence, sequences, the attention's KV
-/// length (rounded up by `kv_pad`) and which logits it computes. Everything else in the graph
-/// (weights, cache memory, the config) is fixed for the model's lifetime.
+/// What a step graph's shape depends on: packed tokens and sequences (each rounded up by
+/// [`crate::batch::bucket_len`]), the attention's KV length (rounded up by `kv_pad`) and which
+/// logits it computes. Everything else in the graph (weights, cache memory, the config) is fixed
+/// for the model's lifetime, and the mix of lengths inside a bucket is data, not shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bucket {
+    /// Packed tokens of all sequences, padding included.
     pub n_tokens: usize,
+    /// Sequences, empty padding sequences included.
     pub n_seq: usize,
     pub n_kv: usize,
     pub all_logits: bool,
@@ -145,7 +150,7 @@ enum SeqOut {
 /// Where a step's time went, in seconds, summed over its graphs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTimes {
-    /// On the host before anything is queued: the step's inputs (positions, block table, mask),
+    /// On the host before anything is queued: the step's inputs (positions, block table, offsets),
     /// finding the planned graph (or building and planning it) and writing the inputs.
     pub prepare: f64,
     /// Handing the planned tasks to the backend: launching (a replayed CUDA graph) or, on a
@@ -203,19 +208,6 @@ pub struct StepCacheStats {
     pub arena_bytes: usize,
 }
 
-/// The per-step inputs of one group (equal token counts).
-struct StepInputs {
-    /// The attention's KV length this step (rounded up by `kv_pad`).
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
-    write_cells: Vec<i32>,
-    block_table: Vec<i32>,
-    mask: Vec<f32>,
-    slots: Vec<i32>,
-    last_rows: Vec<i32>,
-    n_kv: usize,
-}
-
 /// Graph construction state: the graph, the bindings to resident memory, the per-step leaves.
 struct Builder<'m> {
     g: Graph,
@@ -237,14 +229,18 @@ impl Builder<'_> {
     }
 }
 
-/// Leaves shared by every layer of a step graph.
+/// Leaves shared by every layer of a step graph (see [`StepInputs`]).
 #[derive(Debug, Clone, Copy)]
 struct Leaves {
     positions: Tensor,
     write_cells: Tensor,
     block_table: Tensor,
-    mask: Tensor,
+    seq_offsets: Tensor,
+    kv_lens: Tensor,
     slots: Tensor,
+    /// Whether every sequence of the bucket feeds at most one token (decode): the delta rule
+    /// then runs token-serial, else chunked.
+    decode: bool,
 }
 
 fn alloc_zeroed(backend: &mut dyn Backend, ne: [usize; 4], dtype: DType) -> R<TensorRef> {
@@ -500,20 +496,9 @@ impl Model {
         };
         self.last_times = StepTimes::default();
         self.clear_new_slots(&mut *backends[0])?;
-        let mut out: Vec<SeqOut> = vec![SeqOut::Token(0); batch.len()];
-        let mut counts: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
-        counts.sort_unstable();
-        counts.dedup();
-        for n in counts {
-            let idx: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].1.len() == n).collect();
-            let group: Vec<(SeqId, &[u32], Range<usize>)> =
-                idx.iter().map(|&i| (batch[i].0, batch[i].1, ranges[i].clone())).collect();
-            let results = self.run_group(backends, &group, what)?;
-            for (i, r) in idx.into_iter().zip(results) {
-                out[i] = r;
-            }
-        }
-        Ok(out)
+        let packed: Vec<(SeqId, &[u32], Range<usize>)> =
+            batch.iter().zip(ranges).map(|((id, toks), r)| (*id, *toks, r)).collect();
+        self.run_step(backends, &packed, what)
     }
 
     /// Zeroes the recurrent slots handed out since the last step, in every recurrent layer.
@@ -535,40 +520,20 @@ impl Model {
         Ok(())
     }
 
-    fn step_inputs(&self, group: &[(SeqId, &[u32], Range<usize>)]) -> R<StepInputs> {
-        let n_t = group[0].1.len();
-        let n = n_t * group.len();
-        let ids: Vec<SeqId> = group.iter().map(|g| g.0).collect();
-        let tokens: Vec<i32> = group.iter().flat_map(|g| g.1.iter().map(|&t| t as i32)).collect();
-        let pos: Vec<i32> = group.iter().flat_map(|g| g.2.clone().map(|p| p as i32)).collect();
-        // imrope text positions, stream-major: (p, p, p, 0).
-        let mut positions = Vec::with_capacity(4 * n);
-        for _ in 0..3 {
-            positions.extend_from_slice(&pos);
-        }
-        positions.resize(4 * n, 0);
-        let step: Vec<(SeqId, Range<usize>)> = group.iter().map(|g| (g.0, g.2.clone())).collect();
-        let write_cells = self.kv.write_cells(&step)?;
-        let n_kv = self.kv.padded_n_kv(&ids, self.kv_pad)?;
-        let block_table = self.kv.block_table(&ids, n_kv)?;
-        let mask = self.kv.causal_mask(&step, n_kv, n_t)?;
-        let slots = self.recurrent.slots(&ids)?;
-        let last_rows = (0..group.len()).map(|s| (s * n_t + n_t - 1) as i32).collect();
-        Ok(StepInputs { tokens, positions, write_cells, block_table, mask, slots, last_rows, n_kv })
-    }
-
-    fn run_group(
+    /// Runs one packed step: lays the batch out in its bucket, finds (or builds) the bucket's
+    /// planned graph, writes the inputs, runs it and reads each sequence's result back.
+    fn run_step(
         &mut self,
         backends: &mut [&mut dyn Backend],
-        group: &[(SeqId, &[u32], Range<usize>)],
+        batch: &[(SeqId, &[u32], Range<usize>)],
         what: Output,
     ) -> R<Vec<SeqOut>> {
         let t0 = std::time::Instant::now();
-        let inp = self.step_inputs(group)?;
-        let n_seq = group.len();
+        let inp = StepInputs::new(&self.kv, &self.recurrent, batch, self.kv_pad)?;
+        let n_vocab = self.config.n_vocab;
         let bucket = Bucket {
-            n_tokens: group[0].1.len(),
-            n_seq,
+            n_tokens: inp.n_tokens,
+            n_seq: inp.n_seq,
             n_kv: inp.n_kv,
             all_logits: what == Output::Logits(Logits::All),
             greedy: what == Output::Greedy,
@@ -579,7 +544,8 @@ impl Model {
         s.set_i32(sg.leaves.positions, &inp.positions)?;
         s.set_i32(sg.leaves.write_cells, &inp.write_cells)?;
         s.set_i32(sg.leaves.block_table, &inp.block_table)?;
-        s.set_f32(sg.leaves.mask, &inp.mask)?;
+        s.set_i32(sg.leaves.seq_offsets, &inp.seq_offsets)?;
+        s.set_i32(sg.leaves.kv_lens, &inp.kv_lens)?;
         s.set_i32(sg.leaves.slots, &inp.slots)?;
         if let Some(rows) = sg.last_rows {
             s.set_i32(rows, &inp.last_rows)?;
@@ -587,13 +553,17 @@ impl Model {
         let t1 = std::time::Instant::now();
         s.run()?;
         let t2 = std::time::Instant::now();
+        let n_seq = batch.len();
         let out = if bucket.greedy {
             let ids = s.get(sg.logits)?;
-            ids.chunks_exact(4).map(|c| SeqOut::Token(i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)).collect()
+            ids.chunks_exact(4)
+                .take(n_seq)
+                .map(|c| SeqOut::Token(i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32))
+                .collect()
         } else {
             let all = s.get_f32(sg.logits)?;
-            let per_seq = all.len() / n_seq;
-            all.chunks(per_seq).map(|c| SeqOut::Logits(c.to_vec())).collect()
+            let rows = |s: usize| if bucket.all_logits { inp.rows(s) } else { s..s + 1 };
+            (0..n_seq).map(|i| SeqOut::Logits(all[rows(i).start * n_vocab..rows(i).end * n_vocab].to_vec())).collect()
         };
         let t3 = std::time::Instant::now();
         drop(s);
@@ -665,11 +635,10 @@ impl Model {
     /// Builds the step graph of `bucket`: token ids in, logits out.
     #[allow(clippy::type_complexity)]
     fn build_graph(&self, bucket: Bucket) -> R<(Builder<'_>, Tensor, Leaves, Option<Tensor>, Tensor)> {
-        let Bucket { n_tokens: n_t, n_seq, n_kv, all_logits, greedy } = bucket;
+        let Bucket { n_tokens: n, n_seq, n_kv, all_logits, greedy } = bucket;
         if greedy && all_logits {
             return Err(ModelError::BadBatch { why: "greedy steps keep only the last logits".into() });
         }
-        let n = n_t * n_seq;
         let c = &self.config;
         let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights };
         let tokens = b.g.input("tokens", DType::I32, [n, 1, 1, 1])?;
@@ -677,8 +646,10 @@ impl Model {
             positions: b.g.input("positions", DType::I32, [4 * n, 1, 1, 1])?,
             write_cells: b.g.input("kv_write_cells", DType::I32, [n, 1, 1, 1])?,
             block_table: b.g.input("block_table", DType::I32, [n_kv, n_seq, 1, 1])?,
-            mask: b.g.input("kq_mask", DType::F32, [n_kv, n_t, 1, n_seq])?,
+            seq_offsets: b.g.input("seq_offsets", DType::I32, [n_seq + 1, 1, 1, 1])?,
+            kv_lens: b.g.input("kv_lens", DType::I32, [n_seq, 1, 1, 1])?,
             slots: b.g.input("state_slots", DType::I32, [n_seq, 1, 1, 1])?,
+            decode: n <= n_seq,
         };
         let last_rows = if all_logits { None } else { Some(b.g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?) };
 
@@ -690,10 +661,8 @@ impl Model {
             let h = b.g.rms_norm(x, c.rms_eps)?;
             let h = b.g.mul(h, norm_w)?;
             let mixed = match self.layers[il] {
-                LayerCache::Attn { k, v } => self.attention(&mut b, &pre, h, &leaves, (k, v), (n_t, n_seq))?,
-                LayerCache::Recurrent { conv, delta } => {
-                    self.delta_net(&mut b, &pre, h, &leaves, (conv, delta), (n_t, n_seq))?
-                }
+                LayerCache::Attn { k, v } => self.attention(&mut b, &pre, h, &leaves, (k, v))?,
+                LayerCache::Recurrent { conv, delta } => self.delta_net(&mut b, &pre, h, &leaves, (conv, delta))?,
             };
             x = b.g.add(x, mixed)?;
             let post_w = b.p(&format!("{pre}.post_attention_norm.weight"))?;
@@ -726,11 +695,10 @@ impl Model {
         x: Tensor,
         l: &Leaves,
         (k_store, v_store): (TensorRef, TensorRef),
-        (n_t, n_seq): (usize, usize),
     ) -> R<Tensor> {
         let c = &self.config;
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
-        let n = n_t * n_seq;
+        let n = x.ne()[1];
         let f = 4; // f32 activations
         let wq = b.p(&format!("{pre}.attn_q.weight"))?;
         let wk = b.p(&format!("{pre}.attn_k.weight"))?;
@@ -774,10 +742,10 @@ impl Model {
         let kc = g.view(kc, kview.ne, kview.nb, 0)?;
         let vc = g.view(vc, vview.ne, vview.nb, 0)?;
 
-        let q = g.reshape(q, &[hd, nh, n_t, n_seq])?;
-        let q = g.permute(q, [0, 2, 1, 3])?; // [hd, n_t, nh, n_seq]
+        let q = g.permute(q, [0, 2, 1, 3])?; // [hd, n, nh, 1]
         let scale = 1.0 / (hd as f32).sqrt();
-        let o = g.flash_attn_ext(q, kc, vc, Some(l.mask), Some(l.block_table), scale, 0.0)?; // [hd, nh, n_t, n_seq]
+        let (bt, offs, lens) = (Some(l.block_table), l.seq_offsets, l.kv_lens);
+        let o = g.flash_attn_ext_ragged(q, kc, vc, None, bt, offs, lens, scale, 0.0)?; // [hd, nh, n, 1]
         let o = g.reshape(o, &[hd * nh, n])?;
         let sg = g.sigmoid(gate)?;
         let o = g.mul(o, sg)?;
@@ -792,12 +760,11 @@ impl Model {
         x: Tensor,
         l: &Leaves,
         (conv_store, delta_store): (TensorRef, TensorRef),
-        (n_t, n_seq): (usize, usize),
     ) -> R<Tensor> {
         let c = &self.config;
         let (hk, hv, sk, sv) = (c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_head_v_dim());
         let ch = c.ssm_conv_dim();
-        let n = n_t * n_seq;
+        let n = x.ne()[1];
         let f = 4;
         let w_qkv = b.p(&format!("{pre}.attn_qkv.weight"))?;
         let w_gate = b.p(&format!("{pre}.attn_gate.weight"))?;
@@ -816,28 +783,29 @@ impl Model {
         let z = g.mul_mat(w_gate, x)?; // [hv sv, n]
         let beta = g.mul_mat(w_beta, x)?;
         let beta = g.sigmoid(beta)?;
-        let beta = g.reshape(beta, &[1, hv, n_t, n_seq])?;
+        let beta = g.reshape(beta, &[1, hv, n, 1])?;
         let alpha = g.mul_mat(w_alpha, x)?; // [hv, n]
         let alpha = g.add(alpha, dt_bias)?;
         let alpha = g.softplus(alpha)?;
         let gdecay = g.mul(alpha, ssm_a)?;
-        let gdecay = g.reshape(gdecay, &[1, hv, n_t, n_seq])?;
+        let gdecay = g.reshape(gdecay, &[1, hv, n, 1])?;
 
-        let qkv = g.reshape(qkv, &[ch, n_t, n_seq])?;
-        let conv = g.ssm_conv_update_inplace(qkv, conv_state, w_conv, l.slots, true)?; // [ch, n_t, n_seq]
-        let nb = |d: usize| [f, d * f, ch * f, ch * n_t * f];
-        let q = g.view(conv, [sk, hk, n_t, n_seq], nb(sk), 0)?;
-        let k = g.view(conv, [sk, hk, n_t, n_seq], nb(sk), hk * sk * f)?;
-        let v = g.view(conv, [sv, hv, n_t, n_seq], nb(sv), 2 * hk * sk * f)?;
+        let qkv = g.reshape(qkv, &[ch, n, 1])?;
+        let conv = g.ssm_conv_update_inplace_ragged(qkv, conv_state, w_conv, l.slots, l.seq_offsets, true)?; // [ch, n, 1]
+        let nb = |d: usize| [f, d * f, ch * f, ch * n * f];
+        let q = g.view(conv, [sk, hk, n, 1], nb(sk), 0)?;
+        let k = g.view(conv, [sk, hk, n, 1], nb(sk), hk * sk * f)?;
+        let v = g.view(conv, [sv, hv, n, 1], nb(sv), 2 * hk * sk * f)?;
         let q = g.l2_norm(q, c.rms_eps)?;
         let k = g.l2_norm(k, c.rms_eps)?;
-        let algo = if n_t == 1 { DeltaNetAlgo::Serial } else { DeltaNetAlgo::Chunked { chunk: 64 } };
-        let params = GatedDeltaNetParams { scale: 1.0 / (sk as f32).sqrt(), head_map: HeadMap::Tiled, algo };
-        let o = g.gated_delta_net(q, k, v, gdecay, beta, delta_state, l.slots, params)?; // [sv, hv, n_t, n_seq]
+        let algo = if l.decode { DeltaNetAlgo::Serial } else { DeltaNetAlgo::Chunked { chunk: 64 } };
+        let params =
+            GatedDeltaNetParams { scale: 1.0 / (sk as f32).sqrt(), head_map: HeadMap::Tiled, algo, ragged: true };
+        let o = g.gated_delta_net_ragged(q, k, v, gdecay, beta, delta_state, l.slots, l.seq_offsets, params)?; // [sv, hv, n, 1]
 
         let o = g.rms_norm(o, c.rms_eps)?;
         let o = g.mul(o, w_norm)?;
-        let z = g.reshape(z, &[sv, hv, n_t, n_seq])?;
+        let z = g.reshape(z, &[sv, hv, n, 1])?;
         let z = g.silu(z)?;
         let o = g.mul(o, z)?;
         let o = g.reshape(o, &[hv * sv, n])?;

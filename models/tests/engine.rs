@@ -219,7 +219,7 @@ fn memory_accounting() {
     let n_attn = (0..c.n_main_layers()).filter(|&il| c.layer_kind(il) == LayerKind::FullAttention).count();
     let elt = e.model().kv.config().dtype.block_bytes();
     assert_eq!(m.kv_bytes_per_token, n_attn * c.n_head_kv * 2 * c.head_dim * elt);
-    assert_eq!(m.kv_cache_bytes, m.kv_bytes_per_token * 32 * 4);
+    assert_eq!(m.kv_cache_bytes, m.kv_bytes_per_token * (32 * 4 + 1)); // the cells and the sink
     assert_eq!(m.recurrent_cache_bytes, m.recurrent_bytes_per_sequence * 4);
     assert_eq!(m.total_cache_bytes, m.kv_cache_bytes + m.recurrent_cache_bytes);
     // f32 weights: 4 bytes a parameter.

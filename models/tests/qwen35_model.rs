@@ -127,7 +127,7 @@ fn batched_sequences_equal_each_alone() {
         let alone_b = run_chunks(p, &b, 7, opts());
         let alone_c = run_chunks(p, &c, 4, opts());
         let (mut m, mut be) = load(p, opts());
-        // Equal lengths share one graph; c has another length and runs in its own group.
+        // Three sequences, two lengths, one packed graph.
         let out = m.step(&mut be, &[(10, &a), (20, &b), (30, &c)], Logits::Last).unwrap();
         assert_close(&out[0], &alone_a, &format!("{p} a"));
         assert_close(&out[1], &alone_b, &format!("{p} b"));
@@ -141,6 +141,49 @@ fn batched_sequences_equal_each_alone() {
         b2.extend(&next[1]);
         assert_close(&out[1], &run_chunks(p, &a2, 8, opts()), &format!("{p} a decode"));
         assert_close(&out[0], &run_chunks(p, &b2, 8, opts()), &format!("{p} b decode"));
+    }
+}
+
+/// One step mixing prompt chunks of several lengths with decode tokens is one graph, and each
+/// sequence's logits (every row, so the causal order inside a chunk is checked too) equal the
+/// sequence run alone. Then the same sequences continue in a step of another mix, so the
+/// recurrent state and the KV cache written by the packed step are checked as well.
+#[test]
+fn a_mixed_step_is_one_graph_and_equals_each_sequence_alone() {
+    for p in PRESETS {
+        let prompts = [tokens(9, 1), tokens(1, 2), tokens(3, 3), tokens(1, 4), tokens(13, 5)];
+        let (mut m, mut be) = load(p, ModelOptions { n_slots: 8, ..opts() });
+        // Sequences 1 and 3 already hold a few tokens and decode one now.
+        let before = [tokens(5, 6), tokens(2, 7)];
+        m.step(&mut be, &[(1, &before[0]), (3, &before[1])], Logits::Last).unwrap();
+        let built = m.step_cache_stats().built;
+        let batch: Vec<(u32, &[u32])> = prompts.iter().enumerate().map(|(i, t)| (i as u32, &t[..])).collect();
+        let out = m.step(&mut be, &batch, Logits::All).unwrap();
+        assert_eq!(m.step_cache_stats().built, built + 1, "{p}: the mixed step is one graph");
+        let history = |i: usize| -> Vec<u32> {
+            let pre: &[u32] = match i {
+                1 => &before[0],
+                3 => &before[1],
+                _ => &[],
+            };
+            [pre, &prompts[i][..]].concat()
+        };
+        let n_vocab = m.config.n_vocab;
+        for (i, got) in out.iter().enumerate() {
+            let h = history(i);
+            let (mut alone, mut be1) = load(p, opts());
+            let all = alone.step(&mut be1, &[(0, &h)], Logits::All).unwrap().remove(0);
+            let want = &all[(h.len() - prompts[i].len()) * n_vocab..];
+            assert_close(got, want, &format!("{p} sequence {i}"));
+        }
+        // A second step of another mix: decode for 0, 2, 4 and a chunk for 1.
+        let next = [tokens(1, 8), tokens(4, 9), tokens(1, 10), tokens(1, 11)];
+        let out = m.step(&mut be, &[(0, &next[0]), (1, &next[1]), (2, &next[2]), (4, &next[3])], Logits::Last).unwrap();
+        for (k, i) in [0usize, 1, 2, 4].into_iter().enumerate() {
+            let h = [history(i), next[k].clone()].concat();
+            let want = run_chunks(p, &h, h.len(), opts());
+            assert_close(&out[k], &want, &format!("{p} sequence {i}, second step"));
+        }
     }
 }
 

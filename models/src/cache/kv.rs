@@ -117,10 +117,12 @@ struct Seq {
 /// # Layout
 ///
 /// Each full-attention layer owns one K and one V tensor of `n_cells = n_blocks * block_size`
-/// cells. A cell holds one token's keys (or values) for every kv head, so the storage tensor is
-/// `[head_dim * n_head_kv, n_cells, 1, 1]` (ggml order, [`PagedKvCache::k_shape`]): row `c` is
-/// cell `c`, which is what `set_rows` writes a step's new rows into (row ids from
-/// [`PagedKvCache::write_cells`]). Paged `flash_attn_ext` reads the same bytes through the view
+/// cells plus one **sink** cell ([`PagedKvCache::sink_cell`], the last row). A cell holds one
+/// token's keys (or values) for every kv head, so the storage tensor is
+/// `[head_dim * n_head_kv, n_cells + 1, 1, 1]` (ggml order, [`PagedKvCache::k_shape`]): row `c`
+/// is cell `c`, which is what `set_rows` writes a step's new rows into (row ids from
+/// [`PagedKvCache::write_cells`]). The padding tokens of a step bucket write their (ignored) K/V
+/// to the sink, which no block table names. Paged `flash_attn_ext` reads the same bytes through the view
 /// `[head_dim, n_cells, n_head_kv, 1]` given by [`PagedKvCache::k_view`] (dense rows of
 /// `head_dim`, cell stride `head_dim * n_head_kv` elements, head stride `head_dim` elements).
 ///
@@ -167,9 +169,16 @@ impl PagedKvCache {
         &self.cfg
     }
 
-    /// Cells per layer: `n_blocks * block_size`.
+    /// Cells per layer: `n_blocks * block_size` (the sink not counted).
     pub fn n_cells(&self) -> usize {
         self.cfg.n_blocks * self.cfg.block_size
+    }
+
+    /// The cell padding tokens write to: the row after the last block's cells. It belongs to no
+    /// sequence and no block table names it, so what is written there is never read.
+    pub fn sink_cell(&self) -> i32 {
+        // n_cells < i32::MAX (validated), so the sink fits an i32.
+        self.n_cells() as i32
     }
 
     /// Blocks on the free list.
@@ -427,15 +436,15 @@ impl PagedKvCache {
         self.cfg.dtype.block_bytes()
     }
 
-    /// Storage shape of one layer's K tensor, ggml order: `[head_dim_k * n_head_kv, n_cells, 1, 1]`
-    /// (one row per cell; the `set_rows` target).
+    /// Storage shape of one layer's K tensor, ggml order: `[head_dim_k * n_head_kv, n_cells + 1,
+    /// 1, 1]` (one row per cell and the sink; the `set_rows` target).
     pub fn k_shape(&self) -> [usize; 4] {
-        [self.cfg.head_dim_k * self.cfg.n_head_kv, self.n_cells(), 1, 1]
+        [self.cfg.head_dim_k * self.cfg.n_head_kv, self.n_cells() + 1, 1, 1]
     }
 
-    /// Storage shape of one layer's V tensor: `[head_dim_v * n_head_kv, n_cells, 1, 1]`.
+    /// Storage shape of one layer's V tensor: `[head_dim_v * n_head_kv, n_cells + 1, 1, 1]`.
     pub fn v_shape(&self) -> [usize; 4] {
-        [self.cfg.head_dim_v * self.cfg.n_head_kv, self.n_cells(), 1, 1]
+        [self.cfg.head_dim_v * self.cfg.n_head_kv, self.n_cells() + 1, 1, 1]
     }
 
     fn attn_view(&self, d: usize) -> KvView {
@@ -461,14 +470,14 @@ impl PagedKvCache {
         self.cfg.n_layers * self.cfg.n_head_kv * (self.cfg.head_dim_k + self.cfg.head_dim_v) * self.elt()
     }
 
-    /// Bytes of one layer's K plus V tensors.
+    /// Bytes of one layer's K plus V tensors (the sink included).
     pub fn bytes_per_layer(&self) -> usize {
-        self.bytes_per_token() / self.cfg.n_layers * self.n_cells()
+        self.bytes_per_token() / self.cfg.n_layers * (self.n_cells() + 1)
     }
 
-    /// Bytes of every cache tensor: `bytes_per_token * n_cells`.
+    /// Bytes of every cache tensor: `bytes_per_token * (n_cells + 1)`.
     pub fn total_bytes(&self) -> usize {
-        self.bytes_per_token() * self.n_cells()
+        self.bytes_per_token() * (self.n_cells() + 1)
     }
 
     /// Checks the [invariants](Self); `Err(CacheError::Invariant)` names the first broken
@@ -541,14 +550,15 @@ mod tests {
     fn shapes_and_bytes() {
         let kv = PagedKvCache::new(cfg(4, 3)).unwrap();
         assert_eq!(kv.n_cells(), 12);
-        assert_eq!(kv.k_shape(), [16, 12, 1, 1]);
-        assert_eq!(kv.v_shape(), [8, 12, 1, 1]);
+        assert_eq!(kv.k_shape(), [16, 13, 1, 1]);
+        assert_eq!(kv.v_shape(), [8, 13, 1, 1]);
+        assert_eq!(kv.sink_cell(), 12);
         assert_eq!(kv.k_view(), KvView { ne: [8, 12, 2, 1], nb: [2, 32, 16, 384] });
         assert_eq!(kv.v_view(), KvView { ne: [4, 12, 2, 1], nb: [2, 16, 8, 192] });
         // 2 layers * 2 heads * (8 + 4) dims * 2 bytes.
         assert_eq!(kv.bytes_per_token(), 96);
-        assert_eq!(kv.bytes_per_layer(), 48 * 12);
-        assert_eq!(kv.total_bytes(), 96 * 12);
+        assert_eq!(kv.bytes_per_layer(), 48 * 13);
+        assert_eq!(kv.total_bytes(), 96 * 13);
         let f32 = PagedKvCache::new(KvCacheConfig { dtype: DType::F32, ..cfg(4, 3) }).unwrap();
         assert_eq!(f32.bytes_per_token(), 192);
     }
