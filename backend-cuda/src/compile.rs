@@ -33,11 +33,12 @@ pub enum Module {
     Attention,
     Conv,
     DeltaNet,
+    Sample,
 }
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 10] = [
+    pub const ALL: [Module; 11] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
@@ -48,6 +49,7 @@ impl Module {
         Module::Attention,
         Module::Conv,
         Module::DeltaNet,
+        Module::Sample,
     ];
 
     /// The architectures whose architecture-specific features (the `a` targets) the module's
@@ -72,6 +74,7 @@ impl Module {
             Module::Attention => "attention",
             Module::Conv => "conv",
             Module::DeltaNet => "delta_net",
+            Module::Sample => "sample",
         }
     }
 
@@ -87,6 +90,7 @@ impl Module {
             Module::Attention => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::DeltaNet => include_str!("../kernels/delta_net.cu"),
+            Module::Sample => include_str!("../kernels/sample.cu"),
         }
     }
 

@@ -66,10 +66,21 @@ pub(crate) const ERR_DUPLICATE_INDEX: u32 = 2;
 /// `KernelError::ValueOutOfRange`: `index` holds the value, `first` its position, `second` and
 /// `limit` the allowed `low..=high`.
 pub(crate) const ERR_VALUE_OUT_OF_RANGE: u32 = 3;
+/// `KernelError::BadValue` (sample's settings and NaN rows): `what` is a
+/// `tessera_ops::sample::SampleField` code, `index` the row, `first` the f32 bits of the value.
+pub(crate) const ERR_BAD_VALUE: u32 = 4;
 
 /// The ops that can report data errors, by the code kernels store in `ErrorRecord::op`.
-pub(crate) const OPS_WITH_ERRORS: [&str; 7] =
-    ["get_rows", "set_rows", "mul_mat_id", "flash_attn_ext", "gated_delta_net", "ssm_conv_update_inplace", "top_k"];
+pub(crate) const OPS_WITH_ERRORS: [&str; 8] = [
+    "get_rows",
+    "set_rows",
+    "mul_mat_id",
+    "flash_attn_ext",
+    "gated_delta_net",
+    "ssm_conv_update_inplace",
+    "top_k",
+    "sample",
+];
 
 /// The code kernels pass as `op` for the op named `name` (its index in [`OPS_WITH_ERRORS`]).
 pub(crate) fn op_code(name: &str) -> u32 {
@@ -114,6 +125,16 @@ impl ErrorRecord {
                 low: self.second,
                 high: self.limit,
             }),
+            ERR_BAD_VALUE => {
+                let field = tessera_ops::sample::SampleField::from_code(self.what);
+                Some(KernelError::BadValue {
+                    op,
+                    row: self.index.max(0) as usize,
+                    what: field.map_or("value", |f| f.name()),
+                    value: f64::from(f32::from_bits(self.first as u32)),
+                    expected: field.map_or("", |f| f.expected()),
+                })
+            }
             other => Some(KernelError::Unsupported { op, why: format!("unknown device error code {other}") }),
         }
     }

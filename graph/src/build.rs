@@ -193,6 +193,16 @@ impl Graph {
         self.op(Op::Argsort(order), &[x])
     }
 
+    // ---- sampling ----
+
+    /// One token id per row: `logits` f32 `[n_vocab, n_rows, 1, 1]` (dense rows), `settings` f32
+    /// `[4, n_rows, 1, 1]` holding each row's `(temperature, top_k, top_p, u)` (temperature 0 is
+    /// greedy, top_k 0 and top_p 1 keep every token, `u` in [0, 1) is the row's uniform draw)
+    /// -> i32 `[1, n_rows, 1, 1]`. The rule is `tessera_ops::sample::sample` (docs/OPS.md).
+    pub fn sample(&mut self, logits: Tensor, settings: Tensor) -> R {
+        self.op(Op::Sample, &[logits, settings])
+    }
+
     // ---- quantization ----
 
     /// f32 `x` as a block-quantized tensor of dtype `to` (q8_0 or nvfp4).
@@ -225,8 +235,7 @@ impl Graph {
         scale: f32,
         softcap: f32,
     ) -> R {
-        let params =
-            FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: false };
+        let params = FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: false };
         let inputs: Vec<Tensor> = [Some(q), Some(k), Some(v), mask, block_table].into_iter().flatten().collect();
         self.op(Op::FlashAttnExt(params), &inputs)
     }

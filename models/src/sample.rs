@@ -1,12 +1,19 @@
 //! Token sampling from f32 logits: greedy, temperature, top-k, top-p (nucleus), seeded.
 //!
-//! A [`Sampler`] is deterministic: the same [`SamplerParams`] (seed included) and the same logits
-//! give the same tokens, on every platform (the generator is SplitMix64, the arithmetic is f64
-//! over the f32 logits in a fixed order).
+//! A [`Sampler`] keeps a sequence's [`SamplerParams`] and its seeded generator (SplitMix64). Each
+//! token takes one uniform draw `u` from the generator ([`Sampler::next_settings`]) and picks by
+//! `tessera_ops::sample::sample`: the same exact integer rule that the `sample` op computes on
+//! every backend, so sampling here and sampling on the device with the same `u` give the same
+//! token bit for bit (docs/OPS.md, `sample`).
 //!
-//! Order of the filters, as in llama.cpp's default chain: top-k on the raw logits, then softmax at
-//! the temperature, then top-p over the sorted probabilities, then one draw. Temperature 0 is
-//! greedy: the largest logit, the lowest id on ties; top-k / top-p do not change the argmax.
+//! The rule, as in llama.cpp's default chain: top-k on the raw logits, softmax at the
+//! temperature, top-p over the probabilities in rank order (largest first, lowest id on ties),
+//! then one draw from the kept tokens in proportion to their probabilities. The draw walks the
+//! kept tokens in id order (no sort of the vocabulary); the weights are integers
+//! (`trunc(e^((l - max) / t) · 2^40)`), so no summation order can move a pick. Temperature 0 (or
+//! top-k 1) is greedy: the largest logit, the lowest id on ties; NaN logits are never picked.
+
+use tessera_ops::sample::{MAX_TOP_K, SampleSettings, sample as sample_row};
 
 use crate::cache::SplitMix64;
 
@@ -23,6 +30,8 @@ pub enum SampleError {
     Empty,
     #[error("every logit is NaN")]
     AllNan,
+    #[error("the uniform draw u must be in [0, 1), got {0}")]
+    U(f32),
 }
 
 /// How to pick the next token.
@@ -70,6 +79,14 @@ impl SamplerParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }
+
+    /// The op's settings for these params with the draw `u` (in [0, 1)). `top_k` above 2^24 is
+    /// 2^24 (every row is shorter, so both keep every token).
+    pub fn settings(&self, u: f32) -> Result<SampleSettings, SampleError> {
+        self.validate()?;
+        let k = self.top_k.map_or(0, |k| k.min(MAX_TOP_K as usize) as u32);
+        SampleSettings::new(self.temperature, k, self.top_p, u).map_err(|_| SampleError::U(u))
+    }
 }
 
 /// A seeded sampler: [`SamplerParams`] plus the generator state.
@@ -95,62 +112,28 @@ impl Sampler {
         &self.params
     }
 
-    /// Picks a token id from `logits` (one value per vocab entry). NaN logits are never picked;
-    /// `-inf` logits have probability 0 unless every other logit is NaN or `-inf`.
+    /// The settings of the next token's pick: the params and a fresh draw `u` (none for greedy,
+    /// which leaves the generator as it was). What the `sample` op takes as one row of its
+    /// settings tensor ([`SampleSettings::to_row`]).
+    pub fn next_settings(&mut self) -> SampleSettings {
+        let u = if self.params.is_greedy() { 0.0 } else { self.next_u() };
+        self.params.settings(u).expect("Sampler::new validated the params, and draws are in [0, 1)")
+    }
+
+    /// Picks a token id from `logits` (one value per vocab entry) with [`Sampler::next_settings`]:
+    /// NaN logits are never picked; `-inf` logits have probability 0 unless every logit is NaN or
+    /// `-inf` (then the `-inf` ones are equally likely).
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
         if logits.is_empty() {
             return Err(SampleError::Empty);
         }
-        if self.params.is_greedy() {
-            return argmax(logits).ok_or(SampleError::AllNan);
-        }
-        // Candidates sorted by logit, largest first, lowest id first on ties.
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l)).collect();
-        if cand.is_empty() {
-            return Err(SampleError::AllNan);
-        }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if let Some(k) = self.params.top_k {
-            cand.truncate(k);
-        }
-        let max = cand[0].1 as f64;
-        if max == f64::NEG_INFINITY {
-            return Ok(cand[0].0);
-        }
-        let t = self.params.temperature as f64;
-        let mut probs: Vec<f64> = cand.iter().map(|&(_, l)| ((l as f64 - max) / t).exp()).collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= sum);
-        // Nucleus: the shortest prefix reaching top_p (at least one token).
-        let top_p = self.params.top_p as f64;
-        let mut keep = probs.len();
-        if top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, p) in probs.iter().enumerate() {
-                acc += p;
-                if acc >= top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        let kept = &probs[..keep];
-        let total: f64 = kept.iter().sum();
-        let u = self.next_f64() * total;
-        let mut acc = 0.0;
-        for (i, p) in kept.iter().enumerate() {
-            acc += p;
-            if u < acc {
-                return Ok(cand[i].0);
-            }
-        }
-        Ok(cand[keep - 1].0)
+        let settings = self.next_settings();
+        sample_row(logits, &settings).ok_or(SampleError::AllNan)
     }
 
-    /// Uniform in [0, 1) with 53 bits.
-    fn next_f64(&mut self) -> f64 {
-        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    /// Uniform in [0, 1) with 24 bits (exact in f32, as the op's settings hold it).
+    fn next_u(&mut self) -> f32 {
+        (self.rng.next_u64() >> 40) as f32 / (1u32 << 24) as f32
     }
 }
 
@@ -227,6 +210,50 @@ mod tests {
         let ones = (0..n).filter(|_| s.sample(&logits).unwrap() == 1).count();
         let f = ones as f64 / n as f64;
         assert!((f - 0.75).abs() < 0.02, "{f}");
+    }
+
+    #[test]
+    fn the_op_on_a_backend_picks_what_the_host_picks() {
+        use tessera_graph::{Graph, Session};
+        use tessera_ops::DType;
+        // Four sequences with their own params and generators; one step each, sampled here and
+        // by the `sample` op (CPU backend) from the settings rows of a clone of the samplers.
+        let n = 300;
+        let logits: Vec<f32> = (0..4 * n).map(|i| (((i * 7919) % 1000) as f32 / 97.0).sin() * 4.0).collect();
+        let params = [
+            params(0.0, None, 1.0, 1),
+            params(0.8, Some(40), 0.95, 2),
+            params(1.3, None, 0.5, 3),
+            params(1.0, None, 1.0, 4),
+        ];
+        for step in 0..20 {
+            let mut host: Vec<Sampler> = params.iter().map(|p| Sampler::new(*p).unwrap()).collect();
+            let mut device = host.clone();
+            for s in host.iter_mut().chain(device.iter_mut()) {
+                for _ in 0..step {
+                    s.next_settings();
+                }
+            }
+            let want: Vec<u32> =
+                host.iter_mut().enumerate().map(|(r, s)| s.sample(&logits[r * n..(r + 1) * n]).unwrap()).collect();
+            let rows: Vec<f32> = device.iter_mut().flat_map(|s| s.next_settings().to_row()).collect();
+            let mut g = Graph::new();
+            let l = g.input("logits", DType::F32, [n, 4, 1, 1]).unwrap();
+            let st = g.input("settings", DType::F32, [4, 4, 1, 1]).unwrap();
+            let ids = g.sample(l, st).unwrap();
+            g.mark_output(ids).unwrap();
+            let mut cpu = tessera_cpu::CpuBackend::new();
+            let mut session = Session::new(&g, &mut cpu).unwrap();
+            session.set(l, bytemuck_f32(&logits).as_slice()).unwrap();
+            session.set(st, bytemuck_f32(&rows).as_slice()).unwrap();
+            session.run().unwrap();
+            let got: Vec<u32> = session.get_f64(ids).unwrap().iter().map(|&v| v as u32).collect();
+            assert_eq!(got, want, "step {step}");
+        }
+    }
+
+    fn bytemuck_f32(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
     #[test]

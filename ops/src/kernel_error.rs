@@ -16,6 +16,11 @@ pub enum KernelError {
     /// (e.g. a ragged batch's `seq_offsets`, which must be non-decreasing and at most n_tokens).
     #[error("{op}: {what}[{at}] = {value} is outside {low}..={high}")]
     ValueOutOfRange { op: &'static str, what: &'static str, at: usize, value: i64, low: i64, high: i64 },
+
+    /// A float value of row `row` outside its range (e.g. sample's settings), or a row with no
+    /// usable value (sample's logits all NaN).
+    #[error("{op}: row {row}: {what} is {value}, expected {expected}")]
+    BadValue { op: &'static str, row: usize, what: &'static str, value: f64, expected: &'static str },
 }
 
 /// The `seq_offsets` of a ragged token batch (`n_seq + 1` values; sequence `s` owns tokens

@@ -15,6 +15,7 @@ mod op;
 pub mod quant;
 pub mod reference;
 mod rules;
+pub mod sample;
 
 pub use dtype::DType;
 pub use error::OpError;

@@ -315,6 +315,14 @@ pub enum Op {
     /// `b [K, N, B2, B3]` (activations, f32) gives f32
     /// `[M, N, B2, B3]`: `out[m, n] = sum_k a[k, m] * b[k, n]`; `a` broadcasts over dims 2 and 3.
     MulMat,
+
+    // ---- sampling ----
+    /// `[logits, settings]`: `logits` f32 `[n_vocab, n_rows, 1, 1]` (dense rows), `settings` f32
+    /// `[4, n_rows, 1, 1]` holding per row `(temperature, top_k, top_p, u)`; output i32
+    /// `[1, n_rows, 1, 1]`, the token drawn from each row by `crate::sample::sample` (greedy at
+    /// temperature 0; `u` in [0, 1) is the row's uniform draw). Out-of-range settings and rows of
+    /// NaN logits are `KernelError::BadValue`.
+    Sample,
 }
 
 impl Op {
@@ -352,6 +360,7 @@ impl Op {
             Op::SsmConv => "ssm_conv",
             Op::SsmConvUpdate { .. } => "ssm_conv_update_inplace",
             Op::GatedDeltaNet(_) => "gated_delta_net",
+            Op::Sample => "sample",
         }
     }
 
@@ -531,7 +540,8 @@ impl Op {
             | Op::Dequantize
             | Op::SsmConv
             | Op::MulMatId
-            | Op::MulMat => P::None,
+            | Op::MulMat
+            | Op::Sample => P::None,
             Op::Cast(d) | Op::Quantize(d) => P::DType(*d),
             Op::Concat { dim: n } | Op::TopK { k: n } => P::Index(*n),
             Op::Repeat { ne: d } | Op::Reshape { ne: d } | Op::Permute { axes: d } => P::Dims(*d),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tessera_graph::{Graph, GraphError, NodeId, NodeKind, Tensor};
 use tessera_ops::{Cost, DType, TensorMeta, cost};
 
+use crate::check::Comparison;
 use crate::inputs;
 
 /// NMSE bound for cases whose inputs are all f32 (or integer): only f32-versus-f64 arithmetic
@@ -104,6 +105,23 @@ pub enum Init {
     /// Exactly these integers in logical order, one per element (e.g. a ragged batch's
     /// `seq_offsets` and slots).
     Fixed(&'static [i32]),
+    /// Values made by a function of the input's shape, the case's parameters and a seed
+    /// (structured data: a vocabulary's logits, per-row settings).
+    Generated(Generator),
+}
+
+/// A value generator for [`Init::Generated`]: `f(ne, args, seed)` returns the input's values in
+/// logical order (`ne` as the op sees it).
+#[derive(Debug, Clone, Copy)]
+pub struct Generator {
+    pub f: fn([usize; 4], [f32; 4], u64) -> Vec<f32>,
+    pub args: [f32; 4],
+}
+
+impl PartialEq for Generator {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.f, other.f) && self.args == other.args
+    }
 }
 
 impl Init {
@@ -150,6 +168,10 @@ impl InputSpec {
     }
 }
 
+/// A case's own judgement of the op's output (instead of NMSE or exact equality): `(inputs, got,
+/// want)` with every input's values as the op sees them, in logical order.
+pub type JudgeFn = Arc<dyn Fn(&[Vec<f64>], &[f64], &[f64]) -> Comparison + Send + Sync>;
+
 /// Builds the op under test from the case's inputs (already laid out) and returns its result.
 pub type BuildFn = Arc<dyn Fn(&mut Graph, &[Tensor]) -> Result<Tensor, GraphError> + Send + Sync>;
 
@@ -182,6 +204,7 @@ pub struct Case {
     /// The run must fail with a data error (`KernelError`), the same on the backend as on its
     /// judge, and leave every leaf an op updates in place untouched.
     expect_error: bool,
+    judge: Option<JudgeFn>,
 }
 
 impl fmt::Debug for Case {
@@ -203,7 +226,22 @@ impl Case {
             label.push_str(&format!(",{}={}", input.name, input.layout));
         }
         label.push(')');
-        Case { op, label, inputs, build: Arc::new(build), nmse_bound: None, expect_error: false }
+        Case { op, label, inputs, build: Arc::new(build), nmse_bound: None, expect_error: false, judge: None }
+    }
+
+    /// Judges the op's output with `judge` instead of by NMSE or equality (an op whose result
+    /// may legitimately move with rounding, such as a sampled token id near a boundary).
+    pub fn with_judge(
+        mut self,
+        judge: impl Fn(&[Vec<f64>], &[f64], &[f64]) -> Comparison + Send + Sync + 'static,
+    ) -> Self {
+        self.judge = Some(Arc::new(judge));
+        self
+    }
+
+    /// The case's own judge of the op's output, if it has one.
+    pub fn judge(&self) -> Option<&JudgeFn> {
+        self.judge.as_ref()
     }
 
     /// Marks the case as one whose run must fail (bad values): it passes when the backend fails

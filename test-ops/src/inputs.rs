@@ -58,6 +58,11 @@ fn logical_values(spec: &InputSpec, rng: &mut SmallRng) -> Vec<f32> {
                 if i % row != 0 && rng.random_range(0..4) == 0 { f32::NEG_INFINITY } else { x }
             })
             .collect(),
+        Init::Generated(g) => {
+            let values = (g.f)(spec.ne, g.args, rng.random::<u64>());
+            assert_eq!(values.len(), n, "{}: {} generated values for {n} elements", spec.name, values.len());
+            values
+        }
         Init::Fixed(values) => {
             assert_eq!(values.len(), n, "{}: {} fixed values for {n} elements", spec.name, values.len());
             // |values| < 2^24 in practice: exact in f32.

@@ -17,7 +17,9 @@ mod eval;
 mod inputs;
 mod perf;
 
-pub use case::{BuildFn, Built, Case, Init, InputSpec, Layout, NMSE_F32, NMSE_HALF, Shape, default_bound};
+pub use case::{
+    BuildFn, Built, Case, Generator, Init, InputSpec, JudgeFn, Layout, NMSE_F32, NMSE_HALF, Shape, default_bound,
+};
 pub use cases::{catalogue, perf_catalogue};
 pub use eval::{CaseResult, GUARD_BYTES, Outcome, OutputCheck, eval_case};
 pub use perf::{PerfBudget, PerfResult, perf_case};

@@ -61,6 +61,7 @@ fn every_op() -> Vec<Op> {
             ragged: false,
         }),
     ];
+    ops.push(Op::Sample);
     ops.extend(UnaryOp::ALL.map(Op::Unary));
     ops.extend(BinaryOp::ALL.map(Op::Binary));
     for op in &ops {
@@ -101,7 +102,8 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::FlashAttnExt(_)
         | Op::SsmConv
         | Op::SsmConvUpdate { .. }
-        | Op::GatedDeltaNet(_) => op.name(),
+        | Op::GatedDeltaNet(_)
+        | Op::Sample => op.name(),
     }
 }
 

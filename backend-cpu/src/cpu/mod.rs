@@ -34,6 +34,7 @@ mod par;
 mod quant;
 mod reduce;
 mod rope;
+mod sample;
 mod strided;
 mod sum;
 #[cfg(test)]
@@ -416,6 +417,7 @@ fn dispatch(
             attention::flash_attn_ext(p, input(0)?, input(1)?, input(2)?, mask, table, ragged, &mut dst)
         }
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
+        Op::Sample => sample::sample(input(0)?, input(1)?, &mut dst),
         Op::SsmConvUpdate { silu, ragged } => {
             let offsets = if *ragged { Some(input(4)?) } else { None };
             conv::ssm_conv_update(*silu, input(0)?, state()?, input(2)?, input(3)?, offsets, &mut dst)

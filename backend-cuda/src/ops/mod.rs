@@ -11,6 +11,7 @@ mod mmq;
 mod quant;
 mod reduce;
 mod rope;
+mod sample;
 
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Op, TensorMeta};
@@ -39,6 +40,7 @@ fn family(op: &Op) -> Option<Family> {
         Op::FlashAttnExt(_) => Family::Attention,
         Op::SsmConv | Op::SsmConvUpdate { .. } => Family::Conv,
         Op::GatedDeltaNet(_) => Family::DeltaNet,
+        Op::Sample => Family::Sample,
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
     })
 }
@@ -56,6 +58,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
         Some(Family::Attention) => attention::supports(op, inputs),
         Some(Family::Conv) => conv::supports(op, inputs),
         Some(Family::DeltaNet) => delta_net::supports(op, inputs),
+        Some(Family::Sample) => sample::supports(op, inputs),
         None => false,
     }
 }
@@ -68,6 +71,7 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
         Some(Family::Attention) => attention::scratch_bytes(task),
         Some(Family::DeltaNet) => delta_net::scratch_bytes(task),
         Some(Family::Reduce) => reduce::scratch_bytes(task),
+        Some(Family::Sample) => sample::scratch_bytes(task),
         _ => 0,
     }
 }
@@ -84,6 +88,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Some(Family::Attention) => attention::run(cx, task, ins, out),
         Some(Family::Conv) => conv::run(cx, task, ins, out),
         Some(Family::DeltaNet) => delta_net::run(cx, task, ins, out),
+        Some(Family::Sample) => sample::run(cx, task, ins, out),
         None => Err(unsupported(task, "views are resolved by the executor, never computed")),
     }
 }

@@ -12,10 +12,13 @@ mod matmul;
 mod quant;
 mod reduce;
 mod rope;
+mod sample;
 #[cfg(test)]
 mod testutil;
 
 use crate::{KernelError, Op, TensorMeta};
+
+pub use sample::sample_accepts;
 
 /// A tensor's logical values in ggml order (`ne[0]` fastest), as f64.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +91,7 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
         Op::RopeMulti(_) => rope::compute(op, inputs, out),
         Op::FlashAttnExt(_) => attention::compute(op, inputs, out),
         Op::SsmConv => conv::compute(op, inputs, out),
+        Op::Sample => sample::compute(inputs, out),
         Op::SsmConvUpdate { .. } | Op::GatedDeltaNet(_) => Err(KernelError::Unsupported {
             op: op.name(),
             why: "it updates an input in place: use reference::compute_updating".into(),

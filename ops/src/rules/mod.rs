@@ -10,6 +10,7 @@ mod matmul;
 mod quant;
 mod reduce;
 mod rope;
+mod sample;
 mod view;
 
 use crate::{DType, Op, OpError, TensorMeta};
@@ -46,6 +47,7 @@ pub fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
         Op::FlashAttnExt(_) => attention::infer(op, inputs),
         Op::SsmConv | Op::SsmConvUpdate { .. } => conv::infer(op, inputs),
         Op::GatedDeltaNet(_) => delta_net::infer(op, inputs),
+        Op::Sample => sample::infer(op, inputs),
     }
 }
 
@@ -79,6 +81,8 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::SumRows => count(inputs[0]),
         Op::Softmax(_) => count(inputs[0]).saturating_mul(5),
         Op::Argmax => count(inputs[0]),
+        // About 10 a logit: the max, the exp of the weight, the compares and sums of the draw.
+        Op::Sample => count(inputs[0]).saturating_mul(10),
         _ => 0,
     };
     match op {

@@ -20,6 +20,7 @@ mod perf;
 mod quant;
 mod reduce;
 mod rope;
+mod sample;
 mod view;
 
 use tessera_ops::DType;
@@ -52,6 +53,7 @@ pub fn catalogue() -> Vec<Case> {
     attention::cases(&mut cases);
     conv::cases(&mut cases);
     delta_net::cases(&mut cases);
+    sample::cases(&mut cases);
     cases
 }
 

@@ -20,6 +20,7 @@ pub(super) fn cases() -> Vec<Case> {
     out.extend(super::attention::perf_cases());
     out.extend(super::conv::perf_cases());
     out.extend(super::delta_net::perf_cases());
+    out.extend(super::sample::perf_cases());
     out
 }
 
