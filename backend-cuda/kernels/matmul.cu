@@ -18,9 +18,10 @@
 //   per 2 or 5 16-byte words (see the end).
 // - `dequant_rows` converts rows of one weight matrix to bf16 (hi, and lo = the rounding
 //   remainder) for the cuBLAS path of quantized weights with many tokens.
-// - `moe_group` groups the (slot, token) pairs of mul_mat_id by expert on the device (counts,
-//   prefix sum, lists), checking every id; `moe_gemv` runs the rows of each expert with few
-//   pairs over them up to 8 at a time, `moe_gemm` (shared-memory tiles, f32 FMA) the busy experts.
+// - `moe_gemv` runs the rows of each expert with few (slot, token) pairs of mul_mat_id over them
+//   up to 8 at a time, `moe_gemm` (shared-memory tiles, f32 FMA) the busy experts, over the pairs
+//   that mmq.cu's `moe_prep` grouped by expert (q8_0 / nvfp4 experts mostly take mmq.cu's
+//   `moe_mma_*` instead).
 
 #define MM_WARPS 4
 // moe_gemm tile: weight rows x pairs x k step (256 threads, 4 x 2 outputs each).
@@ -280,38 +281,6 @@ __device__ __forceinline__ void gemv_body(Tensor a, int adt, const float* bp, i6
             }
             __syncthreads();
         }
-    }
-}
-
-// One block: groups the pairs s = u + n_used * t of ids [n_used, T] by expert. offsets[e] ..
-// offsets[e + 1] index list[] (the pairs of expert e, in no particular order); cursor has
-// n_expert ints of scratch. Bad ids are reported and their pairs dropped.
-extern "C" __global__ void moe_group(Tensor ids, i64 n_expert, int* offsets, int* cursor, int* list, u64 err, u32 op) {
-    const i64 n_used = ids.ne[0], n_pairs = ids.ne[0] * ids.ne[1];
-    for (i64 e = threadIdx.x; e < n_expert; e += blockDim.x) cursor[e] = 0;
-    __syncthreads();
-    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
-        const int id = *(const int*)(ids.data + (s % n_used) * ids.nb[0] + (s / n_used) * ids.nb[1]);
-        if (id < 0 || id >= n_expert) {
-            report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, n_expert, 0, 0);
-        } else {
-            atomicAdd(&cursor[id], 1);
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int acc = 0;
-        for (i64 e = 0; e < n_expert; e++) {
-            offsets[e] = acc;
-            acc += cursor[e];
-            cursor[e] = 0;
-        }
-        offsets[n_expert] = acc;
-    }
-    __syncthreads();
-    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
-        const int id = *(const int*)(ids.data + (s % n_used) * ids.nb[0] + (s / n_used) * ids.nb[1]);
-        if (id >= 0 && id < n_expert) list[offsets[id] + atomicAdd(&cursor[id], 1)] = (int)s;
     }
 }
 

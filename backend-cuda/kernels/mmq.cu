@@ -1,5 +1,6 @@
 // mmq.cu: mul_mat and mul_mat_id with q8_0 or nvfp4 weights for many tokens, on tensor cores
-// (f16 operands, f32 accumulators), dequantizing weight tiles in shared memory.
+// (f16 operands, f32 accumulators), dequantizing weight tiles in shared memory; and (at the end)
+// mul_mat_id with few pairs an expert: `moe_prep` and `moe_mma_*`.
 //
 // Accuracy: nvfp4 weights are exact in f16 (E2M1 times a UE4M3 scale: at most 6 significant
 // bits, with the scale folded in). q8_0 weights are their f16 scale times the 8-bit quant, rounded
@@ -52,11 +53,11 @@ constexpr int mq_shared_bytes(int qt, int stages) { return stages * mq_slot_byte
 // Activations as mmq reads them, one warp per flat row r of b (f32, any strides): the row times
 // 2^(15 - e), where 2^e bounds its largest magnitude, as f16 in k-tiles of 64 at
 // x + (r * (k / 64) + kt) * MQ_ROW bytes, and xs[r] = 2^(e - 15) to undo it.
-extern "C" __global__ void mmq_pack_x(Tensor b, char* x, float* xs) {
+// Warp `warp` of `warps` packs rows warp, warp + warps, ...
+__device__ __forceinline__ void mq_pack_rows(Tensor b, char* x, float* xs, i64 warp, i64 warps) {
     const i64 k = b.ne[0], rows = nelements(b) / k;
     const int lane = threadIdx.x & 31;
-    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
-    for (i64 r = blockIdx.x * (i64)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
+    for (i64 r = warp; r < rows; r += warps) {
         i64 i1, i2, i3;
         row_coords(b, r, i1, i2, i3);
         const char* src = b.data + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
@@ -79,6 +80,11 @@ extern "C" __global__ void mmq_pack_x(Tensor b, char* x, float* xs) {
             *(uint4*)(x + (r * (k / MQ_BK) + c / 8) * MQ_ROW + (c % 8) * 16) = make_uint4(h[0], h[1], h[2], h[3]);
         }
     }
+}
+
+extern "C" __global__ void mmq_pack_x(Tensor b, char* x, float* xs) {
+    const i64 per_block = blockDim.x >> 5;
+    mq_pack_rows(b, x, xs, blockIdx.x * per_block + (threadIdx.x >> 5), (i64)gridDim.x * per_block);
 }
 
 // Byte offset of 16-byte chunk c of row r in a swizzled shared tile.
@@ -454,7 +460,7 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* x
 }
 
 // mul_mat_id: out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs s = u + n_used t of
-// expert e = blockIdx.z, listed at list[offsets[e] .. offsets[e + 1]] (by `moe_group`, matmul.cu),
+// expert e = blockIdx.z, listed at list[offsets[e] .. offsets[e + 1]] (by `moe_prep`),
 // for experts with more than min_pairs pairs (the others are matmul.cu's). x, xs hold the packed
 // rows of b. Grid: (column blocks, M / MQ_BM rounded up, n_expert); column block x takes the
 // expert's column tiles x, x + gridDim.x, ..., so a grid sized for a typical expert covers any.
@@ -500,3 +506,384 @@ MQ_ENTRY(mmq_q8_0_s4, DT_Q8_0, 4)
 MQ_ENTRY(mmq_q8_0_s5, DT_Q8_0, 5)
 MQ_ENTRY(mmq_nvfp4_s4, DT_NVFP4, 4)
 MQ_ENTRY(mmq_nvfp4_s5, DT_NVFP4, 5)
+
+// ---------------------------------------------------------------------------------------------
+// mul_mat_id with few pairs per expert (a batch of decode steps, a short prefill): each routed
+// expert's weights are read from memory once and multiplied by all of its (slot, token) pairs on
+// tensor cores (`moe_mma_q8_0` / `moe_mma_nvfp4`), after `moe_prep` grouped the pairs and packed
+// the activations in one launch. (With a few pairs an expert, the tiled kernels above would do
+// 128-column tiles for a handful of columns, and a warp-per-row GEMV re-decodes a row per pair.)
+//
+// `moe_prep`: its last block groups the pairs s = u + n_used t of ids [n_used, T] by expert
+// (counts, a block-wide prefix sum, then the pair lists, in no particular order; counts in shared
+// memory when they fit), checking every id, and lists the experts with 1 ..= max_pairs pairs in
+// increasing order (`MeExpert`); the other blocks pack the activations as `mmq_pack_x` does
+// (none when x is null: matmul.cu's kernels read f32 rows).
+//
+// `moe_mma_*`: a work item is ME_ROWS = 32 weight rows (two m16 tiles) of one listed expert. The
+// grid is one wave of blocks whose warps take the items round-robin, each warp on its own: it
+// streams its items' rows in k-chunks of 256 values (cp.async of 16-byte pieces, coalesced)
+// through a ring of ME_STAGES shared-memory stages of its own, ME_STAGES - 1 chunks in flight
+// across item boundaries, and multiplies each chunk by up to 32 pairs a pass with mma.sync
+// m16n8k16 (f16 operands, f32 sums; 1, 2 or 4 n8 tiles as the expert's pairs need; an expert with
+// more pairs takes more passes over its rows). Lane (g, c) = (lane / 4, lane % 4) decodes its own
+// fragment values straight from the staged bytes: rows g and g + 8 of a tile and, of every 64
+// values, nvfp4 sub-block c (16 values, one scale) or q8_0 values 8c .. 8c + 7 of both blocks. So
+// the k order inside an mma is a permutation of the true one, and the B fragments (the packed
+// activations, read through L1) are permuted alike (`me_frag_b`).
+//
+// nvfp4 without lookup tables: an E2M1 code's magnitude bits in bits 9-11 of an f16 and its sign
+// in bit 15 read as value * 2^-14 (code 1, 0.5, lands on the subnormal 2^-15); times the
+// sub-block scale * 2^6 (at most 480 * 64) that is value * scale * 2^-8, exact in f16 (at most 6
+// significant bits, never below 2^-18), and the output is scaled back by 2^8. q8_0 as
+// `mq_q8x4_f16` (one rounding, as the tiled kernels): the error budget at the top of this file.
+
+#define ME_WARPS 4
+#define ME_ROWS 32
+// 64-value units of a k-chunk (one stage).
+#define ME_UNITS 4
+#define ME_STAGES 3
+// Experts whose pair counts `moe_prep` keeps in shared memory; more count in the cursor array.
+#define ME_SHARED_EXPERTS 4096
+
+// Bytes of one row's k-chunk, of a staged row (16 bytes of padding: fewer bank conflicts between
+// the 8 rows a fragment load touches) and of one warp's stage. TAG(moe-mma-smem): `moe_shared_bytes`
+// in src/ops/mmq.rs.
+constexpr int me_chunk_bytes(int qt) { return ME_UNITS * mq_raw_bytes(qt); }
+constexpr int me_row_stride(int qt) { return me_chunk_bytes(qt) + 16; }
+constexpr int me_stage_bytes(int qt) { return ME_ROWS * me_row_stride(qt); }
+
+// A listed expert: its id, its first entry in the pair list, its pair count. Entry 0 of the list
+// holds the number of listed experts in `e`.
+struct __align__(16) MeExpert {
+    int e, first, count, unused;
+};
+
+// Exclusive prefix sum of v over the block (blockDim.x a multiple of 32); `total` gets the sum.
+__device__ __forceinline__ int me_block_scan(int v, int& total) {
+    __shared__ int sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < warps ? sums[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        sums[lane] = w;
+    }
+    __syncthreads();
+    total = sums[warps - 1];
+    const int before = x - v + (warp > 0 ? sums[warp - 1] : 0);
+    __syncthreads();
+    return before;
+}
+
+__device__ __forceinline__ int me_id(const Tensor& ids, i64 s, i64 n_used) {
+    return *(const int*)(ids.data + (s % n_used) * ids.nb[0] + (s / n_used) * ids.nb[1]);
+}
+
+// moe_prep's grouping block. cnt: n_expert ints (shared memory or scratch).
+__device__ void me_group(const Tensor& ids, int n_expert, int* cnt, int* offsets, int* list, MeExpert* listed, int max_pairs, u64 err, u32 op) {
+    const i64 n_used = ids.ne[0], n_pairs = n_used * ids.ne[1];
+    volatile int* vcnt = cnt;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) vcnt[e] = 0;
+    __syncthreads();
+    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
+        const int id = me_id(ids, s, n_used);
+        if (id < 0 || id >= n_expert) {
+            report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, n_expert, 0, 0);
+        } else {
+            atomicAdd(cnt + id, 1);
+        }
+    }
+    __syncthreads();
+    // thread t owns experts [e0, e1)
+    const int per = (n_expert + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int e0 = min(n_expert, (int)threadIdx.x * per), e1 = min(n_expert, e0 + per);
+    int pairs = 0, busy = 0;
+    for (int e = e0; e < e1; e++) {
+        const int n = vcnt[e];
+        pairs += n;
+        busy += n > 0 && n <= max_pairs;
+    }
+    int total, n_listed;
+    int at = me_block_scan(pairs, total);
+    int slot = 1 + me_block_scan(busy, n_listed);
+    for (int e = e0; e < e1; e++) {
+        const int n = vcnt[e];
+        offsets[e] = at;
+        if (n > 0 && n <= max_pairs) listed[slot++] = MeExpert{e, at, n, 0};
+        vcnt[e] = at;  // from here on the expert's cursor into the list
+        at += n;
+    }
+    if (threadIdx.x == 0) {
+        offsets[n_expert] = total;
+        listed[0] = MeExpert{n_listed, 0, 0, 0};
+    }
+    __syncthreads();
+    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
+        const int id = me_id(ids, s, n_used);
+        if (id >= 0 && id < n_expert) list[atomicAdd(cnt + id, 1)] = (int)s;
+    }
+}
+
+// Grid: pack blocks + 1 (the last groups). Dynamic shared memory: n_expert ints when n_expert <=
+// ME_SHARED_EXPERTS, else none (the counts go to `cursor`, n_expert ints of scratch). offsets:
+// n_expert + 1 ints; list: n_used * T; listed: n_expert + 1 entries. x, xs: as mmq_pack_x (b's
+// rows), or x null.
+extern "C" __global__ void moe_prep(Tensor ids, i64 n_expert, int* offsets, int* cursor, int* list, MeExpert* listed, int max_pairs, Tensor b, char* x, float* xs, u64 err, u32 op) {
+    extern __shared__ int me_counts[];
+    if (blockIdx.x == gridDim.x - 1) {
+        int* cnt = n_expert <= ME_SHARED_EXPERTS ? me_counts : cursor;
+        me_group(ids, (int)n_expert, cnt, offsets, list, listed, max_pairs, err, op);
+    } else if (x) {
+        const i64 per_block = blockDim.x >> 5;
+        mq_pack_rows(b, x, xs, blockIdx.x * per_block + (threadIdx.x >> 5), (i64)(gridDim.x - 1) * per_block);
+    }
+}
+
+__device__ __forceinline__ u32 me_hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// The E2M1 codes in bits 12-15 of each half of x as f16 value * 2^-14 (see above).
+__device__ __forceinline__ u32 me_e2m1_place(u32 x) { return ((x >> 3) & 0x0E000E00u) | (x & 0x80008000u); }
+
+// This lane's weights of one staged 64-value unit of one row (`row`, 4-byte aligned) as f16
+// pairs: A[2j] and A[2j + 1] are the row's halves of step j's a0 / a2 (or a1 / a3) fragment
+// registers, k-slots (2c, 2c + 1) and (2c + 8, 2c + 9).
+template <int QT>
+__device__ __forceinline__ void me_frag_a(u32 (&A)[8], const char* row, int c) {
+    if (QT == DT_NVFP4) {
+        // sub-block c: scale byte c, code bytes 4 + 8c .. (byte i: value i low, value i + 8 high)
+        const u32 sw = *(const u32*)row, w0 = *(const u32*)(row + 4 + 8 * c), w1 = *(const u32*)(row + 8 + 8 * c);
+        const u32 d = mq_ue4m3_f16_div256((sw >> (8 * c)) & 0xFF);
+        const u32 d2 = me_hmul2(d | (d << 16), 0x74007400u);  // scale * 2^6
+        A[0] = me_hmul2(me_e2m1_place(w0 << 12), d2);  // values 0, 2
+        A[1] = me_hmul2(me_e2m1_place(w0 << 8), d2);   // 8, 10
+        A[2] = me_hmul2(me_e2m1_place(w0 << 4), d2);   // 1, 3
+        A[3] = me_hmul2(me_e2m1_place(w0), d2);        // 9, 11
+        A[4] = me_hmul2(me_e2m1_place(w1 << 12), d2);  // 4, 6
+        A[5] = me_hmul2(me_e2m1_place(w1 << 8), d2);   // 12, 14
+        A[6] = me_hmul2(me_e2m1_place(w1 << 4), d2);   // 5, 7
+        A[7] = me_hmul2(me_e2m1_place(w1), d2);        // 13, 15
+    } else {
+        // block h: f16 scale at 34 h, quants from 34 h + 2; this lane's are 8c .. 8c + 7 of each
+        // (block 0's start mid-word)
+        const u32* w = (const u32*)row;
+        const u32 s0 = w[0] & 0xFFFFu, s1 = w[8] >> 16, d0 = s0 | (s0 << 16), d1 = s1 | (s1 << 16);
+        const u32 a = w[2 * c], b = w[2 * c + 1], e = w[2 * c + 2];
+        uint2 t = mq_q8x4_f16(__byte_perm(a, b, 0x5432), d0);
+        A[0] = t.x, A[1] = t.y;
+        t = mq_q8x4_f16(__byte_perm(b, e, 0x5432), d0);
+        A[2] = t.x, A[3] = t.y;
+        t = mq_q8x4_f16(w[9 + 2 * c], d1);
+        A[4] = t.x, A[5] = t.y;
+        t = mq_q8x4_f16(w[10 + 2 * c], d1);
+        A[6] = t.x, A[7] = t.y;
+    }
+}
+
+// The B fragment registers of one column for one 64-value unit, `xr` its packed f16 activations
+// (16-byte aligned, natural order), in the order `me_frag_a` gives the weights: B[2j], B[2j + 1]
+// are step j's b0, b1.
+template <int QT>
+__device__ __forceinline__ void me_frag_b(u32 (&B)[8], const char* xr, int c) {
+    if (QT == DT_NVFP4) {
+        // values 16c .. 16c + 15 as pairs (0, 1) .. (14, 15) in p.x .. q.w
+        const uint4 p = __ldg((const uint4*)(xr + 32 * c)), q = __ldg((const uint4*)(xr + 32 * c + 16));
+        B[0] = __byte_perm(p.x, p.y, 0x5410), B[1] = __byte_perm(q.x, q.y, 0x5410);  // (0, 2), (8, 10)
+        B[2] = __byte_perm(p.x, p.y, 0x7632), B[3] = __byte_perm(q.x, q.y, 0x7632);  // (1, 3), (9, 11)
+        B[4] = __byte_perm(p.z, p.w, 0x5410), B[5] = __byte_perm(q.z, q.w, 0x5410);  // (4, 6), (12, 14)
+        B[6] = __byte_perm(p.z, p.w, 0x7632), B[7] = __byte_perm(q.z, q.w, 0x7632);  // (5, 7), (13, 15)
+    } else {
+        // values 8c .. 8c + 7 of block 0, then of block 1
+        const uint4 p = __ldg((const uint4*)(xr + 16 * c)), q = __ldg((const uint4*)(xr + 64 + 16 * c));
+        B[0] = p.x, B[1] = p.y, B[2] = p.z, B[3] = p.w;
+        B[4] = q.x, B[5] = q.y, B[6] = q.z, B[7] = q.w;
+    }
+}
+
+// One work item: `rows` (<= ME_ROWS) weight rows from `w` (row m0 of its expert), the expert's
+// pairs list[first .. first + count), n8 tiles a pass, and k-chunks over all passes (`units`).
+struct MeItem {
+    const char* w;
+    i64 m0;
+    int rows, first, count, nt, units;
+};
+
+__device__ __forceinline__ MeItem me_item(const Tensor& as, const MeExpert* listed, i64 i, int tiles, int chunks) {
+    const int4 ex = __ldg((const int4*)(listed + 1 + i / tiles));
+    MeItem it;
+    it.m0 = (i % tiles) * ME_ROWS;
+    it.w = as.data + ex.x * as.nb[2] + it.m0 * as.nb[1];
+    it.rows = (int)min((i64)ME_ROWS, as.ne[1] - it.m0);
+    it.first = ex.y, it.count = ex.z;
+    it.nt = ex.z <= 8 ? 1 : ex.z <= 16 ? 2 : 4;
+    it.units = (ex.z + 8 * it.nt - 1) / (8 * it.nt) * chunks;
+    return it;
+}
+
+// A warp's copies: the k-chunks of its items in the order the warp multiplies them.
+template <int QT>
+struct MeLoader {
+    MeItem it;
+    i64 i, n_items, step;
+    int tiles, chunks, q;
+
+    // Copies the next k-chunk (if any) into the stage at shared address `dst`; always commits a
+    // group, so that the wait counts stay in step.
+    __device__ __forceinline__ void issue(const Tensor& as, const MeExpert* listed, u32 dst) {
+        constexpr int CB = me_chunk_bytes(QT), PPR = CB / 16, STRIDE = me_row_stride(QT);
+        if (i < n_items) {
+            // piece p = lane + 32 j of the chunk: row p / PPR, 16 bytes (p % PPR) of it
+            const int lane = threadIdx.x & 31;
+            int row = lane / PPR, piece = lane % PPR;
+            const char* src = it.w + (i64)(q % chunks) * CB;
+#pragma unroll 1
+            for (int j = 0; j < PPR; j++) {
+                const bool valid = row < it.rows;
+                tc_cp16_at(dst + row * STRIDE + piece * 16, valid ? src + row * as.nb[1] + piece * 16 : src, valid);
+                piece += 32 % PPR;
+                row += 32 / PPR;
+                if (piece >= PPR) piece -= PPR, row++;
+            }
+            if (++q == it.units) {
+                q = 0;
+                i += step;
+                if (i < n_items) it = me_item(as, listed, i, tiles, chunks);
+            }
+        }
+        tc_commit();
+    }
+};
+
+// Packed activation row of pair s.
+__device__ __forceinline__ i64 me_xrow(u32 s, u32 n_used, u32 n_b) {
+    const u32 u = s % n_used, t = s / n_used;
+    return (i64)(u % n_b) + (i64)n_b * t;
+}
+
+// The warp's passes over one item (NT n8 tiles a pass), consuming its chunks from the ring.
+template <int QT, int NT>
+__device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, const Tensor& as, const MeExpert* listed, char* ring, int& slot, const char* x, const float* xs, u32 n_used, u32 n_b, const int* list, const Tensor& out) {
+    constexpr int STRIDE = me_row_stride(QT), STAGE = me_stage_bytes(QT), RAW = mq_raw_bytes(QT);
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const i64 xbytes = 2 * as.ne[0];
+    const float back = QT == DT_NVFP4 ? 256.0f : 1.0f;
+    for (int p0 = 0; p0 < it.count; p0 += 8 * NT) {
+        const int np = min(8 * NT, it.count - p0);
+        const int* pairs = list + it.first + p0;
+        // column g of each n8 tile (past the pass's pairs: its last pair, not stored)
+        const char* xcol[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) xcol[nt] = x + me_xrow((u32)__ldg(pairs + min(8 * nt + g, np - 1)), n_used, n_b) * xbytes;
+        float acc[2][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+        }
+        for (int ch = 0; ch < ld.chunks; ch++) {
+            // this chunk has landed (every lane's copies: the warp barrier), and every lane is done
+            // with the stage the next copies refill
+            tc_wait<ME_STAGES - 2>();
+            __syncwarp();
+            ld.issue(as, listed, tc_smem(ring + (slot == 0 ? ME_STAGES - 1 : slot - 1) * STAGE));
+            const char* st = ring + slot * STAGE;
+            // (one unit at a time: unrolled, the loads of all four were hoisted into 240 registers)
+#pragma unroll 1
+            for (int ub = 0; ub < ME_UNITS; ub++) {
+                u32 B[NT][8];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) me_frag_b<QT>(B[nt], xcol[nt] + (i64)(ch * ME_UNITS + ub) * 128, c);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    u32 lo[8], hi[8];
+                    me_frag_a<QT>(lo, st + (mt * 16 + g) * STRIDE + ub * RAW, c);
+                    me_frag_a<QT>(hi, st + (mt * 16 + 8 + g) * STRIDE + ub * RAW, c);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const u32 a[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) tc_mma_f16(acc[mt][nt], a, B[nt][2 * j], B[nt][2 * j + 1]);
+                    }
+                }
+            }
+            slot = slot + 1 == ME_STAGES ? 0 : slot + 1;
+        }
+        // accumulator (i, j) of an n8 tile: row g + 8 (i / 2), column 2c + i % 2
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int p = 8 * nt + 2 * c + e;
+                if (p >= np) continue;
+                const u32 s = (u32)__ldg(pairs + p), u = s % n_used, t = s / n_used;
+                const float f = back * __ldg(xs + me_xrow(s, n_used, n_b));
+                char* o = out.data + u * out.nb[1] + t * out.nb[2];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = mt * 16 + h * 8 + g;
+                        if (r < it.rows) *(float*)(o + (it.m0 + r) * out.nb[0]) = acc[mt][nt][2 * h + e] * f;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs of the experts `moe_prep` listed,
+// x, xs the packed rows of b. as: [K, N, E] q8_0 / nvfp4, K % 256 == 0, 16-byte aligned rows and
+// experts. Grid: any number of blocks of ME_WARPS warps (the host: one wave); dynamic shared
+// memory ME_WARPS * ME_STAGES * me_stage_bytes.
+template <int QT>
+__device__ __forceinline__ void moe_mma_body(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+    extern __shared__ __align__(16) char me_smem[];
+    constexpr int STAGE = me_stage_bytes(QT);
+    const int warp = threadIdx.x >> 5;
+    MeLoader<QT> ld;
+    ld.chunks = (int)(as.ne[0] / (64 * ME_UNITS));
+    ld.tiles = (int)((as.ne[1] + ME_ROWS - 1) / ME_ROWS);
+    ld.n_items = (i64)__ldg(&listed[0].e) * ld.tiles;
+    ld.step = (i64)gridDim.x * ME_WARPS;
+    ld.i = (i64)blockIdx.x * ME_WARPS + warp;
+    ld.q = 0;
+    if (ld.i >= ld.n_items) return;
+    ld.it = me_item(as, listed, ld.i, ld.tiles, ld.chunks);
+    char* ring = me_smem + warp * ME_STAGES * STAGE;
+#pragma unroll
+    for (int s = 0; s < ME_STAGES - 1; s++) ld.issue(as, listed, tc_smem(ring + s * STAGE));
+    int slot = 0;
+    for (i64 i = (i64)blockIdx.x * ME_WARPS + warp; i < ld.n_items; i += ld.step) {
+        const MeItem it = me_item(as, listed, i, ld.tiles, ld.chunks);
+        if (it.nt == 1) {
+            me_run_item<QT, 1>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, out);
+        } else if (it.nt == 2) {
+            me_run_item<QT, 2>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, out);
+        } else {
+            me_run_item<QT, 4>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, out);
+        }
+    }
+    tc_wait<0>();
+}
+
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_q8_0(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+    moe_mma_body<DT_Q8_0>(as, x, xs, n_used, n_b, list, listed, out);
+}
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_nvfp4(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+    moe_mma_body<DT_NVFP4>(as, x, xs, n_used, n_b, list, listed, out);
+}

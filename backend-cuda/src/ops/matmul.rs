@@ -23,10 +23,18 @@
 //!   q8_0 values are split into hi + lo bf16 parts) and multiplied by hi + lo bf16 activations,
 //!   so the result keeps f32-level accuracy (the quantized cases take the f32 bound).
 //! - **mul_mat_id**: up to `MOE_DECODE_TOKENS` tokens, `moe_decode` runs a warp per weight row
-//!   over the routed (slot, token) pairs only, with `gemv_fast`'s units. Otherwise `moe_group`
-//!   groups the (slot, token) pairs by expert on the device (no host sync), then `moe_gemv` runs
-//!   the rows of experts with few pairs over them 8 at a time (the last few through a dot just
-//!   wide enough) and `moe_gemm` (shared-memory tiles) the experts with many.
+//!   over the routed (slot, token) pairs only, with `gemv_fast`'s units (for q8_0 / nvfp4 experts
+//!   only where it beats `moe_mma_*`: long rows, a few tokens, `moe_decode_wins`). Beyond, `mmq::moe_prep`
+//!   groups the (slot, token) pairs by expert on the device (no host sync). q8_0 / nvfp4 experts
+//!   that `mmq::moe_fits` then take `moe_mma_*` (mmq.cu): each routed expert's rows are read once
+//!   and multiplied by all its pairs on tensor cores; when experts average more than
+//!   `MOE_TILED_AVG` pairs, those with more than `MOE_MMA_MAX` go to the tiled `mmq_*_id` instead.
+//!   Other experts: `moe_gemv` runs the rows of experts with few pairs over them 8 at a time (the
+//!   last few through a dot just wide enough), and `mmq_*_id` or `moe_gemm` (shared-memory tiles)
+//!   the experts with many. `TESSERA_MOE_PATH=decode|mma|grouped` (read once a process) forces one
+//!   of these where it can take the shapes, to measure them against each other.
+
+use std::sync::OnceLock;
 
 use cudarc::cublas::result as blas;
 use cudarc::driver::PushKernelArg;
@@ -93,7 +101,6 @@ const G1_STATIC_SHARED: usize = 64;
 /// Threads (one weight row) per `gemv_fast_N` block: `GF_THREADS` in matmul.cu.
 const GF_THREADS: u32 = 128;
 const MOE_DECODE: Kernel = Kernel::new(Module::Matmul, "moe_decode");
-const MOE_GROUP: Kernel = Kernel::new(Module::Matmul, "moe_group");
 const MOE_GEMV: Kernel = Kernel::new(Module::Matmul, "moe_gemv");
 const MOE_GEMM: Kernel = Kernel::new(Module::Matmul, "moe_gemm");
 /// Weight rows per `moe_gemm` block: `MT_M` in matmul.cu.
@@ -118,14 +125,40 @@ const ALIGN: usize = 256;
 /// (8 rather than 16: 256 experts top-8 at 512 tokens 4.7 -> 5.4 TFLOP/s on an H200).
 const MOE_GEMV_MAX: i32 = 8;
 /// mul_mat_id with at most this many tokens runs `moe_decode` over the (slot, token) pairs
-/// (each pair reads its expert's rows; no grouping). With 256 experts top-8 few pairs share an
-/// expert, and grouping them for `moe_gemv` cost far more than the repeated reads: nvfp4 on an
-/// H100, 2048 -> 512 / 512 -> 2048, `moe_decode` against `moe_gemv` (threshold 2): 4 tokens
-/// 25 / 49 us against 120 / 251, 8 tokens 44 / 96 against 160 / 352, 16 tokens 88 / 192 against
-/// 242 / 518.
+/// (each pair reads its expert's rows; no grouping) unless `moe_mma_*` takes the experts
+/// (`moe_decode_wins`). With 256 experts top-8 few pairs share an expert, and grouping them for
+/// `moe_gemv` cost far more than the repeated reads: nvfp4 on an H100, 2048 -> 512 / 512 -> 2048,
+/// `moe_decode` against `moe_gemv` (threshold 2): 4 tokens 25 / 49 us against 120 / 251, 8 tokens
+/// 44 / 96 against 160 / 352, 16 tokens 88 / 192 against 242 / 518.
 const MOE_DECODE_TOKENS: i64 = 16;
-/// Threads of the single `moe_group` block.
-const GROUP_THREADS: u32 = 1024;
+/// With more (slot, token) pairs than this an expert on average, the experts with more than
+/// `MOE_MMA_MAX` pairs take the tiled `mmq_*_id` (128-column tiles) rather than `moe_mma_*`
+/// (passes of up to 32 pairs over the expert's rows).
+const MOE_TILED_AVG: i64 = 8;
+const MOE_MMA_MAX: i32 = 32;
+
+/// A forced mul_mat_id path (`TESSERA_MOE_PATH`), for measuring the paths against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MoePath {
+    /// By token count and weights (unset or unknown).
+    Auto,
+    /// `moe_decode` whenever it can take the shapes.
+    Decode,
+    /// `moe_mma_*` whenever it can take the weights, at any token count.
+    Mma,
+    /// The grouped path without `moe_mma_*`.
+    Grouped,
+}
+
+fn moe_path() -> MoePath {
+    static PATH: OnceLock<MoePath> = OnceLock::new();
+    *PATH.get_or_init(|| match std::env::var("TESSERA_MOE_PATH").as_deref() {
+        Ok("decode") => MoePath::Decode,
+        Ok("mma") => MoePath::Mma,
+        Ok("grouped") => MoePath::Grouped,
+        _ => MoePath::Auto,
+    })
+}
 
 /// Weights f32 / f16 / bf16 / q8_0 / nvfp4 and f32 activations, as the shape rules allow.
 pub(crate) fn supports(_op: &Op, inputs: &[TensorMeta]) -> bool {
@@ -178,17 +211,22 @@ fn blas_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
     }
 }
 
-/// Scratch of mul_mat_id: expert offsets, cursors and pair lists (i32), then packed activations.
+/// Scratch of mul_mat_id: the pairs grouped by expert (`mmq::MoeGroups`), then packed
+/// activations (`moe_decode` uses the start of scratch for its own).
 fn moe_scratch(w: &TensorMeta, b: &TensorMeta, ids: &TensorMeta) -> usize {
     moe_packed_at(w.ne[2], ids.nelements(), b.nelements(), b.ne[0]) + mmq::packed_bytes(b)
 }
 
 /// Where mul_mat_id's scratch holds `mmq`'s packed activations: after the expert grouping and
-/// the f32 / `quant_x` activations (`n_b` values of `k` per row).
+/// the f32 / `quant_x` activations (`n_b` values of `k` per row); the f32 rows follow the grouping.
 fn moe_packed_at(n_expert: usize, n_pairs: usize, n_b: usize, k: usize) -> usize {
     let (xq, xs) = quant_x_bytes(n_b);
     let f32_rows = align(n_b / k.max(1) * packed_len(k) * 4);
-    align((2 * n_expert + 1 + n_pairs) * 4) + f32_rows.max(xq + xs)
+    moe_groups_bytes(n_expert, n_pairs) + f32_rows.max(xq + xs)
+}
+
+fn moe_groups_bytes(n_expert: usize, n_pairs: usize) -> usize {
+    mmq::MoeGroups::at(0, n_expert, n_pairs).1
 }
 
 /// Bytes of `quant_x`'s int16 activations (2 bytes a value) and their per-16-value f32 scales.
@@ -673,32 +711,46 @@ fn mul_mat_id(
     ids: TensorArg,
     out: TensorArg,
 ) -> Result<(), BackendError> {
-    // (one grid row a pair: a pair count past the grid's y limit takes the grouped path)
-    if ids.ne[1] <= MOE_DECODE_TOKENS && ids.nelements() <= GRID_YZ && fast_rows(&w, d) {
-        return moe_decode(cx, w, d, b, ids, out);
-    }
+    let path = moe_path();
     let n_expert = w.ne[2];
     let n_pairs = ids.nelements();
-    let offsets = cx.scratch;
-    let cursor = offsets + 4 * (n_expert as u64 + 1);
-    let list = cursor + 4 * n_expert as u64;
-    let bp = cx.scratch + align((2 * n_expert as usize + 1 + n_pairs as usize) * 4) as u64;
-    let (err, op) = (cx.errors, op_code("mul_mat_id"));
-    let f = cx.function(MOE_GROUP)?;
-    let mut args = cx.stream.launch_builder(&f);
-    args.arg(&ids).arg(&n_expert).arg(&offsets).arg(&cursor).arg(&list).arg(&err).arg(&op);
-    // SAFETY: `moe_group(ids, n_expert, offsets, cursor, list, err, op)`, one block: reads ids
-    // [n_used, T] inside its span, writes n_expert + 1 offsets, n_expert cursors and at most
-    // n_used * T list entries (scratch_bytes); ids outside [0, n_expert) are reported, not used.
-    unsafe { args.launch(config((1, 1, 1), (GROUP_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GROUP, e))?;
-
+    let mma = path != MoePath::Grouped && mmq::moe_fits(cx, &w, d, n_pairs);
+    let decode = match path {
+        MoePath::Auto => ids.ne[1] <= MOE_DECODE_TOKENS && (!mma || moe_decode_wins(ids.ne[1], w.ne[0])),
+        MoePath::Decode => true,
+        MoePath::Mma | MoePath::Grouped => false,
+    };
+    // (one grid row a pair: a pair count past the grid's y limit takes the grouped path)
+    if decode && n_pairs <= GRID_YZ && fast_rows(&w, d) {
+        return moe_decode(cx, w, d, b, ids, out);
+    }
+    let n_used = ids.ne[0];
+    let (g, groups) = mmq::MoeGroups::at(cx.scratch, n_expert as usize, n_pairs as usize);
+    let packed = cx.scratch
+        + moe_packed_at(n_expert as usize, n_pairs as usize, b.nelements() as usize, b.ne[0] as usize) as u64;
+    if mma {
+        // many pairs an expert: the busiest experts take 128-column tiles
+        let tiled = n_pairs > MOE_TILED_AVG * n_expert && mmq::tiled_id_fits(cx, &w, d);
+        let max_pairs = if tiled { MOE_MMA_MAX } else { i32::MAX };
+        let xs = mmq::moe_prep(cx, ids, n_expert, &g, max_pairs, b, Some(packed))?;
+        mmq::moe_mma(cx, w, d, b.ne[1], n_used, n_pairs, &g, packed, xs, out)?;
+        if tiled {
+            let (offsets, list) = (g.offsets, g.list);
+            let busy = mmq::mul_mat_id(cx, w, d, b, n_used, n_pairs, offsets, list, max_pairs, out, packed, Some(xs));
+            return busy.unwrap_or_else(|| Err(unsupported_id("the tiled kernels refused experts they fit")));
+        }
+        return Ok(());
+    }
+    mmq::moe_prep(cx, ids, n_expert, &g, i32::MAX, b, None)?;
+    let bp = cx.scratch + groups as u64;
     let ldb = packed_len(b.ne[0] as usize) as i64;
     pack_b(cx, b, bp, 0, 0, 0, ldb)?;
     let f = cx.function(MOE_GEMV)?;
-    let (adt, n_b, n_used) = (dt(d), b.ne[1], ids.ne[0]);
+    let (adt, n_b) = (dt(d), b.ne[1]);
     let vec = i32::from(rows_vectorizable(&w, d) && bp.is_multiple_of(16));
     let grid =
         ((w.ne[1] as u64).div_ceil(MM_WARPS as u64).min(i32::MAX as u64) as u32, n_expert.clamp(1, GRID_YZ) as u32, 1);
+    let (offsets, list) = (g.offsets, g.list);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&w)
         .arg(&adt)
@@ -717,12 +769,11 @@ fn mul_mat_id(
     // packed rows and out[:, u, t] is inside out [m, n_used, T].
     unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMV, e))?;
 
-    if mmq::weights_fit(&w, d) {
-        let at = moe_packed_at(n_expert as usize, n_pairs as usize, b.nelements() as usize, b.ne[0] as usize);
-        let x = cx.scratch + at as u64;
-        if let Some(done) = mmq::mul_mat_id(cx, w, d, b, n_used, n_pairs, offsets, list, MOE_GEMV_MAX, out, x) {
-            return done;
-        }
+    if mmq::weights_fit(&w, d)
+        && let Some(done) =
+            mmq::mul_mat_id(cx, w, d, b, n_used, n_pairs, offsets, list, MOE_GEMV_MAX, out, packed, None)
+    {
+        return done;
     }
     let f = cx.function(MOE_GEMM)?;
     let grid = ((w.ne[1] as u64).div_ceil(MT_M).min(i32::MAX as u64) as u32, grid.1, 1);
@@ -741,6 +792,24 @@ fn mul_mat_id(
     // experts with many pairs); weight rows and k beyond the tensor are masked to zero.
     unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMM, e))?;
     Ok(())
+}
+
+/// Whether `moe_decode` beats `moe_mma_*` at `n_tokens` tokens (at most `MOE_DECODE_TOKENS`) for
+/// experts of `k`-long rows. A `moe_mma_*` warp multiplies its rows' k-chunks of 256 values one
+/// after another, so with few tokens (few routed experts, few work items) the time is that chain's
+/// latency, which grows with k, while `moe_decode`'s grows with the pairs. Measured on an H200,
+/// nvfp4, 256 experts top-8, `moe_decode` against `moe_mma` (us): 2048 -> 512 (8 chunks) 10.6 / 25.4
+/// at 1 token, 42.5 / 31.4 at 8, 87.7 / 57.8 at 16 (crossing near 5 tokens); 512 -> 2048 (2 chunks)
+/// 16.6 / 10.8, 95.3 / 26.6, 191.8 / 42.6. So: `moe_decode` up to chunks / 2 tokens, and never for
+/// rows of at most 2 chunks.
+fn moe_decode_wins(n_tokens: i64, k: i64) -> bool {
+    let chunks = k / 256;
+    chunks > 2 && 2 * n_tokens <= chunks
+}
+
+/// A device error for a mul_mat_id path that refused shapes it had accepted (a bug, not bad input).
+fn unsupported_id(why: &str) -> BackendError {
+    BackendError::Device { backend: crate::errors::NAME.into(), detail: format!("mul_mat_id: {why}") }
 }
 
 /// mul_mat_id for a few tokens: `moe_decode` over the (slot, token) pairs, after the activations
@@ -784,6 +853,15 @@ mod tests {
     /// One f32 activation row of k values.
     fn activations(k: usize) -> TensorArg {
         TensorArg { data: 1 << 30, ne: [k as i64, 1, 1, 1], nb: [4, 4 * k as i64, 4 * k as i64, 4 * k as i64] }
+    }
+
+    #[test]
+    fn moe_decode_takes_few_tokens_of_long_rows_only() {
+        // 35B-A3B gate/up (k 2048): up to 4 tokens; down (k 512) and short rows: never
+        assert!((1..=4).all(|t| moe_decode_wins(t, 2048)));
+        assert!(!moe_decode_wins(5, 2048));
+        assert!((1..=16).all(|t| !moe_decode_wins(t, 512) && !moe_decode_wins(t, 256)));
+        assert!(moe_decode_wins(1, 1024) && !moe_decode_wins(3, 1024));
     }
 
     #[test]

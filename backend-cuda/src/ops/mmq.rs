@@ -2,14 +2,17 @@
 //! tensor-core GEMM (f16 operands, f32 accumulators) that dequantizes each weight tile in shared
 //! memory (`wgmma` on Hopper, `mma.sync` elsewhere). The activations are packed once per call
 //! (`mmq_pack_x`) into f16 rows scaled by powers of two, which keeps results within the f32 bound
-//! of the CPU oracle (the file comment of mmq.cu has the error budget). `matmul.rs` decides
-//! when these kernels take a product; this file owns their launch rules.
+//! of the CPU oracle (the file comment of mmq.cu has the error budget). mul_mat_id with few pairs
+//! an expert takes `moe_prep` (the pairs grouped by expert and the activations packed, one launch)
+//! and `moe_mma_*` (each routed expert's rows read once for all its pairs, `mma.sync`). `matmul.rs`
+//! decides when these kernels take a product; this file owns their launch rules.
 
 use cudarc::driver::PushKernelArg;
 use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use crate::compile::{Kernel, Module};
+use crate::errors::op_code;
 use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, launch_error};
 
 const PACK_X: Kernel = Kernel::new(Module::Mmq, "mmq_pack_x");
@@ -24,6 +27,19 @@ const MMQ_ID: [[Kernel; 2]; 2] = [
 ];
 /// Decoded weight tiles in shared memory: `MQ_DECODED`.
 const DECODED: usize = 3;
+const MOE_PREP: Kernel = Kernel::new(Module::Mmq, "moe_prep");
+/// `[weights q8_0, nvfp4]`.
+const MOE_MMA: [Kernel; 2] = [Kernel::new(Module::Mmq, "moe_mma_q8_0"), Kernel::new(Module::Mmq, "moe_mma_nvfp4")];
+/// `moe_mma_*`: warps a block, weight rows a work item, stages of a warp's ring, values a k-chunk
+/// (`ME_WARPS`, `ME_ROWS`, `ME_STAGES`, 64 `ME_UNITS` in mmq.cu). TAG(moe-mma-smem)
+const ME_WARPS: u32 = 4;
+const ME_ROWS: i64 = 32;
+const ME_STAGES: usize = 3;
+const ME_CHUNK: i64 = 256;
+/// Experts whose pair counts `moe_prep` keeps in shared memory: `ME_SHARED_EXPERTS`.
+const ME_SHARED_EXPERTS: i64 = 4096;
+/// Threads of a `moe_prep` block (its last block groups; a warp packs a row in the others).
+const PREP_THREADS: u32 = 256;
 
 /// Block tile: weight rows, activation columns, k per step (`MQ_BM`, `MQ_BN`, `MQ_BK`).
 const BM: i64 = 128;
@@ -67,6 +83,18 @@ fn variant(cx: &Cx<'_>, d: DType) -> Option<(usize, usize, u32)> {
     let fits = |stages| shared_bytes(d, stages) + STATIC_SHARED <= cx.info.max_shared_per_block;
     let stages = [5, 4].into_iter().find(|&s| fits(s))?;
     Some((ty, stages - 4, shared_bytes(d, stages) as u32))
+}
+
+/// Raw bytes of one row's 64 values: two q8_0 blocks or one nvfp4 block (`mq_raw_bytes`).
+fn unit_bytes(d: DType) -> usize {
+    if d == DType::Q8_0 { 68 } else { 36 }
+}
+
+/// Dynamic shared memory of a `moe_mma_*` block: TAG(moe-mma-smem), each warp's ring of
+/// `ME_STAGES` stages of `ME_ROWS` rows of a k-chunk, 16 bytes of padding a row.
+fn moe_shared_bytes(d: DType) -> usize {
+    let row = (ME_CHUNK / 64) as usize * unit_bytes(d) + 16;
+    ME_WARPS as usize * ME_STAGES * ME_ROWS as usize * row
 }
 
 /// Whether these kernels can take weights `a` (dtype `d`): q8_0 / nvfp4 rows of whole k-tiles
@@ -176,9 +204,15 @@ pub(super) fn mul_mat(
     Some(run(cx))
 }
 
+/// Whether `mul_mat_id` (the tiled kernels) can take experts `w` on this device.
+pub(super) fn tiled_id_fits(cx: &Cx<'_>, w: &TensorArg, d: DType) -> bool {
+    weights_fit(w, d) && variant(cx, d).is_some() && w.ne[2] <= GRID_YZ
+}
+
 /// mul_mat_id's experts on tensor cores: for each expert e, the pairs listed at
-/// `list[offsets[e] .. offsets[e + 1]]` (by `moe_group`, device memory) when there are more than
-/// `min_pairs` of them; the others are left to the caller. `x` is scratch of `packed_bytes(b)`.
+/// `list[offsets[e] .. offsets[e + 1]]` (by `moe_prep`, device memory) when there are more than
+/// `min_pairs` of them; the others are left to the caller. `x` is scratch of `packed_bytes(b)`;
+/// `packed`: where the row scales are when `moe_prep` already packed b there (else this packs it).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mul_mat_id(
     cx: &mut Cx<'_>,
@@ -192,6 +226,7 @@ pub(super) fn mul_mat_id(
     min_pairs: i32,
     out: TensorArg,
     x: u64,
+    packed: Option<u64>,
 ) -> Option<Result<(), BackendError>> {
     let (ty, s, shared) = variant(cx, d)?;
     if w.ne[2] > GRID_YZ {
@@ -199,7 +234,10 @@ pub(super) fn mul_mat_id(
     }
     let kernel = MMQ_ID[ty][s];
     let run = |cx: &mut Cx<'_>| {
-        let xs = pack_x(cx, b, x)?;
+        let xs = match packed {
+            Some(xs) => xs,
+            None => pack_x(cx, b, x)?,
+        };
         cx.allow_shared(kernel, shared)?;
         let f = cx.function(kernel)?;
         // Column blocks per expert for twice the average pairs (the kernel loops over any more):
@@ -221,6 +259,122 @@ pub(super) fn mul_mat_id(
     Some(run(cx))
 }
 
+/// Where mul_mat_id's pairs, grouped by expert, live in scratch (written by `moe_prep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct MoeGroups {
+    /// n_expert + 1 i32: expert e's pairs are `list[offsets[e] .. offsets[e + 1]]`.
+    pub offsets: u64,
+    /// n_expert i32 (the counts, when there are too many experts for shared memory).
+    pub cursor: u64,
+    /// n_used * T i32: the pairs s = u + n_used t, grouped by expert.
+    pub list: u64,
+    /// n_expert + 1 entries of 16 bytes: how many experts `moe_mma_*` takes, then those experts
+    /// (id, first list entry, pair count).
+    pub listed: u64,
+}
+
+impl MoeGroups {
+    /// The grouping at `base` (256-byte aligned) for `n_expert` experts and `n_pairs` pairs, and
+    /// its bytes (each array 256-byte aligned).
+    pub(super) fn at(base: u64, n_expert: usize, n_pairs: usize) -> (MoeGroups, usize) {
+        let ints = |n: usize| (n * 4).next_multiple_of(256) as u64;
+        let offsets = base;
+        let cursor = offsets + ints(n_expert + 1);
+        let list = cursor + ints(n_expert);
+        let listed = list + ints(n_pairs);
+        let end = listed + ((n_expert + 1) * 16).next_multiple_of(256) as u64;
+        (MoeGroups { offsets, cursor, list, listed }, (end - base) as usize)
+    }
+}
+
+/// Whether `moe_mma_*` can take experts `w` on this device: q8_0 / nvfp4 with K a multiple of
+/// 256 (whole k-chunks), rows and experts 16-byte aligned (the chunks are copied in 16-byte
+/// pieces), a block's rings within the device's shared memory, and pair and item counts that fit
+/// the kernels' ints.
+pub(super) fn moe_fits(cx: &Cx<'_>, w: &TensorArg, d: DType, n_pairs: i64) -> bool {
+    let items = w.ne[2].saturating_mul(tiles(w.ne[1], ME_ROWS));
+    matches!(d, DType::Q8_0 | DType::NvFp4)
+        && w.ne[0] > 0
+        && w.ne[0] % ME_CHUNK == 0
+        && w.data.is_multiple_of(16)
+        && w.nb[1] % 16 == 0
+        && w.nb[2] % 16 == 0
+        && moe_shared_bytes(d) <= cx.info.max_shared_per_block
+        && n_pairs <= i64::from(i32::MAX)
+        && items <= i64::from(i32::MAX)
+}
+
+/// Groups the pairs of `ids` [n_used, T] by expert into `g` (every id checked; a bad one is
+/// reported and its pair dropped), listing for `moe_mma_*` the experts with 1 ..= `max_pairs`
+/// pairs; with `x`, also packs `b` there as `mmq_pack_x` does (scratch of `packed_bytes(b)`, K a
+/// multiple of 64) and returns where the row scales are (else 0).
+pub(super) fn moe_prep(
+    cx: &mut Cx<'_>,
+    ids: TensorArg,
+    n_expert: i64,
+    g: &MoeGroups,
+    max_pairs: i32,
+    b: TensorArg,
+    x: Option<u64>,
+) -> Result<u64, BackendError> {
+    let rows = b.nelements() / b.ne[0].max(1);
+    let (xp, xs, pack_blocks) = match x {
+        Some(x) => (x, x + values_bytes(b.nelements() as usize) as u64, blocks_for(rows, PREP_THREADS / 32)),
+        None => (0, 0, 0),
+    };
+    let shared = if n_expert <= ME_SHARED_EXPERTS { n_expert as u32 * 4 } else { 0 };
+    let (err, op) = (cx.errors, op_code("mul_mat_id"));
+    let f = cx.function(MOE_PREP)?;
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&ids).arg(&n_expert).arg(&g.offsets).arg(&g.cursor).arg(&g.list).arg(&g.listed).arg(&max_pairs);
+    args.arg(&b).arg(&xp).arg(&xs).arg(&err).arg(&op);
+    // SAFETY: `moe_prep(ids, n_expert, offsets, cursor, list, listed, max_pairs, b, x, xs, err,
+    // op)`: the last block reads ids [n_used, T] inside its span and writes n_expert + 1 offsets,
+    // at most n_expert counts (shared memory of n_expert ints when n_expert <= ME_SHARED_EXPERTS,
+    // else `cursor`), n_used * T list entries and n_expert + 1 listed entries, all inside the
+    // regions of `MoeGroups::at` that scratch_bytes sized; ids outside [0, n_expert) are
+    // reported, not used. The other blocks (none without x) pack b's rows at x, xs as `pack_x`.
+    unsafe { args.launch(config((pack_blocks + 1, 1, 1), (PREP_THREADS, 1, 1), shared)) }
+        .map_err(|e| launch_error(MOE_PREP, e))?;
+    Ok(xs)
+}
+
+/// `out` for the pairs of the experts `moe_prep` listed in `g` (experts `w` that `moe_fits`),
+/// with b packed at `x`, `xs`: a grid of one wave, or fewer blocks when there are fewer items
+/// (32-row tiles of the at most min(n_expert, n_pairs) routed experts) than warps.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn moe_mma(
+    cx: &mut Cx<'_>,
+    w: TensorArg,
+    d: DType,
+    n_b: i64,
+    n_used: i64,
+    n_pairs: i64,
+    g: &MoeGroups,
+    x: u64,
+    xs: u64,
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    let kernel = MOE_MMA[usize::from(d == DType::NvFp4)];
+    let shared = moe_shared_bytes(d) as u32;
+    cx.allow_shared(kernel, shared)?;
+    let f = cx.function(kernel)?;
+    let resident = cx.resident_blocks(kernel, &f, ME_WARPS * 32, shared)?;
+    let items = w.ne[2].min(n_pairs).max(1) as u64 * tiles(w.ne[1], ME_ROWS).max(1) as u64;
+    let blocks = items.div_ceil(u64::from(ME_WARPS)).min(resident).max(1) as u32;
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&w).arg(&x).arg(&xs).arg(&n_used).arg(&n_b).arg(&g.list).arg(&g.listed).arg(&out);
+    // SAFETY: `moe_mma_*(as, x, xs, n_used, n_b, list, listed, out)`: work item i < listed[0] *
+    // ceil(N / ME_ROWS) reads rows of its listed expert e < n_expert only, in whole 16-byte pieces
+    // of k-chunks inside each row (`moe_fits`: K % 256 == 0, rows 16-byte aligned), rows past N
+    // zero-filled instead; its pairs list[first .. first + count) are valid pairs s = u + n_used t
+    // (`moe_prep`), so the packed row (u mod n_b) + n_b t exists in x, xs (`packed_bytes(b)`) and
+    // out[:, u, t] lies in out [N, n_used, T]; `shared` bytes (each warp's ring) were allowed above.
+    unsafe { args.launch(config((blocks, 1, 1), (ME_WARPS * 32, 1, 1), shared)) }
+        .map_err(|e| launch_error(kernel, e))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +394,27 @@ mod tests {
         assert_eq!(split_plan(136, 1, 132), (136, 1, 1));
         // every split block gets k-tiles: 5 k-tiles over up to 16 splits -> 5 blocks of 1
         assert_eq!(split_plan(4, 5, 132), (0, 5, 1));
+    }
+
+    #[test]
+    fn moe_groups_are_aligned_and_disjoint() {
+        let base = 1 << 20;
+        let (g, bytes) = MoeGroups::at(base, 256, 1024);
+        let regions = [(g.offsets, 257 * 4), (g.cursor, 256 * 4), (g.list, 1024 * 4), (g.listed, 257 * 16)];
+        for w in regions.windows(2) {
+            assert!(w[0].0 + w[0].1 as u64 <= w[1].0, "{g:?}");
+        }
+        assert!(regions.iter().all(|&(at, _)| at % 256 == 0));
+        assert!(g.listed + 257 * 16 <= base + bytes as u64, "{g:?}");
+    }
+
+    #[test]
+    fn moe_mma_blocks_fit_hopper_and_ampere() {
+        // three nvfp4 blocks an SM on Hopper (227 KiB a block, 228 an SM), one q8_0 block even on
+        // an A100 (163 KiB)
+        assert_eq!(moe_shared_bytes(DType::NvFp4), 4 * 3 * 32 * 160);
+        assert_eq!(moe_shared_bytes(DType::Q8_0), 4 * 3 * 32 * 288);
+        assert!(3 * moe_shared_bytes(DType::NvFp4) <= 228 * 1024);
+        assert!(moe_shared_bytes(DType::Q8_0) <= 163 * 1024);
     }
 }

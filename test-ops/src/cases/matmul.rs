@@ -1,6 +1,7 @@
 //! mul_mat: f32/f16/bf16 and q8_0/nvfp4 weights, odd and model-slice sizes, batch broadcast
 //! (grouped-query attention), and non-contiguous activations and weights; mul_mat_id (routed
-//! experts) over every weight dtype, with per-slot and broadcast activations.
+//! experts) over every weight dtype, with per-slot and broadcast activations, 1 to 150 tokens,
+//! skewed routing (repeated ids, one expert taking every pair) and out-of-range ids.
 //!
 //! Quantized weights are judged by the reference reading the same quantized bytes, so they take
 //! the f32 bound.
@@ -155,6 +156,8 @@ struct MulMatId {
     n_tokens: usize,
     layout_a: Layout,
     layout_b: Layout,
+    /// How the ids are drawn when not `n_used` distinct experts a token: a label and the init.
+    routing: Option<(&'static str, Init)>,
 }
 
 impl MulMatId {
@@ -169,6 +172,7 @@ impl MulMatId {
             n_tokens,
             layout_a: Layout::Contiguous,
             layout_b: Layout::Contiguous,
+            routing: None,
         }
     }
 
@@ -176,30 +180,56 @@ impl MulMatId {
         MulMatId { layout_a, layout_b, ..self }
     }
 
+    /// Ids drawn by `init` (labelled `ids=name`) instead of distinct experts a token.
+    fn routing(self, name: &'static str, init: Init) -> Self {
+        MulMatId { routing: Some((name, init)), ..self }
+    }
+
     /// Labelled like ggml's `mul_mat_id(type_a=..,n_mats=..,n_used=..,b=..,m=..,n=..,k=..)`.
     fn case(self) -> Case {
-        let MulMatId { type_a, n_expert, n_used, n_b, n, k, n_tokens, .. } = self;
+        let MulMatId { type_a, n_expert, n_used, n_b, n, k, n_tokens, routing, .. } = self;
+        let (ids_label, ids) = match routing {
+            Some((name, init)) => (format!(",ids={name}"), init),
+            None => (String::new(), Init::Ids { rows: n_expert, unique: true }),
+        };
         Case::new(
             "mul_mat_id",
             format_args!(
-                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={n},n={n_tokens},k={k}",
+                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={n},n={n_tokens},k={k}{ids_label}",
                 sh([k, n_b, n_tokens, 1])
             ),
             vec![
                 In::new("as", type_a, [k, n, n_expert, 1]).layout(self.layout_a),
                 In::new("b", F32, [k, n_b, n_tokens, 1]).layout(self.layout_b),
-                In::new("ids", I32, [n_used, n_tokens, 1, 1]).init(Init::Ids { rows: n_expert, unique: true }),
+                In::new("ids", I32, [n_used, n_tokens, 1, 1]).init(ids),
             ],
             |g, x| g.mul_mat_id(x[0], x[1], x[2]),
         )
     }
 }
 
+/// Ids [8, T] over 8 experts, token t routing slot u to expert (t + u) mod 8, except pair
+/// `bad` (slot bad mod 8 of token bad / 8), which names expert 8: out of range.
+const fn ids_with_one_bad<const N: usize>(bad: usize) -> [i32; N] {
+    let mut ids = [0i32; N];
+    let mut i = 0;
+    while i < N {
+        ids[i] = ((i / 8 + i % 8) % 8) as i32;
+        i += 1;
+    }
+    ids[bad] = 8;
+    ids
+}
+
+/// 17 tokens (a grouped path) and 3 tokens (a decode path), one bad id each.
+static BAD_IDS_17: [i32; 136] = ids_with_one_bad::<136>(77);
+static BAD_IDS_3: [i32; 24] = ids_with_one_bad::<24>(13);
+
 /// Perf cases for quantized weights and routed experts (register them in `perf.rs`): decode
 /// GEMVs through the 27B FFN weights (17408 x 5120) and a 512-token prefill of the 2048-wide QKV
 /// projection in q8_0 / nvfp4; the MoE expert FFN (2048 -> 512 gate/up, 512 -> 2048 down, top-8)
-/// at decode and a 512-token prefill. 64 of the 256 experts keep the input data in memory
-/// bounds (decode reads only the 8 routed ones anyway).
+/// at decode and a 512-token prefill over 64 experts, and over all 256 (151 MB of nvfp4 a
+/// projection: more than L2 holds) from 1 to 2048 tokens.
 pub(crate) fn perf_cases() -> Vec<Case> {
     let mut out = Vec::new();
     for type_a in QUANTS {
@@ -216,13 +246,16 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     }
     // bf16 at the same prefill (cuBLAS); its decode shapes are in perf.rs.
     out.push(MulMat::new(BF16, 17408, 512, 5120).case());
-    // All 256 experts of the MoE, top-8, 512 tokens (gate/up): the mul_mat_id floor shape.
-    out.push(MulMatId::new(QUANTS[1], 256, 8, 1, 512, 2048, 512).case());
-    // The same experts at a batch of 8 decode steps (8 sequences) and a 16-token step.
-    for n_tokens in [8, 16] {
+    // All 256 experts of the MoE, top-8, gate/up (2048 -> 512) and down (512 -> 2048): decode
+    // batches of 1 to 128 sequences (at 32, 256 routed pairs over 256 experts: most read once),
+    // a 512-token prefill (the mul_mat_id floor shape) and a 2048-token one.
+    for n_tokens in [1, 8, 16, 17, 32, 64, 128, 512, 2048] {
         out.push(MulMatId::new(QUANTS[1], 256, 8, 1, 512, 2048, n_tokens).case());
         out.push(MulMatId::new(QUANTS[1], 256, 8, 8, 2048, 512, n_tokens).case());
     }
+    // q8_0 experts at a 32-sequence decode step.
+    out.push(MulMatId::new(QUANTS[0], 256, 8, 1, 512, 2048, 32).case());
+    out.push(MulMatId::new(QUANTS[0], 256, 8, 8, 2048, 512, 32).case());
     out
 }
 
@@ -255,6 +288,38 @@ fn mul_mat_id(out: &mut Vec<Case>) {
     for type_a in QUANTS {
         out.push(MulMatId::new(type_a, 4, 2, 1, 150, 128, 40).case());
         out.push(MulMatId::new(type_a, 2, 2, 2, 64, 64, 150).case());
+    }
+    // Batched decode and short prefill (17 to 128 tokens), 32 experts top-8: 4 to 32 pairs an
+    // expert on average, broadcast and per-slot activations, weight rows that end mid-tile, one
+    // and two 256-value k-chunks.
+    for type_a in [F32, F16, QUANTS[0], QUANTS[1]] {
+        for n_tokens in [17, 24, 32, 64, 100, 128] {
+            out.push(MulMatId::new(type_a, 32, 8, 1, 40, 256, n_tokens).case());
+            out.push(MulMatId::new(type_a, 32, 8, 8, 72, 512, n_tokens).case());
+        }
+    }
+    // The 35B-A3B expert shapes (32 of its 256 experts) at 32 and 128 tokens.
+    for type_a in QUANTS {
+        for n_tokens in [32, 128] {
+            out.push(MulMatId::new(type_a, 32, 8, 1, 512, 2048, n_tokens).case());
+            out.push(MulMatId::new(type_a, 32, 8, 8, 2048, 512, n_tokens).case());
+        }
+    }
+    // Skewed routing, ids repeated within a token: every pair to expert 0 (136 pairs of 256
+    // experts' 136, and 512 of 8 experts' 512), and 128 tokens over 3 of 256 experts.
+    let one = Init::Ids { rows: 1, unique: false };
+    let three = Init::Ids { rows: 3, unique: false };
+    for type_a in [F32, F16, QUANTS[0], QUANTS[1]] {
+        out.push(MulMatId::new(type_a, 256, 8, 1, 40, 256, 17).routing("expert0", one).case());
+        out.push(MulMatId::new(type_a, 8, 8, 8, 40, 256, 64).routing("expert0", one).case());
+        out.push(MulMatId::new(type_a, 256, 8, 8, 40, 256, 128).routing("experts0-2", three).case());
+    }
+    // One out-of-range id among 17 tokens and among 3: the run fails like the judge's.
+    for type_a in [F32, QUANTS[0], QUANTS[1]] {
+        let bad17 = MulMatId::new(type_a, 8, 8, 8, 40, 256, 17).routing("bad", Init::Fixed(&BAD_IDS_17));
+        out.push(bad17.case().expect_error());
+        let bad3 = MulMatId::new(type_a, 8, 8, 1, 40, 256, 3).routing("bad", Init::Fixed(&BAD_IDS_3));
+        out.push(bad3.case().expect_error());
     }
 }
 
