@@ -10,7 +10,9 @@
 //!    decoding sequences.
 //!
 //! A sequence whose prompt completes in a step gets its first token sampled from that step's
-//! logits ([`Logits::Last`]); decoding sequences get one token per step. When a sequence has
+//! logits; decoding sequences get one token per step. Sampling runs on the device
+//! ([`Model::step_sample_on`]): each sequence's seeded [`Sampler`] supplies its settings and
+//! uniform draw, the graph's `sample` op picks the token, and only token ids come back. When a sequence has
 //! generated its `max_new_tokens` it is finished ([`Event::Finished`]) and removed from the model,
 //! returning its KV blocks and recurrent slot.
 //!
@@ -28,6 +30,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use tessera_graph::Backend;
+use tessera_ops::sample::SampleSettings;
 
 use crate::cache::SeqId;
 use crate::qwen35::{Logits, Model, ModelError, StepTimes};
@@ -410,15 +413,24 @@ impl Engine {
         let n_prefill: usize = plan[n_decode..].iter().map(|(_, t)| t.len()).sum();
         let batch: Vec<(SeqId, &[u32])> = plan.iter().map(|(i, t)| (self.running[*i].id, t.as_slice())).collect();
         let t0 = Instant::now();
-        // Greedy sequences alone and no logits to record: the argmax runs on the device and only
-        // token ids come back.
-        let greedy = !self.record && plan.iter().all(|(i, _)| self.running[*i].sampler.params().is_greedy());
+        // Unless every fed token's logits are recorded, sampling runs on the device and only token
+        // ids come back: each sequence that gets a token this step draws its settings from its own
+        // sampler (a prompt chunk that does not finish its prompt gets none, and its id is unused).
+        let settings: Option<Vec<SampleSettings>> = (!self.record).then(|| {
+            plan.iter()
+                .map(|(i, toks)| {
+                    let s = &mut self.running[*i];
+                    let samples = s.decoding() || s.fed + toks.len() == s.prompt.len();
+                    if samples { s.sampler.next_settings() } else { SampleSettings::greedy() }
+                })
+                .collect()
+        });
         let mut backends: Vec<&mut dyn Backend> = vec![self.backend.as_mut()];
         if let Some(f) = self.fallback.as_mut() {
             backends.push(f.as_mut());
         }
-        let result = if greedy {
-            self.model.step_greedy_on(&mut backends, &batch).map(Outcome::Tokens)
+        let result = if let Some(settings) = &settings {
+            self.model.step_sample_on(&mut backends, &batch, settings).map(Outcome::Tokens)
         } else {
             let which = if self.record { Logits::All } else { Logits::Last };
             self.model.step_on(&mut backends, &batch, which).map(Outcome::Logits)

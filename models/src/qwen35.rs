@@ -9,13 +9,13 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::batch::StepInputs;
-
 use tessera_graph::{
     Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, Tensor, TensorRef,
 };
+use tessera_ops::sample::SampleSettings;
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, RopePairing, RopeParams, TensorMeta};
 
+use crate::batch::StepInputs;
 use crate::cache::{AllocPolicy, CacheError, KvCacheConfig, PagedKvCache, RecurrentCache, RecurrentConfig, SeqId};
 use crate::config::{ConfigError, Ffn, LayerKind, ModelConfig};
 use crate::gguf::GgufFile;
@@ -129,15 +129,16 @@ pub struct Bucket {
     pub n_seq: usize,
     pub n_kv: usize,
     pub all_logits: bool,
-    /// The graph ends in an argmax: token ids come back instead of logits.
-    pub greedy: bool,
+    /// The graph ends in the `sample` op: token ids come back instead of logits.
+    pub sample: bool,
 }
 
 /// What a step returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Output {
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Output<'a> {
     Logits(Logits),
-    Greedy,
+    /// One token per sequence, picked on the device with these settings (one per sequence).
+    Tokens(&'a [SampleSettings]),
 }
 
 /// One sequence's result of a step.
@@ -178,10 +179,7 @@ impl std::ops::AddAssign for StepTimes {
 #[derive(Debug)]
 struct StepGraph {
     exe: Executable,
-    tokens: Tensor,
-    leaves: Leaves,
-    last_rows: Option<Tensor>,
-    logits: Tensor,
+    io: StepIo,
     /// When it last ran (the cache's clock), for eviction.
     used: u64,
 }
@@ -227,6 +225,19 @@ impl Builder<'_> {
         self.binds.push((t, place));
         Ok(t)
     }
+}
+
+/// A step graph's inputs and output.
+#[derive(Debug, Clone, Copy)]
+struct StepIo {
+    tokens: Tensor,
+    leaves: Leaves,
+    /// `[n_seq]`: the row of each sequence's last token (unless every row's logits are kept).
+    last_rows: Option<Tensor>,
+    /// `[4, n_seq]`: each sequence's sampling settings (when the graph ends in `sample`).
+    settings: Option<Tensor>,
+    /// Logits `[n_vocab, rows]`, or token ids i32 `[1, n_seq]`.
+    out: Tensor,
 }
 
 /// Leaves shared by every layer of a step graph (see [`StepInputs`]).
@@ -437,24 +448,41 @@ impl Model {
         Ok(out.into_iter().map(|o| if let SeqOut::Logits(l) = o { l } else { Vec::new() }).collect())
     }
 
-    /// [`Model::step`] with greedy sampling on the device: the graph ends in an argmax over each
-    /// sequence's last logits, and only the token ids (4 bytes a sequence, not `n_vocab * 4`)
-    /// come back. The same token as `sample::argmax` of [`Model::step`]'s last logits.
+    /// [`Model::step`] with sampling on the device: the graph ends in the `sample` op over each
+    /// sequence's last logits with that sequence's `settings` (temperature, top-k, top-p and
+    /// its uniform draw, from [`crate::sample::Sampler::next_settings`]), and only the token ids
+    /// (4 bytes a sequence, not `n_vocab * 4`) come back: the token
+    /// [`crate::sample::Sampler::sample`] would pick from [`Model::step`]'s last logits.
+    pub fn step_sample_on(
+        &mut self,
+        backends: &mut [&mut dyn Backend],
+        batch: &[(SeqId, &[u32])],
+        settings: &[SampleSettings],
+    ) -> R<Vec<u32>> {
+        if settings.len() != batch.len() {
+            let why = format!("{} sampling settings for {} sequences", settings.len(), batch.len());
+            return Err(ModelError::BadBatch { why });
+        }
+        let out = self.step_as(backends, batch, Output::Tokens(settings))?;
+        Ok(out.into_iter().map(|o| if let SeqOut::Token(t) = o { t } else { 0 }).collect())
+    }
+
+    /// [`Model::step_sample_on`] with greedy settings for every sequence: the argmax of each
+    /// sequence's last logits (the lowest id on ties).
     pub fn step_greedy(&mut self, backend: &mut dyn Backend, batch: &[(SeqId, &[u32])]) -> R<Vec<u32>> {
         self.step_greedy_on(&mut [backend], batch)
     }
 
     /// [`Model::step_greedy`] over several backends (see [`Model::step_on`]).
     pub fn step_greedy_on(&mut self, backends: &mut [&mut dyn Backend], batch: &[(SeqId, &[u32])]) -> R<Vec<u32>> {
-        let out = self.step_as(backends, batch, Output::Greedy)?;
-        Ok(out.into_iter().map(|o| if let SeqOut::Token(t) = o { t } else { 0 }).collect())
+        self.step_sample_on(backends, batch, &vec![SampleSettings::greedy(); batch.len()])
     }
 
     fn step_as(
         &mut self,
         backends: &mut [&mut dyn Backend],
         batch: &[(SeqId, &[u32])],
-        what: Output,
+        what: Output<'_>,
     ) -> R<Vec<SeqOut>> {
         if backends.is_empty() {
             return Err(ExecError::NoBackend.into());
@@ -526,7 +554,7 @@ impl Model {
         &mut self,
         backends: &mut [&mut dyn Backend],
         batch: &[(SeqId, &[u32], Range<usize>)],
-        what: Output,
+        what: Output<'_>,
     ) -> R<Vec<SeqOut>> {
         let t0 = std::time::Instant::now();
         let inp = StepInputs::new(&self.kv, &self.recurrent, batch, self.kv_pad)?;
@@ -536,32 +564,38 @@ impl Model {
             n_seq: inp.n_seq,
             n_kv: inp.n_kv,
             all_logits: what == Output::Logits(Logits::All),
-            greedy: what == Output::Greedy,
+            sample: matches!(what, Output::Tokens(_)),
         };
         let sg = self.planned_step(backends, bucket)?;
         let mut s = sg.exe.session_on(backends.iter_mut().map(|b| -> &mut dyn Backend { &mut **b }).collect());
-        s.set_i32(sg.tokens, &inp.tokens)?;
-        s.set_i32(sg.leaves.positions, &inp.positions)?;
-        s.set_i32(sg.leaves.write_cells, &inp.write_cells)?;
-        s.set_i32(sg.leaves.block_table, &inp.block_table)?;
-        s.set_i32(sg.leaves.seq_offsets, &inp.seq_offsets)?;
-        s.set_i32(sg.leaves.kv_lens, &inp.kv_lens)?;
-        s.set_i32(sg.leaves.slots, &inp.slots)?;
-        if let Some(rows) = sg.last_rows {
+        let io = &sg.io;
+        s.set_i32(io.tokens, &inp.tokens)?;
+        s.set_i32(io.leaves.positions, &inp.positions)?;
+        s.set_i32(io.leaves.write_cells, &inp.write_cells)?;
+        s.set_i32(io.leaves.block_table, &inp.block_table)?;
+        s.set_i32(io.leaves.seq_offsets, &inp.seq_offsets)?;
+        s.set_i32(io.leaves.kv_lens, &inp.kv_lens)?;
+        s.set_i32(io.leaves.slots, &inp.slots)?;
+        if let Some(rows) = io.last_rows {
             s.set_i32(rows, &inp.last_rows)?;
+        }
+        if let (Some(t), Output::Tokens(settings)) = (io.settings, what) {
+            let padding = std::iter::repeat(SampleSettings::greedy()).take(inp.n_seq - settings.len());
+            let rows: Vec<f32> = settings.iter().copied().chain(padding).flat_map(|st| st.to_row()).collect();
+            s.set_f32(t, &rows)?;
         }
         let t1 = std::time::Instant::now();
         s.run()?;
         let t2 = std::time::Instant::now();
         let n_seq = batch.len();
-        let out = if bucket.greedy {
-            let ids = s.get(sg.logits)?;
+        let out = if bucket.sample {
+            let ids = s.get(io.out)?;
             ids.chunks_exact(4)
                 .take(n_seq)
                 .map(|c| SeqOut::Token(i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32))
                 .collect()
         } else {
-            let all = s.get_f32(sg.logits)?;
+            let all = s.get_f32(io.out)?;
             let rows = |s: usize| if bucket.all_logits { inp.rows(s) } else { s..s + 1 };
             (0..n_seq).map(|i| SeqOut::Logits(all[rows(i).start * n_vocab..rows(i).end * n_vocab].to_vec())).collect()
         };
@@ -621,23 +655,22 @@ impl Model {
     /// The step graph of `bucket` (for tools and tests: DOT dumps, the memory planner's checks),
     /// with the bindings of its weight and cache leaves.
     pub fn step_graph(&self, bucket: Bucket) -> R<(Graph, Vec<(Tensor, TensorRef)>)> {
-        let (b, ..) = self.build_graph(bucket)?;
+        let (b, _) = self.build_graph(bucket)?;
         Ok((b.g, b.binds))
     }
 
     fn build_step(&self, backends: &mut [&mut dyn Backend], bucket: Bucket) -> R<StepGraph> {
-        let (b, tokens, leaves, last_rows, logits) = self.build_graph(bucket)?;
+        let (b, io) = self.build_graph(bucket)?;
         let Builder { g, binds, .. } = b;
         let exe = Executable::scheduled(g, backends, SessionOptions::default(), &binds)?;
-        Ok(StepGraph { exe, tokens, leaves, last_rows, logits, used: 0 })
+        Ok(StepGraph { exe, io, used: 0 })
     }
 
-    /// Builds the step graph of `bucket`: token ids in, logits out.
-    #[allow(clippy::type_complexity)]
-    fn build_graph(&self, bucket: Bucket) -> R<(Builder<'_>, Tensor, Leaves, Option<Tensor>, Tensor)> {
-        let Bucket { n_tokens: n, n_seq, n_kv, all_logits, greedy } = bucket;
-        if greedy && all_logits {
-            return Err(ModelError::BadBatch { why: "greedy steps keep only the last logits".into() });
+    /// Builds the step graph of `bucket`: token ids in, logits (or sampled token ids) out.
+    fn build_graph(&self, bucket: Bucket) -> R<(Builder<'_>, StepIo)> {
+        let Bucket { n_tokens: n, n_seq, n_kv, all_logits, sample } = bucket;
+        if sample && all_logits {
+            return Err(ModelError::BadBatch { why: "sampling steps keep only the last logits".into() });
         }
         let c = &self.config;
         let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights };
@@ -678,12 +711,13 @@ impl Model {
             h = b.g.get_rows(h, rows)?;
         }
         let head = if c.tied_embeddings { embd } else { b.p("output.weight")? };
-        let mut logits = b.g.mul_mat(head, h)?;
-        if greedy {
-            logits = b.g.argmax(logits)?; // i32 [1, n_seq]
+        let mut out = b.g.mul_mat(head, h)?;
+        let settings = if sample { Some(b.g.input("sample_settings", DType::F32, [4, n_seq, 1, 1])?) } else { None };
+        if let Some(st) = settings {
+            out = b.g.sample(out, st)?; // i32 [1, n_seq]
         }
-        b.g.mark_output(logits)?;
-        Ok((b, tokens, leaves, last_rows, logits))
+        b.g.mark_output(out)?;
+        Ok((b, StepIo { tokens, leaves, last_rows, settings, out }))
     }
 
     /// Gated full attention (notes §4.2): q and gate interleaved per head in `attn_q`, q/k rms

@@ -33,6 +33,7 @@ use std::time::Instant;
 use tessera_cpu::CpuBackend;
 use tessera_cuda::{CudaBackend, CudaOptions};
 use tessera_graph::{Backend, BackendError, BufferId, PreparedId, Task};
+use tessera_models::batch::bucket_len;
 use tessera_models::cache::SeqId;
 use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig, EngineError, Event};
@@ -467,15 +468,20 @@ fn step_graphs_held(s: StepCacheStats) -> u64 {
 }
 
 /// Requests run one at a time, to completion, that bring the step-graph cache to the same
-/// contents at every checkpoint: one prompt of each length `1..=step_graphs` (at most the step's
-/// token budget), one new token each, greedy. Each is one step of its own shape (its token count),
-/// as many shapes as the cache holds, so the graphs left are these whatever the traffic left
-/// there before.
+/// contents at every checkpoint: one prompt of each of the first `step_graphs` bucket sizes
+/// (`batch::bucket_len`: 1, 2, 3, 4, 6, 8, ..., at most the step's token budget), one new token
+/// each, greedy. Each is one step of its own bucket, as many buckets as the cache holds, so the
+/// graphs left are these whatever the traffic left there before.
 fn settle(engine: &mut Engine, step_graphs: usize) {
     let budget = engine.config().max_tokens_per_step;
-    assert!(step_graphs <= budget, "settle needs {step_graphs} prompt lengths, more than the budget ({budget}) allows");
+    let mut lengths: Vec<usize> = (1..=budget).map(bucket_len).filter(|&b| b <= budget).collect();
+    lengths.dedup();
+    assert!(
+        step_graphs <= lengths.len(),
+        "settle needs {step_graphs} bucket sizes, more than the budget ({budget}) allows ({lengths:?})"
+    );
     let n_vocab = engine.model().config.n_vocab;
-    for n in 1..=step_graphs {
+    for &n in &lengths[..step_graphs] {
         let prompt: Vec<u32> = (0..n).map(|t| ((t * 31 + n * 7) % n_vocab) as u32).collect();
         let id = engine.submit(&prompt, 1, SamplerParams::greedy()).expect("settle: submit");
         let out = engine.run_to_completion().expect("settle: run");
@@ -759,14 +765,15 @@ fn cuda_soak() {
     };
     let steps = std::env::var("TESSERA_SOAK_STEPS").ok().map_or(10_000, |s| s.parse().expect("TESSERA_SOAK_STEPS"));
     // 32 blocks of 16 cells for 8 slots: a long request needs 5, so admission is limited by
-    // blocks as well as slots, as on the CPU. One KV length (256), 32 planned step graphs.
+    // blocks as well as slots, as on the CPU. One KV length (256), 8 planned step graphs (as many
+    // bucket sizes as `settle` finds within the budget).
     let opts = ModelOptions {
         kv_blocks: 32,
         block_size: 16,
         max_context: 256,
         n_slots: 8,
         kv_pad: 256,
-        step_graphs: 32,
+        step_graphs: 8,
         ..ModelOptions::default()
     };
     let mut be =

@@ -46,7 +46,7 @@ fn model_step_graphs_pass_the_planner_verifier() {
         for (n_tokens, n_seq, n_kv, all_logits) in
             [(1, 1, 8, false), (1, 4, 32, false), (64, 1, 64, false), (7, 3, 16, true), (16, 2, 48, false)]
         {
-            let bucket = Bucket { n_tokens, n_seq, n_kv, all_logits, greedy: false };
+            let bucket = Bucket { n_tokens, n_seq, n_kv, all_logits, sample: false };
             let (g, _) = m.step_graph(bucket).unwrap();
             let plan = Plan::new(&g, PlanOptions::default());
             verify(&g, &plan, 1.25).unwrap_or_else(|why| panic!("{preset} {bucket:?}: {why}"));
