@@ -164,7 +164,14 @@ fn more_sequences_than_slots_queue_and_match() {
 /// Eight prompts batched in one engine, sequence `i` seeded `base + i`, at `temperature` with
 /// top-p 0.9.
 fn sampled_streams(temperature: f32, base: u64) -> Vec<Vec<u32>> {
+    sampled_streams_with(temperature, base, false)
+}
+
+/// [`sampled_streams`]; with `host`, every fed token's logits are recorded, so the engine samples
+/// on the host from the logits instead of in the step graph.
+fn sampled_streams_with(temperature: f32, base: u64, host: bool) -> Vec<Vec<u32>> {
     let mut e = engine(64);
+    e.record_logits(host);
     let ids: Vec<u32> = (0..8u32)
         .map(|i| {
             let p = SamplerParams { temperature, top_k: None, top_p: 0.9, seed: base + i as u64 };
@@ -190,6 +197,16 @@ fn seeded_sampling_is_reproducible() {
     assert_ne!(hot, sampled_streams(8.0, 1000));
     let p = SamplerParams { temperature: 8.0, top_k: None, top_p: 0.9, seed: 1 };
     assert_eq!(alone(&tokens(6, 4), 16, p), hot[0], "alone as in the batch");
+}
+
+/// The step graph's `sample` op and the host `Sampler` pick the same tokens from the same
+/// settings, so the device path (no logits recorded) and the host path (logits recorded)
+/// generate the same streams, greedy-like and hot.
+#[test]
+fn sampling_on_the_device_equals_sampling_on_the_host() {
+    for t in [0.8, 8.0] {
+        assert_eq!(sampled_streams_with(t, 3, false), sampled_streams_with(t, 3, true), "temperature {t}");
+    }
 }
 
 #[test]
