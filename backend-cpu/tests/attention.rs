@@ -576,15 +576,15 @@ fn ragged_equals_dense(seed: u64, r: &Ragged) {
     for &l in lens {
         offsets.push(offsets.last().unwrap() + l);
     }
-    let empty_kv_len = |s: usize| if s % 2 == 0 { -5.0 } else { 1e6 };
+    let empty_kv_len = |s: usize| if s.is_multiple_of(2) { -5.0 } else { 1e6 };
     let kv_len_values: Vec<f64> =
         (0..n_seq).map(|s| if lens[s] == 0 { empty_kv_len(s) } else { kv_lens[s] as f64 }).collect();
     // K/V of each sequence's positions, [d, n_kv, n_head_kv] per sequence (NaN past kv_len)
     let mut k = vec![f64::NAN; d * n_kv * n_head_kv * n_seq];
     let mut v = k.clone();
-    for s in 0..n_seq {
+    for (s, &kv_len) in kv_lens.iter().enumerate() {
         for hk in 0..n_head_kv {
-            for j in 0..kv_lens[s] {
+            for j in 0..kv_len {
                 let at = d * (j + n_kv * (hk + n_head_kv * s));
                 k[at..at + d].copy_from_slice(&rng.values(d, kv));
                 v[at..at + d].copy_from_slice(&rng.values(d, kv));

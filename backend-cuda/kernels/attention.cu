@@ -17,6 +17,13 @@
 // Semantics match backend-cpu/src/cpu/attention.rs: logit = dot * scale, or
 // softcap * tanh(dot * scale / softcap); plus mask[j, t, 0, s % mask.ne3]; a row whose logits are
 // all -inf comes out as zeros. Query head h reads kv head h / (n_head / n_head_kv).
+//
+// Ragged batches (`offsets.data` non-null; the dense layout passes a null offsets tensor and none
+// of this runs): q packs every sequence's tokens in one sequence slot; sequence s owns tokens
+// offsets[s] .. offsets[s + 1] and its L tokens are the last of its kv_lens[s] positions, token i
+// of it seeing positions 0 ..= kv_lens[s] - L + i (row s of the table, or sequence s of k/v). The
+// same three kernels run them with other tilings (see each), the host picking the launches from
+// the shapes alone (a CUDA graph replays them with new offsets), never reading offsets back.
 
 #define FA_W 4    // warps per block
 #define FA_R 8    // query rows per block (tile)
@@ -85,11 +92,136 @@ __device__ __forceinline__ float fa_sum8(const float* v, int lane) {
     return z;
 }
 
+// ---- ragged batches ----
+
+__device__ __forceinline__ int fa_i32(const Tensor& t, int i) { return *(const int*)(t.data + (i64)i * t.nb[0]); }
+
+// Whether a ragged call's offsets and kv lengths are valid; block-uniform, call with the whole
+// block before anything else. Every block checks all of them (one coalesced read each, which also
+// brings them into L1 for the lookups below), so that with bad values no block reads further (no
+// out-of-range table row, no table-entry error that would mask theirs), and block (0, 0, 0)
+// reports the first bad one in the CPU's order: the offsets (`check_seq_offsets`), then the kv
+// lengths of sequences with tokens (`L <= kv_lens[s] <= n_kv`).
+__device__ bool fa_ragged_valid(const Tensor& offsets, const Tensor& kv_lens, int n_tokens, int n_kv, u64 err, u32 opcode) {
+    const int n_seq = (int)kv_lens.ne[0];
+    bool bad = false;
+    for (int i = threadIdx.x; i <= n_seq; i += blockDim.x) {
+        // three independent loads (one round of latency): offset i, the one before, and the kv
+        // length of the sequence between them
+        const int o = fa_i32(offsets, i), lo = i == 0 ? 0 : fa_i32(offsets, i - 1);
+        const int kl = i == 0 ? 0 : fa_i32(kv_lens, i - 1);
+        bad = bad || o < lo || o > n_tokens || (i > 0 && o > lo && (kl < o - lo || kl > n_kv));
+    }
+    if (!__syncthreads_or(bad)) return true;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && check_seq_offsets(offsets, n_tokens, err, opcode) &&
+        threadIdx.x == 0) {
+        for (int s = 0; s < n_seq; s++) {
+            const int len = fa_i32(offsets, s + 1) - fa_i32(offsets, s), kl = fa_i32(kv_lens, s);
+            if (len > 0 && (kl < len || kl > n_kv)) {
+                report_error((ErrorRecord*)err, ERR_VALUE_OUT_OF_RANGE, WHAT_KV_LENS, opcode, kl, n_kv, s, len);
+                break;
+            }
+        }
+    }
+    return false;
+}
+
+// The one-token tiles of the split-K kernels on a ragged batch: tile slot `ti` is packed token
+// `ti` (`seq_stride == 0`; a padding token gets `vis = 0`, so its rows come out zero), or token
+// `ti % seq_stride` of sequence `ti / seq_stride` for the sequences of at most `seq_stride` tokens
+// (the others, and slots past a sequence's tokens, return false: another launch writes them).
+// Sets the sequence `s`, the token `t` and `vis`, the number of positions it sees.
+__device__ __forceinline__ bool fa_ragged_token(const Tensor& offsets, const Tensor& kv_lens, int ti, int seq_stride,
+                                                int& s, int& t, int& vis) {
+    const int n_seq = (int)kv_lens.ne[0];
+    if (seq_stride > 0) {
+        s = ti / seq_stride;
+        const int o = fa_i32(offsets, s), len = fa_i32(offsets, s + 1) - o, i = ti % seq_stride;
+        if (len > seq_stride || i >= len) return false;
+        t = o + i;
+        vis = fa_i32(kv_lens, s) - len + i + 1;
+        return true;
+    }
+    t = ti;
+    s = 0;
+    vis = 0;
+    if (t < fa_i32(offsets, 0) || t >= fa_i32(offsets, n_seq)) return true;
+    int lo = 0, hi = n_seq - 1;  // the last sequence starting at or before t owns it
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (fa_i32(offsets, mid) <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    s = lo;
+    const int o = fa_i32(offsets, s), len = fa_i32(offsets, s + 1) - o;
+    vis = fa_i32(kv_lens, s) - len + (t - o) + 1;
+    return true;
+}
+
+// The decode kernel's faster twin of `fa_ragged_valid` + `fa_ragged_token`. There only block
+// (0, 0, 0) checks (and reports) every offset and kv length; the other blocks check just the
+// values they use, enough to keep every read in bounds (a bad batch then yields garbage, but
+// block 0 reports it), and find their sequence from one round of loads when it is the guess
+// `fa_ragged_guess` (the decode layout offsets[s] = s), so that a ragged decode block starts its
+// first K/V copies as early as a dense one (the guessed sequence's table entries are loaded in
+// the same round, see fa_dec_impl). A bad table entry is reported only after a warp has checked
+// every offset and kv length (`fa_ragged_valid_warp`), so that it never masks their error.
+__device__ __forceinline__ int fa_ragged_guess(int ti, int seq_stride, int n_seq) {
+    return seq_stride > 0 ? ti / seq_stride : min(ti, n_seq - 1);
+}
+__device__ __forceinline__ bool fa_ragged_local(const Tensor& offsets, const Tensor& kv_lens, int ti, int seq_stride,
+                                                int n_tokens, int n_kv, int& s, int& t, int& vis) {
+    const int n_seq = (int)kv_lens.ne[0];
+    int g = fa_ragged_guess(ti, seq_stride, n_seq);
+    int o = fa_i32(offsets, g), o1 = fa_i32(offsets, g + 1), kl = fa_i32(kv_lens, g);
+    if (seq_stride > 0) {
+        const int i = ti % seq_stride;
+        if (o1 - o > seq_stride || i >= o1 - o) return false;
+        t = o + i;
+    } else {
+        t = ti;
+        const int first = fa_i32(offsets, 0), last = fa_i32(offsets, n_seq);
+        if (t < first || t >= last) {  // padding: its rows come out zero
+            s = g;
+            vis = 0;
+            return true;
+        }
+        if (!(o <= t && t < o1)) {
+            int lo = 0, hi = n_seq - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (fa_i32(offsets, mid) <= t) lo = mid;
+                else hi = mid - 1;
+            }
+            g = lo;
+            o = fa_i32(offsets, g);
+            o1 = fa_i32(offsets, g + 1);
+            kl = fa_i32(kv_lens, g);
+            if (!(o <= t && t < o1)) return false;
+        }
+    }
+    s = g;
+    if (o < 0 || o1 > n_tokens || kl < o1 - o || kl > n_kv) return false;
+    vis = kl - (o1 - o) + (t - o) + 1;
+    return true;
+}
+// Whether every offset and kv length is valid, checked by one warp (call with the whole warp).
+__device__ bool fa_ragged_valid_warp(const Tensor& offsets, const Tensor& kv_lens, int n_tokens, int n_kv) {
+    const int n_seq = (int)kv_lens.ne[0];
+    bool bad = false;
+    for (int i = threadIdx.x & 31; i <= n_seq; i += 32) {
+        const int o = fa_i32(offsets, i), lo = i == 0 ? 0 : fa_i32(offsets, i - 1);
+        const int kl = i == 0 ? 0 : fa_i32(kv_lens, i - 1);
+        bad = bad || o < lo || o > n_tokens || (i > 0 && o > lo && (kl < o - lo || kl > n_kv));
+    }
+    return !__any_sync(0xffffffffu, bad);
+}
+
 template <int DT, bool VEC>
 __device__ __forceinline__ void fa_partial_impl(
-    Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int kdt, int vdt, int mdt,
-    int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb, int tb,
-    int h_blocks, int t_blocks, float* part, u64 err, u32 opcode) {
+    Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, int kdt,
+    int vdt, int mdt, int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb, int tb,
+    int h_blocks, int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {
     __shared__ float s_p[FA_W][FA_R][32];
     __shared__ float s_m[FA_W][FA_R];
     __shared__ float s_l[FA_W][FA_R];
@@ -102,12 +234,21 @@ __device__ __forceinline__ void fa_partial_impl(
     const int n_kv = paged ? (int)table.ne[0] : n_cells;
     const int group = n_head / n_head_kv;
 
-    const int tile = blockIdx.x, split = blockIdx.y, s = blockIdx.z;
+    const int tile = blockIdx.x, split = blockIdx.y;
     const int tbi = tile % t_blocks, hbi = (tile / t_blocks) % h_blocks, hk = tile / (t_blocks * h_blocks);
-    const int h0 = hk * group + hbi * hb, t0 = tbi * tb;
-    const int hn = min(hb, group - hbi * hb), tn = min(tb, n_tokens - t0);
+    // Dense: tokens t0 .. t0 + tn of sequence s (q's slot qs = s) over all positions. Ragged
+    // (tb == 1): one token of sequence s in slot 0, seeing its first `vis` positions.
+    int s = blockIdx.z, qs = blockIdx.z, t0 = tbi * tb, tn = min(tb, n_tokens - t0), vis = n_kv;
+    if (offsets.data) {
+        if (!fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) return;
+        if (!fa_ragged_token(offsets, kv_lens, tbi, seq_stride, s, t0, vis)) return;
+        qs = 0;
+        tn = 1;
+    }
+    const int h0 = hk * group + hbi * hb;
+    const int hn = min(hb, group - hbi * hb);
     const int nrows = hn * tn;
-    const int j_begin = split * split_len, j_end = min(n_kv, j_begin + split_len);
+    const int j_begin = split * split_len, j_end = min(min(n_kv, vis), j_begin + split_len);
     const i64 ks = paged ? 0 : s;
     const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
@@ -121,7 +262,7 @@ __device__ __forceinline__ void fa_partial_impl(
         float x = 0.0f;
         if (r < nrows && i < dk) {
             const int h = h0 + r / tn, t = t0 + r % tn;
-            x = *(const float*)(q.data + (i64)i * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]);
+            x = *(const float*)(q.data + (i64)i * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3]);
         }
         s_q[r][i] = x;
     }
@@ -137,7 +278,7 @@ __device__ __forceinline__ void fa_partial_impl(
         for (int e = 0; e < FA_E; e++) acc[r][e] = 0.0f;
     }
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
-    const i64 m_seq = has_mask ? (s % mask.ne[3]) * mask.nb[3] : 0;
+    const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
 
     // The cache row of position jj (its table entry when paged, unchecked), -1 past the range.
     auto raw_cell = [&](int jj) -> int {
@@ -288,9 +429,9 @@ __device__ __forceinline__ void fa_partial_impl(
         const int h = h0 + r / tn, t = t0 + r % tn;
         if (n_splits == 1) {
             float o = mm == -TS_INF ? 0.0f : a / ll;
-            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)s * out.nb[3]) = o;
+            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)qs * out.nb[3]) = o;
         } else {
-            const i64 g = ((i64)s * n_head + h) * n_tokens + t;
+            const i64 g = ((i64)qs * n_head + h) * n_tokens + t;
             const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
             float* pp = part + ((i64)split * n_rows_g + g) * (dv + 2);
             if (e == 0) {
@@ -304,11 +445,13 @@ __device__ __forceinline__ void fa_partial_impl(
 
 #define FA_PARTIAL(NAME, DT, VEC)                                                                              \
     extern "C" __global__ void __launch_bounds__(FA_W * 32, 3) NAME(                                              \
-        Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int kdt, int vdt, int mdt,        \
-        int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb, int tb,      \
-        int h_blocks, int t_blocks, float* part, u64 err, u32 opcode) {                                        \
-        fa_partial_impl<DT, VEC>(q, k, v, mask, table, out, kdt, vdt, mdt, has_mask, paged, scale, softcap,    \
-                                 n_splits, split_len, hb, tb, h_blocks, t_blocks, part, err, opcode);          \
+        Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out,   \
+        int kdt, int vdt, int mdt, int has_mask, int paged, float scale, float softcap, int n_splits,          \
+        int split_len, int hb, int tb, int h_blocks, int t_blocks, int seq_stride, float* part, u64 err,       \
+        u32 opcode) {                                                                                          \
+        fa_partial_impl<DT, VEC>(q, k, v, mask, table, offsets, kv_lens, out, kdt, vdt, mdt, has_mask, paged,  \
+                                 scale, softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks, seq_stride,  \
+                                 part, err, opcode);                                                           \
     }
 
 FA_PARTIAL(fa_partial_any, DT_F32, false)
@@ -317,10 +460,19 @@ FA_PARTIAL(fa_partial_f16, DT_F16, true)
 FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 
 // Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: one block per row
-// g = (s * n_head + h) * n_tokens + t (blockDim a multiple of 32).
-extern "C" __global__ void fa_combine(const float* part, Tensor out, int n_splits, int dv, int n_tokens, int n_head) {
+// g = (s * n_head + h) * n_tokens + t (blockDim a multiple of 32). With a ragged batch tiled by
+// sequence (`seq_stride > 0`), rows of tokens the split-K kernel did not take are left alone.
+extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor offsets, Tensor kv_lens, int seq_stride,
+                                      int n_splits, int dv, int n_tokens, int n_head) {
     __shared__ float scratch[32];
     const i64 g = blockIdx.x;
+    if (offsets.data && seq_stride > 0) {
+        // offsets were checked by the split-K kernel; with bad ones its output is not used
+        int s, t, vis;
+        fa_ragged_token(offsets, kv_lens, (int)(g % n_tokens), 0, s, t, vis);
+        const int len = fa_i32(offsets, s + 1) - fa_i32(offsets, s);
+        if (vis == 0 || len > seq_stride || len < 0) return;
+    }
     const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
     const i64 stride = dv + 2, split_stride = n_rows_g * stride;
     const float* pg = part + g * stride;
@@ -349,6 +501,12 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, int n_split
 // as mma.sync m16n8k16 (Q and P rounded to the K/V type, f32 accumulators), with the online
 // softmax on the S fragments in f32. Rows are padded by FT_PAD halves so that ldmatrix is free of
 // bank conflicts. Dynamic shared memory: 3 * 64 * (D + FT_PAD) halves.
+//
+// Ragged: a block takes 64 tokens of one sequence of at least `l_min` tokens (tile x counts such
+// sequences' ceil(L / 64) tiles in order: warp 0 finds this block's by a running scan) and stops
+// at the last position its last token sees; logits past each row's own last position are -inf
+// (the causal rule, on the fly: no mask needed). Blocks past the last tile zero the padding
+// tokens' rows (the host launches one spare tile row so that there are some).
 
 #define FT_BM 64
 #define FT_BN 64
@@ -375,10 +533,12 @@ __device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
 }
 
 template <int DT, int D>
-__device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int mdt,
-                                            int has_mask, int paged, float scale, float softcap, u64 err, u32 opcode) {
+__device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
+                                            Tensor kv_lens, Tensor out, int mdt, int has_mask, int paged, float scale,
+                                            float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
     __shared__ int s_cell[FT_BN];
+    __shared__ int s_work[3];
     const int LD = D + FT_PAD;
     u16* sQ = ft_smem;
     u16* sK = sQ + FT_BM * LD;
@@ -388,17 +548,66 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
     const int n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
     const int n_kv = paged ? (int)table.ne[0] : n_cells;
-    const int t0 = blockIdx.x * FT_BM, h = blockIdx.y, s = blockIdx.z;
+    const int h = blockIdx.y;
+    // Tokens t0 .. t_end (at most 64) of sequence s, in q's slot qs; token t sees positions
+    // j <= t + causal (dense: all, causal = n_kv) and the block walks positions 0 .. j_stop.
+    int t0 = blockIdx.x * FT_BM, t_end = n_tokens, s = blockIdx.z, qs = blockIdx.z, causal = n_kv, j_stop = n_kv;
+    if (offsets.data) {
+        if (!fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) return;
+        const int n_seq = (int)kv_lens.ne[0];
+        if (warp == 0) {
+            // This block's (sequence, tile) among the tiles of the sequences it takes, in order.
+            int base = 0;
+            for (int s0 = 0; s0 < n_seq; s0 += 32) {
+                const int si = s0 + lane;
+                const int len = si < n_seq ? fa_i32(offsets, si + 1) - fa_i32(offsets, si) : 0;
+                const int c = len >= l_min ? (len + FT_BM - 1) / FT_BM : 0;
+                int x = c;
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int y = __shfl_up_sync(0xffffffffu, x, d);
+                    if (lane >= d) x += y;
+                }
+                const int first = base + x - c;
+                if ((int)blockIdx.x >= first && (int)blockIdx.x < first + c) {
+                    s_work[0] = si;
+                    s_work[1] = (int)blockIdx.x - first;
+                }
+                base += __shfl_sync(0xffffffffu, x, 31);
+            }
+            if (lane == 0) s_work[2] = base;
+        }
+        __syncthreads();
+        qs = 0;
+        if ((int)blockIdx.x >= s_work[2]) {
+            // A spare block: zero the rows of padding tokens (before offsets[0], from offsets[n_seq]).
+            const int lead = fa_i32(offsets, 0), tail = fa_i32(offsets, n_seq);
+            const i64 rows = (i64)(lead + n_tokens - tail) * n_head;
+            const i64 spare = (i64)(gridDim.x - s_work[2]) * gridDim.y;
+            for (i64 r = (i64)(blockIdx.x - s_work[2]) * gridDim.y + h; r < rows; r += spare) {
+                const int tp = (int)(r / n_head), hr = (int)(r % n_head), t = tp < lead ? tp : tail + (tp - lead);
+                char* orow = out.data + (i64)hr * out.nb[1] + (i64)t * out.nb[2];
+                for (int e = tid; e < (int)out.ne[0]; e += blockDim.x) *(float*)(orow + (i64)e * out.nb[0]) = 0.0f;
+            }
+            return;
+        }
+        s = s_work[0];
+        const int o = fa_i32(offsets, s), len = fa_i32(offsets, s + 1) - o;
+        t0 = o + s_work[1] * FT_BM;
+        t_end = min(o + len, t0 + FT_BM);
+        causal = fa_i32(kv_lens, s) - len - o;  // token t's last position is t + causal
+        j_stop = t_end + causal;                // <= kv_lens[s] <= n_kv
+    }
     const int hk = h / (n_head / n_head_kv);
     const i64 ks = paged ? 0 : s;
     const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
-    const i64 m_seq = has_mask ? (s % mask.ne[3]) * mask.nb[3] : 0;
+    const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
 
     for (int idx = tid; idx < FT_BM * D; idx += blockDim.x) {
         const int r = idx / D, c = idx % D, t = t0 + r;
-        const float x = t < n_tokens ? *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]) : 0.0f;
+        const float x = t < t_end ? *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3]) : 0.0f;
         sQ[r * LD + c] = ft_half<DT>(x);
     }
 
@@ -408,12 +617,12 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
     const int tok[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
 
-    for (int j0 = 0; j0 < n_kv; j0 += FT_BN) {
+    for (int j0 = 0; j0 < j_stop; j0 += FT_BN) {
         __syncthreads();  // the previous tile is consumed (and sQ is written on the first pass)
         if (tid < FT_BN) {
             const int j = j0 + tid;
             int cell = -1;
-            if (j < n_kv) {
+            if (j < j_stop) {
                 const int raw = paged ? *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]) : j;
                 if (raw < 0 || raw >= n_cells) {
                     report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
@@ -460,10 +669,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             for (int i = 0; i < 4; i++) {
                 const int col = n * 8 + 2 * tq + (i & 1), rr = i >> 1, j = j0 + col;
                 float x = softcap > 0.0f ? softcap * tanhf(sc[n][i] * inner) : sc[n][i] * scale;
-                if (has_mask && j < n_kv && tok[rr] < n_tokens) {
+                if (has_mask && j < j_stop && tok[rr] < t_end) {
                     x += load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[rr] * mask.nb[1] + m_seq, mdt);
                 }
-                x = s_cell[col] >= 0 ? x : -TS_INF;
+                x = s_cell[col] >= 0 && j <= tok[rr] + causal ? x : -TS_INF;
                 sc[n][i] = x;
                 mx[rr] = fmaxf(mx[rr], x);
             }
@@ -515,8 +724,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     for (int rr = 0; rr < 2; rr++) {
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-        if (tok[rr] >= n_tokens) continue;
-        char* orow = out.data + (i64)h * out.nb[1] + (i64)tok[rr] * out.nb[2] + (i64)s * out.nb[3];
+        if (tok[rr] >= t_end) continue;
+        char* orow = out.data + (i64)h * out.nb[1] + (i64)tok[rr] * out.nb[2] + (i64)qs * out.nb[3];
         const float inv = m[rr] == -TS_INF ? 0.0f : 1.0f / l[rr];
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
@@ -527,11 +736,12 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     }
 }
 
-#define FA_MMA(NAME, DT, D)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, \
-                                                           Tensor out, int mdt, int has_mask, int paged, float scale, \
-                                                           float softcap, u64 err, u32 opcode) {                     \
-        fa_mma_impl<DT, D>(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, err, opcode);           \
+#define FA_MMA(NAME, DT, D)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128)                                                          \
+        NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
+             int mdt, int has_mask, int paged, float scale, float softcap, int l_min, u64 err, u32 opcode) {     \
+        fa_mma_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale, softcap,  \
+                           l_min, err, opcode);                                                                \
     }
 
 FA_MMA(fa_mma_f16_d128, DT_F16, 128)
@@ -556,6 +766,10 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 // `fa_combine`. Dynamic shared memory: FD_W * FD_S * 2 * 16 * (D + FT_PAD) + 16 * (D + FT_PAD)
 // halves. FD_S = 3 measured the same as 2 (146-148 us); FD_W = 2 with two blocks per SM was slower
 // (160 us).
+//
+// Ragged: one token per tile (tb = 1; see `fa_ragged_token` for the two tilings), whose rows all
+// see its first `vis` positions, so the split simply ends there: a decode batch of n sequences
+// gets the grid and the work of the dense decode of n sequences of one token.
 
 #define FD_W 4   // warps per block
 #define FD_S 2   // ring stages per warp
@@ -563,9 +777,10 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 
 
 template <int DT, int D>
-__device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int mdt,
-                                            int has_mask, int paged, float scale, float softcap, int split_len, int hb,
-                                            int tb, int h_blocks, int t_blocks, float* part, u64 err, u32 opcode) {
+__device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
+                                            Tensor kv_lens, Tensor out, int mdt, int has_mask, int paged, float scale,
+                                            float softcap, int split_len, int hb, int tb, int h_blocks, int t_blocks,
+                                            int seq_stride, float* part, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 fd_smem[];
     __shared__ u32 s_valid[FD_W][FD_S];
     __shared__ float s_m[FD_W][16];
@@ -583,24 +798,35 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     const int group = n_head / n_head_kv;
     const int n_splits = (int)gridDim.y;
 
-    const int tile = blockIdx.x, split = blockIdx.y, s = blockIdx.z;
+    const int tile = blockIdx.x, split = blockIdx.y;
     const int tbi = tile % t_blocks, hbi = (tile / t_blocks) % h_blocks, hk = tile / (t_blocks * h_blocks);
-    const int h0 = hk * group + hbi * hb, t0 = tbi * tb;
-    const int hn = min(hb, group - hbi * hb), tn = min(tb, n_tokens - t0);
+    // Dense: tokens t0 .. t0 + tn of sequence s (q's slot qs = s) over all positions. Ragged
+    // (tb == 1): one token of sequence s in slot 0, seeing its first `vis` positions.
+    // (See `fa_ragged_local` for how a ragged block finds its token: s starts as a guess.)
+    int s = blockIdx.z, qs = blockIdx.z, t0 = tbi * tb, tn = min(tb, n_tokens - t0);
+    if (offsets.data) {
+        if (blockIdx.x == 0 && blockIdx.y == 0 && !fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) return;
+        s = fa_ragged_guess(tbi, seq_stride, (int)kv_lens.ne[0]);
+        qs = 0;
+        t0 = tbi;
+        tn = 1;
+    }
+    const int h0 = hk * group + hbi * hb;
+    const int hn = min(hb, group - hbi * hb);
     const int nrows = hn * tn;
-    const int j_begin = split * split_len, j_end = min(n_kv, j_begin + split_len);
-    const i64 ks = paged ? 0 : s;
-    const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
-    const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
-    const i64 m_seq = has_mask ? (s % mask.ne[3]) * mask.nb[3] : 0;
+    const int j_begin = split * split_len;
+    int j_end = min(n_kv, j_begin + split_len);
+    const char* kbase = k.data + hk * k.nb[2] + (paged ? 0 : s) * k.nb[3];
+    const char* vbase = v.data + hk * v.nb[2] + (paged ? 0 : s) * v.nb[3];
+    const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
 
     u16* sQ = fd_smem + FD_W * WARP_HALVES;
     u16* ring = fd_smem + warp * WARP_HALVES;
-    const int tok[2] = {t0 + (g < nrows ? g % tn : 0), t0 + (g + 8 < nrows ? (g + 8) % tn : 0)};
+    int tok[2] = {t0 + (g < nrows ? g % tn : 0), t0 + (g + 8 < nrows ? (g + 8) % tn : 0)};
 
-    const int n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
-    const int my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
+    int n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
+    int my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
     // The table entry (unchecked; j itself when not paged) of lane's position in chunk `it`.
     // Loaded an iteration before `issue` needs it, so that its latency hides behind a chunk.
     auto raw_of = [&](int it) -> int {
@@ -629,13 +855,12 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     // `st`; invalid positions read as 0.
     auto issue = [&](int it, int st, int raw) {
         const int j0 = j_begin + (warp + it * FD_W) * FD_N;
-        int cell = -1;
-        if (lane < FD_N && j0 + lane < j_end) {
-            if (raw < 0 || raw >= n_cells) {
-                report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
-            } else {
-                cell = raw;
-            }
+        const bool mine = lane < FD_N && j0 + lane < j_end;
+        const bool bad = mine && (raw < 0 || raw >= n_cells);
+        const int cell = mine && !bad ? raw : -1;
+        if (__any_sync(0xffffffffu, bad)) {
+            const bool report = !offsets.data || fa_ragged_valid_warp(offsets, kv_lens, n_tokens, n_kv);
+            if (bad && report) report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
         }
         const u32 valid = __ballot_sync(0xffffffffu, cell >= 0);
         if (lane == 0) s_valid[warp][st] = valid;
@@ -657,12 +882,33 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
 
+    // The first chunks' table entries; for a ragged block, those of the guessed sequence over the
+    // whole split, loaded in the same round as the values that confirm the guess and narrow the
+    // range (positions past it are then ignored by `issue`).
+    int raw_pre[FD_S];
+#pragma unroll
+    for (int it = 0; it < FD_S; it++) raw_pre[it] = raw_of(it);
+    if (offsets.data) {
+        const int guess = s;
+        int vis;
+        if (!fa_ragged_local(offsets, kv_lens, tbi, seq_stride, n_tokens, n_kv, s, t0, vis)) return;
+        j_end = min(j_end, vis);
+        n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
+        my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
+        kbase = k.data + hk * k.nb[2] + (paged ? 0 : s) * k.nb[3];
+        vbase = v.data + hk * v.nb[2] + (paged ? 0 : s) * v.nb[3];
+        tok[0] = tok[1] = t0;
+        if (s != guess) {
+#pragma unroll
+            for (int it = 0; it < FD_S; it++) raw_pre[it] = raw_of(it);
+        }
+    }
 #pragma unroll
     for (int st = 0; st < FD_S - 1; st++) {
-        if (st < my_chunks) issue(st, st, raw_of(st));
+        if (st < my_chunks) issue(st, st, raw_pre[st]);
         tc_commit();
     }
-    int raw_next = raw_of(FD_S - 1);
+    int raw_next = raw_pre[FD_S - 1];
     u32 mb[8];
     mask_bits(0, mb);
     // The tile's query rows (rounded to the K/V type, zero rows past nrows), while the first
@@ -672,7 +918,7 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         float x = 0.0f;
         if (r < nrows) {
             const int h = h0 + r / tn, t = t0 + r % tn;
-            x = *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)s * q.nb[3]);
+            x = *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3]);
         }
         sQ[r * LD + c] = ft_half<DT>(x);
     }
@@ -797,9 +1043,9 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         const int h = h0 + r / tn, t = t0 + r % tn;
         if (n_splits == 1) {
             const float ov = mm == -TS_INF ? 0.0f : a / ll;
-            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)s * out.nb[3]) = ov;
+            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)qs * out.nb[3]) = ov;
         } else {
-            const i64 gi = ((i64)s * n_head + h) * n_tokens + t;
+            const i64 gi = ((i64)qs * n_head + h) * n_tokens + t;
             const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
             float* pp = part + ((i64)split * n_rows_g + gi) * (D + 2);
             if (e == 0) {
@@ -811,13 +1057,13 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     }
 }
 
-#define FA_DEC(NAME, DT, D)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(FD_W * 32, 1) NAME(                                                    \
-        Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor out, int mdt, int has_mask, int paged,          \
-        float scale, float softcap, int split_len, int hb, int tb, int h_blocks, int t_blocks, float* part, u64 err,   \
-        u32 opcode) {                                                                                                   \
-        fa_dec_impl<DT, D>(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, split_len, hb, tb,         \
-                           h_blocks, t_blocks, part, err, opcode);                                                      \
+#define FA_DEC(NAME, DT, D)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(FD_W * 32, 1)                                                 \
+        NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
+             int mdt, int has_mask, int paged, float scale, float softcap, int split_len, int hb, int tb,        \
+             int h_blocks, int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {                     \
+        fa_dec_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale, softcap,  \
+                           split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode);              \
     }
 
 FA_DEC(fa_dec_f16_d128, DT_F16, 128)

@@ -10,6 +10,12 @@
 //! run on tensor cores instead (`fa_mma_*`: mma.sync m16n8k16, 64 tokens of one head per block);
 //! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 16
 //! M rows, K/V chunks copied to shared memory with cp.async, split-K merged by `fa_combine`).
+//!
+//! Ragged batches (`params.ragged`) run on the same kernels with other tilings, picked from the
+//! shapes alone (the offsets are device values that change under a replayed CUDA graph; nothing
+//! is read back): one token per split-K tile (packed token `t`, or token `i` of sequence `s` for
+//! the short sequences), 64 tokens of one sequence per tensor-core prefill tile. See
+//! [`RaggedPlan`] for which launches a batch gets.
 
 use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
@@ -56,8 +62,20 @@ const DEC_ROWS: usize = 16;
 /// task alone).
 const DEC_TARGET_BLOCKS: usize = 132;
 /// Fewest query tokens for the tensor-core prefill kernel (below it the split-K kernels, which
-/// share each K/V row between a kv group's heads, win).
+/// share each K/V row between a kv group's heads, win). In a ragged batch that runs both, the
+/// decode kernel takes the sequences of fewer tokens.
 const MMA_MIN_TOKENS: usize = 4;
+
+/// How a split-K launch lays out query tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tokens {
+    /// Up to `rows / hb` consecutive tokens of one sequence per tile, sequences on the grid's z.
+    Dense,
+    /// A ragged batch, one token per tile: `slots` tile slots per (kv head, head block), packed
+    /// token `t` when `seq_stride == 0`, else token `i < seq_stride` of sequence `s` at slot
+    /// `s * seq_stride + i` (`fa_ragged_token` / `fa_ragged_local` in attention.cu).
+    Ragged { slots: usize, seq_stride: usize },
+}
 
 /// The launch geometry of one task.
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +91,7 @@ struct Plan {
     /// Output rows (n_head * n_tokens * n_seq).
     rows: usize,
     d_v: usize,
+    seq_stride: usize,
 }
 
 /// A kernel's tiling rules: tiles of up to `rows` query rows (heads of one kv group times
@@ -95,39 +114,103 @@ const DEC_TILING: Tiling = Tiling {
     align: DEC_WARPS as usize * DEC_CHUNK,
 };
 
-fn plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
-    tile_plan(q, k, v, table, &SIMT_TILING)
+/// The SIMT kernel's geometry.
+fn plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>, tokens: Tokens) -> Plan {
+    tile_plan(q, k, v, table, &SIMT_TILING, tokens)
 }
 
 /// The decode kernel's geometry.
-fn dec_plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>) -> Plan {
-    tile_plan(q, k, v, table, &DEC_TILING)
+fn dec_plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>, tokens: Tokens) -> Plan {
+    tile_plan(q, k, v, table, &DEC_TILING, tokens)
 }
 
-fn tile_plan(q: &TensorMeta, k: &TensorMeta, v: &TensorMeta, table: Option<&TensorMeta>, t: &Tiling) -> Plan {
+fn tile_plan(
+    q: &TensorMeta,
+    k: &TensorMeta,
+    v: &TensorMeta,
+    table: Option<&TensorMeta>,
+    t: &Tiling,
+    tokens: Tokens,
+) -> Plan {
     let Tiling { rows, target, min_split, align } = *t;
-    let [_, n_tokens, n_head, n_seq] = q.ne;
+    let [_, n_tokens, n_head, q_seq] = q.ne;
     let n_head_kv = k.ne[2].max(1);
     let n_kv = table.map_or(k.ne[1], |t| t.ne[0]);
     let group = (n_head / n_head_kv).max(1);
     let hb = group.min(rows);
-    let tb = (rows / hb).clamp(1, n_tokens.max(1));
+    let (tb, t_blocks, n_seq, seq_stride) = match tokens {
+        Tokens::Dense => {
+            let tb = (rows / hb).clamp(1, n_tokens.max(1));
+            (tb, n_tokens.div_ceil(tb), q_seq, 0)
+        }
+        Tokens::Ragged { slots, seq_stride } => (1, slots.max(1), 1, seq_stride),
+    };
     let h_blocks = group.div_ceil(hb);
-    let t_blocks = n_tokens.div_ceil(tb);
     let tiles = n_head_kv * h_blocks * t_blocks;
-    let base = (tiles * n_seq).max(1);
+    // Split for the tiles that work: all of them, except that a ragged launch over the short
+    // sequences counts on about one token per sequence (its other slots are mostly idle).
+    let working = tiles.checked_div(seq_stride).unwrap_or(tiles);
+    let base = (working * n_seq).max(1);
     let want = (target / base).clamp(1, n_kv.div_ceil(min_split).max(1));
     let split_len = n_kv.div_ceil(want).div_ceil(align).max(1) * align;
     let splits = n_kv.div_ceil(split_len).max(1);
-    Plan { hb, tb, h_blocks, t_blocks, tiles, splits, split_len, n_seq, rows: n_head * n_tokens * n_seq, d_v: v.ne[0] }
+    let rows = n_head * n_tokens * q_seq;
+    Plan { hb, tb, h_blocks, t_blocks, tiles, splits, split_len, n_seq, rows, d_v: v.ne[0], seq_stride }
+}
+
+/// The launches of a ragged task, chosen from its shapes alone (any offsets must run correctly
+/// on them; the choice only decides what is fast). Decode-like batches (`n_tokens < 2 n_seq`)
+/// run the split-K kernel alone, one packed token per tile, exactly the grid of the dense decode
+/// of that many sequences; a single sequence with enough tokens runs the tensor-core prefill
+/// alone; other batches run both, the decode kernel over the sequences of fewer than
+/// [`MMA_MIN_TOKENS`] tokens (slot `s * 3 + i`) and the prefill kernel over the rest (and the
+/// padding). Without the tensor-core kernels (f32 or mixed K/V, other head dims, unaligned rows)
+/// the SIMT split-K kernel runs alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RaggedPlan {
+    /// The split-K launch's token layout, if there is one.
+    split: Option<Tokens>,
+    /// The tensor-core prefill's fewest tokens per sequence, if it runs.
+    mma_min: Option<usize>,
+}
+
+fn ragged_plan(n_tokens: usize, n_seq: usize, tensor_cores: bool) -> RaggedPlan {
+    let flat = Tokens::Ragged { slots: n_tokens, seq_stride: 0 };
+    if !tensor_cores || n_tokens < MMA_MIN_TOKENS || n_tokens < 2 * n_seq {
+        return RaggedPlan { split: Some(flat), mma_min: None };
+    }
+    if n_seq == 1 {
+        return RaggedPlan { split: None, mma_min: Some(1) };
+    }
+    let short = MMA_MIN_TOKENS - 1;
+    RaggedPlan {
+        split: Some(Tokens::Ragged { slots: n_seq * short, seq_stride: short }),
+        mma_min: Some(MMA_MIN_TOKENS),
+    }
+}
+
+/// The ragged prefill kernel's grid width: at most `(n_tokens + 63 k) / 64` tiles for the `k <=
+/// min(n_seq, n_tokens / min_len)` sequences of at least `min_len` tokens, plus one spare tile
+/// whose blocks zero the padding tokens' rows.
+fn ragged_mma_tiles(n_tokens: usize, n_seq: usize, min_len: usize) -> usize {
+    let k = n_seq.min(n_tokens / min_len.max(1));
+    (n_tokens + (MMA_BM - 1) * k) / MMA_BM + 1
+}
+
+/// The (seq_offsets, kv_lens) inputs of a ragged task.
+fn ragged_inputs<'t>(p: &FlashAttnParams, inputs: &'t [TensorMeta]) -> Option<(&'t TensorMeta, &'t TensorMeta)> {
+    let n = inputs.len();
+    (p.ragged && n >= 5).then(|| (&inputs[n - 2], &inputs[n - 1]))
 }
 
 /// Head dims up to 256 and grid dimensions in range; anything else stays on the CPU.
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     let Op::FlashAttnExt(p) = op else { return false };
     let [q, k, v, ..] = inputs else { return false };
-    let table = if p.paged { inputs.last() } else { None };
-    let pl = plan(q, k, v, table);
+    let table = if p.paged { inputs.get(3 + usize::from(p.mask)) } else { None };
+    let tokens = if p.ragged { Tokens::Ragged { slots: q.ne[1], seq_stride: 0 } } else { Tokens::Dense };
+    let pl = plan(q, k, v, table, tokens);
+    let n_seq = ragged_inputs(p, inputs).map_or(q.ne[3], |(o, _)| o.ne[0].saturating_sub(1));
     q.ne[0] <= MAX_D
         && v.ne[0] <= MAX_D
         && q.dtype == DType::F32
@@ -135,6 +218,8 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
         && pl.n_seq <= 65535
         && pl.splits <= 65535
         && pl.tiles < (1 << 31)
+        && n_seq < (1 << 24)
+        && q.ne[1] < (1 << 31)
         && k.ne[1] < (1 << 31)
         && table.is_none_or(|t| t.ne[0] < (1 << 31))
 }
@@ -142,15 +227,23 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
 /// Split-K partials: (max, sum, acc[d_v]) f32 per split and output row.
 pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     let Op::FlashAttnExt(p) = task.op else { return 0 };
-    let m: Vec<&TensorMeta> = task.inputs.iter().map(|t| &t.meta).collect();
+    let m: Vec<TensorMeta> = task.inputs.iter().map(|t| t.meta).collect();
     let [q, k, v, ..] = m.as_slice() else { return 0 };
-    let table = if p.paged { m.last().copied() } else { None };
-    // The decode kernel's choice depends on alignment (unknown here): room for either plan.
-    [plan(q, k, v, table), dec_plan(q, k, v, table)]
-        .iter()
-        .map(|pl| if pl.splits == 1 { 0 } else { pl.splits * pl.rows * (pl.d_v + 2) * 4 })
-        .max()
-        .unwrap_or(0)
+    let table = if p.paged { m.get(3 + usize::from(p.mask)) } else { None };
+    // The kernels' choice depends on alignment (unknown here): room for every plan that may run.
+    let plans = match ragged_inputs(p, &m) {
+        None => vec![plan(q, k, v, table, Tokens::Dense), dec_plan(q, k, v, table, Tokens::Dense)],
+        Some((offsets, _)) => {
+            let n_seq = offsets.ne[0].saturating_sub(1);
+            let flat = Tokens::Ragged { slots: q.ne[1], seq_stride: 0 };
+            let mut plans = vec![plan(q, k, v, table, flat), dec_plan(q, k, v, table, flat)];
+            if let Some(tokens) = ragged_plan(q.ne[1], n_seq, true).split {
+                plans.push(dec_plan(q, k, v, table, tokens));
+            }
+            plans
+        }
+    };
+    plans.iter().map(|pl| if pl.splits == 1 { 0 } else { pl.splits * pl.rows * (pl.d_v + 2) * 4 }).max().unwrap_or(0)
 }
 
 /// Whether a tensor's rows (at dims 1..3 offsets) all start 16-byte aligned.
@@ -158,8 +251,22 @@ fn rows_aligned(t: &TensorArg) -> bool {
     t.data.is_multiple_of(16) && t.nb[1..].iter().all(|&n| n % 16 == 0)
 }
 
-/// The tensor-core kernel for these K/V, if it applies: one f16/bf16 dtype, d_k = d_v = 128 or
-/// 256, 16-byte aligned rows, enough tokens, sm_80 or newer.
+/// The tensor-core kernels' common conditions: one f16/bf16 dtype, d_k = d_v = 128 or 256,
+/// 16-byte aligned rows, sm_80 or newer. Returns the head dim.
+fn tensor_core_dims(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DType, vdt: DType) -> Option<usize> {
+    let d = q.ne[0];
+    let ok = kdt == vdt
+        && matches!(kdt, DType::F16 | DType::BF16)
+        && d == v.ne[0]
+        && (d == 128 || d == 256)
+        && cx.info.compute_capability >= (8, 0)
+        && rows_aligned(k)
+        && rows_aligned(v);
+    ok.then_some(d as usize)
+}
+
+/// The tensor-core prefill kernel for these K/V, if it applies (see [`tensor_core_dims`]; at
+/// most 65535 heads, its grid's y).
 fn mma_kernel(
     cx: &Cx<'_>,
     q: &TensorArg,
@@ -168,31 +275,21 @@ fn mma_kernel(
     kdt: DType,
     vdt: DType,
 ) -> Option<(Kernel, u32)> {
-    let d = q.ne[0];
-    if kdt != vdt
-        || d != v.ne[0]
-        || (q.ne[1] as usize) < MMA_MIN_TOKENS
-        || q.ne[2] > 65535
-        || cx.info.compute_capability < (8, 0)
-    {
-        return None;
-    }
-    if !(rows_aligned(k) && rows_aligned(v)) {
+    let d = tensor_core_dims(cx, q, k, v, kdt, vdt)?;
+    if q.ne[2] > 65535 {
         return None;
     }
     let kernel = match (kdt, d) {
         (DType::F16, 128) => MMA_F16_D128,
         (DType::F16, 256) => MMA_F16_D256,
         (DType::BF16, 128) => MMA_BF16_D128,
-        (DType::BF16, 256) => MMA_BF16_D256,
-        _ => return None,
+        _ => MMA_BF16_D256,
     };
-    let shared = (MMA_BM + 2 * MMA_BN) * (d as usize + MMA_PAD) * 2;
+    let shared = (MMA_BM + 2 * MMA_BN) * (d + MMA_PAD) * 2;
     (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
 }
 
-/// The tensor-core decode kernel for these K/V, if it applies: one f16/bf16 dtype, d_k = d_v =
-/// 128 or 256, 16-byte aligned rows, fewer tokens than the prefill kernel takes, sm_80 or newer.
+/// The tensor-core decode kernel for these K/V, if it applies (see [`tensor_core_dims`]).
 fn dec_kernel(
     cx: &Cx<'_>,
     q: &TensorArg,
@@ -201,33 +298,27 @@ fn dec_kernel(
     kdt: DType,
     vdt: DType,
 ) -> Option<(Kernel, u32)> {
-    let d = q.ne[0];
-    if kdt != vdt
-        || d != v.ne[0]
-        || (q.ne[1] as usize) >= MMA_MIN_TOKENS
-        || cx.info.compute_capability < (8, 0)
-        || !(rows_aligned(k) && rows_aligned(v))
-    {
-        return None;
-    }
+    let d = tensor_core_dims(cx, q, k, v, kdt, vdt)?;
     let kernel = match (kdt, d) {
         (DType::F16, 128) => DEC_F16_D128,
         (DType::F16, 256) => DEC_F16_D256,
         (DType::BF16, 128) => DEC_BF16_D128,
-        (DType::BF16, 256) => DEC_BF16_D256,
-        _ => return None,
+        _ => DEC_BF16_D256,
     };
-    let row = (d as usize + MMA_PAD) * 2;
+    let row = (d + MMA_PAD) * 2;
     let shared = (DEC_WARPS as usize * DEC_STAGES * 2 * DEC_CHUNK + DEC_ROWS) * row;
     (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
 }
 
-/// The optional operands of a flash_attn_ext task as every kernel takes them: the mask and the
-/// block table (an empty descriptor when absent), the mask's dtype code, and the table's
-/// descriptor for planning.
+/// The optional operands of a flash_attn_ext task as every kernel takes them: the mask, the
+/// block table and the ragged offsets and kv lengths (an empty descriptor, null data, when
+/// absent: the kernels' dense layout), the mask's dtype code, and the table's descriptor for
+/// planning.
 struct Optional<'t> {
     mask: TensorArg,
     table: TensorArg,
+    offsets: TensorArg,
+    kv_lens: TensorArg,
     mask_dt: i32,
     table_meta: Option<&'t TensorMeta>,
 }
@@ -235,9 +326,12 @@ struct Optional<'t> {
 fn optional_operands<'t>(p: &FlashAttnParams, task: &'t Task<'_>, ins: &[TensorArg]) -> Optional<'t> {
     let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
     let table_at = 3 + usize::from(p.mask);
+    let n = ins.len();
     Optional {
         mask: if p.mask { ins[3] } else { none },
         table: if p.paged { ins[table_at] } else { none },
+        offsets: if p.ragged { ins[n - 2] } else { none },
+        kv_lens: if p.ragged { ins[n - 1] } else { none },
         mask_dt: dt(if p.mask { task.inputs[3].meta.dtype } else { DType::F32 }),
         table_meta: p.paged.then(|| &task.inputs[table_at].meta),
     }
@@ -246,16 +340,56 @@ fn optional_operands<'t>(p: &FlashAttnParams, task: &'t Task<'_>, ins: &[TensorA
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let (kdt, vdt) = (task.inputs[1].meta.dtype, task.inputs[2].meta.dtype);
-    if let Some((kernel, shared)) = mma_kernel(cx, &ins[0], &ins[1], &ins[2], kdt, vdt) {
-        return run_mma(cx, task, ins, out, kernel, shared);
+    let (q, k, v) = (&ins[0], &ins[1], &ins[2]);
+    if p.ragged {
+        return run_ragged(cx, task, ins, out);
     }
-    if let Some((kernel, shared)) = dec_kernel(cx, &ins[0], &ins[1], &ins[2], kdt, vdt) {
-        return run_dec(cx, task, ins, out, kernel, shared);
+    if (q.ne[1] as usize) >= MMA_MIN_TOKENS
+        && let Some((kernel, shared)) = mma_kernel(cx, q, k, v, kdt, vdt)
+    {
+        return run_mma(cx, task, ins, out, kernel, shared, 0);
     }
+    if (q.ne[1] as usize) < MMA_MIN_TOKENS
+        && let Some((kernel, shared)) = dec_kernel(cx, q, k, v, kdt, vdt)
+    {
+        return run_dec(cx, task, ins, out, kernel, shared, Tokens::Dense);
+    }
+    run_simt(cx, task, ins, out, Tokens::Dense)
+}
+
+/// A ragged task: the launches of [`ragged_plan`], the split-K one (and its combine) first.
+fn run_ragged(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    let (kdt, vdt) = (task.inputs[1].meta.dtype, task.inputs[2].meta.dtype);
+    let (q, k, v) = (&ins[0], &ins[1], &ins[2]);
+    let n_seq = (ins[ins.len() - 2].ne[0] as usize).saturating_sub(1);
+    let (mma, dec) = (mma_kernel(cx, q, k, v, kdt, vdt), dec_kernel(cx, q, k, v, kdt, vdt));
+    let tensor_cores = mma.is_some() && dec.is_some();
+    let rp = ragged_plan(q.ne[1] as usize, n_seq, tensor_cores);
+    if let Some(tokens) = rp.split {
+        match dec {
+            Some((kernel, shared)) if tensor_cores => run_dec(cx, task, ins, out, kernel, shared, tokens)?,
+            _ => run_simt(cx, task, ins, out, tokens)?,
+        }
+    }
+    if let (Some(min_len), Some((kernel, shared))) = (rp.mma_min, mma) {
+        run_mma(cx, task, ins, out, kernel, shared, min_len)?;
+    }
+    Ok(())
+}
+
+/// The SIMT split-K kernel (and its combine).
+fn run_simt(
+    cx: &mut Cx<'_>,
+    task: &Task<'_>,
+    ins: &[TensorArg],
+    out: TensorArg,
+    tokens: Tokens,
+) -> Result<(), BackendError> {
+    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let meta = |i: usize| &task.inputs[i].meta;
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
-    let pl = plan(meta(0), meta(1), meta(2), table_meta);
+    let Optional { mask, table, offsets, kv_lens, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
+    let pl = plan(meta(0), meta(1), meta(2), table_meta, tokens);
     let (kdt, vdt) = (meta(1).dtype, meta(2).dtype);
     let vec = kdt == vdt && q.ne[0] % 8 == 0 && v.ne[0] % 8 == 0 && rows_aligned(&k) && rows_aligned(&v);
     let kernel = match (vec, kdt) {
@@ -269,43 +403,58 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let (scale, softcap) = (p.scale, p.softcap);
     let (n_splits, split_len) = (pl.splits as i32, pl.split_len as i32);
     let (hb, tb, h_blocks, t_blocks) = (pl.hb as i32, pl.tb as i32, pl.h_blocks as i32, pl.t_blocks as i32);
+    let seq_stride = pl.seq_stride as i32;
     let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
     let f = cx.function(kernel)?;
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (WARPS * 32, 1, 1), 0);
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&out);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&kdt).arg(&vdt).arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
-    a.arg(&n_splits).arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks);
+    a.arg(&n_splits).arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);
     a.arg(&part).arg(&err).arg(&opcode);
-    // SAFETY: `fa_partial(q, k, v, mask, table, out, kdt, vdt, mdt, has_mask, paged, scale,
-    // softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks, part, err, opcode)`. The shape
-    // rules fix q [d_k, n_t, n_h, n_s], k/v [d, n_cells, n_h_kv, n_s or 1] with dense rows, the
-    // mask [n_kv, >= n_t, 1, 1 or n_s], the table [n_kv, n_s] and out [d_v, n_h, n_t, n_s];
-    // `supports` keeps d_k, d_v <= 256 (the kernel's lane layout). The grid is exactly tiles x
-    // splits x n_seq of `plan`; table entries are checked against n_cells before any K/V read;
-    // the vector kernels run only on 16-byte aligned rows of one dtype with dims multiple of 8;
-    // with n_splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`).
+    // SAFETY: `fa_partial(q, k, v, mask, table, offsets, kv_lens, out, kdt, vdt, mdt, has_mask,
+    // paged, scale, softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks, seq_stride, part,
+    // err, opcode)`. The shape rules fix q [d_k, n_t, n_h, n_s] (n_s = 1 ragged), k/v [d,
+    // n_cells, n_h_kv, n_s or 1] with dense rows, the mask [n_kv, >= n_t, 1, 1 or n_s], the table
+    // [n_kv, n_s], offsets [n_s + 1] and kv_lens [n_s] (ragged; null data otherwise) and out
+    // [d_v, n_h, n_t, n_s]; `supports` keeps d_k, d_v <= 256 (the kernel's lane layout). The grid
+    // is exactly tiles x splits x n_seq of `plan`; ragged blocks check every offset and kv length
+    // before using one (and read positions below kv_lens[s] <= n_kv only); table entries are
+    // checked against n_cells before any K/V read; the vector kernels run only on 16-byte aligned
+    // rows of one dtype with dims multiple of 8; with n_splits > 1 `part` holds splits * rows *
+    // (d_v + 2) f32 (`scratch_bytes`).
     unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
-    combine(cx, pl, q, out)
+    combine(cx, pl, q, offsets, kv_lens, out)
 }
 
 /// Merges the split-K partials of `pl` into `out` (nothing with one split).
-fn combine(cx: &mut Cx<'_>, pl: Plan, q: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+fn combine(
+    cx: &mut Cx<'_>,
+    pl: Plan,
+    q: TensorArg,
+    offsets: TensorArg,
+    kv_lens: TensorArg,
+    out: TensorArg,
+) -> Result<(), BackendError> {
     if pl.splits > 1 {
-        let (part, n_splits) = (cx.scratch, pl.splits as i32);
+        let (part, n_splits, seq_stride) = (cx.scratch, pl.splits as i32, pl.seq_stride as i32);
         let f = cx.function(COMBINE)?;
         let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
         let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
         let mut a = cx.stream.launch_builder(&f);
-        a.arg(&part).arg(&out).arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
-        // SAFETY: `fa_combine(part, out, n_splits, dv, n_tokens, n_head)`: one block per output
-        // row; `part` holds n_splits * rows partials of d_v + 2 floats, all written above.
+        a.arg(&part).arg(&out).arg(&offsets).arg(&kv_lens).arg(&seq_stride);
+        a.arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
+        // SAFETY: `fa_combine(part, out, offsets, kv_lens, seq_stride, n_splits, dv, n_tokens,
+        // n_head)`: one block per output row; `part` holds n_splits * rows partials of d_v + 2
+        // floats, all written above for the rows it merges (with a ragged batch tiled by sequence
+        // it skips the rows of other launches, finding a row's sequence within offsets [n_seq + 1]).
         unsafe { a.launch(cfg) }.map_err(|e| launch_error(COMBINE, e))?;
     }
     Ok(())
 }
 
-/// The tensor-core prefill: one block per 64 tokens of one query head of one sequence.
+/// The tensor-core prefill: one block per 64 tokens of one query head of one sequence. `min_len`
+/// > 0 runs a ragged batch's sequences of at least that many tokens (and zeroes its padding).
 fn run_mma(
     cx: &mut Cx<'_>,
     task: &Task<'_>,
@@ -313,31 +462,42 @@ fn run_mma(
     out: TensorArg,
     kernel: Kernel,
     shared: u32,
+    min_len: usize,
 ) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, mask_dt: mdt, .. } = optional_operands(p, task, ins);
+    let Optional { mask, table, offsets, kv_lens, mask_dt: mdt, .. } = optional_operands(p, task, ins);
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
-    let (scale, softcap) = (p.scale, p.softcap);
+    let (scale, softcap, l_min) = (p.scale, p.softcap, min_len as i32);
     let (err, opcode) = (cx.errors, crate::errors::op_code("flash_attn_ext"));
     cx.allow_shared(kernel, shared)?;
     let f = cx.function(kernel)?;
-    let grid = ((q.ne[1] as usize).div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32);
+    let n_tokens = q.ne[1] as usize;
+    let grid = if p.ragged {
+        let n_seq = (offsets.ne[0] as usize).saturating_sub(1);
+        (ragged_mma_tiles(n_tokens, n_seq, min_len) as u32, q.ne[2] as u32, 1)
+    } else {
+        (n_tokens.div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32)
+    };
     let cfg = config(grid, (128, 1, 1), shared);
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&out);
-    a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&err).arg(&opcode);
-    // SAFETY: `fa_mma(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, err,
-    // opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel` checked one f16/bf16 dtype,
-    // d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4 loads); `shared` is the
-    // kernel's 3 * 64 * (D + 8) halves and within the device limit (raised above); the grid
-    // covers ceil(n_tokens / 64) x n_head x n_seq and rows past n_tokens are not written; table
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
+    a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&l_min).arg(&err).arg(&opcode);
+    // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale,
+    // softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
+    // checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4
+    // loads); `shared` is the kernel's 3 * 64 * (D + 8) halves and within the device limit
+    // (raised above). Dense: the grid covers ceil(n_tokens / 64) x n_head x n_seq and rows past
+    // n_tokens are not written. Ragged: blocks check every offset and kv length first, take the
+    // tiles of `ragged_mma_tiles` (a bound on their count, plus a spare row) and write only their
+    // sequence's rows (or padding rows); positions read stay below kv_lens[s] <= n_kv. Table
     // entries are checked before any K/V read.
     unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
 
-/// The tensor-core decode: one block per 16-row tile of a kv group, split and sequence.
+/// The tensor-core decode: one block per 16-row tile of a kv group, split and sequence (dense),
+/// or per one-token tile and split (ragged).
 fn run_dec(
     cx: &mut Cx<'_>,
     task: &Task<'_>,
@@ -345,32 +505,83 @@ fn run_dec(
     out: TensorArg,
     kernel: Kernel,
     shared: u32,
+    tokens: Tokens,
 ) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let meta = |i: usize| &task.inputs[i].meta;
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
-    let pl = dec_plan(meta(0), meta(1), meta(2), table_meta);
+    let Optional { mask, table, offsets, kv_lens, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
+    let pl = dec_plan(meta(0), meta(1), meta(2), table_meta, tokens);
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap, split_len) = (p.scale, p.softcap, pl.split_len as i32);
     let (hb, tb, h_blocks, t_blocks) = (pl.hb as i32, pl.tb as i32, pl.h_blocks as i32, pl.t_blocks as i32);
+    let seq_stride = pl.seq_stride as i32;
     let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
     cx.allow_shared(kernel, shared)?;
     let f = cx.function(kernel)?;
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (DEC_WARPS * 32, 1, 1), shared);
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&out);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
-    a.arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks);
+    a.arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);
     a.arg(&part).arg(&err).arg(&opcode);
-    // SAFETY: `fa_dec(q, k, v, mask, table, out, mdt, has_mask, paged, scale, softcap, split_len,
-    // hb, tb, h_blocks, t_blocks, part, err, opcode)`: shapes as for `fa_partial` (shape rules);
-    // `dec_kernel` checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows
-    // (its 16-byte cp.async copies); `shared` is the kernel's (FD_W * FD_S * 2 * 16 + 16) rows of
-    // D + 8 halves, within the device limit (raised above); the grid is exactly tiles x splits x
-    // n_seq of `dec_plan`, whose tiles hold at most 16 rows (hb * tb <= 16); table entries are
-    // checked against n_cells before any K/V read; with splits > 1 `part` holds
-    // splits * rows * (d_v + 2) f32 (`scratch_bytes` takes the larger of both plans).
+    // SAFETY: `fa_dec(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale,
+    // softcap, split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode)`: shapes as
+    // for `fa_partial` (shape rules); `dec_kernel` checked one f16/bf16 dtype, d_k = d_v = the
+    // kernel's D and 16-byte aligned rows (its 16-byte cp.async copies); `shared` is the kernel's
+    // (FD_W * FD_S * 2 * 16 + 16) rows of D + 8 halves, within the device limit (raised above);
+    // the grid is exactly tiles x splits x n_seq of `dec_plan`, whose tiles hold at most 16 rows
+    // (hb * tb <= 16); ragged blocks check every offset and kv length before using one and read
+    // positions below kv_lens[s] <= n_kv only; table entries are checked against n_cells before
+    // any K/V read; with splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`
+    // takes the largest plan).
     unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
-    combine(cx, pl, q, out)
+    combine(cx, pl, q, offsets, kv_lens, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ragged_launches_follow_the_shapes() {
+        let flat = |n| Some(Tokens::Ragged { slots: n, seq_stride: 0 });
+        // decode-like batches: the split-K kernel alone, one tile slot per packed token
+        assert_eq!(ragged_plan(32, 32, true), RaggedPlan { split: flat(32), mma_min: None });
+        assert_eq!(ragged_plan(3, 1, true), RaggedPlan { split: flat(3), mma_min: None });
+        assert_eq!(ragged_plan(63, 32, true), RaggedPlan { split: flat(63), mma_min: None });
+        // one sequence: the prefill kernel alone
+        assert_eq!(ragged_plan(512, 1, true), RaggedPlan { split: None, mma_min: Some(1) });
+        // a mix: short sequences on the decode kernel, the rest on the prefill kernel
+        let both = RaggedPlan { split: Some(Tokens::Ragged { slots: 96, seq_stride: 3 }), mma_min: Some(4) };
+        assert_eq!(ragged_plan(331, 32, true), both);
+        // no tensor cores: the SIMT kernel over every token
+        assert_eq!(ragged_plan(331, 32, false), RaggedPlan { split: flat(331), mma_min: None });
+    }
+
+    #[test]
+    fn the_prefill_grid_covers_every_tile_and_a_spare() {
+        // Every way of cutting n_tokens into n_seq sequences (small sizes, exhaustive over a
+        // pseudo-random sample): the tiles of the sequences of at least `min_len` tokens fit.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        for _ in 0..20_000 {
+            let (n_tokens, n_seq, min_len) = (1 + next(700), 1 + next(40), 1 + next(5));
+            let mut lens = vec![0; n_seq];
+            let mut left = n_tokens - next(n_tokens.min(8)); // some padding
+            for (i, l) in lens.iter_mut().enumerate() {
+                *l = if i + 1 == n_seq { left } else { next(left + 1) };
+                left -= *l;
+            }
+            let tiles: usize = lens.iter().filter(|&&l| l >= min_len).map(|l| l.div_ceil(MMA_BM)).sum();
+            assert!(tiles < ragged_mma_tiles(n_tokens, n_seq, min_len), "{lens:?} min {min_len}");
+        }
+        assert_eq!(ragged_mma_tiles(512, 1, 1), 8 + 1);
+        assert_eq!(ragged_mma_tiles(2048, 1, 1), 32 + 1);
+    }
 }
