@@ -2,12 +2,29 @@
 
 use std::fmt::Write;
 
-use crate::{Graph, NodeKind};
+use crate::{Graph, NodeId, NodeKind};
 
 impl Graph {
     /// The graph in Graphviz DOT. Leaves are ellipses, views dashed, outputs bold.
     pub fn to_dot(&self) -> String {
+        self.to_dot_clustered(&[])
+    }
+
+    /// [`Graph::to_dot`] with each `(label, nodes)` group drawn as a labelled cluster (e.g. the
+    /// nodes a fusion pass produced).
+    pub fn to_dot_clustered(&self, clusters: &[(String, Vec<NodeId>)]) -> String {
         let mut s = String::from("digraph tessera {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
+        for (c, (label, ids)) in clusters.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  subgraph cluster_{c} {{\n    label=\"{}\"; style=filled; color=lightgrey;",
+                escape(label)
+            );
+            for id in ids {
+                let _ = writeln!(s, "    n{};", id.index());
+            }
+            s.push_str("  }\n");
+        }
         for (i, n) in self.nodes().iter().enumerate() {
             let what = match &n.kind {
                 NodeKind::Op(op) => op.to_string(),

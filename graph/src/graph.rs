@@ -29,9 +29,9 @@ impl NodeId {
 /// A tensor: a node of one graph plus its descriptor. Copy it freely; it owns nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tensor {
-    graph: u32,
-    id: NodeId,
-    meta: TensorMeta,
+    pub(crate) graph: u32,
+    pub(crate) id: NodeId,
+    pub(crate) meta: TensorMeta,
 }
 
 impl Tensor {
@@ -127,6 +127,21 @@ pub enum GraphError {
 
     #[error(transparent)]
     ReplaceDescriptor(Box<DescriptorChange>),
+
+    /// Boxed to keep `GraphError` small.
+    #[error(transparent)]
+    Fusion(Box<crate::rewrite::FusionError>),
+
+    #[error(
+        "node {id:?} was replaced by a fusion (or was dead) when the graph was rebuilt: it has no tensor in the new graph"
+    )]
+    Rewritten { id: NodeId },
+}
+
+impl From<crate::rewrite::FusionError> for GraphError {
+    fn from(e: crate::rewrite::FusionError) -> Self {
+        GraphError::Fusion(Box::new(e))
+    }
 }
 
 /// Why [`Graph::replace`] refused: the new op's output descriptor differs from the node's.
@@ -158,8 +173,8 @@ static NEXT_GRAPH_ID: AtomicU32 = AtomicU32::new(1);
 /// A lazy compute graph.
 #[derive(Debug, Clone)]
 pub struct Graph {
-    id: u32,
-    nodes: Vec<Node>,
+    pub(crate) id: u32,
+    pub(crate) nodes: Vec<Node>,
     outputs: Vec<NodeId>,
     /// `users[i]`: the nodes that read node `i`, ascending, each once. Built by the first
     /// [`Graph::users`] call, then kept up to date by `push` and `replace`.
@@ -197,7 +212,13 @@ impl Graph {
         self.leaf(LeafKind::State, name, dtype, ne)
     }
 
-    fn leaf(&mut self, kind: LeafKind, name: &str, dtype: DType, ne: [usize; 4]) -> Result<Tensor, GraphError> {
+    pub(crate) fn leaf(
+        &mut self,
+        kind: LeafKind,
+        name: &str,
+        dtype: DType,
+        ne: [usize; 4],
+    ) -> Result<Tensor, GraphError> {
         let meta = TensorMeta::contiguous(kind.name(), dtype, ne)?;
         Ok(self.push(Node { kind: NodeKind::Leaf(kind), inputs: SmallVec::new(), meta, name: Some(name.to_string()) }))
     }

@@ -24,8 +24,10 @@ mod backend;
 mod build;
 mod dot;
 mod graph;
+pub mod passes;
 pub mod plan;
 mod refusing;
+mod rewrite;
 pub mod schedule;
 mod session;
 
@@ -34,5 +36,6 @@ pub use build::shape4;
 pub use graph::{DescriptorChange, Graph, GraphError, LeafKind, Node, NodeId, NodeKind, Tensor};
 pub use plan::{MemoryStats, Plan, PlanOptions};
 pub use refusing::Refusing;
+pub use rewrite::{FuseStats, FusedOutput, Fusion, FusionError, Remap};
 pub use session::{ExecError, Executable, Session, SessionOptions};
 pub use tessera_ops::{DType, Op, TensorMeta};
