@@ -13,6 +13,7 @@ use tessera_models::sample::SamplerParams;
 use tessera_ops::DType;
 
 use crate::backend::{self, BackendChoice};
+use crate::fusion::{self, FusionArgs};
 
 /// The model a bench runs.
 #[derive(Debug, Clone)]
@@ -52,6 +53,7 @@ pub struct BenchArgs {
     /// Run every case with CUDA graphs on, off, or both.
     pub graphs: Vec<bool>,
     pub json: bool,
+    pub fusion: FusionArgs,
 }
 
 /// One measured case.
@@ -142,7 +144,7 @@ fn load(
         ..ModelOptions::default()
     };
     let mut backend = backend;
-    let model = match (&args.model, gguf) {
+    let mut model = match (&args.model, gguf) {
         (Source::File(f), Some(g)) => {
             Model::load(g, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", f.display()))
         }
@@ -151,6 +153,10 @@ fn load(
         }
         (Source::File(f), None) => Err(format!("{}: not opened", f.display())),
     }?;
+    fusion::apply(&mut model, &args.fusion)?;
+    if args.fusion.report && !args.json {
+        fusion::print(&fusion::summary(&model, backend.as_ref(), kv_pad)?);
+    }
     Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.ubatch }).map_err(|e| e.to_string())
 }
 

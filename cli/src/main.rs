@@ -51,6 +51,7 @@ mod backend;
 mod bench;
 mod convert;
 mod demo;
+mod fusion;
 mod inspect;
 mod run;
 
@@ -145,6 +146,8 @@ enum Command {
         /// per prefill and decode step, and the planned step graphs built and reused.
         #[arg(long)]
         stats: bool,
+        #[command(flatten)]
+        fusion: fusion::FusionArgs,
         /// Where to run: CUDA when a GPU is usable (auto), or a named backend.
         #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
         backend: backend::BackendChoice,
@@ -190,6 +193,8 @@ enum Command {
         /// Print JSON instead of a markdown table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        fusion: fusion::FusionArgs,
         /// Where to run.
         #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
         backend: backend::BackendChoice,
@@ -307,6 +312,7 @@ fn main() -> ExitCode {
             kv_dtype,
             dump_logits,
             stats,
+            fusion,
             backend,
         } => {
             let params = SamplerParams { temperature, top_k, top_p, seed };
@@ -319,6 +325,7 @@ fn main() -> ExitCode {
                 kv_dtype: kv_dtype.into(),
                 dump_logits,
                 stats,
+                fusion,
                 backend,
             };
             run::run(&file, &args)
@@ -337,6 +344,7 @@ fn main() -> ExitCode {
             kv_dtype,
             graphs,
             json,
+            fusion,
             backend,
         } => {
             let model = match (file, preset) {
@@ -366,6 +374,7 @@ fn main() -> ExitCode {
                 kv_dtype: kv_dtype.into(),
                 graphs,
                 json,
+                fusion,
             });
             args.and_then(|args| bench::bench(&args))
         }

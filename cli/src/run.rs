@@ -13,6 +13,7 @@ use tessera_models::sample::SamplerParams;
 use tessera_ops::DType;
 
 use crate::backend::{self, BackendChoice};
+use crate::fusion::{self, FusionArgs};
 use crate::inspect;
 
 /// What `tessera run` was asked to do.
@@ -28,6 +29,7 @@ pub struct RunArgs {
     pub dump_logits: Option<PathBuf>,
     /// Print the step time split (`--stats`).
     pub stats: bool,
+    pub fusion: FusionArgs,
     pub backend: BackendChoice,
 }
 
@@ -70,7 +72,9 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
         kv_pad,
         ..ModelOptions::default()
     };
-    let model = Model::load(&gguf, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut model = Model::load(&gguf, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", file.display()))?;
+    fusion::apply(&mut model, &args.fusion)?;
+    let fusion_summary = args.fusion.report.then(|| fusion::summary(&model, backend.as_ref(), kv_pad)).transpose()?;
     let mut engine = Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.max_tokens_per_step })
         .map_err(|e| e.to_string())?;
     engine.record_logits(args.dump_logits.is_some());
@@ -78,6 +82,9 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     outln!("model: {config}");
     outln!("loaded {} in {:.1} ms", file.display(), t0.elapsed().as_secs_f64() * 1e3);
     print_memory(&engine.memory());
+    if let Some(s) = &fusion_summary {
+        fusion::print(s);
+    }
     let mut ids = Vec::with_capacity(args.prompts.len());
     for p in &args.prompts {
         ids.push(engine.submit(p, args.n_new, args.params).map_err(|e| e.to_string())?);

@@ -60,11 +60,6 @@ impl Remap {
         self.map.get(old.id.index()).copied().flatten().ok_or(GraphError::Rewritten { id: old.id })
     }
 
-    /// [`Remap::tensor`] for an optional handle.
-    pub fn opt(&self, old: Option<Tensor>) -> Result<Option<Tensor>, GraphError> {
-        old.map(|t| self.tensor(t)).transpose()
-    }
-
     /// This remap followed by `next` (the remap of a later rebuild of the new graph).
     pub fn then(&self, next: &Remap) -> Remap {
         let map = self.map.iter().map(|t| t.and_then(|t| next.map.get(t.id.index()).copied().flatten())).collect();

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use tessera_graph::passes::{PassReport, PassRun, Pipeline, UnknownPass};
 use tessera_graph::{
     Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, Tensor, TensorRef,
 };
@@ -40,6 +41,8 @@ pub enum ModelError {
     BadBatch { why: String },
     #[error(transparent)]
     Synth(#[from] crate::synth::SynthError),
+    #[error(transparent)]
+    Pass(#[from] UnknownPass),
 }
 
 type R<T> = Result<T, ModelError>;
@@ -115,6 +118,10 @@ pub struct Model {
     steps: StepCache,
     /// Where the last [`Model::step`]'s time went.
     last_times: StepTimes,
+    /// The fusion passes run on every step graph before it is planned.
+    passes: Pipeline,
+    /// What the passes did to the step graph built last.
+    pass_reports: Vec<PassReport>,
 }
 
 /// What a step graph's shape depends on: packed tokens and sequences (each rounded up by
@@ -227,6 +234,23 @@ impl Builder<'_> {
     }
 }
 
+/// What the fusion passes do to one step graph ([`Model::fusion_summary`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusionSummary {
+    /// Ops that run (live op nodes other than views: each is at least one kernel launch on a
+    /// GPU) before the passes.
+    pub ops_before: usize,
+    /// The same after the passes.
+    pub ops_after: usize,
+    /// One report per enabled pass, in order.
+    pub reports: Vec<PassReport>,
+}
+
+/// Live op nodes that compute (views cost nothing at run time).
+fn running_ops(g: &Graph) -> usize {
+    g.live_nodes().into_iter().filter(|&id| g.node(id).op().is_some_and(|op| !op.is_view())).count()
+}
+
 /// A step graph's inputs and output.
 #[derive(Debug, Clone, Copy)]
 struct StepIo {
@@ -238,6 +262,28 @@ struct StepIo {
     settings: Option<Tensor>,
     /// Logits `[n_vocab, rows]`, or token ids i32 `[1, n_seq]`.
     out: Tensor,
+}
+
+impl StepIo {
+    /// These handles in the graph the passes rewrote.
+    fn remap(self, run: &PassRun) -> Result<StepIo, GraphError> {
+        let l = self.leaves;
+        Ok(StepIo {
+            tokens: run.tensor(self.tokens)?,
+            leaves: Leaves {
+                positions: run.tensor(l.positions)?,
+                write_cells: run.tensor(l.write_cells)?,
+                block_table: run.tensor(l.block_table)?,
+                seq_offsets: run.tensor(l.seq_offsets)?,
+                kv_lens: run.tensor(l.kv_lens)?,
+                slots: run.tensor(l.slots)?,
+                decode: l.decode,
+            },
+            last_rows: self.last_rows.map(|t| run.tensor(t)).transpose()?,
+            settings: self.settings.map(|t| run.tensor(t)).transpose()?,
+            out: run.tensor(self.out)?,
+        })
+    }
 }
 
 /// Leaves shared by every layer of a step graph (see [`StepInputs`]).
@@ -348,7 +394,10 @@ impl Model {
             kv_pad: opts.kv_pad.max(1),
             steps,
             last_times: StepTimes::default(),
+            passes: tessera_graph::passes::standard(),
+            pass_reports: Vec::new(),
         };
+        model.passes.disable_from_env()?;
         for il in 0..n_main {
             let (shapes, dtype) = match model.config.layer_kind(il) {
                 LayerKind::FullAttention => ([model.kv.k_shape(), model.kv.v_shape()], opts.kv_dtype),
@@ -580,7 +629,7 @@ impl Model {
             s.set_i32(rows, &inp.last_rows)?;
         }
         if let (Some(t), Output::Tokens(settings)) = (io.settings, what) {
-            let padding = std::iter::repeat(SampleSettings::greedy()).take(inp.n_seq - settings.len());
+            let padding = std::iter::repeat_n(SampleSettings::greedy(), inp.n_seq - settings.len());
             let rows: Vec<f32> = settings.iter().copied().chain(padding).flat_map(|st| st.to_row()).collect();
             s.set_f32(t, &rows)?;
         }
@@ -659,10 +708,43 @@ impl Model {
         Ok((b.g, b.binds))
     }
 
-    fn build_step(&self, backends: &mut [&mut dyn Backend], bucket: Bucket) -> R<StepGraph> {
+    /// The fusion passes run on every step graph (`tessera_graph::passes::standard`, minus
+    /// those named in `TESSERA_DISABLE_PASSES`): switch passes here; step graphs planned
+    /// before keep what they were built with.
+    pub fn passes_mut(&mut self) -> &mut Pipeline {
+        &mut self.passes
+    }
+
+    /// The fusion passes' names, in order, with whether each is on.
+    pub fn passes(&self) -> Vec<(&'static str, bool)> {
+        self.passes.passes()
+    }
+
+    /// What the passes did to the step graph built last (one report per enabled pass).
+    pub fn pass_reports(&self) -> &[PassReport] {
+        &self.pass_reports
+    }
+
+    /// What the enabled passes do to the step graph of `bucket` on `backend` (built and
+    /// rewritten, not planned): the ops that run before and after, and each pass's report.
+    pub fn fusion_summary(&self, backend: &dyn Backend, bucket: Bucket) -> R<FusionSummary> {
+        let (b, _) = self.build_graph(bucket)?;
+        let ops_before = running_ops(&b.g);
+        let run = self.passes.run(b.g, &|op, inputs| backend.supports(op, inputs))?;
+        Ok(FusionSummary { ops_before, ops_after: running_ops(&run.graph), reports: run.reports })
+    }
+
+    /// Builds the step graph of `bucket`, runs the fusion passes on it (a fusion whose op the
+    /// first backend lacks is skipped) and plans it.
+    fn build_step(&mut self, backends: &mut [&mut dyn Backend], bucket: Bucket) -> R<StepGraph> {
         let (b, io) = self.build_graph(bucket)?;
         let Builder { g, binds, .. } = b;
-        let exe = Executable::scheduled(g, backends, SessionOptions::default(), &binds)?;
+        let first = &*backends[0];
+        let run = self.passes.run(g, &|op, inputs| first.supports(op, inputs))?;
+        let io = io.remap(&run)?;
+        let binds = binds.into_iter().map(|(t, r)| Ok((run.tensor(t)?, r))).collect::<Result<Vec<_>, GraphError>>()?;
+        self.pass_reports = run.reports;
+        let exe = Executable::scheduled(run.graph, backends, SessionOptions::default(), &binds)?;
         Ok(StepGraph { exe, io, used: 0 })
     }
 

@@ -101,6 +101,11 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
+/// The built-in passes, all on, in the order they run.
+pub fn standard() -> Pipeline {
+    Pipeline::new().with(FoldScales)
+}
+
 impl Pipeline {
     /// An empty pipeline (runs nothing).
     pub fn new() -> Pipeline {
