@@ -252,44 +252,75 @@ __device__ void check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32
 // A ragged batch's `seq_offsets` (i32 [n_seq + 1]) must be non-decreasing within 0..=n_tokens;
 // the first bad one in order is reported, as `tessera_ops::checked_seq_offsets` does. Call with one
 // whole block; returns (to every thread) whether the offsets are valid. Kernels that read the
-// offsets clamp them, so bad values never send a read or write out of bounds.
+// offsets clamp them, so bad values never send a read or write out of bounds. Every position is
+// checked in parallel against its predecessor: the first bad position's predecessors are all
+// good, so its allowed range is the same as in the sequential rule.
 __device__ bool check_seq_offsets(const Tensor& offsets, i64 n_tokens, u64 err, u32 op) {
-    __shared__ int ok;
-    if (threadIdx.x == 0) {
-        ok = 1;
-        i64 low = 0;
-        for (i64 i = 0; i < offsets.ne[0]; i++) {
-            const i64 v = *(const int*)(offsets.data + i * offsets.nb[0]);
-            if (v < low || v > n_tokens) {
-                report_error((ErrorRecord*)err, ERR_VALUE_OUT_OF_RANGE, WHAT_SEQ_OFFSETS, op, v, n_tokens, i, low);
-                ok = 0;
-                break;
-            }
-            low = v;
-        }
+    __shared__ long long first_bad_offset;
+    if (threadIdx.x == 0) first_bad_offset = 0x7fffffffffffffffLL;
+    __syncthreads();
+    const i64 n = offsets.ne[0];
+    auto at = [&](i64 i) -> i64 { return *(const int*)(offsets.data + i * offsets.nb[0]); };
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
+        const i64 v = at(i), low = i > 0 ? at(i - 1) : 0;
+        if (v < low || v > n_tokens) atomicMin(&first_bad_offset, (long long)i);
     }
     __syncthreads();
-    return ok != 0;
+    const long long bad = first_bad_offset;
+    if (bad < n && threadIdx.x == 0) {
+        const i64 low = bad > 0 ? at(bad - 1) : 0;
+        report_error((ErrorRecord*)err, ERR_VALUE_OUT_OF_RANGE, WHAT_SEQ_OFFSETS, op, at(bad), n_tokens, bad, low);
+    }
+    __syncthreads();  // first_bad_offset is read before any later use of the shared memory
+    return bad >= n;
+}
+
+// seq_offsets[i] of a ragged batch, clamped to 0..=n_tokens. Kernels read offsets only after
+// check_seq_offsets passed (they do nothing once an error is recorded); the clamp keeps every
+// address in bounds regardless.
+__device__ __forceinline__ i64 seq_offset(const Tensor& offsets, i64 i, i64 n_tokens) {
+    const i64 v = *(const int*)(offsets.data + i * offsets.nb[0]);
+    return v < 0 ? 0 : (v > n_tokens ? n_tokens : v);
+}
+
+// The sequence that owns packed token u of a ragged batch: the last s < n_seq with
+// seq_offsets[s] <= u, or -1 when u is padding (before seq_offsets[0] or from seq_offsets[n_seq]
+// on). A binary search over the n_seq + 1 offsets.
+__device__ __forceinline__ i64 seq_of_token(const Tensor& offsets, i64 n_seq, i64 u, i64 n_tokens) {
+    i64 lo = 0, hi = n_seq + 1;  // first index with offset > u lies in [lo, hi]
+    while (lo < hi) {
+        const i64 mid = (lo + hi) >> 1;
+        if (seq_offset(offsets, mid, n_tokens) > u) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo >= 1 && lo <= n_seq ? lo - 1 : -1;
 }
 
 // The slots of a ragged batch's sequences that have tokens (`seq_offsets[s] < seq_offsets[s + 1]`,
 // offsets already checked) must be in range and distinct among themselves; sequences without
 // tokens are skipped. The first bad one in sequence order is reported, as
-// `tessera_ops::checked_ragged_slots` does. Call with one whole block.
+// `tessera_ops::checked_ragged_slots` does. Call with one whole block. Up to RAGGED_STAGE
+// sequences' slots (-1 for none) are staged in shared memory, and each thread compares its slot
+// with all earlier ones without an early exit, so the loads pipeline.
+#define RAGGED_STAGE 2048
 __device__ void check_ragged_state_slots(const Tensor& slots, const Tensor& offsets, i64 n_slots, u64 err, u32 op) {
     __shared__ long long first_bad_ragged;
-    if (threadIdx.x == 0) first_bad_ragged = 0x7fffffffffffffffLL;
-    __syncthreads();
+    __shared__ int staged[RAGGED_STAGE];
     const i64 n = slots.ne[0];
     auto slot = [&](i64 s) -> i64 { return *(const int*)(slots.data + s * slots.nb[0]); };
     auto has_tokens = [&](i64 s) -> bool {
         return *(const int*)(offsets.data + s * offsets.nb[0]) < *(const int*)(offsets.data + (s + 1) * offsets.nb[0]);
     };
+    // The slot of sequence s if it has tokens, else -1 (never equal to a slot in range).
+    auto active = [&](i64 s) -> i64 { return has_tokens(s) ? slot(s) : -1; };
+    if (threadIdx.x == 0) first_bad_ragged = 0x7fffffffffffffffLL;
+    for (i64 s = threadIdx.x; s < n && s < RAGGED_STAGE; s += blockDim.x) staged[s] = (int)active(s);
+    __syncthreads();
     for (i64 s = threadIdx.x; s < n; s += blockDim.x) {
-        if (!has_tokens(s)) continue;
-        const i64 v = slot(s);
+        const i64 v = s < RAGGED_STAGE ? staged[s] : active(s);
+        if (v == -1 && !has_tokens(s)) continue;
         bool bad = v < 0 || v >= n_slots;
-        for (i64 e = 0; e < s && !bad; e++) bad = has_tokens(e) && slot(e) == v;
+        for (i64 e = 0; e < s; e++) bad |= (e < RAGGED_STAGE ? staged[e] : active(e)) == v;
         if (bad) atomicMin(&first_bad_ragged, (long long)s);
     }
     __syncthreads();

@@ -78,75 +78,138 @@ extern "C" __global__ void ssm_conv_direct(Tensor out, Tensor sx, int sdt, Tenso
 }
 
 // The state-slot check of `check_state_slots` (common.cuh), run as one block before any state is
-// written.
-extern "C" __global__ void conv_check_slots(Tensor slots, i64 n_slots, u64 err, u32 op) { check_state_slots(slots, n_slots, err, op); }
-
-// Sample j of channel c's window for sequence s: the slot's state for j < keep, then x.
-__device__ __forceinline__ float window_at(const Tensor& x, int xdt, const char* st, i64 st_nb0, i64 keep, i64 c,
-                                           i64 s, i64 j) {
-    return j < keep ? *(const float*)(st + j * st_nb0) : load_f32(x.data + offset_of(x, c, j - keep, s, 0), xdt);
+// written; for a ragged batch (`offsets.data` not null) its seq_offsets first, then the slots of
+// the sequences with tokens.
+extern "C" __global__ void conv_check_slots(Tensor slots, Tensor offsets, i64 n_tokens, i64 n_slots, u64 err, u32 op) {
+    if (offsets.data == nullptr) {
+        check_state_slots(slots, n_slots, err, op);
+    } else if (check_seq_offsets(offsets, n_tokens, err, op)) {
+        check_ragged_state_slots(slots, offsets, n_slots, err, op);
+    }
 }
 
-// ssm_conv_update_inplace outputs: out[c, t, s] = sum_i w[t + i, c] kernel[i, c] (SiLU if `silu`),
-// the window being the slot's state then x. One thread per (channel, UPD_T tokens); channels
-// across threads. For d_conv <= UPD_MAXD the thread's window and taps sit in registers (all loads
-// in flight at once, the outputs stored last). Reads the state only: `conv_update_state` writes it
-// afterwards.
+// ssm_conv_update_inplace sees its tokens packed: token u of x [C, n_t, n_outer] is (u mod n_t,
+// u / n_t), n_outer = n_seq dense and 1 ragged. Dense (`offsets.data` null) sequence s owns tokens
+// s n_t .. (s + 1) n_t; ragged ones seq_offsets[s] .. seq_offsets[s + 1], the rest padding.
+__device__ __forceinline__ float conv_x(const Tensor& x, int xdt, i64 c, i64 t, i64 o) {
+    return load_f32(x.data + c * x.nb[0] + t * x.nb[1] + o * x.nb[2], xdt);
+}
+
+// ssm_conv_update_inplace outputs: out[c, u] = sum_i w_s[u - begin_s + i, c] kernel[i, c] (SiLU
+// if `silu`) for packed token u of sequence s, w_s being its slot's state then its tokens; 0 for
+// padding. A block covers 256 channels of UPD_T consecutive tokens: UPD_T threads first find the
+// tokens' sequences (ragged: a binary search of the offsets) and slots for the whole block; then
+// each thread loads the taps and the x window of its channel once into registers (all loads in
+// flight at once, positions stepped without divisions, the outputs stored last); a tap before its
+// sequence's first token reads the slot's state instead. Longer kernels (d_conv > UPD_MAXD) take
+// a plain loop over the taps. Reads the state only: `conv_update_state` writes it afterwards.
 #define UPD_T 8
 #define UPD_MAXD 8
-extern "C" __global__ void conv_update_out(Tensor out, Tensor x, int xdt, Tensor state, Tensor kern, int kdt,
-                                           Tensor slots, int silu, u64 err) {
+extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Tensor x, int xdt, Tensor state,
+                                                                  Tensor kern, int kdt, Tensor slots, Tensor offsets,
+                                                                  int silu, u64 err) {
+    __shared__ long long tbegin[UPD_T];  // first token of each token's sequence, -1 for none
+    __shared__ int tslot[UPD_T];
+    __shared__ long long wpos[2];  // (t, outer) of packed token u0 - keep (t < 0 before the start)
     if (((volatile ErrorRecord*)err)->code != 0u) return;
-    const i64 channels = out.ne[0], n_t = out.ne[1], d_conv = kern.ne[0], keep = d_conv - 1;
-    const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x, t0 = (i64)blockIdx.y * UPD_T, s = blockIdx.z;
-    if (c >= channels) return;
-    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
-    if (slot < 0 || slot >= state.ne[2]) return;  // unreachable after conv_check_slots
-    const char* st = state.data + c * state.nb[1] + slot * state.nb[2];
-    const i64 tcount = min((i64)UPD_T, n_t - t0);
-    if (d_conv <= UPD_MAXD) {
-        float kr[UPD_MAXD], wr[UPD_T + UPD_MAXD - 1], o[UPD_T];
-#pragma unroll
-        for (int i = 0; i < UPD_MAXD; i++)
-            kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
-#pragma unroll
-        for (int j = 0; j < UPD_T + UPD_MAXD - 1; j++)
-            wr[j] = j < tcount + keep ? window_at(x, xdt, st, state.nb[0], keep, c, s, t0 + j) : 0.0f;
-#pragma unroll
-        for (int t = 0; t < UPD_T; t++) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < UPD_MAXD; i++)
-                if (i < d_conv) acc = fmaf(wr[t + i], kr[i], acc);
-            o[t] = silu ? acc / (1.0f + expf(-acc)) : acc;
+    const i64 channels = out.ne[0], n_t = out.ne[1], n_all = n_t * out.ne[2], n_seq = slots.ne[0];
+    const i64 d_conv = kern.ne[0], keep = d_conv - 1;
+    const i64 u0 = (i64)blockIdx.y * UPD_T, tcount = min((i64)UPD_T, n_all - u0);
+    if (threadIdx.x < UPD_T) {
+        const i64 u = u0 + threadIdx.x;
+        i64 seq = -1, begin = -1;
+        if (u < n_all) {
+            if (offsets.data == nullptr) {
+                seq = u / n_t, begin = seq * n_t;
+            } else {
+                seq = seq_of_token(offsets, n_seq, u, n_all);
+                if (seq >= 0) begin = seq_offset(offsets, seq, n_all);
+            }
         }
-#pragma unroll
-        for (int t = 0; t < UPD_T; t++)
-            if (t < tcount) *(float*)(out.data + offset_of(out, c, t0 + t, s, 0)) = o[t];
+        tbegin[threadIdx.x] = begin;
+        tslot[threadIdx.x] = seq >= 0 ? *(const int*)(slots.data + seq * slots.nb[0]) : -1;
+    } else if (threadIdx.x == UPD_T) {
+        const i64 p0 = u0 - keep, o = p0 >= 0 ? p0 / n_t : 0;
+        wpos[0] = p0 - o * n_t, wpos[1] = o;
+    }
+    __syncthreads();
+    const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    const char* st = state.data + c * state.nb[1];
+    if (d_conv > UPD_MAXD) {
+        for (i64 t = 0; t < tcount; t++) {
+            const i64 u = u0 + t, begin = tbegin[t], slot = tslot[t];
+            float acc = 0.0f;
+            if (begin >= 0 && slot >= 0 && slot < state.ne[2]) {
+                for (i64 i = 0; i < d_conv; i++) {
+                    const i64 p = u - keep + i;
+                    const float w = p >= begin ? conv_x(x, xdt, c, p % n_t, p / n_t)
+                                               : *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]);
+                    acc = fmaf(w, load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt), acc);
+                }
+                if (silu) acc = acc / (1.0f + expf(-acc));
+            }
+            *(float*)(out.data + c * out.nb[0] + (u % n_t) * out.nb[1] + (u / n_t) * out.nb[2]) = acc;
+        }
         return;
     }
-    for (i64 t = t0; t < t0 + tcount; t++) {
+    float kr[UPD_MAXD], xw[UPD_T + UPD_MAXD - 1], o[UPD_T];
+#pragma unroll
+    for (int i = 0; i < UPD_MAXD; i++) kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
+    // xw[j] = x at packed token u0 - keep + j (where it exists), its (t, outer) stepped along.
+    i64 pt = wpos[0], po = wpos[1];
+#pragma unroll
+    for (int j = 0; j < UPD_T + UPD_MAXD - 1; j++) {
+        xw[j] = j < tcount + keep && pt >= 0 ? conv_x(x, xdt, c, pt, po) : 0.0f;
+        if (++pt == n_t) pt = 0, po++;
+    }
+#pragma unroll
+    for (int t = 0; t < UPD_T; t++) {
+        const i64 u = u0 + t, begin = tbegin[t];
         float acc = 0.0f;
-        for (i64 i = 0; i < d_conv; i++)
-            acc = fmaf(window_at(x, xdt, st, state.nb[0], keep, c, s, t + i),
-                       load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt), acc);
-        if (silu) acc = acc / (1.0f + expf(-acc));
-        *(float*)(out.data + offset_of(out, c, t, s, 0)) = acc;
+        if (t < tcount && begin >= 0) {
+            const i64 slot = tslot[t];
+            const bool slot_ok = slot >= 0 && slot < state.ne[2];  // always, after conv_check_slots
+#pragma unroll
+            for (int i = 0; i < UPD_MAXD; i++) {
+                const i64 p = u - keep + i;
+                float w = xw[t + i];
+                if (p < begin) w = slot_ok ? *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]) : 0.0f;
+                if (i < d_conv) acc = fmaf(w, kr[i], acc);
+            }
+            if (silu) acc = acc / (1.0f + expf(-acc));
+        }
+        o[t] = acc;
+    }
+    i64 ot = wpos[0] + keep, oo = wpos[1];  // (t, outer) of u0
+    while (ot >= n_t) ot -= n_t, oo++;
+#pragma unroll
+    for (int t = 0; t < UPD_T; t++) {
+        if (t < tcount) *(float*)(out.data + c * out.nb[0] + ot * out.nb[1] + oo * out.nb[2]) = o[t];
+        if (++ot == n_t) ot = 0, oo++;
     }
 }
 
-// ssm_conv_update_inplace state: the slot keeps the last keep samples of its window. One thread
-// per (channel, sequence); ascending j reads sample n_t + j (> j) before it is overwritten.
-extern "C" __global__ void conv_update_state(Tensor x, int xdt, Tensor state, Tensor slots, i64 d_conv, u64 err) {
+// ssm_conv_update_inplace state: each sequence with L > 0 tokens keeps the last keep samples of
+// its window (sample L + j: the old sample while L + j < keep, else its token L + j - keep). One
+// thread per (channel, sequence); ascending j reads sample L + j (> j) before it is overwritten.
+// A sequence without tokens touches nothing (its slot value is not used).
+extern "C" __global__ void conv_update_state(Tensor x, int xdt, Tensor state, Tensor slots, Tensor offsets, i64 d_conv,
+                                             u64 err) {
     if (((volatile ErrorRecord*)err)->code != 0u) return;
-    const i64 channels = x.ne[0], n_t = x.ne[1], keep = d_conv - 1;
+    const i64 channels = x.ne[0], n_t = x.ne[1], n_all = n_t * x.ne[2], keep = d_conv - 1;
     const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x, s = blockIdx.y;
     if (c >= channels) return;
+    // Dense: tokens 0 .. n_t of outer index s; ragged: tokens begin .. end of outer index 0.
+    const bool dense = offsets.data == nullptr;
+    const i64 begin = dense ? 0 : seq_offset(offsets, s, n_all), outer = dense ? s : 0;
+    const i64 len = (dense ? n_t : seq_offset(offsets, s + 1, n_all)) - begin;
     const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
-    if (slot < 0 || slot >= state.ne[2]) return;
+    if (len <= 0 || slot < 0 || slot >= state.ne[2]) return;
     char* st = state.data + c * state.nb[1] + slot * state.nb[2];
     for (i64 j = 0; j < keep; j++) {
-        const float v = window_at(x, xdt, st, state.nb[0], keep, c, s, n_t + j);
+        const i64 m = len + j;
+        const float v = m < keep ? *(const float*)(st + m * state.nb[0]) : conv_x(x, xdt, c, begin + m - keep, outer);
         *(float*)(st + j * state.nb[0]) = v;
     }
 }

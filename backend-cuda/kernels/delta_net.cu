@@ -20,14 +20,71 @@
 // general shapes); `gdn_tiled_n4_vec` (prefill, S_k = 128) stages 16-token tiles in shared memory
 // with cp.async, double buffered. Slots are validated by `gdn_check_slots` first; the main kernels
 // do nothing when an error is recorded.
+//
+// Ragged batches (a seq_offsets tensor; null `offsets.data` means dense) pack the tokens of all
+// sequences along the token dimension: block z of a kernel is sequence s, and reads its token range
+// from the offsets on the device (no host readback: a captured CUDA graph replays with new
+// offsets). Each kernel takes the sequences whose length lies in its range (`gdn_runs`): the plain
+// serial kernel the short ones (decode), the tiled or the chunked kernels the longer ones (the
+// long ones through a work list the check kernel writes); `gdn_prep` zeroes the outputs of tokens
+// of no sequence.
 
 #define GDN_GROUP 8
 #define GDN_WARPS 4
 #define GDN_COLS (GDN_WARPS * 32 / GDN_GROUP)
 
+// A sequence's tokens: dense (`offsets.data` null) all n_t tokens of outer index s; ragged tokens
+// seq_offsets[s] .. seq_offsets[s + 1] of outer index 0. Activations are read and outputs written
+// at (.., token, outer).
+struct GdnSpan {
+    i64 begin, end, outer;
+};
+__device__ __forceinline__ GdnSpan gdn_span(const Tensor& offsets, i64 s, i64 n_t) {
+    if (offsets.data == nullptr) return GdnSpan{0, n_t, s};
+    return GdnSpan{seq_offset(offsets, s, n_t), seq_offset(offsets, s + 1, n_t), 0};
+}
+
+// Whether a kernel that takes sequences of len_min ..= len_max tokens runs a sequence of `len`:
+// a ragged call splits its sequences by length between kernels (decode tokens to the plain serial
+// kernel, longer ones to the tiled or the chunked kernels); a sequence without tokens runs nowhere.
+__device__ __forceinline__ bool gdn_runs(i64 len, i64 len_min, i64 len_max) {
+    return len > 0 && len >= len_min && len <= len_max;
+}
+
 // The state-slot check of `check_state_slots` (common.cuh), run as one block before any state is
-// written.
-extern "C" __global__ void gdn_check_slots(Tensor slots, i64 n_slots, u64 err, u32 op) { check_state_slots(slots, n_slots, err, op); }
+// written. Ragged (`offsets.data` not null): the seq_offsets first, then the slots of the sequences
+// with tokens, then (when `table` is not null) the work list of the kernels for long sequences
+// (tiled and chunked): table[0] = the number m of sequences longer than serial_max, table[1 + i]
+// the i-th of them (i < m), and table[1 + n_seq + i] its first chunk of 64 (CW_C) tokens in the
+// chunk buffers (i <= m; the last entry is the total).
+extern "C" __global__ void gdn_check_slots(Tensor slots, Tensor offsets, i64 n_tokens, i64 n_slots, i64 serial_max,
+                                           int* table, u64 err, u32 op) {
+    __shared__ int lens[RAGGED_STAGE];
+    if (offsets.data == nullptr) {
+        check_state_slots(slots, n_slots, err, op);
+        return;
+    }
+    if (!check_seq_offsets(offsets, n_tokens, err, op)) return;
+    check_ragged_state_slots(slots, offsets, n_slots, err, op);
+    __syncthreads();  // the error record thread 0 may just have written
+    if (table == nullptr || ((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 n_seq = slots.ne[0];
+    auto len_of = [&](i64 s) -> i64 { return seq_offset(offsets, s + 1, n_tokens) - seq_offset(offsets, s, n_tokens); };
+    for (i64 s = threadIdx.x; s < n_seq && s < RAGGED_STAGE; s += blockDim.x) lens[s] = (int)len_of(s);
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    int m = 0, chunks = 0;
+    for (i64 s = 0; s < n_seq; s++) {
+        const i64 len = s < RAGGED_STAGE ? lens[s] : len_of(s);
+        if (len <= serial_max) continue;
+        table[1 + m] = (int)s;
+        table[1 + n_seq + m] = chunks;
+        chunks += (int)((len + 63) / 64);
+        m++;
+    }
+    table[1 + n_seq + m] = chunks;
+    table[0] = m;
+}
 
 // Sums of a and b over the 8 lanes of a group (aligned groups: xor 4, 2, 1 stays inside).
 __device__ __forceinline__ void group_sum2(float& a, float& b) {
@@ -38,17 +95,27 @@ __device__ __forceinline__ void group_sum2(float& a, float& b) {
     }
 }
 
-// Pre-pass: k and q (times scale) of every (token, key head, sequence) as f32 rows of KS floats
-// (zero padded past S_k), and k . q, in scratch: kbuf, qbuf [n_seq][H_k][n_t][KS], kq
-// [n_seq][H_k][n_t]. One warp per row; grid-stride over rows.
+// Pre-pass: k and q (times scale) of every (token, key head, outer index) as f32 rows of KS floats
+// (zero padded past S_k), and k . q, in scratch: kbuf, qbuf [n_outer][H_k][n_t][KS], kq
+// [n_outer][H_k][n_t]. One warp per row; grid-stride over rows. Ragged: only the rows of
+// sequences of at most serial_max tokens (those the serial kernels run), none of padding; and the
+// op's outputs of padding tokens (before seq_offsets[0] and from seq_offsets[n_seq] on; `out` is
+// contiguous [S_v, H_v, n_tokens, 1]) are zeroed here, grid-stride over just those rows.
 extern "C" __global__ void gdn_prep(Tensor q, int qdt, Tensor k, int kdt, float scale, int ks_len, float* kbuf,
-                                   float* qbuf, float* kq) {
-    const i64 s_k = k.ne[0], h_k = k.ne[1], n_t = k.ne[2], n_seq = k.ne[3];
-    const i64 rows = h_k * n_t * n_seq;
+                                   float* qbuf, float* kq, Tensor offsets, i64 serial_max, Tensor out, u64 err) {
+    if (((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 s_k = k.ne[0], h_k = k.ne[1], n_t = k.ne[2], n_outer = k.ne[3];
+    const i64 rows = h_k * n_t * n_outer;
     const int lane = threadIdx.x & 31;
     for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < rows;
          row += ((i64)gridDim.x * blockDim.x) >> 5) {
         const i64 t = row % n_t, kh = (row / n_t) % h_k, s = row / (n_t * h_k);  // row = (s, kh, t)
+        if (offsets.data != nullptr) {
+            const i64 seq = seq_of_token(offsets, offsets.ne[0] - 1, t, n_t);
+            if (seq < 0) continue;
+            const i64 len = seq_offset(offsets, seq + 1, n_t) - seq_offset(offsets, seq, n_t);
+            if (!gdn_runs(len, 1, serial_max)) continue;
+        }
         float acc = 0.0f;
         for (int i = lane; i < ks_len; i += 32) {
             float kv = 0.0f, qv = 0.0f;
@@ -63,6 +130,12 @@ extern "C" __global__ void gdn_prep(Tensor q, int qdt, Tensor k, int kdt, float 
         acc = warp_sum(acc);
         if (lane == 0) kq[row] = acc;
     }
+    if (offsets.data == nullptr) return;
+    const i64 row = out.ne[0] * out.ne[1], n_seq = offsets.ne[0] - 1;
+    const i64 lead = seq_offset(offsets, 0, n_t) * row, tail = seq_offset(offsets, n_seq, n_t) * row;
+    float* o = (float*)out.data;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < lead + n_t * row - tail; i += (i64)gridDim.x * blockDim.x)
+        o[i < lead ? i : tail + (i - lead)] = 0.0f;
 }
 
 // A group's column of the state, to and from registers (chunk r of lane l: keys (r * GROUP + l) * 4
@@ -135,18 +208,25 @@ struct GdnTok {
 };
 
 // NC: float4 chunks per lane (S_k <= 32 NC). VEC: the state is 16-byte aligned with S_k = 32 NC,
-// so chunks move as float4. k and q come from gdn_prep's buffers (row (s, kh, t) of KS floats);
-// each token's inputs are loaded one token ahead so their latency hides behind the recurrence.
+// so chunks move as float4. k and q come from gdn_prep's buffers (row (outer, kh, t) of KS
+// floats); each token's inputs are loaded one token ahead so their latency hides behind the
+// recurrence. Block z is sequence s (gdn_span); a sequence whose length is outside len_min ..=
+// len_max (gdn_runs) returns before reading its slot.
 template <int NC, bool VEC>
 __device__ __forceinline__ void gdn_body(Tensor out, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt,
                                          Tensor state, Tensor slots, int h_k, int grouped, const float* kbuf,
-                                         const float* qbuf, const float* kqbuf, u64 err) {
+                                         const float* qbuf, const float* kqbuf, Tensor offsets, i64 len_min,
+                                         i64 len_max, u64 err) {
     const int KS = 32 * NC;
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 s_k = state.ne[0], n_t = v.ne[2], s_v = v.ne[0], h_v = v.ne[1];
     const i64 h = blockIdx.y, s = blockIdx.z;
-    const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
+    // (the slot is loaded with the offsets, before the length test, so both loads are in flight
+    // at once; an empty sequence's slot value is never used)
     const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+    const GdnSpan sp = gdn_span(offsets, s, n_t);
+    if (!gdn_runs(sp.end - sp.begin, len_min, len_max)) return;
+    const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
     if (slot < 0 || slot >= state.ne[3]) return;  // unreachable after gdn_check_slots
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -159,7 +239,7 @@ __device__ __forceinline__ void gdn_body(Tensor out, Tensor v, int vdt, Tensor g
     float st[NC][4];
     gdn_load_state<NC, VEC>(st, sbase, has_col, lig, s_k, state.nb[0]);
 
-    const i64 row0 = (s * h_k + kh) * n_t;  // gdn_prep row of token 0
+    const i64 so = sp.outer, row0 = (so * h_k + kh) * n_t;  // gdn_prep row of token 0
     GdnTok<NC> nx;
     auto load_tok = [&](i64 t) {
         const float* kr = kbuf + (row0 + t) * KS;
@@ -170,29 +250,30 @@ __device__ __forceinline__ void gdn_body(Tensor out, Tensor v, int vdt, Tensor g
             nx.k[r] = *(const float4*)(kr + i0);
             nx.q[r] = *(const float4*)(qr + i0);
         }
-        nx.v = load_f32(v.data + offset_of(v, vcol, h, t, s), vdt);
-        nx.g = load_f32(g.data + offset_of(g, 0, h, t, s), gdt);
-        nx.b = load_f32(beta.data + offset_of(beta, 0, h, t, s), bdt);
+        nx.v = load_f32(v.data + offset_of(v, vcol, h, t, so), vdt);
+        nx.g = load_f32(g.data + offset_of(g, 0, h, t, so), gdt);
+        nx.b = load_f32(beta.data + offset_of(beta, 0, h, t, so), bdt);
         nx.kq = kqbuf[row0 + t];
     };
-    load_tok(0);
-    for (i64 t = 0; t < n_t; t++) {
+    load_tok(sp.begin);
+    for (i64 t = sp.begin; t < sp.end; t++) {
         const GdnTok<NC> cu = nx;
-        if (t + 1 < n_t) load_tok(t + 1);
+        if (t + 1 < sp.end) load_tok(t + 1);
         const float o = gdn_step<NC>(st, cu.k, cu.q, cu.v, expf(cu.g), cu.b, cu.kq);
-        if (lig == 0 && has_col) *(float*)(out.data + offset_of(out, col, h, t, s)) = o;
+        if (lig == 0 && has_col) *(float*)(out.data + offset_of(out, col, h, t, so)) = o;
     }
 
     if (has_col) gdn_store_state<NC, VEC>(st, sbase, lig, s_k, state.nb[0]);
 }
 
 // Grid (ceil(S_v / COLS), H_v, n_seq), block 128 threads.
-#define GDN_KERNEL(name, NC, VEC)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32)                                           \
-        name(Tensor out, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt, Tensor state,         \
-             Tensor slots, int h_k, int grouped, const float* kbuf, const float* qbuf, const float* kq,    \
-             u64 err) {                                                                                    \
-        gdn_body<NC, VEC>(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq, err); \
+#define GDN_KERNEL(name, NC, VEC)                                                                         \
+    extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32)                                          \
+        name(Tensor out, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt, Tensor state,        \
+             Tensor slots, int h_k, int grouped, const float* kbuf, const float* qbuf, const float* kq,   \
+             Tensor offsets, i64 len_min, i64 len_max, u64 err) {                                         \
+        gdn_body<NC, VEC>(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq,      \
+                          offsets, len_min, len_max, err);                                                \
     }
 
 GDN_KERNEL(gdn_n1, 1, false)
@@ -201,7 +282,8 @@ GDN_KERNEL(gdn_n4, 4, false)
 GDN_KERNEL(gdn_n8, 8, false)
 GDN_KERNEL(gdn_n4_vec, 4, true)
 
-// Prefill: as gdn_body, but the block stages TT = 64 / NC tokens at a time in shared memory,
+// Prefill: as gdn_body (grid z: the sequences, or ragged the bound on the work list's long ones),
+// but the block stages TT = 64 / NC tokens at a time in shared memory,
 // double buffered: k and q rows and k . q by cp.async from gdn_prep's buffers, v, g and beta
 // through registers, the next tile's loads in flight while the current tile is computed. Needs
 // 16-byte aligned prep buffers. Buffer layout (floats): k [TT][KS], q [TT][KS], v [TT][COLS],
@@ -209,15 +291,22 @@ GDN_KERNEL(gdn_n4_vec, 4, true)
 template <int NC, bool VEC>
 __device__ __forceinline__ void gdn_tiled_body(Tensor out, Tensor v, int vdt, Tensor g, int gdt, Tensor beta,
                                                int bdt, Tensor state, Tensor slots, int h_k, int grouped,
-                                               const float* kbuf, const float* qbuf, const float* kqbuf, u64 err) {
+                                               const float* kbuf, const float* qbuf, const float* kqbuf,
+                                               Tensor offsets, const int* table, i64 len_min, i64 len_max,
+                                               u64 err) {
     const int KS = 32 * NC, TT = 64 / NC, VM = TT * GDN_COLS / (GDN_WARPS * 32);
     const int BUF = 2 * TT * KS + TT * GDN_COLS + 3 * TT;
     extern __shared__ __align__(16) float sh[];
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 s_k = state.ne[0], n_t = v.ne[2], s_v = v.ne[0], h_v = v.ne[1];
-    const i64 h = blockIdx.y, s = blockIdx.z, col0 = (i64)blockIdx.x * GDN_COLS;
-    const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
+    const i64 h = blockIdx.y, col0 = (i64)blockIdx.x * GDN_COLS;
+    // Block z is sequence z, or (ragged, with a work list) the z-th long sequence.
+    if (table != nullptr && blockIdx.z >= table[0]) return;
+    const i64 s = table != nullptr ? table[1 + blockIdx.z] : blockIdx.z;
     const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+    const GdnSpan sp = gdn_span(offsets, s, n_t);
+    if (!gdn_runs(sp.end - sp.begin, len_min, len_max)) return;
+    const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
     if (slot < 0 || slot >= state.ne[3]) return;  // unreachable after gdn_check_slots
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -228,10 +317,10 @@ __device__ __forceinline__ void gdn_tiled_body(Tensor out, Tensor v, int vdt, Te
     float st[NC][4];
     gdn_load_state<NC, VEC>(st, sbase, has_col, lig, s_k, state.nb[0]);
 
-    const i64 row0 = (s * h_k + kh) * n_t;  // gdn_prep row of token 0
+    const i64 so = sp.outer, row0 = (so * h_k + kh) * n_t;  // gdn_prep row of token 0
     float rv[VM], rg = 0.0f, rb = 0.0f;
     auto issue = [&](i64 t0, float* buf) {
-        const int tn = (int)min((i64)TT, n_t - t0);
+        const int tn = (int)min((i64)TT, sp.end - t0);
         const float* ksrc = kbuf + (row0 + t0) * KS;
         const float* qsrc = qbuf + (row0 + t0) * KS;
         for (int c = tid; c < tn * KS / 4; c += blockDim.x) {
@@ -243,25 +332,25 @@ __device__ __forceinline__ void gdn_tiled_body(Tensor out, Tensor v, int vdt, Te
 #pragma unroll
         for (int m = 0; m < VM; m++) {
             const int idx = tid + m * GDN_WARPS * 32, tt = idx / GDN_COLS, c = idx % GDN_COLS;
-            rv[m] = tt < tn && col0 + c < s_v ? load_f32(v.data + offset_of(v, col0 + c, h, t0 + tt, s), vdt) : 0.0f;
+            rv[m] = tt < tn && col0 + c < s_v ? load_f32(v.data + offset_of(v, col0 + c, h, t0 + tt, so), vdt) : 0.0f;
         }
         if (tid < tn) {
-            rg = load_f32(g.data + offset_of(g, 0, h, t0 + tid, s), gdt);
-            rb = load_f32(beta.data + offset_of(beta, 0, h, t0 + tid, s), bdt);
+            rg = load_f32(g.data + offset_of(g, 0, h, t0 + tid, so), gdt);
+            rb = load_f32(beta.data + offset_of(beta, 0, h, t0 + tid, so), bdt);
         }
     };
 
-    issue(0, sh);
-    for (i64 t0 = 0, i = 0; t0 < n_t; t0 += TT, i++) {
+    issue(sp.begin, sh);
+    for (i64 t0 = sp.begin, i = 0; t0 < sp.end; t0 += TT, i++) {
         float* cur = sh + (i & 1) * BUF;
         float *vs = cur + 2 * TT * KS, *gs = vs + TT * GDN_COLS, *bs = gs + TT, *kqs = bs + TT;
-        const int tn = (int)min((i64)TT, n_t - t0);
+        const int tn = (int)min((i64)TT, sp.end - t0);
 #pragma unroll
         for (int m = 0; m < VM; m++) vs[tid + m * GDN_WARPS * 32] = rv[m];
         if (tid < tn) gs[tid] = expf(rg), bs[tid] = rb;
         tc_wait<0>();
         __syncthreads();
-        if (t0 + TT < n_t) issue(t0 + TT, sh + ((i + 1) & 1) * BUF);
+        if (t0 + TT < sp.end) issue(t0 + TT, sh + ((i + 1) & 1) * BUF);
         for (int tt = 0; tt < tn; tt++) {
             float4 k[NC], q[NC];
 #pragma unroll
@@ -271,7 +360,7 @@ __device__ __forceinline__ void gdn_tiled_body(Tensor out, Tensor v, int vdt, Te
                 q[r] = *(const float4*)(cur + TT * KS + tt * KS + i0);
             }
             const float o = gdn_step<NC>(st, k, q, vs[tt * GDN_COLS + myc], gs[tt], bs[tt], kqs[tt]);
-            if (lig == 0 && has_col) *(float*)(out.data + offset_of(out, col, h, t0 + tt, s)) = o;
+            if (lig == 0 && has_col) *(float*)(out.data + offset_of(out, col, h, t0 + tt, so)) = o;
         }
         __syncthreads();  // this buffer is refilled two tiles on
     }
@@ -281,8 +370,9 @@ __device__ __forceinline__ void gdn_tiled_body(Tensor out, Tensor v, int vdt, Te
 extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32)
     gdn_tiled_n4_vec(Tensor out, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt, Tensor state,
                      Tensor slots, int h_k, int grouped, const float* kbuf, const float* qbuf, const float* kq,
-                     u64 err) {
-    gdn_tiled_body<4, true>(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq, err);
+                     Tensor offsets, const int* table, i64 len_min, i64 len_max, u64 err) {
+    gdn_tiled_body<4, true>(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq, offsets,
+                            table, len_min, len_max, err);
 }
 
 // ---- Chunked form on tensor cores (S_k = S_v = 128, chunks of 64 tokens) ----
@@ -430,7 +520,17 @@ __device__ __forceinline__ void cw_b_put(uint4* tile, int k, int n, float x) {
     p[(lane * 4 + 2 + r) * 2 + half] = f32_to_bf16(x - bf16_to_f32(hi));
 }
 
-// Grid (H_v, n_chunks, n_seq), 256 threads, dynamic shared memory CW_PREP_SHARED (110336 bytes).
+// Chunk `gc` of the chunk buffers: dense, chunk ci of sequence s is gc = s n_chunks + ci (tokens
+// ci CW_C.. of outer index s); ragged (a work list `table` from gdn_check_slots), the chunks of the
+// i-th long sequence are table[1 + n_seq + i] .. table[1 + n_seq + i + 1], its tokens starting at
+// seq_offsets[s] (outer index 0). Per (chunk, value head) `vch = gc H_v + h`, per (chunk, key
+// head) `kch = gc H_k + kh`.
+struct CwChunk {
+    i64 gc, t0, cn, outer;  // chunk, first token, tokens (<= CW_C), outer index
+};
+
+// Grid (H_v, n_chunks, n_seq) dense, (H_v, chunk bound, 1) ragged (blocks past the work list's
+// total return), 256 threads, dynamic shared memory CW_PREP_SHARED (110336 bytes).
 // VEC: q, k and v are f32 with 16-byte aligned rows of 128 contiguous floats (their rows then
 // move as float4, k and q by cp.async); else any float dtype and strides, one element at a time.
 // Scratch per (sequence, value head, chunk) `vch`: wf 32 A tiles [mt 4][kk 8], pf 16 A tiles
@@ -441,7 +541,8 @@ __device__ __forceinline__ void cw_b_put(uint4* tile, int k, int n, float x) {
 template <bool VEC>
 __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kdt, Tensor v, int vdt, Tensor g, int gdt,
                                              Tensor beta, int bdt, float scale, int h_k, int grouped, u32* wf, u32* pf,
-                                             float* uf, float* gm, u32* qf, u32* ktf, u64 err) {
+                                             float* uf, float* gm, u32* qf, u32* ktf, Tensor offsets,
+                                             const int* table, u64 err) {
     extern __shared__ __align__(16) float sh[];
     float* ks = sh;                   // k rows, then beta exp(gamma) k [C][LD]
     float* qs = ks + CW_C * CW_LD;    // q rows (times scale), then beta v [C][LD]
@@ -452,16 +553,32 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
     float* bet = gam + CW_C;          // beta
     float* bw = bet + CW_C;           // beta exp(gamma)
     if (((volatile ErrorRecord*)err)->code != 0u) return;
-    const i64 n_t = v.ne[2], h_v = v.ne[1], nch = gridDim.y;
+    const i64 n_t = v.ne[2], h_v = v.ne[1];
     // Heads fastest and the last chunks first: the early chunks' buffers, written last, are
     // still in L2 when gdn_cw_scan starts reading them.
-    const i64 h = blockIdx.x, ci = nch - 1 - blockIdx.y, s = blockIdx.z;
+    const i64 h = blockIdx.x, last = gridDim.y - 1 - blockIdx.y;
+    CwChunk ch;
+    if (table == nullptr) {
+        ch = CwChunk{blockIdx.z * (i64)gridDim.y + last, last * CW_C, min((i64)CW_C, n_t - last * CW_C), blockIdx.z};
+    } else {
+        const i64 n_seq = offsets.ne[0] - 1, m = table[0];
+        const int* first = table + 1 + n_seq;
+        if (last >= first[m]) return;
+        i64 lo = 0, hi = m;  // the long sequence i whose chunks hold `last`: first[i] <= last < first[i + 1]
+        while (hi - lo > 1) {
+            const i64 mid = (lo + hi) >> 1;
+            if (first[mid] <= last) lo = mid;
+            else hi = mid;
+        }
+        const i64 s = table[1 + lo], begin = seq_offset(offsets, s, n_t) + (last - first[lo]) * CW_C;
+        ch = CwChunk{last, begin, min((i64)CW_C, seq_offset(offsets, s + 1, n_t) - begin), 0};
+    }
     const i64 ratio = h_v / h_k;
     const i64 kh = grouped ? h / ratio : h % h_k;
     const bool kwriter = grouped ? h % ratio == 0 : h < h_k;  // first value head of key head kh
-    const i64 t0 = ci * CW_C;
-    const int cn = (int)min((i64)CW_C, n_t - t0);
-    const i64 vch = (s * h_v + h) * nch + ci, kch = (s * h_k + kh) * nch + ci;
+    const i64 t0 = ch.t0, s = ch.outer;
+    const int cn = (int)ch.cn;
+    const i64 vch = ch.gc * h_v + h, kch = ch.gc * h_k + kh;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     // v rows in registers until q is done with (element (r, c) of vr[m] is idx = tid + 256 m,
@@ -681,15 +798,17 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
     extern "C" __global__ void __launch_bounds__(256, 2)                                                        \
         name(Tensor q, int qdt, Tensor k, int kdt, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt,  \
              float scale, int h_k, int grouped, u32* wf, u32* pf, float* uf, float* gm, u32* qf, u32* ktf,      \
-             u64 err) {                                                                                         \
+             Tensor offsets, const int* table, u64 err) {                                                       \
         cw_prep_body<VEC>(q, qdt, k, kdt, v, vdt, g, gdt, beta, bdt, scale, h_k, grouped, wf, pf, uf, gm, qf,  \
-                          ktf, err);                                                                            \
+                          ktf, offsets, table, err);                                                            \
     }
 
 CW_PREP_KERNEL(gdn_cw_prep, false)
 CW_PREP_KERNEL(gdn_cw_prep_vec, true)
 
-// Grid (S_v / 64, H_v, n_seq), 512 threads (16 warps), dynamic shared memory CW_SCAN_SHARED
+// Grid (S_v / 64, H_v, n_seq) dense, (S_v / 64, H_v, long-sequence bound) ragged (block z is the
+// z-th long sequence of the work list; blocks past its count return), 512 threads (16 warps),
+// dynamic shared memory CW_SCAN_SHARED
 // (213 KiB). Each block owns CW_COLS = 64 state columns (NT = 8 column tiles). Warps 0..7 compute
 // X = W S (then V_new), warps 8..15 Y = Q S (then the outputs), each for token rows 16 mt.. and
 // four column tiles 4 ng..; every warp then updates the state tiles it holds in registers: keys
@@ -700,7 +819,8 @@ CW_PREP_KERNEL(gdn_cw_prep_vec, true)
 #define CW_SCAN_SHARED (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 32 * CW_NT * (8 + 4 + 4) + 2 * 32))
 extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
     gdn_cw_scan(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,
-                const float* uf, const float* gm, const u32* qf, const u32* ktf, u64 err) {
+                const float* uf, const float* gm, const u32* qf, const u32* ktf, Tensor offsets, const int* table,
+                u64 err) {
     const int NT = CW_NT;
     extern __shared__ __align__(16) uint4 shq[];
     uint4* wsm = shq;                 // W, 32 A tiles of 64 uint4
@@ -713,7 +833,18 @@ extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
     float* gsm = (float*)(vbs + 4 * NT * 32);  // the decays [2 buffers][128] (gm's layout)
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 n_t = out.ne[2], h_v = out.ne[1];
-    const i64 h = blockIdx.y, s = blockIdx.z, nch = (n_t + CW_C - 1) / CW_C;
+    const i64 h = blockIdx.y;
+    // The sequence: its chunks g0 .. g0 + nch of the buffers, its len tokens from `base` at outer
+    // index `so`.
+    i64 s, g0, nch, base, len, so;
+    if (table == nullptr) {
+        s = blockIdx.z, nch = (n_t + CW_C - 1) / CW_C, g0 = s * nch, base = 0, len = n_t, so = s;
+    } else {
+        const i64 n_seq = offsets.ne[0] - 1, i = blockIdx.z;
+        if (i >= table[0]) return;
+        s = table[1 + i], g0 = table[1 + n_seq + i], nch = table[1 + n_seq + i + 1] - g0;
+        base = seq_offset(offsets, s, n_t), len = seq_offset(offsets, s + 1, n_t) - base, so = 0;
+    }
     const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
     const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
     if (slot < 0 || slot >= state.ne[3]) return;  // unreachable after gdn_check_slots
@@ -728,7 +859,7 @@ extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
 
     // Chunk ci's W, Q and decays (one group), then its P and K^T into buffer ci & 1 (another).
     auto copy_chunk = [&](i64 ci) {
-        const i64 vch = (s * h_v + h) * nch + ci, kch = (s * h_k + kh) * nch + ci;
+        const i64 vch = (g0 + ci) * h_v + h, kch = (g0 + ci) * h_k + kh;
         const uint4* w = (const uint4*)(wf + vch * 32 * CW_TILE);
         const uint4* qq = (const uint4*)(qf + kch * 32 * CW_TILE);
         for (int i = tid; i < 32 * 64; i += 64 * NT) tc_cp16(wsm + i, w + i, true), tc_cp16(qsm + i, qq + i, true);
@@ -759,7 +890,7 @@ extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
 
     copy_chunk(0);
     for (i64 ci = 0; ci < nch; ci++) {
-        const i64 vch = (s * h_v + h) * nch + ci;
+        const i64 vch = (g0 + ci) * h_v + h;
         const float* gv = gsm + (ci & 1) * 2 * CW_C;
         const uint4* kbuf = ksm + (ci & 1) * 32 * 64;
         const uint4* pbuf = psm + (ci & 1) * 10 * 64;
@@ -829,7 +960,7 @@ extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
                 for (int e = 0; e < 4; e++) {
                     const i64 tok = ci * CW_C + 16 * mt + g8 + 8 * (e >> 1);
                     const int col = col0 + 8 * (4 * ng + j) + 2 * t4 + (e & 1);
-                    if (tok < n_t) *(float*)(out.data + offset_of(out, col, h, tok, s)) = acc[j][e];
+                    if (tok < len) *(float*)(out.data + offset_of(out, col, h, base + tok, so)) = acc[j][e];
                 }
         }
         const float el = gv[CW_C - 1];

@@ -1,6 +1,9 @@
 //! ssm_conv and ssm_conv_update_inplace: `kernels/conv.cu`. Channels run across threads;
 //! ssm_conv stages a (32 channels x 64 outputs) window tile in shared memory so that both the
-//! time-innermost input and the channel-innermost output move coalesced.
+//! time-innermost input and the channel-innermost output move coalesced. The update's kernels
+//! take dense and ragged batches alike (a null seq_offsets tensor means dense): tokens are
+//! packed, each finds its sequence (ragged: a binary search of the offsets on the device, so a
+//! captured CUDA graph replays with new offsets), padding outputs 0.
 
 use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
@@ -30,8 +33,7 @@ const THREADS: u32 = 256;
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     match op {
         Op::SsmConv => inputs.len() == 2,
-        Op::SsmConvUpdate { ragged: false, .. } => inputs.len() == 4,
-        Op::SsmConvUpdate { ragged: true, .. } => false,
+        Op::SsmConvUpdate { ragged, .. } => inputs.len() == if *ragged { 5 } else { 4 },
         _ => false,
     }
 }
@@ -46,11 +48,14 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     match (task.op, ins) {
         (Op::SsmConv, [sx, kern]) => ssm_conv(cx, out, *sx, idt(0), *kern, idt(1)),
         (Op::SsmConvUpdate { silu, ragged: false }, [x, state, kern, slots]) => {
-            update(cx, out, (*x, idt(0)), *state, (*kern, idt(2)), *slots, *silu)
+            update(cx, out, (*x, idt(0)), *state, (*kern, idt(2)), (*slots, DENSE), *silu)
+        }
+        (Op::SsmConvUpdate { silu, ragged: true }, [x, state, kern, slots, offsets]) => {
+            update(cx, out, (*x, idt(0)), *state, (*kern, idt(2)), (*slots, *offsets), *silu)
         }
         _ => Err(unsupported(
             task,
-            "expected ssm_conv [sx, kernel] or ssm_conv_update_inplace [x, state, kernel, slots]",
+            "expected ssm_conv [sx, kernel] or ssm_conv_update_inplace [x, state, kernel, slots] (+ seq_offsets)",
         )),
     }
 }
@@ -91,17 +96,21 @@ fn ssm_conv(
     Ok(())
 }
 
+/// The seq_offsets argument of a dense batch: a null tensor.
+const DENSE: TensorArg = TensorArg { data: 0, ne: [0; 4], nb: [0; 4] };
+
 fn update(
     cx: &mut Cx<'_>,
     out: TensorArg,
     (x, xdt): (TensorArg, i32),
     state: TensorArg,
     (kern, kdt): (TensorArg, i32),
-    slots: TensorArg,
+    (slots, offsets): (TensorArg, TensorArg),
     silu: bool,
 ) -> Result<(), BackendError> {
-    let [channels, n_t, n_seq, _] = out.ne.map(|n| n as usize);
-    if n_seq > 65535 || n_t.div_ceil(UPDATE_TOKENS) > 65535 {
+    let [channels, n_t, n_outer, _] = out.ne.map(|n| n as usize);
+    let (n_seq, n_all) = (slots.ne[0] as usize, n_t * n_outer);
+    if n_seq > 65535 || n_all.div_ceil(UPDATE_TOKENS) > 65535 {
         return Err(BackendError::Unsupported {
             backend: crate::errors::NAME.into(),
             op: "ssm_conv_update_inplace",
@@ -109,33 +118,39 @@ fn update(
         });
     }
     let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));
-    let n_slots = state.ne[2];
+    let (n_slots, n_tokens) = (state.ne[2], n_all as i64);
     let f = cx.function(CHECK_SLOTS)?;
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&slots).arg(&n_slots).arg(&err).arg(&code);
-    // SAFETY: `conv_check_slots(slots, n_slots, err, op)` reads the slots' ne[0] i32 values
-    // through their stride and writes only the error record.
+    a.arg(&slots).arg(&offsets).arg(&n_tokens).arg(&n_slots).arg(&err).arg(&code);
+    // SAFETY: `conv_check_slots(slots, offsets, n_tokens, n_slots, err, op)` reads the slots'
+    // ne[0] i32 values and, unless `offsets` is null (dense), the offsets' ne[0] = n_seq + 1 (shape
+    // rules), through their strides, and writes only the error record.
     unsafe { a.launch(config((1, 1, 1), (1024, 1, 1), 0)) }.map_err(|e| launch_error(CHECK_SLOTS, e))?;
 
     let silu = i32::from(silu);
     let blocks = channels.div_ceil(THREADS as usize) as u32;
     let f = cx.function(UPDATE_OUT)?;
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&out).arg(&x).arg(&xdt).arg(&state).arg(&kern).arg(&kdt).arg(&slots).arg(&silu).arg(&err);
-    let grid = (blocks, n_t.div_ceil(UPDATE_TOKENS) as u32, n_seq as u32);
-    // SAFETY: `conv_update_out(out, x, xdt, state, kern, kdt, slots, silu, err)`: the shape rules
-    // give x and out [C, n_t, n_seq], state [d_conv - 1, C, n_slots], kernel [d_conv, C] and slots
-    // [n_seq]; threads past C or n_t do nothing, window sample j < d_conv - 1 + n_t, and slots
-    // outside [0, n_slots) are skipped. It only reads the state.
+    a.arg(&out).arg(&x).arg(&xdt).arg(&state).arg(&kern).arg(&kdt).arg(&slots).arg(&offsets).arg(&silu).arg(&err);
+    let grid = (blocks, n_all.div_ceil(UPDATE_TOKENS) as u32, 1);
+    // SAFETY: `conv_update_out(out, x, xdt, state, kern, kdt, slots, offsets, silu, err)`: the shape
+    // rules give x and out [C, n_t, n_outer] (n_all = n_t n_outer packed tokens), state
+    // [d_conv - 1, C, n_slots], kernel [d_conv, C], slots [n_seq] and offsets [n_seq + 1] (or
+    // null: dense); threads past C or n_all do nothing; offsets are clamped to 0..=n_all, so every
+    // x sample read is a token in 0..n_all, and state samples are read at 0..d_conv - 1 of slots
+    // checked to be in [0, n_slots) (the kernel returns once conv_check_slots recorded an error).
+    // It only reads the state.
     unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(UPDATE_OUT, e))?;
 
     let d_conv = kern.ne[0];
     let f = cx.function(UPDATE_STATE)?;
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&x).arg(&xdt).arg(&state).arg(&slots).arg(&d_conv).arg(&err);
-    // SAFETY: `conv_update_state(x, xdt, state, slots, d_conv, err)`: one thread per (channel <
-    // C, sequence < n_seq) owns its slot's d_conv - 1 samples (slots are distinct and in range, or
-    // nothing runs); the window samples it reads are inside the state or x.
+    a.arg(&x).arg(&xdt).arg(&state).arg(&slots).arg(&offsets).arg(&d_conv).arg(&err);
+    // SAFETY: `conv_update_state(x, xdt, state, slots, offsets, d_conv, err)`: one thread per
+    // (channel < C, sequence < n_seq) owns its slot's d_conv - 1 samples (the slots of sequences
+    // with tokens are distinct and in range, or nothing runs; sequences without tokens return
+    // before reading theirs); the window samples it reads are inside the state or x (offsets
+    // clamped to 0..=n_all).
     unsafe { a.launch(config((blocks, n_seq as u32, 1), (THREADS, 1, 1), 0)) }
         .map_err(|e| launch_error(UPDATE_STATE, e))?;
     Ok(())

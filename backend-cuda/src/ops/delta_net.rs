@@ -10,7 +10,7 @@
 
 use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{DType, DeltaNetAlgo, HeadMap, Op, TensorMeta};
+use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
@@ -47,11 +47,22 @@ const CW_SCAN_SHARED: u32 = (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * CW_COL
 /// The largest key dimension the kernels hold in registers (32 NC for NC = 8).
 const MAX_S_K: usize = 256;
 
+/// In a ragged call, sequences of at most this many tokens run on the plain serial kernel (decode
+/// tokens, short chunks: a 64-token chunk of the chunked kernels costs about as much whatever its
+/// length, and the tiled kernel's staging pays off over longer runs); longer ones on the chunked
+/// kernels (chunked algorithm) or the tiled serial kernel.
+const SHORT: i64 = 16;
+
 const OP: &str = "gated_delta_net";
 
-/// Inputs `[q, k, v, g, beta, state, slots]`; the state column must fit in registers.
+/// The seq_offsets argument of a dense call: a null tensor.
+const DENSE: TensorArg = TensorArg { data: 0, ne: [0; 4], nb: [0; 4] };
+
+/// Inputs `[q, k, v, g, beta, state, slots]` (+ `seq_offsets` ragged); the state column must fit
+/// in registers.
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
-    matches!(op, Op::GatedDeltaNet(p) if !p.ragged) && inputs.len() == 7 && inputs[0].ne[0] <= MAX_S_K
+    let Op::GatedDeltaNet(p) = op else { return false };
+    inputs.len() == if p.ragged { 8 } else { 7 } && inputs[0].ne[0] <= MAX_S_K
 }
 
 /// Float4 chunks per lane (the kernels' NC): the key dimension padded to 32 NC.
@@ -59,10 +70,10 @@ fn chunks(s_k: usize) -> usize {
     s_k.div_ceil(32).next_power_of_two().max(1)
 }
 
-/// gdn_prep's rows (one per token, key head and sequence) and their padded length.
+/// gdn_prep's rows (one per token, key head and outer index) and their padded length.
 fn prep_rows(q: &TensorMeta) -> (usize, usize) {
-    let [s_k, h_k, n_t, n_seq] = q.ne;
-    (h_k * n_t * n_seq, 32 * chunks(s_k))
+    let [s_k, h_k, n_t, n_outer] = q.ne;
+    (h_k * n_t * n_outer, 32 * chunks(s_k))
 }
 
 /// Bytes of gdn_prep's buffers: k and q rows and k . q for every token, 4 (2 KS + 1) bytes per
@@ -72,9 +83,9 @@ fn prep_bytes(q: &TensorMeta) -> usize {
     (4 * rows * (2 * ks + 1)).next_multiple_of(256)
 }
 
-/// The chunked kernels' scratch, as byte offsets: per (sequence, value head, chunk) W and P as
-/// pre-split A tiles (32 and 16 KiB), U (32 KiB) and the decays (512 B); per (sequence, key head,
-/// chunk) Q and K^T as pre-split A tiles (32 KiB each).
+/// The chunked kernels' scratch for `n_chunks` chunks, as byte offsets: per (chunk, value head) W
+/// and P as pre-split A tiles (32 and 16 KiB), U (32 KiB) and the decays (512 B); per (chunk, key
+/// head) Q and K^T as pre-split A tiles (32 KiB each).
 struct ChunkScratch {
     wf: usize,
     pf: usize,
@@ -86,9 +97,8 @@ struct ChunkScratch {
 }
 
 impl ChunkScratch {
-    fn new(q: &TensorMeta, v: &TensorMeta) -> Self {
-        let n_chunks = q.ne[2].div_ceil(CW_C);
-        let (vch, kch) = (v.ne[1] * v.ne[3] * n_chunks, q.ne[1] * q.ne[3] * n_chunks);
+    fn new(q: &TensorMeta, v: &TensorMeta, n_chunks: usize) -> Self {
+        let (vch, kch) = (v.ne[1] * n_chunks, q.ne[1] * n_chunks);
         let wf = 0;
         let pf = wf + vch * 32768;
         let uf = pf + vch * 16384;
@@ -99,24 +109,63 @@ impl ChunkScratch {
     }
 }
 
-/// True when the chunked kernels run: a chunked prefill (more than one token, at most 65535
-/// chunks: the grid's y) of 128-key, 128-value heads.
-fn chunked_kernels(op: &Op, q: &TensorMeta, v: &TensorMeta) -> bool {
-    let Op::GatedDeltaNet(p) = op else { return false };
-    let n_t = q.ne[2];
-    matches!(p.algo, DeltaNetAlgo::Chunked { .. })
-        && q.ne[0] == CW_D
-        && v.ne[0] == CW_D
-        && n_t > 1
-        && n_t.div_ceil(CW_C) <= 65535
+/// What one call runs, from the shapes alone (the same for every replay of a captured graph).
+struct Plan {
+    ragged: bool,
+    /// Sequences (blocks in z of the serial kernels).
+    n_seq: usize,
+    /// Ragged: a bound on the sequences longer than [`SHORT`] (blocks in z of the tiled and the
+    /// chunked in-order kernels, which read the work list); dense: `n_seq`.
+    n_long: usize,
+    /// The chunked kernels' buffers and their grid: (chunks, sequences) dense, (a bound on the
+    /// chunks, a bound on the sequences longer than [`SHORT`]) ragged; `None` when they do not
+    /// run.
+    chunked: Option<(ChunkScratch, usize, usize)>,
+    /// Offsets in the scratch arena of gdn_prep's buffers and of the ragged work list.
+    prep: usize,
+    table: usize,
+    end: usize,
 }
 
-/// gdn_prep's buffers or (chunked kernels) [`ChunkScratch`], whichever is larger: the serial
-/// kernels stand in when the scratch is not 256-byte aligned.
+impl Plan {
+    /// `chunked`: the chunked kernels may run (the device has the shared memory for them and the
+    /// scratch is 256-byte aligned).
+    fn new(p: &GatedDeltaNetParams, q: &TensorMeta, v: &TensorMeta, n_seq: usize, chunked: bool) -> Plan {
+        let n_t = q.ne[2];
+        let square = q.ne[0] == CW_D && v.ne[0] == CW_D && matches!(p.algo, DeltaNetAlgo::Chunked { .. });
+        // At most n_t / (SHORT + 1) sequences are long.
+        let n_long = if p.ragged { n_seq.min(n_t / (SHORT as usize + 1)) } else { n_seq };
+        let grid = if p.ragged {
+            // Every long sequence adds at most one partial chunk.
+            (n_long > 0).then(|| ((n_t + (CW_C - 1) * n_long) / CW_C, n_long))
+        } else {
+            (n_t > 1).then(|| (n_t.div_ceil(CW_C) * n_seq, n_seq))
+        };
+        // The grid's y is the chunk count (ragged) or the chunks of one sequence (dense).
+        let fits = |n_chunks: usize, seqs: usize| if p.ragged { n_chunks } else { n_chunks / seqs } <= 65535;
+        let chunked = grid
+            .filter(|&(n_chunks, long)| square && chunked && fits(n_chunks, long) && long <= 65535)
+            .map(|(n_chunks, long)| (ChunkScratch::new(q, v, n_chunks), n_chunks, long));
+        let after_chunks = chunked.as_ref().map_or(0, |c| c.0.end.next_multiple_of(256));
+        // Dense calls run either the chunked or the serial kernels; ragged ones the serial kernels
+        // always (for the short sequences, or all).
+        let prep = if p.ragged || chunked.is_none() { prep_bytes(q) } else { 0 };
+        let table = after_chunks + prep;
+        let table_bytes = if p.ragged { 4 * (2 * n_seq + 2) } else { 0 };
+        Plan { ragged: p.ragged, n_seq, n_long, chunked, prep: after_chunks, table, end: table + table_bytes }
+    }
+}
+
+/// The scratch of whichever [`Plan`] the call makes (with or without the chunked kernels).
 pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
-    let (Some(q), Some(v)) = (task.inputs.first(), task.inputs.get(2)) else { return 0 };
-    let chunked = if chunked_kernels(task.op, &q.meta, &v.meta) { ChunkScratch::new(&q.meta, &v.meta).end } else { 0 };
-    prep_bytes(&q.meta).max(chunked)
+    let (Op::GatedDeltaNet(p), Some(q), Some(v), Some(slots)) =
+        (task.op, task.inputs.first(), task.inputs.get(2), task.inputs.get(6))
+    else {
+        return 0;
+    };
+    let n_seq = slots.meta.ne[0];
+    let with = Plan::new(p, &q.meta, &v.meta, n_seq, true).end;
+    with.max(Plan::new(p, &q.meta, &v.meta, n_seq, false).end)
 }
 
 /// True when a q, k or v argument is f32 with 16-byte aligned rows of contiguous floats.
@@ -125,25 +174,34 @@ fn f32_rows(t: &TensorArg, meta: &TensorMeta) -> bool {
 }
 
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
-    let (Op::GatedDeltaNet(p), [q, k, v, g, beta, state, slots]) = (task.op, ins) else {
-        return Err(unsupported(task, "expected gated_delta_net with 7 inputs"));
-    };
+    let (p, [q, k, v, g, beta, state, slots], offsets) = (match (task.op, ins) {
+        (Op::GatedDeltaNet(p), [q, k, v, g, beta, state, slots]) if !p.ragged => {
+            Some((p, [*q, *k, *v, *g, *beta, *state, *slots], DENSE))
+        }
+        (Op::GatedDeltaNet(p), [q, k, v, g, beta, state, slots, offsets]) if p.ragged => {
+            Some((p, [*q, *k, *v, *g, *beta, *state, *slots], *offsets))
+        }
+        _ => None,
+    })
+    .ok_or_else(|| unsupported(task, "expected gated_delta_net with 7 inputs (8 ragged)"))?;
     let s_k = k.ne[0] as usize;
-    let (s_v, h_v, n_seq) = (v.ne[0], v.ne[1], v.ne[3]);
-    if s_k > MAX_S_K || n_seq > 65535 || h_v > 65535 {
-        return Err(unsupported(task, "S_k above 256 or more than 65535 heads or sequences"));
+    let (s_v, h_v, n_t, n_seq) = (v.ne[0], v.ne[1], v.ne[2], slots.ne[0] as usize);
+    if s_k > MAX_S_K || n_seq > 65535 || h_v > 65535 || n_seq == 0 {
+        return Err(unsupported(task, "S_k above 256, no sequence, or more than 65535 heads or sequences"));
     }
     let (err, code) = (cx.errors, op_code(OP));
-    check_slots(cx, *slots, state.ne[3], err, code)?;
     let idt = |i: usize| dt(task.inputs[i].meta.dtype);
     let (qdt, kdt, vdt, gdt, bdt) = (idt(0), idt(1), idt(2), idt(3), idt(4));
     let (h_k, grouped) = (k.ne[1] as i32, i32::from(p.head_map == HeadMap::Grouped));
     let (qm, vm) = (&task.inputs[0].meta, &task.inputs[2].meta);
     // (the in-order pass needs 213 KiB of shared memory a block: Hopper and later; sm_80 parts
-    // run the serial kernel)
-    let shared_fits = cx.info.max_shared_per_block >= CW_SCAN_SHARED as usize;
-    if chunked_kernels(task.op, qm, vm) && shared_fits && cx.scratch.is_multiple_of(256) {
-        let sc = ChunkScratch::new(qm, vm);
+    // run the serial kernels)
+    let chunked_ok = cx.info.max_shared_per_block >= CW_SCAN_SHARED as usize && cx.scratch.is_multiple_of(256);
+    let plan = Plan::new(p, qm, vm, n_seq, chunked_ok);
+    let table = if plan.ragged { cx.scratch + plan.table as u64 } else { 0 };
+    check(cx, slots, offsets, (n_t, state.ne[3]), SHORT, table, (err, code))?;
+
+    if let Some((sc, n_chunks, n_long)) = &plan.chunked {
         let at = |off: usize| cx.scratch + off as u64;
         let (wf, pf, uf, gm, qf, ktf) = (at(sc.wf), at(sc.pf), at(sc.uf), at(sc.gm), at(sc.qf), at(sc.ktf));
         let vec = [0, 1, 2].iter().all(|&i| f32_rows(&ins[i], &task.inputs[i].meta));
@@ -151,89 +209,136 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         cx.allow_shared(prep, CW_PREP_SHARED)?;
         let f = cx.function(prep)?;
         let mut a = cx.stream.launch_builder(&f);
-        a.arg(q).arg(&qdt).arg(k).arg(&kdt).arg(v).arg(&vdt).arg(g).arg(&gdt).arg(beta).arg(&bdt).arg(&p.scale);
-        a.arg(&h_k).arg(&grouped).arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&err);
-        let n_chunks = (v.ne[2] as usize).div_ceil(CW_C) as u32;
-        let grid = (h_v as u32, n_chunks, n_seq as u32);
+        a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&p.scale);
+        a.arg(&h_k).arg(&grouped).arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table);
+        a.arg(&err);
+        // Dense: (H_v, chunks of a sequence, sequences); ragged: (H_v, the chunk bound, 1).
+        let grid = if plan.ragged {
+            (h_v as u32, *n_chunks as u32, 1)
+        } else {
+            (h_v as u32, (*n_chunks / plan.n_seq) as u32, plan.n_seq as u32)
+        };
         // SAFETY: `gdn_cw_prep*(q, qdt, k, kdt, v, vdt, g, gdt, beta, bdt, scale, h_k, grouped, wf,
-        // pf, uf, gm, qf, ktf, err)`: S_k = S_v = 128 (chunked_kernels); q, k, v, g and beta are
-        // read within their shape-rule extents (tokens past n_t are not read); the vector kernel
-        // runs only on f32 q, k and v with 16-byte aligned rows of contiguous floats (f32_rows);
-        // the grid covers (H_v, n_chunks, n_seq) and each block writes only its (sequence, value
-        // head, chunk) and (sequence, key head, chunk) entries of the ChunkScratch buffers, sized
-        // for exactly those (scratch_bytes) and 256-byte aligned (checked above); the dynamic
-        // shared memory is the kernel's CW_PREP_SHARED, allowed above.
+        // pf, uf, gm, qf, ktf, offsets, table, err)`: S_k = S_v = 128 (Plan::new); q, k, v, g and
+        // beta are read within their shape-rule extents (tokens past a chunk's sequence are not
+        // read; ragged offsets are clamped to 0..=n_tokens); the vector kernel runs only on f32 q,
+        // k and v with 16-byte aligned rows of contiguous floats (f32_rows); each block writes only
+        // the entries of its chunk gc < n_chunks (dense: the grid's; ragged: the work list's,
+        // whose total is at most the bound n_chunks the buffers are sized for, blocks past it
+        // return) in the ChunkScratch buffers, sized for n_chunks (scratch_bytes) and 256-byte
+        // aligned (checked above); the work list is gdn_check_slots' (in the scratch, after the
+        // buffers), null dense; the dynamic shared memory is CW_PREP_SHARED, allowed above.
         unsafe { a.launch(config(grid, (256, 1, 1), CW_PREP_SHARED)) }.map_err(|e| launch_error(prep, e))?;
 
         cx.allow_shared(CW_SCAN, CW_SCAN_SHARED)?;
         let f = cx.function(CW_SCAN)?;
         let mut a = cx.stream.launch_builder(&f);
-        a.arg(&out).arg(state).arg(slots).arg(&h_k).arg(&grouped);
-        a.arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&err);
-        let grid = ((CW_D / CW_COLS) as u32, h_v as u32, n_seq as u32);
-        // SAFETY: `gdn_cw_scan(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf, err)`: out
-        // is [128, H_v, n_t, n_seq] and state [128, 128, H_v, n_slots] (shape rules); the grid
-        // covers (128 / 64, H_v, n_seq), each block 64 columns; slots outside [0, n_slots) are
-        // skipped and outputs past n_t not written; the chunk buffers are those gdn_cw_prep filled
-        // for every (sequence, head, chunk), 16-byte aligned for its cp.async copies; the dynamic
-        // shared memory is CW_SCAN_SHARED, allowed just above.
+        a.arg(&out).arg(&state).arg(&slots).arg(&h_k).arg(&grouped);
+        a.arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table).arg(&err);
+        let grid = ((CW_D / CW_COLS) as u32, h_v as u32, *n_long as u32);
+        // SAFETY: `gdn_cw_scan(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf, offsets,
+        // table, err)`: out is [128, H_v, n_t, n_outer] and state [128, 128, H_v, n_slots] (shape
+        // rules); the grid covers (128 / 64, H_v, sequences: dense all, ragged the bound on the
+        // work list's long ones, blocks past its count return), each block 64 columns; slots
+        // outside [0, n_slots) are skipped and outputs past a sequence's tokens not written; the
+        // chunk buffers are those gdn_cw_prep filled for every chunk of the block's sequence,
+        // 16-byte aligned for its cp.async copies; the dynamic shared memory is CW_SCAN_SHARED,
+        // allowed just above.
         unsafe { a.launch(config(grid, (512, 1, 1), CW_SCAN_SHARED)) }.map_err(|e| launch_error(CW_SCAN, e))?;
-        return Ok(());
+        if !plan.ragged {
+            return Ok(());
+        }
     }
 
-    let (rows, ks) = prep_rows(&task.inputs[0].meta);
-    let (kbuf, qbuf) = (cx.scratch, cx.scratch + (4 * rows * ks) as u64);
-    let kq = qbuf + (4 * rows * ks) as u64;
+    // The serial kernels: every sequence (dense, or ragged without the chunked kernels), or the
+    // short ones of a ragged call whose long ones the chunked kernels ran.
+    let serial_max = if plan.chunked.is_some() { SHORT } else { i64::MAX };
+    let (rows, ks) = prep_rows(qm);
+    let kbuf = cx.scratch + plan.prep as u64;
+    let (qbuf, kq) = (kbuf + (4 * rows * ks) as u64, kbuf + (8 * rows * ks) as u64);
     let ks_len = ks as i32;
     let f = cx.function(PREP)?;
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(q).arg(&qdt).arg(k).arg(&kdt).arg(&p.scale).arg(&ks_len).arg(&kbuf).arg(&qbuf).arg(&kq);
+    a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&p.scale).arg(&ks_len).arg(&kbuf).arg(&qbuf).arg(&kq);
+    a.arg(&offsets).arg(&serial_max).arg(&out).arg(&err);
     let warps_per_block = THREADS as usize / 32;
     let cfg = config((rows.div_ceil(warps_per_block).clamp(1, 1 << 20) as u32, 1, 1), (THREADS, 1, 1), 0);
-    // SAFETY: `gdn_prep(q, qdt, k, kdt, scale, ks_len, kbuf, qbuf, kq)`: q and k are [S_k, H_k,
-    // n_t, n_seq] (shape rules), read within those extents; scratch holds (scratch_bytes) rows
-    // = H_k n_t n_seq rows of ks_len floats for kbuf and for qbuf, then rows floats for kq.
+    // SAFETY: `gdn_prep(q, qdt, k, kdt, scale, ks_len, kbuf, qbuf, kq, offsets, serial_max, out, err)`:
+    // q and k are [S_k, H_k, n_t, n_outer] (shape rules), read within those extents; scratch holds
+    // (scratch_bytes, Plan::prep) rows = H_k n_t n_outer rows of ks_len floats for kbuf and for
+    // qbuf, then rows floats for kq; offsets (null dense) are read clamped to 0..=n_t; ragged, it
+    // zeroes the rows of padding tokens of `out`, the op's contiguous f32 [S_v, H_v, n_t, 1]
+    // output (grid-stride, within its n_t rows).
     unsafe { a.launch(cfg) }.map_err(|e| launch_error(PREP, e))?;
 
     let aligned = state.data.is_multiple_of(16) && state.nb[0] == 4 && state.nb[1..].iter().all(|b| b % 16 == 0);
-    // Prefill of the model head size: tiles of 16 tokens staged in shared memory (double buffered).
-    let tiled = v.ne[2] > 1 && s_k == 128 && aligned && cx.scratch.is_multiple_of(16);
-    let tile_tokens = 64 / chunks(s_k);
-    let shared =
-        if tiled { (2 * 4 * (2 * tile_tokens * 128 + tile_tokens * COLS + 3 * tile_tokens)) as u32 } else { 0 };
-    let kernel = match chunks(s_k) {
-        4 if tiled => GDN_TILED_N4_VEC,
+    // Prefill of the model head size: tiles of 16 tokens staged in shared memory (double
+    // buffered). Ragged: only for sequences longer than SHORT, the plain kernel taking the rest.
+    let tiled = n_t > 1 && s_k == 128 && aligned && kbuf.is_multiple_of(16) && serial_max > SHORT;
+    let plain = match chunks(s_k) {
         1 => GDN_N1,
         2 => GDN_N2,
         4 if s_k == 128 && aligned => GDN_N4_VEC,
         4 => GDN_N4,
         _ => GDN_N8,
     };
-    let grid = ((s_v as usize).div_ceil(COLS) as u32, h_v as u32, n_seq as u32);
-    let f = cx.function(kernel)?;
-    let mut a = cx.stream.launch_builder(&f);
-    a.arg(&out).arg(v).arg(&vdt).arg(g).arg(&gdt).arg(beta).arg(&bdt).arg(state).arg(slots);
-    a.arg(&h_k).arg(&grouped).arg(&kbuf).arg(&qbuf).arg(&kq).arg(&err);
-    // SAFETY: `gdn_*(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq,
-    // err)`. The shape rules give v and out [S_v, H_v, n_t, n_seq], g, beta [1, H_v, n_t, n_seq],
-    // state [S_k, S_v, H_v, n_slots] and slots [n_seq]; the grid covers (S_v / 16, H_v, n_seq) and
-    // every access is guarded by those extents; slots outside [0, n_slots) are skipped; S_k <=
-    // 32 NC = ks (chosen above) and the prep rows are those gdn_prep wrote; the vector kernel runs
-    // only on a 16-byte aligned state with S_k = 128.
-    // The tiled kernel stages 64 / NC tokens per buffer from 16-byte aligned prep buffers (checked
-    // above) into two buffers of the shared memory given here.
-    unsafe { a.launch(config(grid, (THREADS, 1, 1), shared)) }.map_err(|e| launch_error(kernel, e))?;
+    // (kernel, sequence lengths it takes, blocks in z, work list): the tiled kernel takes a ragged
+    // call's long sequences through the work list, the plain one every sequence up to its length.
+    let launches: &[(Kernel, i64, i64, usize, u64)] = match (tiled, plan.ragged) {
+        (false, _) => &[(plain, 1, serial_max, n_seq, 0)],
+        (true, false) => &[(GDN_TILED_N4_VEC, 1, i64::MAX, n_seq, 0)],
+        (true, true) => &[(plain, 1, SHORT, n_seq, 0), (GDN_TILED_N4_VEC, SHORT + 1, i64::MAX, plan.n_long, table)],
+    };
+    for &(kernel, len_min, len_max, blocks_z, list) in launches.iter().filter(|l| l.3 > 0) {
+        let grid = ((s_v as usize).div_ceil(COLS) as u32, h_v as u32, blocks_z as u32);
+        let f = cx.function(kernel)?;
+        let mut a = cx.stream.launch_builder(&f);
+        a.arg(&out).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&state).arg(&slots);
+        a.arg(&h_k).arg(&grouped).arg(&kbuf).arg(&qbuf).arg(&kq).arg(&offsets);
+        let shared = if kernel == GDN_TILED_N4_VEC {
+            a.arg(&list);
+            let tile_tokens = 64 / chunks(s_k);
+            (2 * 4 * (2 * tile_tokens * 128 + tile_tokens * COLS + 3 * tile_tokens)) as u32
+        } else {
+            0
+        };
+        a.arg(&len_min).arg(&len_max).arg(&err);
+        // SAFETY: `gdn_*(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq,
+        // offsets, [table,] len_min, len_max, err)` (the tiled kernel takes the work list). The shape
+        // rules give v and out [S_v, H_v, n_t, n_outer], g, beta [1, H_v, n_t, n_outer], state
+        // [S_k, S_v, H_v, n_slots], slots [n_seq] and offsets [n_seq + 1] (null dense); the grid
+        // covers (S_v / 16, H_v, sequences: n_seq, or the bound on the work list's long ones, blocks
+        // past its count returning) and every access is guarded by those extents (ragged token
+        // ranges clamped to 0..=n_t); slots outside [0, n_slots) are skipped; S_k <= 32 NC = ks
+        // (chosen above) and the prep rows read are those gdn_prep wrote (the same length filter:
+        // serial_max >= len_max); the vector kernels run only on a 16-byte aligned state with
+        // S_k = 128. The tiled kernel stages 64 / NC tokens per buffer from 16-byte aligned prep
+        // buffers (checked above) into two buffers of the shared memory given here; its work
+        // list is gdn_check_slots' (in the scratch), null dense.
+        unsafe { a.launch(config(grid, (THREADS, 1, 1), shared)) }.map_err(|e| launch_error(kernel, e))?;
+    }
     Ok(())
 }
 
-/// Records the first out-of-range or repeated slot (in sequence order) before any state is
-/// written; the main kernel then returns at once.
-fn check_slots(cx: &mut Cx<'_>, slots: TensorArg, n_slots: i64, err: u64, code: u32) -> Result<(), BackendError> {
+/// Records the first bad offset or slot (in order) before any state is written (the main kernels
+/// then return at once); ragged, also writes the work list of the sequences longer than
+/// `serial_max` (for the tiled and the chunked kernels) to `table`.
+fn check(
+    cx: &mut Cx<'_>,
+    slots: TensorArg,
+    offsets: TensorArg,
+    (n_t, n_slots): (i64, i64),
+    serial_max: i64,
+    table: u64,
+    (err, code): (u64, u32),
+) -> Result<(), BackendError> {
     let f = cx.function(CHECK_SLOTS)?;
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(&slots).arg(&n_slots).arg(&err).arg(&code);
-    // SAFETY: `gdn_check_slots(slots, n_slots, err, op)` reads the slots' ne[0] i32 values through
-    // their stride and writes only the error record.
+    a.arg(&slots).arg(&offsets).arg(&n_t).arg(&n_slots).arg(&serial_max).arg(&table).arg(&err).arg(&code);
+    // SAFETY: `gdn_check_slots(slots, offsets, n_tokens, n_slots, serial_max, table, err, op)` reads
+    // the slots' ne[0] = n_seq i32 values and (unless null) the offsets' n_seq + 1 through their
+    // strides, and writes the error record and, when `table` is not null, the 2 n_seq + 2 i32 of
+    // the work list that Plan::table reserves in the scratch.
     unsafe { a.launch(config((1, 1, 1), (1024, 1, 1), 0)) }.map_err(|e| launch_error(CHECK_SLOTS, e))?;
     Ok(())
 }
@@ -306,6 +411,84 @@ mod tests {
         s.set_i32(tsl, &slots).expect("set");
         s.run().expect("run");
         (s.get_f32(o).expect("out"), s.get_f32(ts).expect("state"))
+    }
+
+    /// Runs one ragged gated_delta_net on `backend`: `lens` tokens per sequence (sequence s in slot
+    /// `lens.len() - 1 - s`, one spare slot), then `pad` padding tokens; returns the output and the
+    /// whole state after.
+    fn run_ragged(
+        backend: &mut dyn Backend,
+        [d, h_k, h_v]: [usize; 3],
+        lens: &[usize],
+        pad: usize,
+        algo: DeltaNetAlgo,
+        seed: u64,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let n_seq = lens.len();
+        let n_t = lens.iter().sum::<usize>() + pad;
+        let n_slots = n_seq + 1;
+        let mut x = seed;
+        let mut uniform = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
+                })
+                .collect()
+        };
+        let kr = (1.5 / d as f32).sqrt();
+        let mut g = Graph::new();
+        let p = GatedDeltaNetParams { scale: 1.0 / (d as f32).sqrt(), head_map: HeadMap::Tiled, algo, ragged: true };
+        let tq = g.input("q", DType::F32, [d, h_k, n_t, 1]).expect("q");
+        let tk = g.input("k", DType::F32, [d, h_k, n_t, 1]).expect("k");
+        let tv = g.input("v", DType::F32, [d, h_v, n_t, 1]).expect("v");
+        let tg = g.input("g", DType::F32, [1, h_v, n_t, 1]).expect("g");
+        let tb = g.input("beta", DType::F32, [1, h_v, n_t, 1]).expect("beta");
+        let ts = g.state("state", DType::F32, [d, d, h_v, n_slots]).expect("state");
+        let tsl = g.input("slots", DType::I32, [n_seq, 1, 1, 1]).expect("slots");
+        let tof = g.input("seq_offsets", DType::I32, [n_seq + 1, 1, 1, 1]).expect("offsets");
+        let o = g.gated_delta_net_ragged(tq, tk, tv, tg, tb, ts, tsl, tof, p).expect("op");
+        g.mark_output(o).expect("output");
+        g.mark_output(ts).expect("output");
+        let mut s = Session::new(&g, backend).expect("session");
+        s.set_f32(tq, &uniform(d * h_k * n_t, -1.0, 1.0)).expect("set");
+        s.set_f32(tk, &uniform(d * h_k * n_t, -kr, kr)).expect("set");
+        s.set_f32(tv, &uniform(d * h_v * n_t, -1.0, 1.0)).expect("set");
+        s.set_f32(tg, &uniform(h_v * n_t, -1.0, 0.0)).expect("set");
+        s.set_f32(tb, &uniform(h_v * n_t, 0.0, 1.0)).expect("set");
+        s.set_f32(ts, &uniform(d * d * h_v * n_slots, -1.0, 1.0)).expect("set");
+        let slots: Vec<i32> = (0..n_seq as i32).rev().collect();
+        let mut offsets = vec![0i32];
+        for &l in lens {
+            offsets.push(offsets.last().expect("offsets") + l as i32);
+        }
+        s.set_i32(tsl, &slots).expect("set");
+        s.set_i32(tof, &offsets).expect("set");
+        s.run().expect("run");
+        (s.get_f32(o).expect("out"), s.get_f32(ts).expect("state"))
+    }
+
+    #[test]
+    fn ragged_batches_match_the_cpu() {
+        let mut cuda = match CudaBackend::new() {
+            Ok(b) => b,
+            Err(e) => return eprintln!("skipping: {e}"),
+        };
+        // Long sequences over several chunks (partial last ones), sequences just above and at the
+        // serial kernel's limit of 16 tokens, decode tokens, an empty sequence, padding.
+        let lens = [700, 1, 1, 0, 65, 17, 16, 1, 130];
+        for (i, algo) in [DeltaNetAlgo::Chunked { chunk: 64 }, DeltaNetAlgo::Serial].into_iter().enumerate() {
+            let seed = 0x51ed_2701_9e37_79b9 + i as u64;
+            let (o_gpu, s_gpu) = run_ragged(&mut cuda, [128, 16, 32], &lens, 3, algo, seed);
+            let (o_cpu, s_cpu) = run_ragged(&mut CpuBackend::new(), [128, 16, 32], &lens, 3, algo, seed);
+            let (eo, es) = (nmse(&o_gpu, &o_cpu), nmse(&s_gpu, &s_cpu));
+            eprintln!("ragged {algo:?}: out nmse {eo:.3e}, state nmse {es:.3e}");
+            assert!(eo < 1e-8 && es < 1e-8, "ragged {algo:?}: out nmse {eo:.3e}, state nmse {es:.3e}");
+            let pad = &o_gpu[o_gpu.len() - 3 * 128 * 32..];
+            assert!(pad.iter().all(|&x| x == 0.0), "padding outputs 0");
+        }
     }
 
     #[test]

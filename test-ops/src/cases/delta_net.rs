@@ -124,6 +124,12 @@ pub(super) const RAGGED_BAD: [Ragged; 5] = [
     Ragged::new("slot_out_of_range", 6, &[0, 1, 4], &[0, 3], 3).bad(),
 ];
 
+/// For 128-wide heads: sequences over several 64-token chunks (130 and 69 tokens), at the CUDA
+/// backend's limit of 16 tokens for its decode kernel and past it, decode tokens, an empty
+/// sequence, padding.
+const RAGGED_LONG: Ragged =
+    Ragged::new("long128", 238, &[0, 130, 131, 131, 200, 216, 233, 235], &[3, 0, 9, 5, 1, 4, 2], 6);
+
 /// A Qwen-sized mix: decode tokens around a 17-token chunk, an empty sequence, padding.
 pub(super) const RAGGED_QWEN: Ragged = Ragged::new("qwen_mix", 23, &[0, 1, 2, 19, 20, 20, 21], &[5, 2, 0, 1, 5, 3], 6);
 
@@ -339,7 +345,9 @@ fn ragged(out: &mut Vec<Case>) {
     }
     for algo in [SERIAL, chunk(64)] {
         out.push(Gdn::ragged(128, 16, 32, RAGGED_QWEN).algo(algo).case());
+        out.push(Gdn::ragged(128, 2, 4, RAGGED_LONG).algo(algo).case());
     }
+    out.push(Gdn::ragged(128, 2, 4, RAGGED_LONG).algo(chunk(64)).map(HeadMap::Grouped).case());
 }
 
 /// Small and odd sizes: every algorithm and both head maps on each.
@@ -422,5 +430,7 @@ pub(super) fn perf_cases() -> Vec<Case> {
         }
         out.push(Gdn::ragged(128, 16, 32, r).algo(algo).case());
     }
+    // A decode batch under the chunked algorithm (a ragged step graph built for mixed batches).
+    out.push(Gdn::ragged(128, 16, 32, RAGGED_PERF[3]).algo(chunk(64)).case());
     out
 }
