@@ -34,11 +34,12 @@ pub enum Module {
     Conv,
     DeltaNet,
     Sample,
+    Fused,
 }
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 11] = [
+    pub const ALL: [Module; 12] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
@@ -50,6 +51,7 @@ impl Module {
         Module::Conv,
         Module::DeltaNet,
         Module::Sample,
+        Module::Fused,
     ];
 
     /// The architectures whose architecture-specific features (the `a` targets) the module's
@@ -75,6 +77,7 @@ impl Module {
             Module::Conv => "conv",
             Module::DeltaNet => "delta_net",
             Module::Sample => "sample",
+            Module::Fused => "fused",
         }
     }
 
@@ -91,6 +94,7 @@ impl Module {
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::DeltaNet => include_str!("../kernels/delta_net.cu"),
             Module::Sample => include_str!("../kernels/sample.cu"),
+            Module::Fused => include_str!("../kernels/fused.cu"),
         }
     }
 

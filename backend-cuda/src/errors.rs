@@ -71,7 +71,7 @@ pub(crate) const ERR_VALUE_OUT_OF_RANGE: u32 = 3;
 pub(crate) const ERR_BAD_VALUE: u32 = 4;
 
 /// The ops that can report data errors, by the code kernels store in `ErrorRecord::op`.
-pub(crate) const OPS_WITH_ERRORS: [&str; 8] = [
+pub(crate) const OPS_WITH_ERRORS: [&str; 9] = [
     "get_rows",
     "set_rows",
     "mul_mat_id",
@@ -80,6 +80,7 @@ pub(crate) const OPS_WITH_ERRORS: [&str; 8] = [
     "ssm_conv_update_inplace",
     "top_k",
     "sample",
+    "moe_weights",
 ];
 
 /// The code kernels pass as `op` for the op named `name` (its index in [`OPS_WITH_ERRORS`]).

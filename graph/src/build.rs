@@ -203,6 +203,39 @@ impl Graph {
         self.op(Op::Sample, &[logits, settings])
     }
 
+    // ---- fused ops (what the fusion passes emit; each equals the subgraph it replaces) ----
+
+    /// `s = add(a, b)` and `h = mul(rms_norm(s, eps), w)` in one op: `a`, `b` f32 `[E, n, 1, 1]`
+    /// (dense rows), `w` f32 broadcasting to them (e.g. `[E]`) -> f32 `[E, n, 2, 1]`, `s` in plane
+    /// 0 and `h` in plane 1: read them through views `[E, n, 1, 1]` with contiguous strides at byte
+    /// offsets 0 and `E * n * 4`.
+    pub fn add_rms_norm_mul(&mut self, a: Tensor, b: Tensor, w: Tensor, eps: f32) -> R {
+        self.op(Op::AddRmsNormMul(RmsNormParams { eps }), &[a, b, w])
+    }
+
+    /// `mul(rms_norm(x, eps), w)`: `x` f32 (dense rows), `w` f32 broadcasting to `x` -> f32.
+    pub fn rms_norm_mul(&mut self, x: Tensor, w: Tensor, eps: f32) -> R {
+        self.op(Op::RmsNormMul(RmsNormParams { eps }), &[x, w])
+    }
+
+    /// `mul(mul(rms_norm(x, eps), w), silu(z))`: `x`, `z` f32 of one shape (dense rows), `w` f32
+    /// broadcasting to `x` -> f32 (the gated DeltaNet output norm).
+    pub fn gated_rms_norm(&mut self, x: Tensor, w: Tensor, z: Tensor, eps: f32) -> R {
+        self.op(Op::GatedRmsNorm(RmsNormParams { eps }), &[x, w, z])
+    }
+
+    /// `top_k(softmax(logits), k)`: `logits` f32 `[n_expert, n]` -> i32 `[k, n]`, the experts of
+    /// the `k` largest probabilities per token (largest first, lower index on ties).
+    pub fn softmax_top_k(&mut self, logits: Tensor, k: usize) -> R {
+        self.op(Op::SoftmaxTopK { k }, &[logits])
+    }
+
+    /// The routing weights: `logits` f32 `[n_expert, n]`, `ids` i32 `[k, n]` -> f32 `[1, k, n]`,
+    /// `softmax(logits)` at the ids divided by their sum per token.
+    pub fn moe_weights(&mut self, logits: Tensor, ids: Tensor) -> R {
+        self.op(Op::MoeWeights, &[logits, ids])
+    }
+
     // ---- quantization ----
 
     /// f32 `x` as a block-quantized tensor of dtype `to` (q8_0 or nvfp4).

@@ -323,6 +323,27 @@ pub enum Op {
     /// temperature 0; `u` in [0, 1) is the row's uniform draw). Out-of-range settings and rows of
     /// NaN logits are `KernelError::BadValue`.
     Sample,
+
+    // ---- fused: each is defined by the subgraph it replaces (docs/OPS.md, "Fused ops") ----
+    /// `[a, b, w]`: `a`, `b` f32 `[E, n, 1, 1]` (same shape, dense rows), `w` f32 broadcasting
+    /// to `[E, n, 1, 1]`. Output f32 contiguous `[E, n, 2, 1]`: plane 0 is `s = add(a, b)`, plane
+    /// 1 is `mul(rms_norm(s, eps), w)` (the residual stream and the next block's normed input,
+    /// read through views `[E, n, 1, 1]` at byte offsets 0 and `E * n * 4`).
+    AddRmsNormMul(RmsNormParams),
+    /// `[x, w]`: `mul(rms_norm(x, eps), w)`; `x` f32 with dense rows, `w` f32 broadcasting to
+    /// `x`. Output f32, `x`'s shape.
+    RmsNormMul(RmsNormParams),
+    /// `[x, w, z]`: `mul(mul(rms_norm(x, eps), w), silu(z))` (the gated DeltaNet output norm);
+    /// `x`, `z` f32 of one shape with dense rows, `w` f32 broadcasting to `x`. Output f32.
+    GatedRmsNorm(RmsNormParams),
+    /// `[logits]` f32 `[n_expert, n, 1, 1]`: `top_k(softmax(logits), k)`, i32 `[k, n, 1, 1]`,
+    /// selected on the f32 probabilities as the two ops compute them (`1 <= k <= n_expert`).
+    SoftmaxTopK { k: usize },
+    /// `[logits, ids]`: `logits` f32 `[n_expert, n, 1, 1]`, `ids` i32 `[k, n, 1, 1]`. Output f32
+    /// `[1, k, n, 1]`: `softmax(logits)` at the ids, divided by their sum per token (qwen35's
+    /// `get_rows` / `sum_rows` / `div` chain). An id outside `0..n_expert` is
+    /// `KernelError::IndexOutOfRange`.
+    MoeWeights,
 }
 
 impl Op {
@@ -361,6 +382,11 @@ impl Op {
             Op::SsmConvUpdate { .. } => "ssm_conv_update_inplace",
             Op::GatedDeltaNet(_) => "gated_delta_net",
             Op::Sample => "sample",
+            Op::AddRmsNormMul(_) => "add_rms_norm_mul",
+            Op::RmsNormMul(_) => "rms_norm_mul",
+            Op::GatedRmsNorm(_) => "gated_rms_norm",
+            Op::SoftmaxTopK { .. } => "softmax_top_k",
+            Op::MoeWeights => "moe_weights",
         }
     }
 
@@ -402,6 +428,10 @@ impl fmt::Display for Op {
             Op::Permute { axes } => write!(f, "permute({axes:?})"),
             Op::Scale(p) => write!(f, "scale(x{}, +{})", p.scale, p.bias),
             Op::RmsNorm(p) => write!(f, "rms_norm(eps={})", p.eps),
+            Op::AddRmsNormMul(p) => write!(f, "add_rms_norm_mul(eps={})", p.eps),
+            Op::RmsNormMul(p) => write!(f, "rms_norm_mul(eps={})", p.eps),
+            Op::GatedRmsNorm(p) => write!(f, "gated_rms_norm(eps={})", p.eps),
+            Op::SoftmaxTopK { k } => write!(f, "softmax_top_k({k})"),
             Op::Softmax(p) => write!(f, "softmax(scale={})", p.scale),
             Op::L2Norm { eps } => write!(f, "l2_norm(eps={eps})"),
             Op::TopK { k } => write!(f, "top_k({k})"),
@@ -541,15 +571,16 @@ impl Op {
             | Op::SsmConv
             | Op::MulMatId
             | Op::MulMat
-            | Op::Sample => P::None,
+            | Op::Sample
+            | Op::MoeWeights => P::None,
             Op::Cast(d) | Op::Quantize(d) => P::DType(*d),
-            Op::Concat { dim: n } | Op::TopK { k: n } => P::Index(*n),
+            Op::Concat { dim: n } | Op::TopK { k: n } | Op::SoftmaxTopK { k: n } => P::Index(*n),
             Op::Repeat { ne: d } | Op::Reshape { ne: d } | Op::Permute { axes: d } => P::Dims(*d),
             Op::View(p) => P::View(p),
             Op::Unary(u) => P::Unary(*u),
             Op::Binary(b) => P::Binary(*b),
             Op::Scale(p) => P::Scale(p),
-            Op::RmsNorm(p) => P::RmsNorm(p),
+            Op::RmsNorm(p) | Op::AddRmsNormMul(p) | Op::RmsNormMul(p) | Op::GatedRmsNorm(p) => P::RmsNorm(p),
             Op::Softmax(p) => P::Softmax(p),
             Op::L2Norm { eps } => P::Float((*eps).into()),
             Op::Argsort(o) => P::Order(*o),

@@ -62,6 +62,14 @@ fn every_op() -> Vec<Op> {
         }),
     ];
     ops.push(Op::Sample);
+    let norm = tessera_ops::RmsNormParams { eps: 0.0 };
+    ops.extend([
+        Op::AddRmsNormMul(norm),
+        Op::RmsNormMul(norm),
+        Op::GatedRmsNorm(norm),
+        Op::SoftmaxTopK { k: 1 },
+        Op::MoeWeights,
+    ]);
     ops.extend(UnaryOp::ALL.map(Op::Unary));
     ops.extend(BinaryOp::ALL.map(Op::Binary));
     for op in &ops {
@@ -103,7 +111,12 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::SsmConv
         | Op::SsmConvUpdate { .. }
         | Op::GatedDeltaNet(_)
-        | Op::Sample => op.name(),
+        | Op::Sample
+        | Op::AddRmsNormMul(_)
+        | Op::RmsNormMul(_)
+        | Op::GatedRmsNorm(_)
+        | Op::SoftmaxTopK { .. }
+        | Op::MoeWeights => op.name(),
     }
 }
 

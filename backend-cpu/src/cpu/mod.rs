@@ -28,6 +28,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod fused;
 mod math;
 mod matmul;
 mod par;
@@ -400,6 +401,11 @@ fn dispatch(
     match op {
         Op::MulMat => return matmul::mul_mat(input(0)?, input(1)?, out, out_meta),
         Op::MulMatId => return matmul::mul_mat_id(input(0)?, input(1)?, input(2)?, out, out_meta),
+        // These two address their output's bytes themselves (two planes; rows of k weights).
+        Op::AddRmsNormMul(p) => {
+            return fused::add_rms_norm_mul(p.eps, input(0)?, input(1)?, input(2)?, out, out_meta);
+        }
+        Op::MoeWeights => return fused::moe_weights(input(0)?, input(1)?, out, out_meta),
         _ => {}
     }
     let mut dst = Dst::new(out, *out_meta)?;
@@ -418,6 +424,9 @@ fn dispatch(
         }
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
         Op::Sample => sample::sample(input(0)?, input(1)?, &mut dst),
+        Op::RmsNormMul(p) => fused::rms_norm_mul(p.eps, input(0)?, input(1)?, &mut dst),
+        Op::GatedRmsNorm(p) => fused::gated_rms_norm(p.eps, input(0)?, input(1)?, input(2)?, &mut dst),
+        Op::SoftmaxTopK { k } => fused::softmax_top_k(*k, input(0)?, &mut dst),
         Op::SsmConvUpdate { silu, ragged } => {
             let offsets = if *ragged { Some(input(4)?) } else { None };
             conv::ssm_conv_update(*silu, input(0)?, state()?, input(2)?, input(3)?, offsets, &mut dst)

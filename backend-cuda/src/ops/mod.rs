@@ -6,6 +6,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod fused;
 mod matmul;
 mod mmq;
 mod quant;
@@ -41,6 +42,9 @@ fn family(op: &Op) -> Option<Family> {
         Op::SsmConv | Op::SsmConvUpdate { .. } => Family::Conv,
         Op::GatedDeltaNet(_) => Family::DeltaNet,
         Op::Sample => Family::Sample,
+        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
+            Family::Fused
+        }
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
     })
 }
@@ -59,6 +63,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
         Some(Family::Conv) => conv::supports(op, inputs),
         Some(Family::DeltaNet) => delta_net::supports(op, inputs),
         Some(Family::Sample) => sample::supports(op, inputs),
+        Some(Family::Fused) => fused::supports(op, inputs),
         None => false,
     }
 }
@@ -89,6 +94,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Some(Family::Conv) => conv::run(cx, task, ins, out),
         Some(Family::DeltaNet) => delta_net::run(cx, task, ins, out),
         Some(Family::Sample) => sample::run(cx, task, ins, out),
+        Some(Family::Fused) => fused::run(cx, task, ins, out),
         None => Err(unsupported(task, "views are resolved by the executor, never computed")),
     }
 }

@@ -8,6 +8,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod fused;
 mod matmul;
 mod quant;
 mod reduce;
@@ -92,6 +93,9 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
         Op::FlashAttnExt(_) => attention::compute(op, inputs, out),
         Op::SsmConv => conv::compute(op, inputs, out),
         Op::Sample => sample::compute(inputs, out),
+        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
+            fused::compute_fused(op, inputs, out)
+        }
         Op::SsmConvUpdate { .. } | Op::GatedDeltaNet(_) => Err(KernelError::Unsupported {
             op: op.name(),
             why: "it updates an input in place: use reference::compute_updating".into(),

@@ -6,6 +6,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod fused;
 mod matmul;
 mod quant;
 mod reduce;
@@ -48,6 +49,9 @@ pub fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
         Op::SsmConv | Op::SsmConvUpdate { .. } => conv::infer(op, inputs),
         Op::GatedDeltaNet(_) => delta_net::infer(op, inputs),
         Op::Sample => sample::infer(op, inputs),
+        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
+            fused::infer(op, inputs)
+        }
     }
 }
 
@@ -83,6 +87,9 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::Argmax => count(inputs[0]),
         // About 10 a logit: the max, the exp of the weight, the compares and sums of the draw.
         Op::Sample => count(inputs[0]).saturating_mul(10),
+        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
+            fused::flops(op, inputs, out)
+        }
         _ => 0,
     };
     match op {

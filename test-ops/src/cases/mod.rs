@@ -15,6 +15,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod fused;
 mod matmul;
 mod perf;
 mod quant;
@@ -54,6 +55,7 @@ pub fn catalogue() -> Vec<Case> {
     conv::cases(&mut cases);
     delta_net::cases(&mut cases);
     sample::cases(&mut cases);
+    fused::cases(&mut cases);
     cases
 }
 

@@ -1,0 +1,338 @@
+//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights.
+//!
+//! Each computes exactly what this backend's kernels of the subgraph it replaces compute: the
+//! same f32 operations in the same order (the same `sum_squares`, `silu`, `exp` and `sum`), so a
+//! fused graph gives the unfused graph's bits on the CPU (tested below). The norms do their
+//! chain in one pass over each row; the router ops run the softmax kernel into scratch and then
+//! select or gather from it, as the unfused graph does through its intermediate tensor.
+
+use tessera_ops::{BinaryOp, DType, KernelError, TensorMeta};
+
+use super::math::{map_in_place, silu, zip_in_place};
+use super::strided::{Dst, Src, row_coords};
+use super::sum::{sum, sum_squares};
+use super::{elementwise, reduce};
+
+/// Per-task scratch rows: the output (when it cannot be written in place), the weight, the gate.
+#[derive(Default)]
+struct Scratch {
+    out: Vec<f32>,
+    w: Vec<f32>,
+    z: Vec<f32>,
+}
+
+/// Row `c` of `t` as f32: borrowed when dense aligned f32, else decoded into `scratch`.
+fn row_of<'a>(t: &Src<'a>, c: [usize; 3], scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    match t.row_f32(c) {
+        Some(v) => v,
+        None => {
+            scratch.resize(t.ne()[0], 0.0);
+            t.load_row(c, scratch);
+            scratch
+        }
+    }
+}
+
+/// `out[i] *= w[i mod w.len()]`: mul's tiling of a weight row along `ne0`.
+fn mul_tiled(out: &mut [f32], w: &[f32]) {
+    if let [y] = w {
+        return map_in_place(out, |v| v * *y);
+    }
+    for chunk in out.chunks_mut(w.len()) {
+        zip_in_place(chunk, w, |v, y| v * y);
+    }
+}
+
+/// `mul(rms_norm(x), w)`, times `silu(z)` when `z` is given, row by row: rms_norm's sum of squares
+/// and scaling, then mul's products with the broadcast weight row (and the gate's), in f32.
+fn norm_mul_rows(eps: f32, x: Src<'_>, w: Src<'_>, z: Option<Src<'_>>, dst: &mut Dst<'_>) {
+    let ne = dst.ne();
+    let (n, wne) = (ne[0] as f32, w.ne());
+    let work = if z.is_some() { 12 * ne[0] } else { 4 * ne[0] };
+    dst.for_each_row(work, Scratch::default, |s, r, mut row| {
+        let Scratch { out, w: w_row, z: z_row } = s;
+        let c = row_coords(ne, r);
+        let ws = row_of(&w, [c[0] % wne[1], c[1] % wne[2], c[2] % wne[3]], w_row);
+        let zs = z.as_ref().map(|z| row_of(z, c, z_row));
+        row.fill_f32(out, |o| {
+            x.load_row(c, o);
+            let inv = 1.0 / (sum_squares(o) / n + eps).sqrt();
+            map_in_place(o, |v| v * inv);
+            mul_tiled(o, ws);
+            if let Some(zs) = zs {
+                zip_in_place(o, zs, |v, g| v * silu(g));
+            }
+        });
+    });
+}
+
+/// `rms_norm(x) * w` (x f32 with dense rows, w broadcast).
+pub(super) fn rms_norm_mul(eps: f32, x: Src<'_>, w: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
+    norm_mul_rows(eps, x, w, None, dst);
+    Ok(())
+}
+
+/// `rms_norm(x) * w * silu(z)` (the DeltaNet output gate).
+pub(super) fn gated_rms_norm(
+    eps: f32,
+    x: Src<'_>,
+    w: Src<'_>,
+    z: Src<'_>,
+    dst: &mut Dst<'_>,
+) -> Result<(), KernelError> {
+    norm_mul_rows(eps, x, w, Some(z), dst);
+    Ok(())
+}
+
+/// `s = a + b` into plane 0 of the output `[E, n, 2, 1]` (add's kernel), then `rms_norm(s) * w`
+/// into plane 1, reading `s` back from plane 0 as the unfused rms_norm reads add's output.
+pub(super) fn add_rms_norm_mul(
+    eps: f32,
+    a: Src<'_>,
+    b: Src<'_>,
+    w: Src<'_>,
+    out: &mut [u8],
+    out_meta: &TensorMeta,
+) -> Result<(), KernelError> {
+    let op = "add_rms_norm_mul";
+    if !out_meta.is_contiguous() {
+        let why = format!("output layout ne {:?} nb {:?} is not contiguous", out_meta.ne, out_meta.nb);
+        return Err(KernelError::Unsupported { op, why });
+    }
+    let [e, n, _, _] = out_meta.ne;
+    let plane = TensorMeta::contiguous(op, DType::F32, [e, n, 1, 1])
+        .map_err(|err| KernelError::Unsupported { op, why: err.to_string() })?;
+    let (sums, norms) = out.split_at_mut(plane.nbytes_contiguous());
+    elementwise::binary(BinaryOp::Add, a, b, &mut Dst::new(&mut *sums, plane)?);
+    let s = Src::new(sums, plane).ok_or_else(|| KernelError::Unsupported { op, why: "plane 0 does not fit".into() })?;
+    norm_mul_rows(eps, s, w, None, &mut Dst::new(norms, plane)?);
+    Ok(())
+}
+
+/// `softmax(logits)` (scale 1, no mask) by the softmax kernel, into a contiguous scratch tensor.
+fn probabilities(op: &'static str, logits: Src<'_>) -> Result<(Vec<f32>, TensorMeta), KernelError> {
+    let meta = TensorMeta::contiguous(op, DType::F32, logits.ne())
+        .map_err(|err| KernelError::Unsupported { op, why: err.to_string() })?;
+    let mut probs = vec![0f32; meta.nelements()];
+    reduce::softmax(1.0, logits, None, &mut Dst::new(bytemuck::cast_slice_mut(&mut probs), meta)?);
+    Ok((probs, meta))
+}
+
+/// `top_k(softmax(logits), k)`: the softmax kernel, then top_k's selection on its f32 values (so
+/// the ids are the composition's even where rounding makes two probabilities equal).
+pub(super) fn softmax_top_k(k: usize, logits: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
+    let op = "softmax_top_k";
+    let (probs, meta) = probabilities(op, logits)?;
+    let probs = Src::new(bytemuck::cast_slice(&probs), meta)
+        .ok_or_else(|| KernelError::Unsupported { op, why: "probabilities do not fit".into() })?;
+    reduce::top_k(k, probs, dst)
+}
+
+/// The routing weights: per token `t`, `p[ids[j, t], t] / Σ_j p[ids[j, t], t]` with `p` the
+/// softmax kernel's probabilities, summed by sum_rows' `sum` and divided as div does. Every id is
+/// checked before anything is written; the first bad one (logical order) is the error.
+pub(super) fn moe_weights(
+    logits: Src<'_>,
+    ids: Src<'_>,
+    out: &mut [u8],
+    out_meta: &TensorMeta,
+) -> Result<(), KernelError> {
+    let op = "moe_weights";
+    let [n_expert, n, _, _] = logits.ne();
+    let k = ids.ne()[0];
+    let mut experts = Vec::with_capacity(k * n);
+    for t in 0..n {
+        for j in 0..k {
+            let id = ids.elem_i32([j, t, 0, 0]);
+            match usize::try_from(id) {
+                Ok(e) if e < n_expert => experts.push(t * n_expert + e),
+                _ => {
+                    return Err(KernelError::IndexOutOfRange {
+                        op,
+                        index: i64::from(id),
+                        limit: n_expert,
+                        what: "expert id",
+                    });
+                }
+            }
+        }
+    }
+    let (probs, _) = probabilities(op, logits)?;
+    // The output [1, k, n, 1] seen as n rows of k weights: the same bytes.
+    let nb = out_meta.nb;
+    let rows = TensorMeta { dtype: DType::F32, ne: [k, n, 1, 1], nb: [nb[1], nb[2], nb[3], nb[3]] };
+    let mut dst = Dst::new(out, rows)?;
+    dst.for_each_row(2 * k, Scratch::default, |s, t, mut row| {
+        let Scratch { out, w: picked, .. } = s;
+        picked.clear();
+        picked.extend(experts[t * k..(t + 1) * k].iter().map(|&at| probs[at]));
+        let total = sum(picked);
+        row.fill_f32(out, |o| {
+            for (o, &p) in o.iter_mut().zip(picked.iter()) {
+                *o = p / total;
+            }
+        });
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_graph::{Graph, GraphError, Tensor};
+
+    use crate::CpuBackend;
+    use crate::cpu::testutil::{F32, I32, Leaves, case, check, check_error};
+
+    /// Runs `build` (which returns pairs `[fused, unfused]` of the same value) on the CPU and
+    /// asserts each fused result equals its composition bit for bit; then checks the fused
+    /// results against the f64 reference with `bound`.
+    fn same_bits_as_composition(
+        seed: u64,
+        bound: f64,
+        build: impl Fn(&mut Graph, &mut Leaves) -> Result<Vec<[Tensor; 2]>, GraphError>,
+    ) {
+        let pairs = case(seed, |g, l| Ok(build(g, l)?.into_iter().flatten().collect()));
+        let outs = pairs.run(&mut CpuBackend::new(), 0).expect("cpu run");
+        for (i, pair) in outs.chunks(2).enumerate() {
+            let same = pair[0].iter().zip(&pair[1]).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "pair {i}: the fused op differs from its composition");
+        }
+        check(seed, bound, |g, l| Ok(build(g, l)?.into_iter().map(|[fused, _]| fused).collect()));
+    }
+
+    fn add_norm_mul(g: &mut Graph, a: Tensor, b: Tensor, w: Tensor) -> Result<[Tensor; 2], GraphError> {
+        let e = a.ne()[0];
+        let n = a.ne()[1];
+        let fused = g.add_rms_norm_mul(a, b, w, 1e-6)?;
+        let s = g.add(a, b)?;
+        let h = g.rms_norm(s, 1e-6)?;
+        let h = g.mul(h, w)?;
+        let unfused = g.concat(s, h, 2)?;
+        // the planes as the passes' users read them: views at 0 and E * n * 4 bytes
+        let nb = [4, 4 * e, 4 * e * n, 4 * e * n];
+        let s_view = g.view(fused, [e, n, 1, 1], nb, 0)?;
+        let h_view = g.view(fused, [e, n, 1, 1], nb, 4 * e * n)?;
+        let s_view = g.cont(s_view)?;
+        let h_view = g.cont(h_view)?;
+        let back = g.concat(s_view, h_view, 2)?;
+        Ok([back, unfused])
+    }
+
+    #[test]
+    fn add_rms_norm_mul_is_add_then_weighted_norm() {
+        for (e, n) in [(1, 1), (7, 3), (2048, 5), (300, 2)] {
+            same_bits_as_composition(50, 1e-12, |g, l| {
+                let a = l.random(g.input("a", F32, [e, n, 1, 1])?);
+                let b = l.random(g.input("b", F32, [e, n, 1, 1])?);
+                let w = l.random(g.input("w", F32, [e, 1, 1, 1])?);
+                Ok(vec![add_norm_mul(g, a, b, w)?])
+            });
+        }
+        // a window of a wider tensor, and a weight per row
+        same_bits_as_composition(51, 1e-12, |g, l| {
+            let big = l.random(g.input("big", F32, [40, 6, 1, 1])?);
+            let a = g.view(big, [33, 5, 1, 1], big.meta().nb, 4 * (40 + 3))?;
+            let b = l.random(g.input("b", F32, [33, 5, 1, 1])?);
+            let w = l.random(g.input("w", F32, [33, 5, 1, 1])?);
+            Ok(vec![add_norm_mul(g, a, b, w)?])
+        });
+    }
+
+    #[test]
+    fn rms_norm_mul_and_gated_norm_are_their_chains() {
+        for (x_ne, w_ne) in
+            [([128, 32, 3, 1], [128, 1, 1, 1]), ([33, 5, 2, 3], [33, 5, 1, 1]), ([64, 4, 1, 1], [1, 1, 1, 1])]
+        {
+            same_bits_as_composition(52, 1e-12, |g, l| {
+                let x = l.random(g.input("x", F32, x_ne)?);
+                let w = l.random(g.input("w", F32, w_ne)?);
+                let z = l.random_in(g.input("z", F32, x_ne)?, -6.0, 6.0);
+                let fused = g.rms_norm_mul(x, w, 1e-5)?;
+                let h = g.rms_norm(x, 1e-5)?;
+                let h = g.mul(h, w)?;
+                let gated = g.gated_rms_norm(x, w, z, 1e-5)?;
+                let s = g.silu(z)?;
+                let hz = g.mul(h, s)?;
+                Ok(vec![[fused, h], [gated, hz]])
+            });
+        }
+        // a weight tiled along ne0 and strided x / z (rows apart, dims swapped)
+        same_bits_as_composition(53, 1e-12, |g, l| {
+            let x = l.random(g.input("x", F32, [16, 3, 4, 1])?);
+            let x = g.permute(x, [0, 2, 1, 3])?; // [16, 4, 3]
+            let w = l.random(g.input("w", F32, [4, 1, 3, 1])?);
+            let z = l.random(g.input("z", F32, [16, 3, 4, 1])?);
+            let z = g.permute(z, [0, 2, 1, 3])?;
+            let gated = g.gated_rms_norm(x, w, z, 0.0)?;
+            let h = g.rms_norm(x, 0.0)?;
+            let h = g.mul(h, w)?;
+            let s = g.silu(z)?;
+            Ok(vec![[gated, g.mul(h, s)?]])
+        });
+    }
+
+    #[test]
+    fn router_ops_are_softmax_then_top_k_and_renormalised_rows() {
+        for (n_expert, k, n) in [(256, 8, 5), (7, 7, 2), (33, 1, 3), (128, 40, 2)] {
+            same_bits_as_composition(54, 1e-12, |g, l| {
+                let logits = l.random_in(g.input("logits", F32, [n_expert, n, 1, 1])?, -4.0, 4.0);
+                let ids = g.softmax_top_k(logits, k)?;
+                let probs = g.softmax(logits, 1.0, None)?;
+                let sel = g.top_k(probs, k)?;
+                let w = g.moe_weights(logits, sel)?;
+                let rows = g.reshape(probs, &[1, n_expert, n])?;
+                let picked = g.get_rows(rows, sel)?;
+                let picked = g.reshape(picked, &[k, n])?;
+                let total = g.sum_rows(picked)?;
+                let unfused = g.div(picked, total)?;
+                let unfused = g.reshape(unfused, &[1, k, n])?;
+                Ok(vec![[ids, sel], [w, unfused]])
+            });
+        }
+    }
+
+    #[test]
+    fn softmax_top_k_selects_among_probabilities_tied_by_rounding_as_the_composition_does() {
+        // x - max rounds to -1 for the logits 0 .. 3e-9 (indices 1, 3, 4, 5): their probabilities
+        // are equal, so the lower index comes first (by logit it would be 1, then 4).
+        let c = case(56, |g, l| {
+            let v = vec![-2.0, 3e-9, 1.0, 0.0, 2e-9, 1e-9, -1.0, -3.0];
+            let logits = l.values(g.input("logits", F32, [8, 1, 1, 1])?, v);
+            let ids = g.softmax_top_k(logits, 3)?;
+            let p = g.softmax(logits, 1.0, None)?;
+            Ok(vec![ids, g.top_k(p, 3)?])
+        });
+        let outs = c.run(&mut CpuBackend::new(), 0).expect("cpu run");
+        assert_eq!(outs[0], vec![2., 1., 3.]);
+        assert_eq!(outs[0], outs[1]);
+    }
+
+    #[test]
+    fn moe_weights_of_given_ids_and_a_transposed_logits_view() {
+        same_bits_as_composition(55, 1e-12, |g, l| {
+            let t = l.random_in(g.input("t", F32, [3, 40, 1, 1])?, -3.0, 3.0);
+            let logits = g.transpose(t)?; // [40, 3]: rows with nb0 = 12 bytes
+            let ids = l.ids(g.input("ids", I32, [6, 3, 1, 1])?, 40); // repeats allowed
+            let w = g.moe_weights(logits, ids)?;
+            let probs = g.softmax(logits, 1.0, None)?;
+            let rows = g.reshape(probs, &[1, 40, 3])?;
+            let picked = g.get_rows(rows, ids)?;
+            let picked = g.reshape(picked, &[6, 3])?;
+            let total = g.sum_rows(picked)?;
+            let unfused = g.div(picked, total)?;
+            let unfused = g.reshape(unfused, &[1, 6, 3])?;
+            Ok(vec![[w, unfused]])
+        });
+    }
+
+    #[test]
+    fn moe_weights_reject_an_expert_id_out_of_range_like_the_reference() {
+        let err = check_error(|g, l| {
+            let logits = l.random(g.input("logits", F32, [16, 2, 1, 1])?);
+            let ids = l.values(g.input("ids", I32, [3, 2, 1, 1])?, vec![0., 15., 2., 4., 16., -1.]);
+            Ok(vec![g.moe_weights(logits, ids)?])
+        });
+        let msg = err.to_string();
+        assert!(msg.contains("index 16 is out of range 0..16 (expert id)"), "{msg}");
+    }
+}

@@ -1,0 +1,401 @@
+// fused.cu: fused ops, each one launch computing what the subgraph it replaces computes.
+//
+// Norm rows (add_rms_norm_mul, rms_norm_mul, gated_rms_norm): f32 rows with dense elements (the
+// shape rules), any outer strides; the weight w (any strides) broadcasts to the rows by ggml's
+// repeat rule. Rows of up to 256 run one warp per row (8 rows per 256-thread block), longer rows
+// one block per row; each thread keeps its NV elements in registers between the sum of squares
+// and the write (NV = 0: rows too long for that loop over their elements twice, re-reading them).
+// The arithmetic is the CPU's: s = a + b, scale = 1 / sqrt(sum(s^2) / n + eps), y = (s * scale) *
+// w (* silu(z)).
+//
+// Router rows (softmax_top_k, moe_weights): one warp per row of n_expert <= 1024 logits. The
+// probabilities are computed exactly as reduce.cu's softmax kernels compute them for the same row
+// (TAG(softmax-probs)): softmax_vec_warp for dense 16-byte aligned rows with n % 4 == 0
+// (ROUTER_VEC), softmax_warp otherwise (ROUTER_GEN), so the ids equal top_k(softmax(x)) run as two
+// kernels even where f32 rounding makes two probabilities equal. top_k then takes the k smallest
+// u64 ranks (reduce.cu's sort_rank, TAG(sort-rank)) with k rounds of a warp minimum; moe_weights
+// recomputes the probability of each routed expert from its logit and the row's (max, sum).
+
+#define FZ_ROWS_PER_WARP_BLOCK 8
+
+// The row a thread works on, its lane within the row's group and the group's size (a warp in
+// WARP mode, else the block).
+template <bool WARP>
+struct FzRows {
+    i64 first, step;
+    int lane, size;
+    __device__ __forceinline__ FzRows() {
+        if (WARP) {
+            first = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+            step = (i64)gridDim.x * (blockDim.x >> 5);
+            lane = threadIdx.x & 31;
+            size = 32;
+        } else {
+            first = blockIdx.x;
+            step = gridDim.x;
+            lane = threadIdx.x;
+            size = blockDim.x;
+        }
+    }
+};
+
+__device__ __forceinline__ i64 fz_row_off(const Tensor& t, i64 i1, i64 i2, i64 i3) {
+    return i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+}
+
+// ---- norm rows ----
+
+#define FZ_NORM_MUL 0  // y = rms_norm(x) * w
+#define FZ_GATED 1     // y = rms_norm(x) * w * silu(b)   (b is the gate z)
+#define FZ_ADD 2       // s = x + b, written to `s`; y = rms_norm(s) * w
+
+// x * sigmoid(x), never exponentiating a positive number (elementwise.cu's silu).
+__device__ __forceinline__ float fz_silu(float x) {
+    float s;
+    if (x >= 0.0f) {
+        s = 1.0f / (1.0f + expf(-x));
+    } else {
+        float e = expf(x);
+        s = e / (1.0f + e);
+    }
+    return x * s;
+}
+
+template <bool WARP>
+__device__ __forceinline__ float fz_group_sum(float v, float* sh) {
+    return WARP ? warp_sum(v) : block_sum(v, sh);
+}
+
+// Element i of a row of the result, from the row's value e (x, or s = a + b), its scale and the
+// weight row (w_full: w's rows are n long, so no modulo).
+template <int MODE>
+__device__ __forceinline__ float fz_norm_out(float e, float scale, const char* wr, const Tensor& w, bool w_full, const float* br, i64 i) {
+    i64 iw = w_full ? i : i % w.ne[0];
+    float h = (e * scale) * *(const float*)(wr + iw * w.nb[0]);
+    if (MODE == FZ_GATED) h *= fz_silu(br[i]);
+    return h;
+}
+
+// y (and s) have x's shape [n, ne1, ne2, ne3]; b is the addend (ADD) or the gate (GATED), with
+// x's shape; every row of x, b, y and s is dense (nb0 = 4), checked by the shape rules and the
+// host. With NV > 0 the group covers the row: n <= NV * group size.
+template <bool WARP, int NV, int MODE>
+__device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {
+    __shared__ float sh[32];
+    FzRows<WARP> g;
+    const i64 n = x.ne[0], rows = x.ne[1] * x.ne[2] * x.ne[3];
+    const bool w_full = w.ne[0] == n;
+    for (i64 r = g.first; r < rows; r += g.step) {
+        i64 i1, i2, i3;
+        row_coords(x, r, i1, i2, i3);
+        const float* xr = (const float*)(x.data + fz_row_off(x, i1, i2, i3));
+        const float* br = MODE == FZ_NORM_MUL ? nullptr : (const float*)(b.data + fz_row_off(b, i1, i2, i3));
+        float* sr = MODE == FZ_ADD ? (float*)(s.data + fz_row_off(s, i1, i2, i3)) : nullptr;
+        float* yr = (float*)(y.data + fz_row_off(y, i1, i2, i3));
+        const char* wr = w.data + fz_row_off(w, i1 % w.ne[1], i2 % w.ne[2], i3 % w.ne[3]);
+        float v[NV > 0 ? NV : 1];
+        float acc = 0.0f;
+        if (NV > 0) {
+#pragma unroll
+            for (int j = 0; j < (NV > 0 ? NV : 1); j++) {
+                i64 i = g.lane + (i64)j * g.size;
+                float e = 0.0f;
+                if (i < n) {
+                    e = xr[i];
+                    if (MODE == FZ_ADD) {
+                        e += br[i];
+                        sr[i] = e;
+                    }
+                }
+                v[j] = e;
+                acc += e * e;
+            }
+        } else {
+            for (i64 i = g.lane; i < n; i += g.size) {
+                float e = xr[i];
+                if (MODE == FZ_ADD) {
+                    e += br[i];
+                    sr[i] = e;
+                }
+                acc += e * e;
+            }
+        }
+        float ss = fz_group_sum<WARP>(acc, sh);
+        float scale = 1.0f / sqrtf(ss / (float)n + eps);
+        if (NV > 0) {
+#pragma unroll
+            for (int j = 0; j < (NV > 0 ? NV : 1); j++) {
+                i64 i = g.lane + (i64)j * g.size;
+                if (i < n) yr[i] = fz_norm_out<MODE>(v[j], scale, wr, w, w_full, br, i);
+            }
+        } else {
+            // s was written by this same thread above: program order makes it visible.
+            for (i64 i = g.lane; i < n; i += g.size) {
+                float e = MODE == FZ_ADD ? sr[i] : xr[i];
+                yr[i] = fz_norm_out<MODE>(e, scale, wr, w, w_full, br, i);
+            }
+        }
+    }
+}
+
+// Entry points per mode: `_warp` (n <= 256, 8 rows per 256-thread block), `_block` (n <= 8 *
+// blockDim.x, one block per row), `_loop` (any n, one block per row).
+#define FZ_NORM_KERNELS(MODE, NAME)                                                                                    \
+    extern "C" __global__ void NAME##_warp(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {             \
+        fz_norm_rows<true, 8, MODE>(y, s, x, b, w, eps);                                                               \
+    }                                                                                                                  \
+    extern "C" __global__ void NAME##_block(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {            \
+        fz_norm_rows<false, 8, MODE>(y, s, x, b, w, eps);                                                              \
+    }                                                                                                                  \
+    extern "C" __global__ void NAME##_loop(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {             \
+        fz_norm_rows<false, 0, MODE>(y, s, x, b, w, eps);                                                              \
+    }
+
+FZ_NORM_KERNELS(FZ_NORM_MUL, rms_norm_mul)
+FZ_NORM_KERNELS(FZ_GATED, gated_rms_norm)
+FZ_NORM_KERNELS(FZ_ADD, add_rms_norm_mul)
+
+// ---- router rows: the softmax kernels' probabilities (TAG(softmax-probs)) ----
+
+// Online softmax state, as reduce.cu's MaxSum / ms_add / ms_merge / warp_ms / finish_ms: running
+// max m and the sum s of exp(z - m).
+struct FzMaxSum {
+    float m, s;
+};
+
+__device__ __forceinline__ FzMaxSum fz_ms_add(FzMaxSum a, float z) {
+    if (z > a.m) {
+        a.s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - z)) + 1.0f;
+        a.m = z;
+    } else if (z != -TS_INF) {
+        a.s += expf(z - a.m);
+    }
+    return a;
+}
+
+__device__ __forceinline__ FzMaxSum fz_ms_merge(FzMaxSum a, FzMaxSum b) {
+    float m = fmaxf(a.m, b.m);
+    if (m == -TS_INF) return FzMaxSum{m, a.s + b.s};
+    float s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - m)) + (b.m == -TS_INF ? 0.0f : b.s * expf(b.m - m));
+    if (a.m != a.m || b.m != b.m) s = TS_NAN;
+    return FzMaxSum{m, s};
+}
+
+__device__ __forceinline__ FzMaxSum fz_warp_ms(FzMaxSum v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        FzMaxSum w{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+        v = fz_ms_merge(v, w);
+    }
+    return v;
+}
+
+// The probability of logit z in a row of max m and sum s: what both softmax kernels write
+// (zeros for a row whose logits are all -inf).
+__device__ __forceinline__ float fz_prob(float z, FzMaxSum t) {
+    return t.m == -TS_INF ? 0.0f : expf(z - t.m) / t.s;
+}
+
+// Each lane holds up to 32 elements of its row: slot q is element fz_elem<VEC>(lane, q), valid
+// when below n. VEC (softmax_vec_warp's layout): float4 j = lane + 32 (q / 4), component q % 4;
+// else (softmax_warp's): element lane + 32 q.
+#define ROUTER_MAX 1024
+
+template <bool VEC>
+__device__ __forceinline__ i64 fz_elem(int lane, int q) {
+    return VEC ? 4 * (i64)(lane + 32 * (q >> 2)) + (q & 3) : (i64)lane + 32 * q;
+}
+
+// The row's softmax statistics (every lane gets them) and, when p != nullptr, this lane's
+// probabilities p[q] (0 for slots past the row). `x` is the row's first logit, nb0 its element
+// stride; n <= ROUTER_MAX.
+template <bool VEC>
+__device__ __forceinline__ FzMaxSum fz_router_row(const char* x, i64 nb0, i64 n, int lane, float* p) {
+    if (VEC) {
+        // softmax_vec_impl<true, 8> with scale 1 and no mask.
+        const float4* x4 = (const float4*)x;
+        int n4 = (int)(n >> 2);
+        float4 v[8];
+        float mx = -TS_INF;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int i = lane + j * 32;
+            if (i < n4) {
+                float4 a = x4[i];
+                v[j] = a;
+                mx = fmaxf(mx, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
+            } else {
+                v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+        mx = warp_max(mx);
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int i = lane + j * 32;
+            if (i < n4) {
+                v[j] = make_float4(expf(v[j].x - mx), expf(v[j].y - mx), expf(v[j].z - mx), expf(v[j].w - mx));
+                acc += (v[j].x + v[j].y) + (v[j].z + v[j].w);
+            }
+        }
+        float total = warp_sum(acc);
+        if (p) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                bool ok = lane + j * 32 < n4 && mx != -TS_INF;
+                p[4 * j + 0] = ok ? v[j].x / total : 0.0f;
+                p[4 * j + 1] = ok ? v[j].y / total : 0.0f;
+                p[4 * j + 2] = ok ? v[j].z / total : 0.0f;
+                p[4 * j + 3] = ok ? v[j].w / total : 0.0f;
+            }
+        }
+        return FzMaxSum{mx, total};
+    }
+    // softmax_impl<true> with scale 1 and no mask: the online state over i = lane, lane + 32, ...
+    float z[32];
+    FzMaxSum t{-TS_INF, 0.0f};
+#pragma unroll
+    for (int q = 0; q < 32; q++) {
+        i64 i = lane + 32 * q;
+        z[q] = i < n ? *(const float*)(x + i * nb0) : -TS_INF;
+        if (i < n) t = fz_ms_add(t, z[q]);
+    }
+    t = fz_warp_ms(t);
+    if (t.m == TS_INF) t.s = TS_NAN;  // finish_ms
+    if (p) {
+#pragma unroll
+        for (int q = 0; q < 32; q++) p[q] = (i64)lane + 32 * q < n ? fz_prob(z[q], t) : 0.0f;
+    }
+    return t;
+}
+
+// ---- softmax_top_k ----
+
+// reduce.cu's sort_rank (TAG(sort-rank)), descending: the order-preserving u32 key of v (-0 ==
+// +0, NaN lowest), complemented, over the index; the smallest rank comes first.
+__device__ __forceinline__ u64 fz_rank_desc(float v, i64 i) {
+    u32 bits = __float_as_uint(v + 0.0f);
+    u32 key = bits ^ ((u32)((int)bits >> 31) | 0x80000000u);
+    if (v != v) key = 0;
+    key = ~key;
+    return ((u64)key << 32) | (u64)(u32)i;
+}
+
+#define FZ_RANK_NONE 0xffffffffffffffffull
+
+__device__ __forceinline__ u64 fz_warp_min_u64(u64 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+// The smallest rank among this lane's valid slots not yet taken.
+template <bool VEC>
+__device__ __forceinline__ u64 fz_lane_min(const float* p, u32 taken, i64 n, int lane) {
+    u64 m = FZ_RANK_NONE;
+#pragma unroll
+    for (int q = 0; q < 32; q++) {
+        i64 i = fz_elem<VEC>(lane, q);
+        if (i < n && !((taken >> q) & 1u)) {
+            u64 rk = fz_rank_desc(p[q], i);
+            m = rk < m ? rk : m;
+        }
+    }
+    return m;
+}
+
+// dst i32 [k, rows]: per row the indices of the k largest probabilities, largest first, the
+// lower index first among equal ones (top_k's rule). 1 <= k <= n <= ROUTER_MAX (host).
+template <bool VEC>
+__device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k) {
+    const i64 rows = src.ne[1], n = src.ne[0];
+    const int lane = threadIdx.x & 31;
+    const i64 step = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += step) {
+        float p[32];
+        fz_router_row<VEC>(src.data + r * src.nb[1], src.nb[0], n, lane, p);
+        u32 taken = 0;
+        u64 mine = fz_lane_min<VEC>(p, taken, n, lane);
+        char* y = dst.data + r * dst.nb[1];
+        for (int t = 0; t < k; t++) {
+            u64 best = fz_warp_min_u64(mine);
+            if (mine == best) {
+                // Ranks are distinct (they carry the index): exactly one lane owns the winner.
+#pragma unroll
+                for (int q = 0; q < 32; q++) {
+                    i64 i = fz_elem<VEC>(lane, q);
+                    if (i < n && !((taken >> q) & 1u) && fz_rank_desc(p[q], i) == best) taken |= 1u << q;
+                }
+                mine = fz_lane_min<VEC>(p, taken, n, lane);
+            }
+            if (lane == 0) *(int*)(y + t * dst.nb[0]) = (int)(u32)best;
+        }
+    }
+}
+
+extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k) { fz_softmax_top_k<true>(dst, src, k); }
+extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k) { fz_softmax_top_k<false>(dst, src, k); }
+
+// ---- moe_weights ----
+
+// Reports the first id (logical order: slot fastest) of ids [k, n] outside 0..limit, as the CPU
+// finds it; every warp that meets a bad id finds the same one, so the record does not depend on
+// which warp wins. Call with a whole warp.
+__device__ void fz_report_first_bad(const Tensor& ids, i64 limit, u64 err, u32 op, int lane) {
+    const i64 k = ids.ne[0], total = ids.ne[0] * ids.ne[1];
+    u64 first = FZ_RANK_NONE;
+    for (i64 e = lane; e < total; e += 32) {
+        int id = *(const int*)(ids.data + (e % k) * ids.nb[0] + (e / k) * ids.nb[1]);
+        if ((id < 0 || id >= limit) && (u64)e < first) first = (u64)e;
+    }
+    first = fz_warp_min_u64(first);
+    if (lane == 0 && first != FZ_RANK_NONE) {
+        i64 e = (i64)first;
+        int id = *(const int*)(ids.data + (e % k) * ids.nb[0] + (e / k) * ids.nb[1]);
+        report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, limit, 0, 0);
+    }
+}
+
+// dst f32 [1, k, rows]: w[s, r] = p[ids[s, r]] / sum_s p[ids[s, r]] with p the row's softmax
+// probabilities. A row with an id outside 0..n is not written; the first bad id is reported.
+template <bool VEC>
+__device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+    const i64 rows = src.ne[1], n = src.ne[0], k = ids.ne[0];
+    const int lane = threadIdx.x & 31;
+    const i64 step = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += step) {
+        const char* x = src.data + r * src.nb[1];
+        const char* idr = ids.data + r * ids.nb[1];
+        bool bad = false;
+        for (i64 s = lane; s < k; s += 32) {
+            int id = *(const int*)(idr + s * ids.nb[0]);
+            bad |= id < 0 || id >= n;
+        }
+        if (__any_sync(0xffffffffu, bad)) {
+            fz_report_first_bad(ids, n, err, op, lane);
+            continue;  // uniform across the warp
+        }
+        FzMaxSum t = fz_router_row<VEC>(x, src.nb[0], n, lane, nullptr);
+        float acc = 0.0f;
+        for (i64 s = lane; s < k; s += 32) {
+            int id = *(const int*)(idr + s * ids.nb[0]);
+            acc += fz_prob(*(const float*)(x + id * src.nb[0]), t);
+        }
+        float total = warp_sum(acc);
+        char* y = dst.data + r * dst.nb[2];
+        for (i64 s = lane; s < k; s += 32) {
+            int id = *(const int*)(idr + s * ids.nb[0]);
+            *(float*)(y + s * dst.nb[1]) = fz_prob(*(const float*)(x + id * src.nb[0]), t) / total;
+        }
+    }
+}
+
+extern "C" __global__ void moe_weights_vec(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+    fz_moe_weights<true>(dst, src, ids, err, op);
+}
+extern "C" __global__ void moe_weights_gen(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+    fz_moe_weights<false>(dst, src, ids, err, op);
+}

@@ -1,0 +1,162 @@
+//! Fused ops (`kernels/fused.cu`), one launch each: the norms (add_rms_norm_mul, rms_norm_mul,
+//! gated_rms_norm) a warp or a block per row, the router (softmax_top_k, moe_weights) a warp per
+//! row of up to [`ROUTER_MAX`] logits, its probabilities computed as reduce.cu's softmax computes
+//! them (TAG(softmax-probs)).
+
+use cudarc::driver::PushKernelArg;
+use tessera_graph::{BackendError, Task};
+use tessera_ops::{Op, TensorMeta};
+
+use crate::compile::{Kernel, Module};
+use crate::errors::op_code;
+use crate::launch::{Cx, TensorArg, blocks_for, config, launch_error, unsupported};
+
+/// One norm op's kernels: `_warp` (rows up to [`WARP_ROW_MAX`]), `_block` (up to
+/// [`BLOCK_ROW_MAX`]), `_loop` (longer).
+struct NormKernels {
+    warp: Kernel,
+    block: Kernel,
+    looped: Kernel,
+}
+
+const fn norm_kernels(warp: &'static str, block: &'static str, looped: &'static str) -> NormKernels {
+    NormKernels {
+        warp: Kernel::new(Module::Fused, warp),
+        block: Kernel::new(Module::Fused, block),
+        looped: Kernel::new(Module::Fused, looped),
+    }
+}
+
+const RMS_NORM_MUL: NormKernels = norm_kernels("rms_norm_mul_warp", "rms_norm_mul_block", "rms_norm_mul_loop");
+const GATED_RMS_NORM: NormKernels = norm_kernels("gated_rms_norm_warp", "gated_rms_norm_block", "gated_rms_norm_loop");
+const ADD_RMS_NORM_MUL: NormKernels =
+    norm_kernels("add_rms_norm_mul_warp", "add_rms_norm_mul_block", "add_rms_norm_mul_loop");
+const SOFTMAX_TOP_K_VEC: Kernel = Kernel::new(Module::Fused, "softmax_top_k_vec");
+const SOFTMAX_TOP_K_GEN: Kernel = Kernel::new(Module::Fused, "softmax_top_k_gen");
+const MOE_WEIGHTS_VEC: Kernel = Kernel::new(Module::Fused, "moe_weights_vec");
+const MOE_WEIGHTS_GEN: Kernel = Kernel::new(Module::Fused, "moe_weights_gen");
+
+/// Elements a thread keeps in registers in the norm kernels (their `NV`).
+const NV: i64 = 8;
+/// Rows up to this long run a warp per row (`32 * NV`).
+const WARP_ROW_MAX: i64 = 32 * NV;
+/// Rows up to this long keep every element in registers of one block (`1024 * NV`).
+const BLOCK_ROW_MAX: i64 = 1024 * NV;
+/// Threads of a warp-per-row block (8 rows): `FZ_ROWS_PER_WARP_BLOCK` in fused.cu.
+const WARP_BLOCK_THREADS: u32 = 256;
+const ROWS_PER_WARP_BLOCK: u32 = 8;
+/// Longest router row: `ROUTER_MAX` in fused.cu (32 logits a lane).
+pub(crate) const ROUTER_MAX: usize = 1024;
+
+/// The norms take any shape the rules accept; the router needs rows of at most [`ROUTER_MAX`]
+/// logits (longer ones are not a router: the CPU runs them) and fewer than 2^31 ids.
+pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
+    match op {
+        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) => true,
+        Op::SoftmaxTopK { .. } => inputs.first().is_some_and(|l| l.ne[0] <= ROUTER_MAX),
+        Op::MoeWeights => match inputs {
+            [logits, ids] => logits.ne[0] <= ROUTER_MAX && ids.nelements() < (1 << 31),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    let router = matches!(task.op, Op::SoftmaxTopK { .. } | Op::MoeWeights);
+    if router && ins.first().is_none_or(|l| l.ne[0] > ROUTER_MAX as i64) {
+        return Err(unsupported(task, format!("router rows longer than {ROUTER_MAX} logits")));
+    }
+    match (task.op, ins) {
+        (Op::RmsNormMul(p), &[x, w]) => norm(cx, &RMS_NORM_MUL, out, out, x, x, w, p.eps),
+        (Op::GatedRmsNorm(p), &[x, w, z]) => norm(cx, &GATED_RMS_NORM, out, out, x, z, w, p.eps),
+        (Op::AddRmsNormMul(p), &[a, b, w]) => {
+            // The output [E, n, 2, 1] as its two planes [E, n, 1, 1]: s = a + b, then the norm.
+            let plane = |i: i64| TensorArg {
+                data: out.data + (i * out.nb[2]) as u64,
+                ne: [out.ne[0], out.ne[1], 1, 1],
+                nb: out.nb,
+            };
+            norm(cx, &ADD_RMS_NORM_MUL, plane(1), plane(0), a, b, w, p.eps)
+        }
+        (Op::SoftmaxTopK { k }, &[logits]) => {
+            let kernel = if router_vec(&logits) { SOFTMAX_TOP_K_VEC } else { SOFTMAX_TOP_K_GEN };
+            let k = *k as i32;
+            let f = cx.function(kernel)?;
+            let mut a = cx.stream.launch_builder(&f);
+            a.arg(&out).arg(&logits).arg(&k);
+            // SAFETY: `softmax_top_k_*(dst, src, k)`; src f32 [n, rows, 1, 1] with n <= ROUTER_MAX
+            // (supports), read at i < n of each row through its strides (the vec kernel only when
+            // router_vec holds: dense 16-byte aligned rows, n % 4 == 0); 1 <= k <= n (shape rules),
+            // so dst (i32 [k, rows]) gets k ids per row, each row written by one warp.
+            unsafe { a.launch(router_config(logits.ne[1])) }.map(drop).map_err(|e| launch_error(kernel, e))
+        }
+        (Op::MoeWeights, &[logits, ids]) => {
+            let kernel = if router_vec(&logits) { MOE_WEIGHTS_VEC } else { MOE_WEIGHTS_GEN };
+            let (err, op) = (cx.errors, op_code("moe_weights"));
+            let f = cx.function(kernel)?;
+            let mut a = cx.stream.launch_builder(&f);
+            a.arg(&out).arg(&logits).arg(&ids).arg(&err).arg(&op);
+            // SAFETY: `moe_weights_*(dst, src, ids, err, op)`; src as for softmax_top_k; ids i32
+            // [k, rows] (shape rules); every id is checked against 0..n before a logit is read
+            // at it, a bad one reported to the error record and its row left unwritten; dst f32
+            // [1, k, rows] gets k weights per row.
+            unsafe { a.launch(router_config(logits.ne[1])) }.map(drop).map_err(|e| launch_error(kernel, e))
+        }
+        _ => Err(unsupported(task, "not a fused op with its inputs")),
+    }
+}
+
+/// A router launch: a warp per row, 8 rows per block, over a grid-stride loop (any grid covers
+/// the rows).
+fn router_config(rows: i64) -> cudarc::driver::LaunchConfig {
+    config((blocks_for(rows, ROWS_PER_WARP_BLOCK), 1, 1), (WARP_BLOCK_THREADS, 1, 1), 0)
+}
+
+/// Rows softmax_vec_warp would read for this tensor (reduce.rs's `vec_rows` on f32 logits, and a
+/// row short enough for its registers): the probabilities must come from the same kernel shape.
+/// TAG(softmax-probs).
+fn router_vec(t: &TensorArg) -> bool {
+    t.nb[0] == 4
+        && t.ne[0] % 4 == 0
+        && t.ne[0] <= ROUTER_MAX as i64
+        && t.data.is_multiple_of(16)
+        && t.nb[1..].iter().all(|b| b % 16 == 0)
+}
+
+/// Launches one norm op: `y` the result, `s` the sum plane (add_rms_norm_mul; else unused), `x`
+/// the normalised input (or the first addend), `b` the second addend or the gate (else unused),
+/// `w` the weight.
+#[allow(clippy::too_many_arguments)]
+fn norm(
+    cx: &mut Cx<'_>,
+    k: &NormKernels,
+    y: TensorArg,
+    s: TensorArg,
+    x: TensorArg,
+    b: TensorArg,
+    w: TensorArg,
+    eps: f32,
+) -> Result<(), BackendError> {
+    let n = x.ne[0];
+    let rows = x.ne[1] * x.ne[2] * x.ne[3];
+    let (kernel, threads, blocks) = if n <= WARP_ROW_MAX {
+        (k.warp, WARP_BLOCK_THREADS, blocks_for(rows, ROWS_PER_WARP_BLOCK))
+    } else if n <= BLOCK_ROW_MAX {
+        let threads = ((n + NV - 1) / NV) as u32;
+        let threads = threads.next_multiple_of(32);
+        (k.block, threads, blocks_for(rows, 1))
+    } else {
+        (k.looped, 1024, blocks_for(rows, 1))
+    };
+    let f = cx.function(kernel)?;
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&y).arg(&s).arg(&x).arg(&b).arg(&w).arg(&eps);
+    // SAFETY: `*_{warp,block,loop}(y, s, x, b, w, eps)`; y, s and b have x's shape and dense rows
+    // (shape rules; s is the output's plane 0, y its plane 1 or the output), every access is
+    // i < n of a row < ne1 * ne2 * ne3 of its tensor through its strides; w broadcasts to x
+    // (shape rules) and is read at (i mod w.ne0, row coordinates mod w's); the warp kernel covers
+    // n <= 32 * NV, the block kernel n <= NV * threads (threads <= 1024, a multiple of 32 for
+    // block_sum), the loop kernel any n.
+    unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(kernel, e))
+}

@@ -1,0 +1,158 @@
+//! Reference fused ops, each computed as the subgraph it replaces: the reference functions of the
+//! ops in that subgraph, called in order through [`super::compute`] (views are only relabelled
+//! shapes). The definition of a fused op IS this composition; intermediates stay in f64 here,
+//! where the unfused graph would round them to f32, which is far inside every tolerance.
+
+use super::{RefTensor, compute};
+use crate::{BinaryOp, DType, KernelError, Op, RmsNormParams, SoftmaxParams, TensorMeta, UnaryOp, infer};
+
+pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
+    let f32s = |t: &RefTensor| (t.clone(), DType::F32);
+    let y = match op {
+        // s = add(a, b); h = mul(rms_norm(s), w); the output stacks [s, h] along dim 2.
+        Op::AddRmsNormMul(p) => {
+            let s = step(op, Op::Binary(BinaryOp::Add), &[f32s(&inputs[0]), f32s(&inputs[1])])?;
+            let h = norm_mul(op, *p, &s, &inputs[2])?;
+            step(op, Op::Concat { dim: 2 }, &[(s, DType::F32), (h, DType::F32)])?
+        }
+        // mul(rms_norm(x), w)
+        Op::RmsNormMul(p) => norm_mul(op, *p, &inputs[0], &inputs[1])?,
+        // mul(mul(rms_norm(x), w), silu(z))
+        Op::GatedRmsNorm(p) => {
+            let h = norm_mul(op, *p, &inputs[0], &inputs[1])?;
+            let gate = step(op, Op::Unary(UnaryOp::Silu), &[f32s(&inputs[2])])?;
+            step(op, Op::Binary(BinaryOp::Mul), &[(h, DType::F32), (gate, DType::F32)])?
+        }
+        // top_k(softmax(logits), k)
+        Op::SoftmaxTopK { k } => {
+            let probs = step(op, softmax(), &[f32s(&inputs[0])])?;
+            step(op, Op::TopK { k: *k }, &[(probs, DType::F32)])?
+        }
+        Op::MoeWeights => moe_weights(op, &inputs[0], &inputs[1])?,
+        _ => unreachable!("reference fused::compute_fused called for {op}"),
+    };
+    if y.ne != out.ne {
+        return Err(KernelError::Unsupported {
+            op: op.name(),
+            why: format!("the composition gives shape {:?}, the op's output is {:?}", y.ne, out.ne),
+        });
+    }
+    Ok(y)
+}
+
+fn softmax() -> Op {
+    Op::Softmax(SoftmaxParams { scale: 1.0 })
+}
+
+/// `mul(rms_norm(x), w)`.
+fn norm_mul(fused: &Op, p: RmsNormParams, x: &RefTensor, w: &RefTensor) -> Result<RefTensor, KernelError> {
+    let normed = step(fused, Op::RmsNorm(p), &[(x.clone(), DType::F32)])?;
+    step(fused, Op::Binary(BinaryOp::Mul), &[(normed, DType::F32), (w.clone(), DType::F32)])
+}
+
+/// The router's weights as qwen35's `ffn` builds them:
+/// `probs = softmax(logits)` `[n_expert, n]`; `w = get_rows(reshape(probs, [1, n_expert, n]), ids)`
+/// `[1, k, n]`; `w = reshape(w, [k, n])`; `w = div(w, sum_rows(w))`; `reshape(w, [1, k, n])`.
+/// An id outside `0..n_expert` is `IndexOutOfRange` ("expert id"), the first in logical order.
+fn moe_weights(fused: &Op, logits: &RefTensor, ids: &RefTensor) -> Result<RefTensor, KernelError> {
+    let [n_expert, n, _, _] = logits.ne;
+    let k = ids.ne[0];
+    // The ids are checked first, so the error names this op and the expert count (get_rows
+    // would call them row ids of its source).
+    for &id in &ids.data {
+        if !(id.fract() == 0.0 && id >= 0.0 && id < n_expert as f64) {
+            return Err(KernelError::IndexOutOfRange {
+                op: fused.name(),
+                index: id as i64,
+                limit: n_expert,
+                what: "expert id",
+            });
+        }
+    }
+    let probs = step(fused, softmax(), &[(logits.clone(), DType::F32)])?;
+    let rows = RefTensor::new([1, n_expert, n, 1], probs.data);
+    let picked = step(fused, Op::GetRows, &[(rows, DType::F32), (ids.clone(), DType::I32)])?;
+    let picked = RefTensor::new([k, n, 1, 1], picked.data);
+    let total = step(fused, Op::SumRows, &[(picked.clone(), DType::F32)])?;
+    let w = step(fused, Op::Binary(BinaryOp::Div), &[(picked, DType::F32), (total, DType::F32)])?;
+    Ok(RefTensor::new([1, k, n, 1], w.data))
+}
+
+/// One op of the composition on contiguous inputs of the given dtypes: its output descriptor from
+/// the shape rules, its value from the reference.
+fn step(fused: &Op, op: Op, inputs: &[(RefTensor, DType)]) -> Result<RefTensor, KernelError> {
+    let unsupported = |why: String| KernelError::Unsupported { op: fused.name(), why };
+    let metas = inputs
+        .iter()
+        .map(|(t, d)| TensorMeta::contiguous(fused.name(), *d, t.ne))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| unsupported(e.to_string()))?;
+    let refs: Vec<&TensorMeta> = metas.iter().collect();
+    let out = infer(&op, &refs).map_err(|e| unsupported(format!("{op} in the composition: {e}")))?;
+    let values: Vec<RefTensor> = inputs.iter().map(|(t, _)| t.clone()).collect();
+    compute(&op, &values, &out)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::reference::testutil::{assert_close, run, run_typed};
+    use crate::{DType, KernelError, Op, RmsNormParams};
+
+    const P: RmsNormParams = RmsNormParams { eps: 0.0 };
+
+    #[test]
+    fn add_rms_norm_mul_stacks_the_sum_and_its_weighted_norm() {
+        // s = [1, 3] + [2, 1] = [3, 4]: mean square 12.5
+        let y = run(
+            &Op::AddRmsNormMul(P),
+            &[([2, 1, 1, 1], vec![1., 3.]), ([2, 1, 1, 1], vec![2., 1.]), ([2, 1, 1, 1], vec![2., -1.])],
+        );
+        assert_eq!(y.ne, [2, 1, 2, 1]);
+        let r = 12.5f64.sqrt();
+        assert_close(&y.data, &[3., 4., 2. * 3. / r, -4. / r]);
+    }
+
+    #[test]
+    fn rms_norm_mul_broadcasts_the_weight() {
+        // rows [3, 4] and [1, 1] (eps 0), weight [10, 100] for every row
+        let y = run(&Op::RmsNormMul(P), &[([2, 2, 1, 1], vec![3., 4., 1., 1.]), ([2, 1, 1, 1], vec![10., 100.])]);
+        let r = 12.5f64.sqrt();
+        assert_close(&y.data, &[30. / r, 400. / r, 10., 100.]);
+    }
+
+    #[test]
+    fn gated_rms_norm_multiplies_by_silu_of_the_gate() {
+        let s1 = 1. / (1. + (-1f64).exp());
+        let y = run(
+            &Op::GatedRmsNorm(P),
+            &[([2, 1, 1, 1], vec![1., -1.]), ([1, 1, 1, 1], vec![3.]), ([2, 1, 1, 1], vec![1., 0.])],
+        );
+        assert_close(&y.data, &[3. * s1, 0.]);
+    }
+
+    #[test]
+    fn softmax_top_k_selects_by_probability() {
+        let y = run(&Op::SoftmaxTopK { k: 2 }, &[([4, 2, 1, 1], vec![0.1, 3., -1., 2., 5., 5., 0., 9.])]);
+        assert_eq!(y.ne, [2, 2, 1, 1]);
+        assert_eq!(y.data, vec![1., 3., 3., 0.]);
+    }
+
+    #[test]
+    fn moe_weights_renormalise_the_selected_probabilities() {
+        // probabilities proportional to [1, 2, 4]: picking experts 2 and 0 gives [4/5, 1/5]
+        let logits = vec![0., 2f64.ln(), 4f64.ln()];
+        let y = run_typed(
+            &Op::MoeWeights,
+            &[(DType::F32, [3, 1, 1, 1], logits.clone()), (DType::I32, [2, 1, 1, 1], vec![2., 0.])],
+        )
+        .unwrap();
+        assert_eq!(y.ne, [1, 2, 1, 1]);
+        assert_close(&y.data, &[0.8, 0.2]);
+        let err = run_typed(
+            &Op::MoeWeights,
+            &[(DType::F32, [3, 1, 1, 1], logits), (DType::I32, [3, 1, 1, 1], vec![1., 3., -1.])],
+        )
+        .unwrap_err();
+        assert_eq!(err, KernelError::IndexOutOfRange { op: "moe_weights", index: 3, limit: 3, what: "expert id" });
+    }
+}

@@ -1,0 +1,279 @@
+//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights.
+//!
+//! Each is defined by the subgraph it replaces (docs/OPS.md, "Fused ops"), so its rules are that
+//! subgraph's rules narrowed to what the fusion passes emit: f32 everywhere (the composition would
+//! round to a half input's dtype in between), dense rows for the normalised activations (what the
+//! CUDA kernels read without a per-element stride), and the router's `[n_expert, n_tokens]`
+//! logits. A pass that meets anything else leaves the subgraph unfused.
+
+use super::{can_repeat, contiguous, expect_arity, expect_dtype};
+use crate::{DType, Op, OpError, RmsNormParams, TensorMeta};
+
+pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
+    let name = op.name();
+    match op {
+        Op::AddRmsNormMul(p) => {
+            expect_arity(op, inputs, 3)?;
+            let (a, b, w) = (inputs[0], inputs[1], inputs[2]);
+            expect_eps(op, p)?;
+            expect_rows(op, 0, a)?;
+            expect_rows(op, 1, b)?;
+            if a.ne != b.ne {
+                return Err(OpError::ShapeMismatch {
+                    op: name,
+                    lhs: a.ne,
+                    rhs: b.ne,
+                    why: "the two addends must have the same shape".into(),
+                });
+            }
+            if a.ne[2] != 1 || a.ne[3] != 1 {
+                return Err(OpError::InvalidShape {
+                    op: name,
+                    shape: a.ne,
+                    why: "the addends must be [E, n, 1, 1] (the output stacks s and the norm as dim 2)".into(),
+                });
+            }
+            expect_weight(op, 2, w, a)?;
+            contiguous(op, DType::F32, [a.ne[0], a.ne[1], 2, 1])
+        }
+        Op::RmsNormMul(p) => {
+            expect_arity(op, inputs, 2)?;
+            let (x, w) = (inputs[0], inputs[1]);
+            expect_eps(op, p)?;
+            expect_rows(op, 0, x)?;
+            expect_weight(op, 1, w, x)?;
+            contiguous(op, DType::F32, x.ne)
+        }
+        Op::GatedRmsNorm(p) => {
+            expect_arity(op, inputs, 3)?;
+            let (x, w, z) = (inputs[0], inputs[1], inputs[2]);
+            expect_eps(op, p)?;
+            expect_rows(op, 0, x)?;
+            expect_weight(op, 1, w, x)?;
+            expect_rows(op, 2, z)?;
+            if z.ne != x.ne {
+                return Err(OpError::ShapeMismatch {
+                    op: name,
+                    lhs: x.ne,
+                    rhs: z.ne,
+                    why: "the gate z must have x's shape".into(),
+                });
+            }
+            contiguous(op, DType::F32, x.ne)
+        }
+        Op::SoftmaxTopK { k } => {
+            expect_arity(op, inputs, 1)?;
+            let logits = inputs[0];
+            expect_logits(op, logits)?;
+            if *k == 0 || *k > logits.ne[0] {
+                return Err(OpError::InvalidParam {
+                    op: name,
+                    why: format!("k = {k} must be in 1..={} (n_expert, ne[0] of logits {:?})", logits.ne[0], logits.ne),
+                });
+            }
+            contiguous(op, DType::I32, [*k, logits.ne[1], 1, 1])
+        }
+        Op::MoeWeights => {
+            expect_arity(op, inputs, 2)?;
+            let (logits, ids) = (inputs[0], inputs[1]);
+            expect_logits(op, logits)?;
+            expect_dtype(op, 1, ids, DType::I32, "i32 expert ids")?;
+            if ids.ne[1] != logits.ne[1] || ids.ne[2] != 1 || ids.ne[3] != 1 {
+                return Err(OpError::ShapeMismatch {
+                    op: name,
+                    lhs: logits.ne,
+                    rhs: ids.ne,
+                    why: "ids must be [k, n_tokens, 1, 1] for logits [n_expert, n_tokens, 1, 1]".into(),
+                });
+            }
+            contiguous(op, DType::F32, [1, ids.ne[0], ids.ne[1], 1])
+        }
+        _ => unreachable!("fused::infer called for {op}"),
+    }
+}
+
+/// rms_norm's rule: eps finite and non-negative.
+fn expect_eps(op: &Op, p: &RmsNormParams) -> Result<(), OpError> {
+    if !(p.eps >= 0.0 && p.eps.is_finite()) {
+        return Err(OpError::InvalidParam { op: op.name(), why: format!("eps {} must be finite and >= 0", p.eps) });
+    }
+    Ok(())
+}
+
+/// f32 with dense rows (`nb[0] = 4`), any outer strides.
+fn expect_rows(op: &Op, input: usize, m: &TensorMeta) -> Result<(), OpError> {
+    expect_dtype(op, input, m, DType::F32, "f32")?;
+    if !m.has_contiguous_rows() {
+        return Err(OpError::NotContiguous { op: op.name(), input, shape: m.ne, nb: m.nb });
+    }
+    Ok(())
+}
+
+/// The norm weight: f32, any strides, broadcasting to `x` (ggml's repeat rule, as `mul` takes it).
+fn expect_weight(op: &Op, input: usize, w: &TensorMeta, x: &TensorMeta) -> Result<(), OpError> {
+    expect_dtype(op, input, w, DType::F32, "an f32 weight")?;
+    if !can_repeat(&w.ne, &x.ne) {
+        return Err(OpError::ShapeMismatch {
+            op: op.name(),
+            lhs: x.ne,
+            rhs: w.ne,
+            why: "each dimension of the weight must divide the normalised tensor's".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Router logits: f32 `[n_expert, n_tokens, 1, 1]`, any strides, rows indexable by i32.
+fn expect_logits(op: &Op, logits: &TensorMeta) -> Result<(), OpError> {
+    expect_dtype(op, 0, logits, DType::F32, "f32 logits")?;
+    if logits.ne[2] != 1 || logits.ne[3] != 1 {
+        return Err(OpError::InvalidShape {
+            op: op.name(),
+            shape: logits.ne,
+            why: "logits must be [n_expert, n_tokens, 1, 1]".into(),
+        });
+    }
+    if i32::try_from(logits.ne[0]).is_err() {
+        return Err(OpError::InvalidShape {
+            op: op.name(),
+            shape: logits.ne,
+            why: "rows longer than i32::MAX cannot be indexed by i32 expert ids".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Flops of a fused op: the sum of the ops it replaces (rules/mod.rs counts: add / mul 1,
+/// rms_norm 3, silu 7 per element; softmax 5 and top_k 8 per logit; sum_rows 1 and div 1 per
+/// selected weight).
+pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
+    let n_in = inputs[0].nelements() as u64;
+    match op {
+        Op::AddRmsNormMul(_) => n_in.saturating_mul(5),
+        Op::RmsNormMul(_) => n_in.saturating_mul(4),
+        Op::GatedRmsNorm(_) => n_in.saturating_mul(12),
+        Op::SoftmaxTopK { .. } => n_in.saturating_mul(13),
+        Op::MoeWeights => n_in.saturating_mul(5).saturating_add((out.nelements() as u64).saturating_mul(2)),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Op, OpError, RmsNormParams, TensorMeta, cost, infer};
+
+    fn meta(dtype: DType, ne: [usize; 4]) -> TensorMeta {
+        TensorMeta::contiguous("t", dtype, ne).unwrap()
+    }
+
+    fn f32s(ne: [usize; 4]) -> TensorMeta {
+        meta(DType::F32, ne)
+    }
+
+    const P: RmsNormParams = RmsNormParams { eps: 1e-6 };
+
+    #[test]
+    fn add_rms_norm_mul_stacks_both_results() {
+        let op = Op::AddRmsNormMul(P);
+        let (a, w) = (f32s([2048, 7, 1, 1]), f32s([2048, 1, 1, 1]));
+        let out = infer(&op, &[&a, &a, &w]).unwrap();
+        assert_eq!((out.dtype, out.ne), (DType::F32, [2048, 7, 2, 1]));
+        assert!(out.is_contiguous());
+        let err = |inputs: &[&TensorMeta]| infer(&op, inputs).unwrap_err();
+        assert!(matches!(err(&[&a, &a]), OpError::Arity { .. }));
+        assert!(matches!(err(&[&a, &f32s([2048, 6, 1, 1]), &w]), OpError::ShapeMismatch { .. }));
+        let a3 = f32s([2048, 7, 2, 1]);
+        assert!(matches!(err(&[&a3, &a3, &w]), OpError::InvalidShape { .. }));
+        assert!(matches!(err(&[&a, &meta(DType::F16, [2048, 7, 1, 1]), &w]), OpError::DType { input: 1, .. }));
+        assert!(matches!(err(&[&a, &a, &f32s([1000, 1, 1, 1])]), OpError::ShapeMismatch { .. }));
+        let mut strided = a;
+        strided.nb = [8, 8 * 2048, 8 * 2048 * 7, 8 * 2048 * 7];
+        assert!(matches!(err(&[&a, &strided, &w]), OpError::NotContiguous { input: 1, .. }));
+        let bad = Op::AddRmsNormMul(RmsNormParams { eps: f32::NAN });
+        assert!(matches!(infer(&bad, &[&a, &a, &w]), Err(OpError::InvalidParam { .. })));
+        // rows apart (a window) are fine: only nb[0] must be dense
+        let mut window = a;
+        window.nb[1] = 4 * 2050;
+        assert!(infer(&op, &[&window, &a, &w]).is_ok());
+    }
+
+    #[test]
+    fn rms_norm_mul_and_gated_norm_keep_the_shape() {
+        let x = f32s([128, 32, 5, 1]);
+        for w in [[128, 1, 1, 1], [128, 32, 1, 1], [1, 1, 1, 1], [64, 1, 5, 1]] {
+            let out = infer(&Op::RmsNormMul(P), &[&x, &f32s(w)]).unwrap();
+            assert_eq!((out.dtype, out.ne), (DType::F32, x.ne));
+            let out = infer(&Op::GatedRmsNorm(P), &[&x, &f32s(w), &x]).unwrap();
+            assert_eq!((out.dtype, out.ne), (DType::F32, x.ne));
+        }
+        let w = f32s([128, 1, 1, 1]);
+        assert!(matches!(infer(&Op::RmsNormMul(P), &[&x, &f32s([96, 1, 1, 1])]), Err(OpError::ShapeMismatch { .. })));
+        assert!(matches!(infer(&Op::RmsNormMul(P), &[&x]), Err(OpError::Arity { .. })));
+        assert!(matches!(
+            infer(&Op::RmsNormMul(P), &[&meta(DType::BF16, x.ne), &w]),
+            Err(OpError::DType { input: 0, .. })
+        ));
+        assert!(matches!(
+            infer(&Op::RmsNormMul(P), &[&x, &meta(DType::F16, w.ne)]),
+            Err(OpError::DType { input: 1, .. })
+        ));
+        let mut t = x;
+        t.nb = [512, 4, 4 * 128 * 32, 4 * 128 * 32 * 5];
+        assert!(matches!(infer(&Op::RmsNormMul(P), &[&t, &w]), Err(OpError::NotContiguous { input: 0, .. })));
+        assert!(matches!(infer(&Op::GatedRmsNorm(P), &[&x, &w, &t]), Err(OpError::NotContiguous { input: 2, .. })));
+        assert!(matches!(
+            infer(&Op::GatedRmsNorm(P), &[&x, &w, &f32s([128, 32, 4, 1])]),
+            Err(OpError::ShapeMismatch { .. })
+        ));
+        assert!(matches!(
+            infer(&Op::GatedRmsNorm(RmsNormParams { eps: -1.0 }), &[&x, &w, &x]),
+            Err(OpError::InvalidParam { .. })
+        ));
+    }
+
+    #[test]
+    fn router_ops_give_ids_and_weights() {
+        let logits = f32s([256, 9, 1, 1]);
+        let ids = meta(DType::I32, [8, 9, 1, 1]);
+        let out = infer(&Op::SoftmaxTopK { k: 8 }, &[&logits]).unwrap();
+        assert_eq!((out.dtype, out.ne), (DType::I32, [8, 9, 1, 1]));
+        let out = infer(&Op::MoeWeights, &[&logits, &ids]).unwrap();
+        assert_eq!((out.dtype, out.ne), (DType::F32, [1, 8, 9, 1]));
+        for k in [0, 257] {
+            assert!(matches!(infer(&Op::SoftmaxTopK { k }, &[&logits]), Err(OpError::InvalidParam { .. })));
+        }
+        let l3 = f32s([256, 9, 2, 1]);
+        assert!(matches!(infer(&Op::SoftmaxTopK { k: 8 }, &[&l3]), Err(OpError::InvalidShape { .. })));
+        assert!(matches!(infer(&Op::MoeWeights, &[&l3, &ids]), Err(OpError::InvalidShape { .. })));
+        assert!(matches!(
+            infer(&Op::SoftmaxTopK { k: 8 }, &[&meta(DType::F16, logits.ne)]),
+            Err(OpError::DType { input: 0, .. })
+        ));
+        assert!(matches!(
+            infer(&Op::MoeWeights, &[&logits, &f32s([8, 9, 1, 1])]),
+            Err(OpError::DType { input: 1, .. })
+        ));
+        assert!(matches!(
+            infer(&Op::MoeWeights, &[&logits, &meta(DType::I32, [8, 8, 1, 1])]),
+            Err(OpError::ShapeMismatch { .. })
+        ));
+        assert!(matches!(infer(&Op::MoeWeights, &[&logits]), Err(OpError::Arity { .. })));
+    }
+
+    #[test]
+    fn costs_are_the_sums_of_the_replaced_ops() {
+        let a = f32s([64, 3, 1, 1]);
+        let w = f32s([64, 1, 1, 1]);
+        let op = Op::AddRmsNormMul(P);
+        let out = infer(&op, &[&a, &a, &w]).unwrap();
+        let c = cost(&op, &[&a, &a, &w], &out);
+        assert_eq!(c.flops, 5 * 192);
+        assert_eq!(c.bytes, (192 + 192 + 64 + 384) * 4);
+        let logits = f32s([256, 4, 1, 1]);
+        let ids = meta(DType::I32, [8, 4, 1, 1]);
+        let out = infer(&Op::MoeWeights, &[&logits, &ids]).unwrap();
+        let c = cost(&Op::MoeWeights, &[&logits, &ids], &out);
+        assert_eq!(c.flops, 5 * 1024 + 2 * 32);
+        assert_eq!(c.bytes, (1024 + 32 + 32) * 4);
+    }
+}
