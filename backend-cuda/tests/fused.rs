@@ -1,0 +1,137 @@
+//! The fused ops against their compositions on the same GPU (test-ops judges them against the
+//! CPU). softmax_top_k must give the composition's ids even where the softmax kernel rounds
+//! near-equal logits to equal or swapped probabilities, which only holds while fused.cu computes
+//! the probabilities as reduce.cu's softmax kernels do (TAG(softmax-probs)). Every test skips
+//! with a message when no GPU is usable.
+
+use tessera_cuda::CudaBackend;
+use tessera_graph::{Graph, Session, Tensor};
+use tessera_ops::DType;
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// splitmix64 in [0, 1).
+fn unit(state: &mut u64) -> f32 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 40) as f32 / 16_777_216.0
+}
+
+/// Router logits full of near-ties: four levels plus noise of a few f32 ulps, so that many
+/// probabilities are equal or one ulp apart after softmax.
+fn near_ties(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            let level = (unit(&mut s) * 4.0).floor() * 0.25;
+            level + (unit(&mut s) - 0.5) * 4e-7
+        })
+        .collect()
+}
+
+/// Runs `outputs` of `g` on the GPU with `leaf` filled with `values`.
+fn run(g: &Graph, leaf: Tensor, values: &[f32], outputs: &[Tensor]) -> Vec<Vec<f32>> {
+    let Some(mut cuda) = gpu() else { return Vec::new() };
+    let mut s = Session::new(g, &mut cuda).unwrap();
+    s.set_f32(leaf, values).unwrap();
+    s.run().unwrap();
+    outputs
+        .iter()
+        .map(|&t| match t.dtype() {
+            DType::I32 => s.get_f64(t).unwrap().into_iter().map(|v| v as f32).collect(),
+            _ => s.get_f32(t).unwrap(),
+        })
+        .collect()
+}
+
+#[test]
+fn softmax_top_k_gives_the_composition_ids_on_near_ties() {
+    // Dense aligned rows (softmax_vec_warp's layout) and a window of them (softmax_warp's).
+    for (n_expert, k, tokens) in [(256, 8, 64), (128, 40, 16), (1024, 8, 8), (61, 7, 9)] {
+        let mut g = Graph::new();
+        let leaf = g.input("logits", DType::F32, [n_expert + 4, tokens, 1, 1]).unwrap();
+        let nb = leaf.meta().nb;
+        let dense = g.view(leaf, [n_expert, tokens, 1, 1], nb, 0).unwrap();
+        let dense = g.cont(dense).unwrap();
+        let window = g.view(leaf, [n_expert, tokens, 1, 1], nb, 4).unwrap();
+        let mut outs = Vec::new();
+        for logits in [dense, window] {
+            let fused = g.softmax_top_k(logits, k).unwrap();
+            let probs = g.softmax(logits, 1.0, None).unwrap();
+            let unfused = g.top_k(probs, k).unwrap();
+            let w = g.moe_weights(logits, fused).unwrap();
+            let rows = g.reshape(probs, &[1, n_expert, tokens]).unwrap();
+            let picked = g.get_rows(rows, unfused).unwrap();
+            let picked = g.reshape(picked, &[k, tokens]).unwrap();
+            let total = g.sum_rows(picked).unwrap();
+            let w_unfused = g.div(picked, total).unwrap();
+            outs.extend([fused, unfused, w, w_unfused]);
+        }
+        for &t in &outs {
+            g.mark_output(t).unwrap();
+        }
+        let values = near_ties((n_expert + 4) * tokens, n_expert as u64);
+        let got = run(&g, leaf, &values, &outs);
+        if got.is_empty() {
+            return;
+        }
+        for (layout, o) in ["dense", "window"].iter().zip(got.chunks(4)) {
+            assert_eq!(o[0], o[1], "{layout} rows of {n_expert}, k = {k}: ids differ from top_k(softmax)");
+            let (err, norm) = o[2]
+                .iter()
+                .zip(&o[3])
+                .fold((0.0f64, 0.0f64), |(e, n), (&a, &b)| (e + f64::from(a - b).powi(2), n + f64::from(b).powi(2)));
+            assert!(err <= 1e-12 * norm, "{layout}: moe_weights differ from the composition: {}", err / norm);
+        }
+    }
+}
+
+#[test]
+fn norms_match_their_compositions() {
+    for e in [128, 2048, 9000] {
+        let mut g = Graph::new();
+        let leaf = g.input("x", DType::F32, [e, 12, 1, 1]).unwrap();
+        let nb = leaf.meta().nb;
+        let view = |g: &mut Graph, row: usize| g.view(leaf, [e, 4, 1, 1], nb, row * nb[1]).unwrap();
+        let (a, b, z) = (view(&mut g, 0), view(&mut g, 4), view(&mut g, 8));
+        let w = g.view(leaf, [e, 1, 1, 1], nb, 11 * nb[1]).unwrap();
+        let both = g.add_rms_norm_mul(a, b, w, 1e-6).unwrap();
+        let s = g.add(a, b).unwrap();
+        let h = g.rms_norm(s, 1e-6).unwrap();
+        let h = g.mul(h, w).unwrap();
+        let unfused = g.concat(s, h, 2).unwrap();
+        let norm_mul = g.rms_norm_mul(a, w, 1e-6).unwrap();
+        let n = g.rms_norm(a, 1e-6).unwrap();
+        let n = g.mul(n, w).unwrap();
+        let gated = g.gated_rms_norm(a, w, z, 1e-6).unwrap();
+        let sz = g.silu(z).unwrap();
+        let gz = g.mul(n, sz).unwrap();
+        let outs = [both, unfused, norm_mul, n, gated, gz];
+        for &t in &outs {
+            g.mark_output(t).unwrap();
+        }
+        let mut st = e as u64;
+        let values: Vec<f32> = (0..e * 12).map(|_| unit(&mut st) * 4.0 - 2.0).collect();
+        let got = run(&g, leaf, &values, &outs);
+        if got.is_empty() {
+            return;
+        }
+        for (name, pair) in ["add_rms_norm_mul", "rms_norm_mul", "gated_rms_norm"].iter().zip(got.chunks(2)) {
+            let (err, norm) = pair[0]
+                .iter()
+                .zip(&pair[1])
+                .fold((0.0f64, 0.0f64), |(e, n), (&x, &y)| (e + f64::from(x - y).powi(2), n + f64::from(y).powi(2)));
+            assert!(err <= 1e-12 * norm, "{name} ({e}): NMSE {} against its composition", err / norm);
+        }
+    }
+}
