@@ -72,7 +72,7 @@ impl Remap {
 pub struct FuseStats {
     /// Fusions applied.
     pub fusions: usize,
-    /// Op nodes (views included) of the old graph's live part minus those of the new graph.
+    /// Ops that run (live op nodes other than views) in the old graph minus in the new one.
     pub nodes_removed: usize,
     /// Bytes the replaced intermediates were written and read with (each non-view node that
     /// no longer exists: its size once written plus once per reader).
@@ -175,7 +175,8 @@ impl Graph {
         for &o in self.outputs() {
             g.mark_output(get(&map, o))?;
         }
-        let ops = |g: &Graph, ids: &[NodeId]| ids.iter().filter(|id| g.node(**id).op().is_some()).count();
+        let ops =
+            |g: &Graph, ids: &[NodeId]| ids.iter().filter(|id| g.node(**id).op().is_some_and(|o| !o.is_view())).count();
         let new_live = g.live_nodes();
         let mut stats = FuseStats {
             fusions: fusions.len(),

@@ -175,3 +175,16 @@ fn a_reader_before_the_fused_node_or_an_in_place_write_between_is_refused() {
     };
     assert!(matches!(fusion_error(&g, &f), FusionError::InPlaceBetween { writer, .. } if writer == w.id()));
 }
+
+/// docs/FUSION.md walks through `fold_scales` by showing its source: it must be the compiled
+/// file, verbatim.
+#[test]
+fn the_fusion_doc_shows_the_compiled_example_pass() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let doc = std::fs::read_to_string(root.join("docs/FUSION.md")).unwrap();
+    let src = std::fs::read_to_string(root.join("graph/src/passes/fold_scales.rs")).unwrap();
+    assert!(
+        doc.contains(&format!("```rust\n{src}```")),
+        "docs/FUSION.md no longer shows graph/src/passes/fold_scales.rs"
+    );
+}

@@ -51,7 +51,13 @@ fn every_op() -> Vec<Op> {
             pairing: tessera_ops::RopePairing::Neox,
             sections: None,
         }),
-        Op::FlashAttnExt(tessera_ops::FlashAttnParams { scale: 1.0, softcap: 0.0, mask: false, paged: false, ragged: false }),
+        Op::FlashAttnExt(tessera_ops::FlashAttnParams {
+            scale: 1.0,
+            softcap: 0.0,
+            mask: false,
+            paged: false,
+            ragged: false,
+        }),
         Op::SsmConv,
         Op::SsmConvUpdate { silu: true, ragged: false },
         Op::GatedDeltaNet(tessera_ops::GatedDeltaNetParams {

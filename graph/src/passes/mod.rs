@@ -13,9 +13,13 @@
 //! (which op, who reads it, may it be swallowed) with the guards that keep a rewrite safe.
 
 mod fold_scales;
+mod moe_router;
+mod norms;
 pub mod pattern;
 
 pub use fold_scales::FoldScales;
+pub use moe_router::{MoeWeights, SoftmaxTopK};
+pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul};
 
 use tessera_ops::{Op, TensorMeta};
 
@@ -44,7 +48,7 @@ pub struct PassReport {
     /// Found but not applied: unsafe (see [`Graph::check_fusion`]), overlapping an applied one,
     /// or a fused op the backend does not support.
     pub skipped: usize,
-    /// Op nodes removed from the graph.
+    /// Ops that run (views not counted) removed from the graph.
     pub nodes_removed: usize,
     /// Intermediate bytes no longer written and read.
     pub bytes_saved: u64,
@@ -103,7 +107,13 @@ impl std::fmt::Debug for Pipeline {
 
 /// The built-in passes, all on, in the order they run.
 pub fn standard() -> Pipeline {
-    Pipeline::new().with(FoldScales)
+    Pipeline::new()
+        .with(AddRmsNormMul)
+        .with(GatedRmsNorm)
+        .with(RmsNormMul)
+        .with(SoftmaxTopK)
+        .with(MoeWeights)
+        .with(FoldScales)
 }
 
 impl Pipeline {

@@ -1,0 +1,126 @@
+//! The MoE router, in two passes over what the model builder writes:
+//!
+//! ```text
+//! probs = softmax(logits)                 [n_expert, n]
+//! ids   = top_k(probs, k)                 i32 [k, n]          softmax_top_k(logits)
+//! w     = get_rows(reshape(probs), ids)   [1, k, n]
+//! w     = reshape(w, [k, n])                                   moe_weights(logits, ids)
+//! w     = div(w, sum_rows(w))                                  -> [1, k, n]
+//! w     = reshape(w, [1, k, n])
+//! ```
+//!
+//! `softmax_top_k` runs first: afterwards the softmax is read only by the weights' chain, which
+//! `moe_weights` then swallows whole.
+
+use tessera_ops::{BinaryOp, Op, SoftmaxParams};
+
+use super::Pass;
+use super::pattern::Matcher;
+use crate::graph::{Graph, NodeId};
+use crate::rewrite::{FusedOutput, Fusion};
+
+/// `probs = softmax(logits)` with scale 1 and no mask: its input.
+fn plain_softmax(m: &Matcher<'_>, probs: NodeId) -> Option<NodeId> {
+    match m.op(probs)? {
+        Op::Softmax(SoftmaxParams { scale }) if *scale == 1.0 && m.inputs(probs).len() == 1 => m.input(probs, 0),
+        _ => None,
+    }
+}
+
+/// See the module doc.
+pub struct SoftmaxTopK;
+
+impl Pass for SoftmaxTopK {
+    fn name(&self) -> &'static str {
+        "softmax_top_k"
+    }
+
+    fn find(&self, g: &Graph) -> Vec<Fusion> {
+        let m = Matcher::new(g);
+        m.ops()
+            .filter_map(|(top, op)| {
+                let Op::TopK { k } = op else { return None };
+                let probs = m.input(top, 0)?;
+                let logits = plain_softmax(&m, probs)?;
+                // The softmax stays if something else reads it; else it is dropped as dead.
+                Some(Fusion {
+                    nodes: vec![top],
+                    op: Op::SoftmaxTopK { k: *k },
+                    inputs: vec![logits],
+                    outputs: vec![(top, FusedOutput::Whole)],
+                })
+            })
+            .collect()
+    }
+}
+
+/// See the module doc.
+pub struct MoeWeights;
+
+impl Pass for MoeWeights {
+    fn name(&self) -> &'static str {
+        "moe_weights"
+    }
+
+    fn find(&self, g: &Graph) -> Vec<Fusion> {
+        let m = Matcher::new(g);
+        m.ops().filter_map(|(get, op)| (*op == Op::GetRows).then(|| weights_chain(&m, get)).flatten()).collect()
+    }
+}
+
+/// The chain from `get = get_rows(reshape(softmax(logits)), ids)` to the renormalised weights.
+fn weights_chain(m: &Matcher<'_>, get: NodeId) -> Option<Fusion> {
+    let (p3, ids) = (m.input(get, 0)?, m.input(get, 1)?);
+    let Op::Reshape { .. } = m.op(p3)? else { return None };
+    let probs = m.input(p3, 0)?;
+    let logits = plain_softmax(m, probs)?;
+    let [n_expert, n, 1, 1] = m.meta(probs).ne else { return None };
+    if m.meta(p3).ne != [1, n_expert, n, 1] {
+        return None;
+    }
+    // get -> reshape [k, n] read by sum_rows and div only; div(w, sum) -> reshape [1, k, n].
+    let r1 = single(m, get)?;
+    let [k, n1, 1, 1] = m.meta(r1).ne else { return None };
+    if n1 != n || !matches!(m.op(r1)?, Op::Reshape { .. }) {
+        return None;
+    }
+    let users: Vec<NodeId> = m.users(r1).collect();
+    let [a, b] = users[..] else { return None };
+    let (sum, div) = if m.op(a)? == &Op::SumRows { (a, b) } else { (b, a) };
+    if m.op(sum)? != &Op::SumRows
+        || m.op(div)? != &Op::Binary(BinaryOp::Div)
+        || m.inputs(div) != [r1, sum]
+        || single(m, sum)? != div
+        || g_output(m, r1)
+    {
+        return None;
+    }
+    let r2 = single(m, div)?;
+    if !matches!(m.op(r2)?, Op::Reshape { .. }) || m.meta(r2).ne != [1, k, n, 1] {
+        return None;
+    }
+    let mut nodes = vec![get, r1, sum, div, r2];
+    // The probabilities go too when nothing else reads them.
+    if single(m, p3) == Some(get) {
+        nodes.push(p3);
+        if single(m, probs) == Some(p3) {
+            nodes.push(probs);
+        }
+    }
+    Some(Fusion { nodes, op: Op::MoeWeights, inputs: vec![logits, ids], outputs: vec![(r2, FusedOutput::Whole)] })
+}
+
+/// The one live reader of `id` when `id` is not a graph output (views included, unlike
+/// [`Matcher::sole_user`]: the reshapes of this chain are swallowed with it).
+fn single(m: &Matcher<'_>, id: NodeId) -> Option<NodeId> {
+    if g_output(m, id) {
+        return None;
+    }
+    let mut users = m.users(id);
+    let first = users.next()?;
+    users.next().is_none().then_some(first)
+}
+
+fn g_output(m: &Matcher<'_>, id: NodeId) -> bool {
+    m.graph().is_output(id)
+}

@@ -1,0 +1,81 @@
+//! The fusion passes on the model's step graphs (CPU): each built-in pass fires where the model
+//! has its pattern, a decode step runs fewer ops, and the logits with the passes on equal those
+//! with every pass off (the CPU computes each fused op as the subgraph it replaces).
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use tessera_cpu::CpuBackend;
+use tessera_models::config::ModelConfig;
+use tessera_models::gguf::GgufFile;
+use tessera_models::qwen35::{Bucket, Logits, Model, ModelOptions};
+use tessera_models::synth::synthesize;
+use tessera_ops::DType;
+
+const PRESETS: [&str; 2] = ["tiny", "tiny-moe"];
+
+fn file(preset: &str) -> GgufFile {
+    static PATHS: OnceLock<Vec<(String, PathBuf)>> = OnceLock::new();
+    let paths = PATHS.get_or_init(|| {
+        PRESETS
+            .iter()
+            .map(|p| {
+                let path = std::env::temp_dir().join(format!("tessera_fusion_{p}_{}.gguf", std::process::id()));
+                synthesize(&ModelConfig::preset(p).unwrap(), DType::F32, 11, &path, None).unwrap();
+                (p.to_string(), path)
+            })
+            .collect()
+    });
+    GgufFile::open(&paths.iter().find(|(p, _)| p == preset).unwrap().1).unwrap()
+}
+
+fn opts() -> ModelOptions {
+    ModelOptions { kv_blocks: 32, block_size: 4, max_context: 64, kv_dtype: DType::F32, ..ModelOptions::default() }
+}
+
+/// Every logit of a 9-token prompt, then of a 3-sequence mixed step.
+fn logits(preset: &str, passes: bool) -> Vec<f32> {
+    let mut be = CpuBackend::new();
+    let mut m = Model::load(&file(preset), &mut be, opts()).unwrap();
+    m.passes_mut().set_all(passes);
+    let a: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 256).collect();
+    let mut out = m.step(&mut be, &[(0, &a)], Logits::All).unwrap().remove(0);
+    let (b, c) = ([7u32, 8, 9, 10], [11u32]);
+    for l in m.step(&mut be, &[(0, &[3]), (1, &b), (2, &c)], Logits::All).unwrap() {
+        out.extend(l);
+    }
+    m.free(&mut be);
+    out
+}
+
+#[test]
+fn the_passes_fire_on_the_model_and_keep_its_logits() {
+    for p in PRESETS {
+        let on = logits(p, true);
+        let off = logits(p, false);
+        let num: f64 = on.iter().zip(&off).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+        let den: f64 = off.iter().map(|&y| (y as f64).powi(2)).sum();
+        assert!(num / den <= 1e-12, "{p}: logits with the passes differ, nmse {:e}", num / den);
+
+        let mut be = CpuBackend::new();
+        let m = Model::load(&file(p), &mut be, opts()).unwrap();
+        let c = &m.config;
+        let bucket = Bucket { n_tokens: 1, n_seq: 1, n_kv: 32, all_logits: false, sample: true };
+        let s = m.fusion_summary(&be, bucket).unwrap();
+        assert!(s.ops_after < s.ops_before, "{p}: {s:?}");
+        let applied = |name: &str| s.reports.iter().find(|r| r.pass == name).map_or(0, |r| r.applied);
+        let layers = c.n_main_layers();
+        let attn =
+            (0..layers).filter(|&il| c.layer_kind(il) == tessera_models::config::LayerKind::FullAttention).count();
+        // Every block's two pre-norms follow a residual add except the first layer's first, and the
+        // output norm follows the last add.
+        assert_eq!(applied("add_rms_norm_mul"), 2 * layers, "{p}");
+        assert_eq!(applied("gated_rms_norm"), layers - attn, "{p}");
+        assert_eq!(applied("rms_norm_mul"), 1 + 2 * attn, "{p}: the first norm and the q/k norms");
+        let moe = matches!(c.ffn, tessera_models::config::Ffn::Moe { .. });
+        assert_eq!(applied("softmax_top_k"), if moe { layers } else { 0 }, "{p}");
+        assert_eq!(applied("moe_weights"), if moe { layers } else { 0 }, "{p}");
+        let mut m = m;
+        m.free(&mut be);
+    }
+}
