@@ -291,8 +291,14 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if fast_gemv_fits(&a, d) {
         return gemv_fast(cx, a, d, b, out);
     }
-    let (ldb, bp) = (packed_len(b.ne[0] as usize) as i64, cx.scratch);
-    pack_b(cx, b, bp, 0, 0, 0, ldb)?;
+    let (bp, ldb) = match packed_already(&b) {
+        Some(ldb) => (b.data, ldb),
+        None => {
+            let ldb = packed_len(b.ne[0] as usize) as i64;
+            pack_b(cx, b, cx.scratch, 0, 0, 0, ldb)?;
+            (cx.scratch, ldb)
+        }
+    };
     let kernel = GEMV[match n {
         ..=1 => 0,
         2 => 1,
@@ -314,6 +320,16 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     // f32; `vec` only when every row start is 16-byte aligned and rows are whole 16-byte pieces.
     unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
+}
+
+/// The row stride (elements) at which `gemv_N` can read the f32 activations `b` in place, when
+/// they already have the packed layout `pack_b` would write: dense rows of a whole number of
+/// packed lengths, rows and batches one after the other, 32-byte aligned. Saves a launch and a
+/// copy for every small GEMV over f32 or f16 weights (the MoE router's, at one token).
+fn packed_already(b: &TensorArg) -> Option<i64> {
+    let k = b.ne[0];
+    let dense = b.nb[0] == 4 && b.nb[1] == 4 * k && b.nb[2] == b.nb[1] * b.ne[1] && b.nb[3] == b.nb[2] * b.ne[2];
+    (dense && packed_len(k as usize) as i64 == k && b.data.is_multiple_of(32)).then_some(k)
 }
 
 /// Whether `gemv_fast_N` takes the weights: q8_0 / nvfp4 whose rows start 4-byte aligned, and
