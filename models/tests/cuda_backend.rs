@@ -3,16 +3,15 @@
 //! of sequences equal to each alone, and CUDA-graph replay bit-identical to eager execution.
 //! Skips with a message when no GPU is usable.
 
-use std::path::PathBuf;
-
 use tessera_cpu::CpuBackend;
 use tessera_cuda::{CudaBackend, CudaOptions};
 use tessera_graph::Backend;
-use tessera_models::config::ModelConfig;
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Logits, Model, ModelOptions};
-use tessera_models::synth::synthesize;
 use tessera_ops::DType;
+
+mod synth_file;
+use synth_file::synth_file;
 
 fn gpu(graphs: bool) -> Option<CudaBackend> {
     match CudaBackend::with_options(CudaOptions { graphs, ..CudaOptions::default() }) {
@@ -25,13 +24,7 @@ fn gpu(graphs: bool) -> Option<CudaBackend> {
 }
 
 fn file(preset: &str, dtype: DType) -> GgufFile {
-    let c = ModelConfig::preset(preset).unwrap();
-    let path: PathBuf =
-        std::env::temp_dir().join(format!("tessera_cuda_{preset}_{}_{}.gguf", dtype.name(), std::process::id()));
-    if !path.exists() {
-        synthesize(&c, dtype, 42, &path, None).unwrap();
-    }
-    GgufFile::open(&path).unwrap()
+    synth_file(preset, dtype, 42)
 }
 
 fn opts() -> ModelOptions {

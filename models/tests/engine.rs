@@ -3,27 +3,20 @@
 //! many requests, seeded sampling, and errors.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use tessera_cpu::CpuBackend;
-use tessera_models::config::{LayerKind, ModelConfig};
+use tessera_models::config::LayerKind;
 use tessera_models::engine::{Engine, EngineConfig, EngineError, Event};
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Logits, Model, ModelOptions};
 use tessera_models::sample::{SampleError, SamplerParams, argmax};
-use tessera_models::synth::synthesize;
 use tessera_ops::DType;
 
+mod synth_file;
+use synth_file::synth_file;
+
 fn file() -> GgufFile {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    let path = PATH.get_or_init(|| {
-        let c = ModelConfig::preset("tiny-moe").unwrap();
-        let path = std::env::temp_dir().join(format!("tessera_engine_tiny_moe_{}.gguf", std::process::id()));
-        synthesize(&c, DType::F32, 42, &path, None).unwrap();
-        path
-    });
-    GgufFile::open(path).unwrap()
+    synth_file("tiny-moe", DType::F32, 42)
 }
 
 fn opts() -> ModelOptions {

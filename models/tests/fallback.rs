@@ -1,28 +1,19 @@
 //! The model on two backends: ops the first refuses run on the second (the scheduler's fallback),
 //! and the engine's tokens and logits are exactly those of one backend alone.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use tessera_cpu::CpuBackend;
 use tessera_graph::Refusing;
-use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig};
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
-use tessera_models::synth::synthesize;
 use tessera_ops::DType;
 
+mod synth_file;
+use synth_file::synth_file;
+
 fn file(preset: &str) -> GgufFile {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let c = ModelConfig::preset(preset).unwrap();
-    let path: PathBuf = std::env::temp_dir().join(format!("tessera_fallback_{preset}_{}_{n}.gguf", std::process::id()));
-    synthesize(&c, DType::F32, 5, &path, None).unwrap();
-    let f = GgufFile::open(&path).unwrap();
-    let _ = std::fs::remove_file(&path);
-    f
+    synth_file(preset, DType::F32, 5)
 }
 
 fn opts() -> ModelOptions {

@@ -2,31 +2,18 @@
 //! has its pattern, a decode step runs fewer ops, and the logits with the passes on equal those
 //! with every pass off (the CPU computes each fused op as the subgraph it replaces).
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
 use tessera_cpu::CpuBackend;
-use tessera_models::config::ModelConfig;
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Bucket, Logits, Model, ModelOptions};
-use tessera_models::synth::synthesize;
 use tessera_ops::DType;
+
+mod synth_file;
+use synth_file::synth_file;
 
 const PRESETS: [&str; 2] = ["tiny", "tiny-moe"];
 
 fn file(preset: &str) -> GgufFile {
-    static PATHS: OnceLock<Vec<(String, PathBuf)>> = OnceLock::new();
-    let paths = PATHS.get_or_init(|| {
-        PRESETS
-            .iter()
-            .map(|p| {
-                let path = std::env::temp_dir().join(format!("tessera_fusion_{p}_{}.gguf", std::process::id()));
-                synthesize(&ModelConfig::preset(p).unwrap(), DType::F32, 11, &path, None).unwrap();
-                (p.to_string(), path)
-            })
-            .collect()
-    });
-    GgufFile::open(&paths.iter().find(|(p, _)| p == preset).unwrap().1).unwrap()
+    synth_file(preset, DType::F32, 11)
 }
 
 fn opts() -> ModelOptions {

@@ -1,35 +1,21 @@
 //! The qwen35 / qwen35moe forward pass on synthetic `tiny` / `tiny-moe` checkpoints (f32 weights)
 //! on the CPU backend: consistency across step shapes, batching, paging and runs, and errors.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
 use tessera_cpu::CpuBackend;
 use tessera_models::cache::{AllocPolicy, CacheError};
-use tessera_models::config::{ConfigError, ModelConfig};
+use tessera_models::config::ConfigError;
 use tessera_models::gguf::{GgufFile, GgufWriter, Value};
 use tessera_models::qwen35::{Logits, Model, ModelError, ModelOptions};
-use tessera_models::synth::synthesize;
 use tessera_models::weights::WeightsError;
 use tessera_ops::DType;
+
+mod synth_file;
+use synth_file::synth_file;
 
 const PRESETS: [&str; 2] = ["tiny", "tiny-moe"];
 
 fn file(preset: &str) -> GgufFile {
-    static PATHS: OnceLock<Vec<(String, PathBuf)>> = OnceLock::new();
-    let paths = PATHS.get_or_init(|| {
-        PRESETS
-            .iter()
-            .map(|p| {
-                let c = ModelConfig::preset(p).unwrap();
-                let path = std::env::temp_dir().join(format!("tessera_qwen35_{p}_{}.gguf", std::process::id()));
-                synthesize(&c, DType::F32, 42, &path, None).unwrap();
-                (p.to_string(), path)
-            })
-            .collect()
-    });
-    let path = &paths.iter().find(|(p, _)| p == preset).unwrap().1;
-    GgufFile::open(path).unwrap()
+    synth_file(preset, DType::F32, 42)
 }
 
 fn opts() -> ModelOptions {

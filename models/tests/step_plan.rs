@@ -2,27 +2,17 @@
 //! graphs, and the model's cache of planned graphs (reused by shape, evicted beyond its
 //! capacity) giving the same logits as building every step afresh.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use tessera_cpu::CpuBackend;
 use tessera_graph::plan::{Plan, PlanOptions, verify};
-use tessera_models::config::ModelConfig;
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Bucket, Logits, Model, ModelOptions};
-use tessera_models::synth::synthesize;
 use tessera_ops::DType;
 
+mod synth_file;
+use synth_file::synth_file;
+
 fn file(preset: &str) -> GgufFile {
-    let c = ModelConfig::preset(preset).unwrap();
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let path: PathBuf =
-        std::env::temp_dir().join(format!("tessera_step_plan_{preset}_{}_{n}.gguf", std::process::id()));
-    synthesize(&c, DType::F32, 3, &path, None).unwrap();
-    let f = GgufFile::open(&path).unwrap();
-    let _ = std::fs::remove_file(&path);
-    f
+    synth_file(preset, DType::F32, 3)
 }
 
 fn opts(step_graphs: usize, kv_pad: usize) -> ModelOptions {
