@@ -20,11 +20,15 @@ pub struct Opened {
     pub description: String,
     /// The `ModelOptions::kv_pad` for this backend: decode steps keep one shape for this many
     /// tokens, so their planned step graph (and on a GPU the captured CUDA graph) is replayed
-    /// rather than built again: 256 on a GPU, 32 on the CPU (where masked cells cost more).
+    /// rather than built again. 256 on every backend: attention reads only each sequence's own
+    /// positions, so the padding costs a longer block table and nothing else.
     pub kv_pad: usize,
     /// Whether the backend captures steps into graphs that `open_with` can switch (CUDA).
     pub has_graphs: bool,
 }
+
+/// [`Opened::kv_pad`].
+const KV_PAD: usize = 256;
 
 /// Opens the chosen backend. `auto` says on stderr why it fell back to the CPU.
 pub fn open(choice: BackendChoice) -> Result<Opened, String> {
@@ -46,7 +50,7 @@ pub fn open_with(choice: BackendChoice, graphs: bool) -> Result<Opened, String> 
 fn cpu() -> Opened {
     let b = CpuBackend::new();
     let description = format!("cpu ({} threads)", b.num_threads());
-    Opened { backend: Box::new(b), description, kv_pad: 32, has_graphs: false }
+    Opened { backend: Box::new(b), description, kv_pad: KV_PAD, has_graphs: false }
 }
 
 #[cfg(feature = "cuda")]
@@ -56,7 +60,7 @@ fn cuda(graphs: bool) -> Result<Opened, String> {
         b.set_graphs(false);
     }
     let description = format!("cuda on {}", b.info());
-    Ok(Opened { backend: Box::new(b), description, kv_pad: 256, has_graphs: true })
+    Ok(Opened { backend: Box::new(b), description, kv_pad: KV_PAD, has_graphs: true })
 }
 
 #[cfg(not(feature = "cuda"))]
