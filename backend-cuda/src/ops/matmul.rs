@@ -17,10 +17,6 @@
 //!   `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a thread
 //!   (H200, 1 token, bf16: 17408 x 5120 58.2 -> 46.6 us, 73% -> 91%; 5120 x 17408 54.2 ->
 //!   47.4 us, 78% -> 90%; 6144 x 2048 42% -> 73%).
-//! - **2 to 8 tokens against q8_0 / nvfp4 weights** that `moe_mma_*` fits
-//!   (`mul_mat_one_expert`): the product runs as a mul_mat_id whose single expert every token
-//!   routes to, so each weight row is read once for all the tokens (the GEMVs read it once a
-//!   token).
 //! - **GEMM** (`n > GEMV_MAX_N`): cuBLAS. f32 weights go through `sgemm` in place; f16 / bf16
 //!   weights through `gemm_ex` in place with the activations converted to the weights' type;
 //!   q8_0 / nvfp4 weights are dequantized in row chunks to bf16 (nvfp4 values are exact in bf16;
@@ -48,9 +44,7 @@ use tessera_ops::{DType, Op, TensorMeta};
 use super::mmq;
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{
-    COUNTER_BYTES, Cx, GRID_YZ, TensorArg, blocks_for, config, dt, launch_error, sys_blas, unsupported,
-};
+use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, dt, launch_error, sys_blas, unsupported};
 
 const PACK_B: Kernel = Kernel::new(Module::Matmul, "pack_b");
 const DEQUANT_ROWS: Kernel = Kernel::new(Module::Matmul, "dequant_rows");
@@ -245,11 +239,7 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     match (task.op, m(0), m(1), m(2)) {
         (Op::MulMat, Some(a), Some(b), _) => {
             let (xq, xs) = quant_x_bytes(b.nelements());
-            let mut gemv = packed_f32_bytes(&b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
-            if (2..=GEMV_MAX_N as usize).contains(&b.ne[1]) && a.dtype.is_quantized() {
-                // mul_mat_one_expert: one expert's grouping and the packed activations
-                gemv = gemv.max(moe_packed_at(1, b.ne[1], b.ne[0] * b.ne[1], b.ne[0]) + mmq::packed_bytes(&b));
-            }
+            let gemv = packed_f32_bytes(&b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
             if (b.ne[1] as i64) > GEMV_MAX_N {
                 gemv.max(blas_scratch(&a, &b)).max(mmq::mul_mat_scratch_bytes(&b))
             } else {
@@ -289,9 +279,6 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     }
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
-    }
-    if let Some(done) = mul_mat_one_expert(cx, a, d, b, out) {
-        return done;
     }
     let stages = gemv1_stages(cx.info.peak_memory_bandwidth);
     let bulk = cx.info.compute_capability.0 >= 9;
@@ -333,52 +320,6 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     // f32; `vec` only when every row start is 16-byte aligned and rows are whole 16-byte pieces.
     unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
-}
-
-/// The views under which [`mul_mat_one_expert`] runs a dense product as mul_mat_id: the weights
-/// `a [K, M]` as one expert, `b [K, n]` as `[K, n_b = 1, T = n]`, ids `[n_used = 1, n]` (all
-/// zero: every token routes to the expert) and `out [M, n]` as `[M, 1, n]`; `None` unless the
-/// shapes are plain matrices with a contiguous output and 2 ..= `GEMV_MAX_N` tokens.
-fn one_expert_views(a: &TensorArg, b: &TensorArg, out: &TensorArg) -> Option<[TensorArg; 3]> {
-    let n = b.ne[1];
-    let plain = a.ne[2] == 1 && a.ne[3] == 1 && b.ne[2] == 1 && b.ne[3] == 1;
-    let dense_out = out.nb[0] == 4 && out.nb[1] == 4 * out.ne[0];
-    if !((2..=GEMV_MAX_N).contains(&n) && plain && dense_out) {
-        return None;
-    }
-    let bt = TensorArg { data: b.data, ne: [b.ne[0], 1, n, 1], nb: [b.nb[0], b.nb[1], b.nb[1], b.nb[1] * n] };
-    let ids = TensorArg { data: 0, ne: [1, n, 1, 1], nb: [4, 4, 4 * n, 4 * n] };
-    let m = out.ne[0];
-    let o = TensorArg { data: out.data, ne: [m, 1, n, 1], nb: [4, 4 * m, 4 * m, 4 * m * n] };
-    Some([bt, ids, o])
-}
-
-/// Dense q8_0 / nvfp4 weights at 2 ..= `GEMV_MAX_N` tokens through `moe_prep` and `moe_mma_*`,
-/// the weights taken as a single expert every token routes to: each weight row is read once for
-/// all the tokens, where the GEMVs read it once a token (H200, 8 tokens, 2048 -> 8192 nvfp4: 59 us
-/// a launch by the event profiler, against 10.5 at one token). The ids are the zeroed block
-/// counters (`Cx::counters`, all zero between kernels): no memset, nothing to capture beyond two
-/// kernels. `None` when the shapes or weights do not fit (the GEMVs take them).
-fn mul_mat_one_expert(
-    cx: &mut Cx<'_>,
-    a: TensorArg,
-    d: DType,
-    b: TensorArg,
-    out: TensorArg,
-) -> Option<Result<(), BackendError>> {
-    let [bt, ids, o] = one_expert_views(&a, &b, &out)?;
-    let n = b.ne[1];
-    if n as usize * 4 > COUNTER_BYTES || moe_path() == MoePath::Grouped || !mmq::moe_fits(cx, &a, d, n) {
-        return None;
-    }
-    let ids = TensorArg { data: cx.counters, ..ids };
-    let (k, e) = (a.ne[0] as usize, n as usize);
-    let (g, _) = mmq::MoeGroups::at(cx.scratch, 1, e);
-    let packed = cx.scratch + moe_packed_at(1, e, e * k, k) as u64;
-    Some(
-        mmq::moe_prep(cx, ids, 1, &g, i32::MAX, bt, Some(packed))
-            .and_then(|xs| mmq::moe_mma(cx, a, d, 1, 1, n, &g, packed, xs, o)),
-    )
 }
 
 /// The row stride (elements) at which `gemv_N` can read the f32 activations `b` in place, when
