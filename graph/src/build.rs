@@ -1,8 +1,8 @@
 //! Typed builders: one method per op, each a thin wrapper over [`Graph::op`].
 
 use tessera_ops::{
-    BinaryOp, DType, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormParams, RopeParams, ScaleParams, SoftmaxParams,
-    SortOrder, UnaryOp, ViewParams,
+    BinaryOp, DType, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormParams, RopeParams, ScaleParams,
+    SoftmaxParams, SortOrder, UnaryOp, ViewParams,
 };
 
 use crate::{Graph, GraphError, Tensor};
@@ -234,6 +234,14 @@ impl Graph {
     /// `softmax(logits)` at the ids divided by their sum per token.
     pub fn moe_weights(&mut self, logits: Tensor, ids: Tensor) -> R {
         self.op(Op::MoeWeights, &[logits, ids])
+    }
+
+    /// `program` (a chain of unary / binary / scale ops, see [`ElemProgram`]) at every position:
+    /// `inputs[i]` is the program's `x{i}` (f32, any strides, `program.n_inputs()` of them), each
+    /// broadcasting to the per-dimension largest input shape (ggml's repeat rule) -> f32
+    /// contiguous of that shape. What the `elementwise_chains` pass emits.
+    pub fn elementwise(&mut self, program: ElemProgram, inputs: &[Tensor]) -> R {
+        self.op(Op::Elementwise(program), inputs)
     }
 
     // ---- quantization ----

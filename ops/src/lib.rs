@@ -7,6 +7,7 @@
 //! and the plain f64 reference implementation of every op ([`reference`](mod@reference)).
 
 mod dtype;
+mod elem_program;
 mod error;
 pub mod host;
 mod kernel_error;
@@ -18,6 +19,7 @@ mod rules;
 pub mod sample;
 
 pub use dtype::DType;
+pub use elem_program::{ElemArg, ElemInstr, ElemProgram, MAX_ELEM_INPUTS, MAX_ELEM_INSTRS};
 pub use error::OpError;
 pub use kernel_error::{KernelError, checked_ragged_slots, checked_seq_offsets, checked_slots};
 pub use meta::{MAX_DIMS, TensorMeta};

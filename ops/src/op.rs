@@ -11,6 +11,7 @@ use std::hash::{Hash, Hasher};
 use std::mem;
 
 use crate::DType;
+use crate::elem_program::ElemProgram;
 
 /// Elementwise functions of one input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -344,6 +345,12 @@ pub enum Op {
     /// `get_rows` / `sum_rows` / `div` chain). An id outside `0..n_expert` is
     /// `KernelError::IndexOutOfRange`.
     MoeWeights,
+    /// `[x0 .. x{n-1}]` (`n = program.n_inputs()`, at most 6), all f32, any strides: the program
+    /// (a chain of unary / binary / scale ops) at every position of the output, f32 contiguous of
+    /// the per-dimension largest input shape; every input broadcasts to it by ggml's repeat rule
+    /// (each `ne[i]` divides the output's). What `elementwise_chains` emits for a tree of
+    /// elementwise ops (docs/OPS.md, "Fused elementwise programs").
+    Elementwise(ElemProgram),
 }
 
 impl Op {
@@ -387,6 +394,7 @@ impl Op {
             Op::GatedRmsNorm(_) => "gated_rms_norm",
             Op::SoftmaxTopK { .. } => "softmax_top_k",
             Op::MoeWeights => "moe_weights",
+            Op::Elementwise(_) => "elementwise",
         }
     }
 
@@ -432,6 +440,7 @@ impl fmt::Display for Op {
             Op::RmsNormMul(p) => write!(f, "rms_norm_mul(eps={})", p.eps),
             Op::GatedRmsNorm(p) => write!(f, "gated_rms_norm(eps={})", p.eps),
             Op::SoftmaxTopK { k } => write!(f, "softmax_top_k({k})"),
+            Op::Elementwise(p) => write!(f, "elementwise({p})"),
             Op::Softmax(p) => write!(f, "softmax(scale={})", p.scale),
             Op::L2Norm { eps } => write!(f, "l2_norm(eps={eps})"),
             Op::TopK { k } => write!(f, "top_k({k})"),
@@ -553,6 +562,7 @@ enum OpParams<'a> {
     Rope(&'a RopeParams),
     FlashAttn(&'a FlashAttnParams),
     DeltaNet(&'a GatedDeltaNetParams),
+    Program(&'a ElemProgram),
 }
 
 impl Op {
@@ -588,6 +598,7 @@ impl Op {
             Op::FlashAttnExt(p) => P::FlashAttn(p),
             Op::SsmConvUpdate { silu, ragged } => P::Flags([*silu, *ragged]),
             Op::GatedDeltaNet(p) => P::DeltaNet(p),
+            Op::Elementwise(p) => P::Program(p),
         };
         (mem::discriminant(self), params)
     }

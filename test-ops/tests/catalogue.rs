@@ -122,7 +122,8 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::RmsNormMul(_)
         | Op::GatedRmsNorm(_)
         | Op::SoftmaxTopK { .. }
-        | Op::MoeWeights => op.name(),
+        | Op::MoeWeights
+        | Op::Elementwise(_) => op.name(),
     }
 }
 

@@ -8,6 +8,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod elemfuse;
 mod fused;
 mod matmul;
 mod quant;
@@ -96,6 +97,7 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
         Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
             fused::compute_fused(op, inputs, out)
         }
+        Op::Elementwise(p) => elemfuse::compute_program(p, inputs, out),
         Op::SsmConvUpdate { .. } | Op::GatedDeltaNet(_) => Err(KernelError::Unsupported {
             op: op.name(),
             why: "it updates an input in place: use reference::compute_updating".into(),

@@ -6,6 +6,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod elemfuse;
 mod fused;
 mod matmul;
 mod quant;
@@ -52,6 +53,7 @@ pub fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
         Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
             fused::infer(op, inputs)
         }
+        Op::Elementwise(p) => elemfuse::infer(op, p, inputs),
     }
 }
 
@@ -90,6 +92,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
             fused::flops(op, inputs, out)
         }
+        Op::Elementwise(p) => elemfuse::flops(p, out),
         _ => 0,
     };
     match op {
