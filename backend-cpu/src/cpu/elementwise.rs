@@ -13,7 +13,7 @@ use super::strided::{Dst, Src, row_coords};
 /// `ln(1 + e^x) = max(x, 0) + ln(1 + e^-|x|)`: no overflow for large `x`, and `ln_1p` keeps the
 /// tiny values of very negative `x`.
 #[inline]
-fn softplus(x: f32) -> f32 {
+pub(super) fn softplus(x: f32) -> f32 {
     x.max(0.0) + exp(-x.abs()).ln_1p()
 }
 

@@ -28,6 +28,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod elemfuse;
 mod fused;
 mod math;
 mod matmul;
@@ -427,6 +428,11 @@ fn dispatch(
         Op::RmsNormMul(p) => fused::rms_norm_mul(p.eps, input(0)?, input(1)?, &mut dst),
         Op::GatedRmsNorm(p) => fused::gated_rms_norm(p.eps, input(0)?, input(1)?, input(2)?, &mut dst),
         Op::SoftmaxTopK { k } => fused::softmax_top_k(*k, input(0)?, &mut dst),
+        Op::Elementwise(p) => {
+            let xs: SmallVec<[Src<'_>; 6]> = (0..p.n_inputs()).map(input).collect::<Result<_, _>>()?;
+            elemfuse::elementwise(p, &xs, &mut dst);
+            Ok(())
+        }
         Op::SsmConvUpdate { silu, ragged } => {
             let offsets = if *ragged { Some(input(4)?) } else { None };
             conv::ssm_conv_update(*silu, input(0)?, state()?, input(2)?, input(3)?, offsets, &mut dst)
