@@ -62,6 +62,13 @@ fn the_passes_fire_on_the_model_and_keep_its_logits() {
         let moe = matches!(c.ffn, tessera_models::config::Ffn::Moe { .. });
         assert_eq!(applied("softmax_top_k"), if moe { layers } else { 0 }, "{p}");
         assert_eq!(applied("moe_weights"), if moe { layers } else { 0 }, "{p}");
+        // elementwise_chains: the DeltaNet decay mul(softplus(add(alpha, dt_bias)), a) (3 ops), the
+        // attention output gate mul(o, sigmoid(gate)) (2), the shared-expert gate
+        // add(moe, mul(sh, sigmoid(gate))) (3).
+        let chains = s.reports.iter().find(|r| r.pass == "elementwise_chains").expect("the pass ran");
+        let moe_layers = if moe { layers } else { 0 };
+        assert_eq!(chains.applied, layers + moe_layers, "{p}");
+        assert_eq!(chains.nodes_removed, 2 * (layers - attn) + attn + 2 * moe_layers, "{p}");
         let mut m = m;
         m.free(&mut be);
     }

@@ -12,11 +12,13 @@
 //! Writing a pass: docs/FUSION.md. The [`pattern::Matcher`] answers the questions a pattern asks
 //! (which op, who reads it, may it be swallowed) with the guards that keep a rewrite safe.
 
+mod elementwise;
 mod fold_scales;
 mod moe_router;
 mod norms;
 pub mod pattern;
 
+pub use elementwise::ElementwiseChains;
 pub use fold_scales::FoldScales;
 pub use moe_router::{MoeWeights, SoftmaxTopK};
 pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul};
@@ -114,6 +116,7 @@ pub fn standard() -> Pipeline {
         .with(SoftmaxTopK)
         .with(MoeWeights)
         .with(FoldScales)
+        .with(ElementwiseChains)
 }
 
 impl Pipeline {
