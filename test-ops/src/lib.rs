@@ -7,13 +7,17 @@
 //! it. The backends and who judges whom are listed in [`backends::registry`]: the f64 reference
 //! judges the CPU backend, the CPU backend judges every other backend.
 //!
-//! The `tessera-test-ops` binary drives the same API: `eval`, `perf` and `list`.
+//! [`fusion`] checks the fusion passes: each on graphs with its pattern and near-misses, and the
+//! models' step graphs, with the pass on and off on a backend.
+//!
+//! The `tessera-test-ops` binary drives the same API: `eval`, `perf`, `fusion` and `list`.
 
 pub mod backends;
 mod case;
 mod cases;
 pub mod check;
 mod eval;
+pub mod fusion;
 mod inputs;
 mod perf;
 

@@ -1,13 +1,15 @@
-//! `tessera-test-ops`: check every backend against its judge (`eval`), time ops (`perf`), or
-//! list the cases (`list`).
+//! `tessera-test-ops`: check every backend against its judge (`eval`), time ops (`perf`), check
+//! the fusion passes (`fusion`), or list the cases (`list`).
 //!
 //! ```text
 //! tessera-test-ops eval [--op mul_mat,softmax] [--filter type_a=f16] [--backend cpu] [-v]
 //! tessera-test-ops perf --op mul_mat [--time-ms 250]
+//! tessera-test-ops fusion [--backend cpu|cuda|all] [--pass rms_norm_mul] [--filter miss=] [-v]
 //! tessera-test-ops list [--perf]
 //! ```
 //!
-//! `eval` exits non-zero when any case fails; its last line is always `N passed, M failed`.
+//! `eval` and `fusion` exit non-zero when any case fails; their last line is always `N passed, M
+//! failed`.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -57,6 +59,26 @@ enum Mode {
         /// replays, pool reuses, ...).
         #[arg(long)]
         counters: bool,
+    },
+    /// Check the fusion passes: each pass of the standard pipeline on graphs with its pattern and
+    /// near-misses, and the models' step graphs, with the pass on and off on each backend.
+    Fusion {
+        /// Backend name (repeatable or comma-separated), or `all`; default: every backend that
+        /// has a judge (`ref` only when named).
+        #[arg(long = "backend", value_delimiter = ',')]
+        backends: Vec<String>,
+        /// Only this pass (repeatable or comma-separated); the models then run with only it on.
+        #[arg(long = "pass", value_delimiter = ',')]
+        passes: Vec<String>,
+        /// Keep only cases whose label contains this substring (`model(` for the models).
+        #[arg(long)]
+        filter: Option<String>,
+        /// Skip the models' step graphs.
+        #[arg(long)]
+        no_models: bool,
+        /// Print every case, not only failures.
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Print the labels of the selected cases.
     List {
@@ -146,6 +168,9 @@ fn main() -> ExitCode {
                 ..PerfBudget::default()
             };
             perf(&select, budget, eval_cases, counters)
+        }
+        Mode::Fusion { backends, passes, filter, no_models, verbose } => {
+            fusion(&FusionArgs { backends, passes, filter, models: !no_models, verbose })
         }
         Mode::List { select, perf } => list(&select, perf),
     };
@@ -249,6 +274,153 @@ fn case_line(r: &CaseResult) -> String {
     };
     let bound = if r.bound() > 0.0 { format!("{:.0e}", r.bound()) } else { "exact".to_string() };
     format!("  {:<4} {}  nmse={:.2e} <= {bound}  {status}", r.backend, r.label, r.max_nmse())
+}
+
+struct FusionArgs {
+    backends: Vec<String>,
+    passes: Vec<String>,
+    filter: Option<String>,
+    models: bool,
+    verbose: bool,
+}
+
+/// Per-pass counts for the fusion summary.
+#[derive(Default)]
+struct PassTally {
+    passed: usize,
+    failed: usize,
+    unsupported: usize,
+    fusions: usize,
+    worst_nmse: f64,
+}
+
+fn fusion(args: &FusionArgs) -> Result<ExitCode, CliError> {
+    use tessera_test_ops::fusion::{
+        FusionResult, check_fusion_case, check_model_case, generator_gaps, model_cases, only, pass_generators,
+    };
+    let mut out = io::stdout().lock();
+    let standard = tessera_graph::passes::standard();
+    let names: Vec<&'static str> = standard.passes().into_iter().map(|(n, _)| n).collect();
+    let unknown: Vec<&str> = args.passes.iter().map(String::as_str).filter(|p| !names.contains(p)).collect();
+    if !unknown.is_empty() {
+        return Err(format!("unknown pass {}; passes: {}", unknown.join(", "), names.join(", ")).into());
+    }
+    let chosen: Vec<&'static str> =
+        names.iter().copied().filter(|n| args.passes.is_empty() || args.passes.iter().any(|p| p == n)).collect();
+    let keep = |label: &str| args.filter.as_deref().is_none_or(|f| label.contains(f));
+    let start = Instant::now();
+    let (mut passed, mut failed, mut unsupported, mut skipped) = (0, 0, 0, 0);
+
+    // A pass without a generator (or a generator without a pass) fails the run once.
+    for gap in generator_gaps(&standard) {
+        writeln!(out, "FAIL: {gap}")?;
+        failed += 1;
+    }
+    let gens = pass_generators();
+    let mut cases = Vec::new();
+    for &pass in &chosen {
+        let Some(g) = gens.iter().find(|g| g.pass == pass) else { continue };
+        let pipeline = only(pass).map_err(|e| e.to_string())?;
+        let mine: Vec<_> = (g.cases)().into_iter().filter(|c| keep(c.vars())).collect();
+        cases.push((pass, pipeline, mine));
+    }
+    let models: Vec<_> = if !args.models {
+        Vec::new()
+    } else if args.passes.is_empty() {
+        model_cases(None)
+    } else {
+        chosen.iter().flat_map(|&p| model_cases(Some(p))).collect()
+    };
+    let models: Vec<_> = models.into_iter().filter(|m| keep(&m.label())).collect();
+
+    let all = backends::registry();
+    let entries: Vec<BackendEntry> = if args.backends.is_empty() || args.backends.iter().any(|b| b == "all") {
+        all.into_iter().filter(|e| e.judge.is_some()).collect()
+    } else {
+        let select = Select { ops: Vec::new(), filter: None, backends: args.backends.clone() };
+        select.backends(false)?
+    };
+    for entry in &entries {
+        let n_cases: usize = cases.iter().map(|(_, _, c)| c.len()).sum();
+        writeln!(out, "== {}: {n_cases} pass cases, {} model cases", entry.name, models.len())?;
+        let mut backend = match (entry.make)() {
+            Ok(b) => b,
+            Err(e) => {
+                writeln!(out, "skipping {}: {e}", entry.name)?;
+                skipped += 1;
+                continue;
+            }
+        };
+        let mut tally: Vec<(&str, PassTally)> = Vec::new();
+        let mut record = |pass: &'static str, r: &FusionResult, out: &mut io::StdoutLock<'_>| -> io::Result<()> {
+            let i = match tally.iter().position(|(p, _)| *p == pass) {
+                Some(i) => i,
+                None => {
+                    tally.push((pass, PassTally::default()));
+                    tally.len() - 1
+                }
+            };
+            let t = &mut tally[i].1;
+            match &r.outcome {
+                Outcome::Passed => t.passed += 1,
+                Outcome::Failed(_) => t.failed += 1,
+                Outcome::Unsupported(_) => t.unsupported += 1,
+            }
+            t.fusions += r.applied;
+            t.worst_nmse = t.worst_nmse.max(r.max_nmse());
+            if args.verbose || r.failed() {
+                writeln!(out, "{}", fusion_line(r))?;
+            }
+            Ok(())
+        };
+        for (pass, pipeline, list) in &cases {
+            for c in list {
+                let r = check_fusion_case(c, pipeline, backend.as_mut());
+                record(pass, &r, &mut out)?;
+            }
+        }
+        for m in &models {
+            let r = check_model_case(m, backend.as_mut());
+            record("models", &r, &mut out)?;
+        }
+        writeln!(out, "-- {} per pass: passed/total, fusions applied, worst nmse (on vs off)", entry.name)?;
+        let width = tally.iter().map(|(p, _)| p.len()).max().unwrap_or(0);
+        for (pass, t) in &tally {
+            let total = t.passed + t.failed + t.unsupported;
+            let extra = if t.unsupported > 0 { format!(", {} not supported", t.unsupported) } else { String::new() };
+            let status = if t.failed > 0 { "FAIL" } else { "ok" };
+            writeln!(
+                out,
+                "  {pass:<width$} {:>4}/{total:<4} {:>5} fusions {:>9.2e}  {status}{extra}",
+                t.passed, t.fusions, t.worst_nmse
+            )?;
+            passed += t.passed;
+            failed += t.failed;
+            unsupported += t.unsupported;
+        }
+    }
+    writeln!(out, "fusion took {:.1} s; {unsupported} not supported (not counted)", start.elapsed().as_secs_f64())?;
+    writeln!(out, "{passed} passed, {failed} failed")?;
+    let asked_and_skipped = !args.backends.is_empty() && skipped > 0;
+    Ok(if failed == 0 && !asked_and_skipped { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// `  cpu  label  fusions 1/1  nmse=0.00e0 <= 1e-7  OK` or `... FAIL: reason`.
+fn fusion_line(r: &tessera_test_ops::fusion::FusionResult) -> String {
+    let status = match &r.outcome {
+        Outcome::Passed => "OK".to_string(),
+        Outcome::Failed(_) => format!("FAIL: {}", r.reason()),
+        Outcome::Unsupported(why) => format!("not supported: {why}"),
+    };
+    let bound = if r.bound() > 0.0 { format!("{:.0e}", r.bound()) } else { "exact".to_string() };
+    format!(
+        "  {:<4} {}  fusions {}/{}  nmse={:.2e} <= {bound}  {status}",
+        r.backend,
+        r.label,
+        r.applied,
+        r.expected,
+        r.max_nmse()
+    )
 }
 
 fn perf(select: &Select, budget: PerfBudget, eval_cases: bool, counters: bool) -> Result<ExitCode, CliError> {

@@ -1,0 +1,988 @@
+//! The fusion cases of each pass: its pattern at the models' shapes, odd shapes and shapes drawn
+//! from a seeded generator, in each surrounding ([`Ctx`]: extra readers, an output in the middle,
+//! in-place writes before and after); its variants (inputs read through views, chains, both
+//! operand orders); and near-misses the pass must leave alone: an intermediate with a second
+//! reader or marked as an output, a wrong op or parameter, a shape or layout the fused op
+//! refuses, a view where the pattern needs a computed tensor, and an in-place write between the
+//! pattern's nodes into a tensor the fused op would read late.
+//!
+//! Every pass of `passes::standard()` needs an entry in [`generators`]; the mode fails for a
+//! pass without one.
+
+use std::fmt;
+use std::sync::Arc;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tessera_graph::{Graph, GraphError, Tensor};
+use tessera_ops::{BinaryOp, DType, UnaryOp};
+
+use super::{FusionCase, PassGenerator};
+use crate::case::{Init, InputSpec as In, Layout, Shape};
+
+type R = Result<Tensor, GraphError>;
+
+const F32: DType = DType::F32;
+const F16: DType = DType::F16;
+const I32: DType = DType::I32;
+const EPS: f32 = 1e-6;
+
+/// Every pass's generator, by pass name.
+pub(super) fn generators() -> Vec<PassGenerator> {
+    vec![
+        PassGenerator { pass: "add_rms_norm_mul", cases: add_rms_norm_mul },
+        PassGenerator { pass: "gated_rms_norm", cases: gated_rms_norm },
+        PassGenerator { pass: "rms_norm_mul", cases: rms_norm_mul },
+        PassGenerator { pass: "softmax_top_k", cases: softmax_top_k },
+        PassGenerator { pass: "moe_weights", cases: moe_weights },
+        PassGenerator { pass: "fold_scales", cases: fold_scales },
+        PassGenerator { pass: "elementwise_chains", cases: elementwise_chains },
+    ]
+}
+
+/// What surrounds a pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    /// The pattern's result is the graph's output.
+    Plain,
+    /// Every float input is read by another op too (an output), and the result by two consumers.
+    Readers,
+    /// The result is an output and read by a consumer.
+    MidOutput,
+    /// The first input is a state leaf written in place just before the pattern (which reads it
+    /// through the write's result) and again just after it.
+    InPlace,
+}
+
+const CTXS: [Ctx; 4] = [Ctx::Plain, Ctx::Readers, Ctx::MidOutput, Ctx::InPlace];
+
+impl fmt::Display for Ctx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Ctx::Plain => "plain",
+            Ctx::Readers => "readers",
+            Ctx::MidOutput => "mid_output",
+            Ctx::InPlace => "in_place",
+        })
+    }
+}
+
+/// Builds a pattern from its inputs; returns its result.
+type Core = Arc<dyn Fn(&mut Graph, &[Tensor]) -> R + Send + Sync>;
+/// An op reading a pattern's result (the pattern's inputs at hand).
+type Consume = fn(&mut Graph, Tensor, &[Tensor]) -> R;
+
+fn core(f: impl Fn(&mut Graph, &[Tensor]) -> R + Send + Sync + 'static) -> Core {
+    Arc::new(f)
+}
+
+/// A float result scaled: what reads a normalised activation.
+fn halve(g: &mut Graph, r: Tensor, _: &[Tensor]) -> R {
+    g.scale(r, 0.5)
+}
+
+/// The pattern `core` on `inputs` (the first contiguous) in the surroundings `ctx`.
+fn embed(
+    pass: &'static str,
+    params: String,
+    mut inputs: Vec<In>,
+    expect: usize,
+    ctx: Ctx,
+    core: Core,
+    consume: Consume,
+) -> FusionCase {
+    let n = inputs.len();
+    if ctx == Ctx::InPlace {
+        let first = inputs[0].clone();
+        assert_eq!(first.layout, Layout::Contiguous, "{pass}: an in-place context writes a contiguous first input");
+        let x = first.ne;
+        let (side, ids) = ([x[0], 1, x[2], x[3]], [1, x[2], x[3], 1]);
+        let init = Init::Ids { rows: x[1], unique: true };
+        inputs[0] = first.state();
+        inputs.push(In::new("side", inputs[0].dtype, side).init(inputs[0].init));
+        inputs.push(In::new("side_ids", I32, ids).init(init));
+        inputs.push(In::new("side2", inputs[0].dtype, side).init(inputs[0].init));
+        inputs.push(In::new("side2_ids", I32, ids).init(init));
+    }
+    FusionCase::new(pass, format_args!("{params},ctx={ctx}"), inputs, expect, move |g, t| {
+        let (x, extra) = t.split_at(n);
+        match ctx {
+            Ctx::Plain => core(g, x),
+            Ctx::MidOutput => {
+                let r = core(g, x)?;
+                g.mark_output(r)?;
+                consume(g, r, x)
+            }
+            Ctx::Readers => {
+                for &i in x.iter().filter(|i| i.dtype().is_float()) {
+                    let y = g.neg(i)?;
+                    g.mark_output(y)?;
+                }
+                let r = core(g, x)?;
+                let a = consume(g, r, x)?;
+                g.mark_output(a)?;
+                consume(g, r, x)
+            }
+            Ctx::InPlace => {
+                let mut x = x.to_vec();
+                x[0] = g.set_rows(t[0], extra[0], extra[1])?;
+                let r = core(g, &x)?;
+                g.set_rows(t[0], extra[2], extra[3])?;
+                Ok(r)
+            }
+        }
+    })
+}
+
+/// A case outside any context.
+fn plain(
+    pass: &'static str,
+    params: impl fmt::Display,
+    inputs: Vec<In>,
+    expect: usize,
+    build: impl Fn(&mut Graph, &[Tensor]) -> R + Send + Sync + 'static,
+) -> FusionCase {
+    FusionCase::new(pass, params, inputs, expect, build)
+}
+
+/// `n` shapes `[e, rows, 1, 1]` drawn from a generator seeded by the pass's name: rows of
+/// `1..=max_e` elements, `1..=max_rows` of them.
+fn drawn(pass: &str, n: usize, max_e: usize, max_rows: usize) -> Vec<[usize; 4]> {
+    let seed = pass.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..n).map(|_| [rng.random_range(1..=max_e), rng.random_range(1..=max_rows), 1, 1]).collect()
+}
+
+/// The weight of a norm over rows of `e`.
+fn weight(e: usize) -> In {
+    In::new("w", F32, [e, 1, 1, 1]).init(Init::POSITIVE)
+}
+
+/// Inputs for an in-place write into `x` of shape `ne` between a pattern's nodes: the rows and
+/// their ids (one row per `[.., j, k]`).
+fn write_into(ne: [usize; 4]) -> [In; 2] {
+    [
+        In::new("src", F32, [ne[0], 1, ne[2], ne[3]]),
+        In::new("ids", I32, [1, ne[2], ne[3], 1]).init(Init::Ids { rows: ne[1], unique: true }),
+    ]
+}
+
+// ---- add_rms_norm_mul: s = a + b; rms_norm(s) * w ----
+
+const ARNM: &str = "add_rms_norm_mul";
+
+fn arnm(g: &mut Graph, a: Tensor, b: Tensor, w: Tensor) -> R {
+    let s = g.add(a, b)?;
+    let h = g.rms_norm(s, EPS)?;
+    g.mul(h, w)
+}
+
+fn arnm_inputs(ne: [usize; 4]) -> Vec<In> {
+    vec![In::new("a", F32, ne), In::new("b", F32, ne), weight(ne[0])]
+}
+
+fn add_rms_norm_mul() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // The tiny models' stream (64), the 35B-A3B's (2048), odd rows, one element, a row past a warp.
+    let mut shapes = vec![[64, 1, 1, 1], [64, 5, 1, 1], [2048, 1, 1, 1], [2048, 7, 1, 1], [67, 3, 1, 1], [1, 1, 1, 1]];
+    shapes.extend(drawn(ARNM, 2, 600, 9));
+    for ne in shapes {
+        for ctx in CTXS {
+            let c = core(|g, x| arnm(g, x[0], x[1], x[2]));
+            out.push(embed(ARNM, format!("ne={}", Shape(ne)), arnm_inputs(ne), 1, ctx, c, halve));
+        }
+    }
+    let ne = [64, 3, 1, 1];
+    // The residual stream: the sum is read again after the norm (its plane stands in for it).
+    for ctx in CTXS {
+        let c = core(|g, x| {
+            let s = g.add(x[0], x[1])?;
+            let h = g.rms_norm(s, EPS)?;
+            let h = g.mul(h, x[2])?;
+            let f = g.scale(h, 0.5)?;
+            g.add(s, f)
+        });
+        out.push(embed(ARNM, format!("ne={},residual", Shape(ne)), arnm_inputs(ne), 1, ctx, c, halve));
+    }
+    // The sum an output of the graph.
+    out.push(plain(ARNM, "ne=[64,3,1,1],sum_output", arnm_inputs(ne), 1, |g, x| {
+        let s = g.add(x[0], x[1])?;
+        g.mark_output(s)?;
+        let h = g.rms_norm(s, EPS)?;
+        g.mul(h, x[2])
+    }));
+    // Two blocks of the stream: two fusions, the second reading the first's sum plane.
+    out.push(plain(ARNM, "ne=[64,3,1,1],two_blocks", arnm_inputs(ne), 2, |g, x| {
+        let s1 = g.add(x[0], x[1])?;
+        let h1 = g.rms_norm(s1, EPS)?;
+        let h1 = g.mul(h1, x[2])?;
+        let f = g.scale(h1, 0.25)?;
+        let s2 = g.add(s1, f)?;
+        let h2 = g.rms_norm(s2, EPS)?;
+        let h2 = g.mul(h2, x[2])?;
+        g.add(s2, h2)
+    }));
+    // Addends whose rows are apart, a weight per token, eps 0.
+    let windowed = vec![In::new("a", F32, ne).layout(Layout::WINDOW), In::new("b", F32, ne), weight(64)];
+    out.push(plain(ARNM, "ne=[64,3,1,1],a=window", windowed, 1, |g, x| arnm(g, x[0], x[1], x[2])));
+    let per_token = vec![In::new("a", F32, ne), In::new("b", F32, ne), In::new("w", F32, ne).init(Init::POSITIVE)];
+    out.push(plain(ARNM, "ne=[64,3,1,1],w=per_token", per_token, 1, |g, x| arnm(g, x[0], x[1], x[2])));
+    out.push(plain(ARNM, "ne=[64,3,1,1],eps=0", arnm_inputs(ne), 1, |g, x| {
+        let s = g.add(x[0], x[1])?;
+        let h = g.rms_norm(s, 0.0)?;
+        g.mul(h, x[2])
+    }));
+
+    // Near-misses.
+    out.push(plain(ARNM, "miss=norm_two_readers", arnm_inputs(ne), 0, |g, x| {
+        let s = g.add(x[0], x[1])?;
+        let h = g.rms_norm(s, EPS)?;
+        let other = g.neg(h)?;
+        g.mark_output(other)?;
+        g.mul(h, x[2])
+    }));
+    out.push(plain(ARNM, "miss=norm_output", arnm_inputs(ne), 0, |g, x| {
+        let s = g.add(x[0], x[1])?;
+        let h = g.rms_norm(s, EPS)?;
+        g.mark_output(h)?;
+        g.mul(h, x[2])
+    }));
+    out.push(plain(ARNM, "miss=sub", arnm_inputs(ne), 0, |g, x| {
+        let s = g.sub(x[0], x[1])?;
+        let h = g.rms_norm(s, EPS)?;
+        g.mul(h, x[2])
+    }));
+    // A transposed addend (nb0 != 4): the add takes it, the fused op refuses it.
+    let t = [8, 5, 1, 1];
+    let transposed = vec![In::new("a", F32, t).layout(Layout::TRANSPOSED), In::new("b", F32, t), weight(8)];
+    out.push(plain(ARNM, "miss=a_transposed", transposed, 0, |g, x| arnm(g, x[0], x[1], x[2])));
+    // A 3-D sum (the fused op stacks its planes in dim 2), and an f16 weight.
+    out.push(plain(ARNM, "miss=sum_3d", arnm_inputs([16, 3, 2, 1]), 0, |g, x| arnm(g, x[0], x[1], x[2])));
+    let half_w = vec![In::new("a", F32, ne), In::new("b", F32, ne), In::new("w", F16, [64, 1, 1, 1])];
+    out.push(plain(ARNM, "miss=w_f16", half_w, 0, |g, x| arnm(g, x[0], x[1], x[2])));
+    out.push(plain(ARNM, "miss=view_of_sum", arnm_inputs(ne), 0, |g, x| {
+        let s = g.add(x[0], x[1])?;
+        let v = g.view(s, s.ne(), s.meta().nb, 0)?;
+        let h = g.rms_norm(v, EPS)?;
+        g.mul(h, x[2])
+    }));
+    // `a` rewritten between the add and the mul: the fused op would read the new rows.
+    let mut written = arnm_inputs(ne);
+    written[0] = written[0].clone().state();
+    written.extend(write_into(ne));
+    out.push(plain(ARNM, "miss=in_place_between", written, 0, |g, x| {
+        let s = g.add(x[0], x[1])?;
+        g.set_rows(x[0], x[3], x[4])?;
+        let h = g.rms_norm(s, EPS)?;
+        g.mul(h, x[2])
+    }));
+    out
+}
+
+// ---- gated_rms_norm: rms_norm(x) * w * silu(z) ----
+
+const GATED: &str = "gated_rms_norm";
+
+fn gated(g: &mut Graph, x: Tensor, w: Tensor, z: Tensor) -> R {
+    let h = g.rms_norm(x, EPS)?;
+    let h = g.mul(h, w)?;
+    let z = g.silu(z)?;
+    g.mul(h, z)
+}
+
+fn gated_inputs(ne: [usize; 4], w: [usize; 4]) -> Vec<In> {
+    vec![
+        In::new("x", F32, ne),
+        In::new("w", F32, w).init(Init::POSITIVE),
+        In::new("z", F32, ne).init(Init::Uniform { lo: -8.0, hi: 8.0 }),
+    ]
+}
+
+fn gated_rms_norm() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // The tiny models' DeltaNet output (S_v 16 over 4 heads), the 35B-A3B's (128 over 32), odd.
+    let mut shapes = vec![
+        ([16, 4, 1, 1], [16, 1, 1, 1]),
+        ([16, 4, 5, 1], [16, 1, 1, 1]),
+        ([128, 32, 1, 1], [128, 1, 1, 1]),
+        ([128, 32, 3, 1], [128, 1, 1, 1]),
+        ([7, 3, 1, 1], [7, 1, 1, 1]),
+        ([33, 5, 2, 1], [33, 1, 2, 1]),
+        ([1, 1, 1, 1], [1, 1, 1, 1]),
+    ];
+    shapes.extend(drawn(GATED, 2, 300, 9).into_iter().map(|ne| (ne, [ne[0], 1, 1, 1])));
+    for (ne, w) in shapes {
+        for ctx in CTXS {
+            let c = core(|g, x| gated(g, x[0], x[1], x[2]));
+            let params = format!("ne={},w={}", Shape(ne), Shape(w));
+            out.push(embed(GATED, params, gated_inputs(ne, w), 1, ctx, c, halve));
+        }
+    }
+    let (ne, w) = ([16, 4, 3, 1], [16, 1, 1, 1]);
+    // The gate on the left, the gate computed before the norm, z a reshaped projection (the
+    // model's), x with heads and tokens swapped.
+    out.push(plain(GATED, "gate_first", gated_inputs(ne, w), 1, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        let z = g.silu(x[2])?;
+        g.mul(z, h)
+    }));
+    out.push(plain(GATED, "silu_before_norm", gated_inputs(ne, w), 1, |g, x| {
+        let z = g.silu(x[2])?;
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        g.mul(h, z)
+    }));
+    let projected = vec![
+        In::new("x", F32, ne),
+        In::new("w", F32, w).init(Init::POSITIVE),
+        In::new("zp", F32, [64, 3, 1, 1]).init(Init::Uniform { lo: -8.0, hi: 8.0 }),
+    ];
+    out.push(plain(GATED, "z=reshaped", projected, 1, |g, x| {
+        let z = g.reshape(x[2], &[16, 4, 3])?;
+        gated(g, x[0], x[1], z)
+    }));
+    let swapped = vec![
+        In::new("x", F32, ne).layout(Layout::SWAP12),
+        In::new("w", F32, w).init(Init::POSITIVE),
+        In::new("z", F32, ne).layout(Layout::WINDOW),
+    ];
+    out.push(plain(GATED, "x=swap12,z=window", swapped, 1, |g, x| gated(g, x[0], x[1], x[2])));
+
+    // Near-misses.
+    out.push(plain(GATED, "miss=silu_two_readers", gated_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        let z = g.silu(x[2])?;
+        let other = g.scale(z, 2.0)?;
+        g.mark_output(other)?;
+        g.mul(h, z)
+    }));
+    out.push(plain(GATED, "miss=product_two_readers", gated_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        g.mark_output(h)?;
+        let z = g.silu(x[2])?;
+        g.mul(h, z)
+    }));
+    out.push(plain(GATED, "miss=sigmoid_gate", gated_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        let z = g.sigmoid(x[2])?;
+        g.mul(h, z)
+    }));
+    out.push(plain(GATED, "miss=view_of_gate", gated_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        let z = g.silu(x[2])?;
+        let z = g.view(z, z.ne(), z.meta().nb, 0)?;
+        g.mul(h, z)
+    }));
+    // A transposed gate (nb0 != 4): silu takes it, the fused op refuses it.
+    let t = [7, 33, 1, 1];
+    let transposed = vec![
+        In::new("x", F32, t),
+        In::new("w", F32, [7, 1, 1, 1]).init(Init::POSITIVE),
+        In::new("z", F32, t).layout(Layout::TRANSPOSED),
+    ];
+    out.push(plain(GATED, "miss=z_transposed", transposed, 0, |g, x| gated(g, x[0], x[1], x[2])));
+    // x rewritten between the norm and the product.
+    let mut written = gated_inputs(ne, w);
+    written[0] = written[0].clone().state();
+    written.extend(write_into(ne));
+    out.push(plain(GATED, "miss=in_place_between", written, 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        g.set_rows(x[0], x[3], x[4])?;
+        let z = g.silu(x[2])?;
+        g.mul(h, z)
+    }));
+    out
+}
+
+// ---- rms_norm_mul: rms_norm(x) * w ----
+
+const RNM: &str = "rms_norm_mul";
+
+fn rnm(g: &mut Graph, x: Tensor, w: Tensor) -> R {
+    let h = g.rms_norm(x, EPS)?;
+    g.mul(h, w)
+}
+
+fn rnm_inputs(ne: [usize; 4], w: [usize; 4]) -> Vec<In> {
+    vec![In::new("x", F32, ne), In::new("w", F32, w).init(Init::POSITIVE)]
+}
+
+fn rms_norm_mul() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // The tiny models' first and output norms (64) and q/k norms (32-wide heads), the 35B-A3B's,
+    // odd shapes, a weight varying along dim 1.
+    let mut shapes = vec![
+        ([64, 1, 1, 1], [64, 1, 1, 1]),
+        ([64, 9, 1, 1], [64, 1, 1, 1]),
+        ([32, 2, 5, 1], [32, 1, 1, 1]),
+        ([256, 16, 3, 1], [256, 1, 1, 1]),
+        ([2048, 7, 1, 1], [2048, 1, 1, 1]),
+        ([7, 3, 1, 1], [7, 1, 1, 1]),
+        ([33, 5, 2, 3], [33, 5, 1, 1]),
+        ([1, 1, 1, 1], [1, 1, 1, 1]),
+    ];
+    shapes.extend(drawn(RNM, 2, 600, 9).into_iter().map(|ne| (ne, [ne[0], 1, 1, 1])));
+    for (ne, w) in shapes {
+        for ctx in CTXS {
+            let c = core(|g, x| rnm(g, x[0], x[1]));
+            let params = format!("ne={},w={}", Shape(ne), Shape(w));
+            out.push(embed(RNM, params, rnm_inputs(ne, w), 1, ctx, c, halve));
+        }
+    }
+    let (ne, w) = ([32, 4, 3, 1], [32, 1, 1, 1]);
+    // x through views: heads and tokens swapped, rows apart, the q half of a joint q+gate
+    // projection (the model's attention); a transposed weight; two norms in a row.
+    for (name, layout) in [("swap12", Layout::SWAP12), ("window", Layout::WINDOW)] {
+        let inputs = vec![In::new("x", F32, ne).layout(layout), In::new("w", F32, w).init(Init::POSITIVE)];
+        out.push(plain(RNM, format_args!("x={name}"), inputs, 1, |g, x| rnm(g, x[0], x[1])));
+    }
+    let joint = vec![In::new("qg", F32, [2 * 32 * 2, 3, 1, 1]), In::new("w", F32, w).init(Init::POSITIVE)];
+    out.push(plain(RNM, "x=q_view", joint, 1, |g, x| {
+        let (hd, nh, n) = (32, 2, 3);
+        let nb = [4, 2 * hd * 4, 2 * hd * nh * 4, 2 * hd * nh * n * 4];
+        let q = g.view(x[0], [hd, nh, n, 1], nb, 0)?;
+        rnm(g, q, x[1])
+    }));
+    let t = [7, 33, 1, 1];
+    let w_t = vec![In::new("x", F32, t), In::new("w", F32, t).layout(Layout::TRANSPOSED).init(Init::POSITIVE)];
+    out.push(plain(RNM, "w=transposed", w_t, 1, |g, x| rnm(g, x[0], x[1])));
+    out.push(plain(RNM, "two_norms", rnm_inputs(ne, w), 2, |g, x| {
+        let h = rnm(g, x[0], x[1])?;
+        rnm(g, h, x[1])
+    }));
+
+    // Near-misses.
+    out.push(plain(RNM, "miss=norm_two_readers", rnm_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let other = g.neg(h)?;
+        g.mark_output(other)?;
+        g.mul(h, x[1])
+    }));
+    out.push(plain(RNM, "miss=norm_output", rnm_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        g.mark_output(h)?;
+        g.mul(h, x[1])
+    }));
+    out.push(plain(RNM, "miss=add", rnm_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        g.add(h, x[1])
+    }));
+    out.push(plain(RNM, "miss=l2_norm", rnm_inputs(ne, w), 0, |g, x| {
+        let h = g.l2_norm(x[0], EPS)?;
+        g.mul(h, x[1])
+    }));
+    // A transposed x (nb0 != 4) and an f16 weight: rms_norm and mul take them, the fused op not.
+    let x_t = vec![In::new("x", F32, t).layout(Layout::TRANSPOSED), In::new("w", F32, [7, 1, 1, 1])];
+    out.push(plain(RNM, "miss=x_transposed", x_t, 0, |g, x| rnm(g, x[0], x[1])));
+    let half_w = vec![In::new("x", F32, ne), In::new("w", F16, w)];
+    out.push(plain(RNM, "miss=w_f16", half_w, 0, |g, x| rnm(g, x[0], x[1])));
+    out.push(plain(RNM, "miss=view_of_norm", rnm_inputs(ne, w), 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let v = g.view(h, h.ne(), h.meta().nb, 0)?;
+        g.mul(v, x[1])
+    }));
+    let mut written = rnm_inputs(ne, w);
+    written[0] = written[0].clone().state();
+    written.extend(write_into(ne));
+    out.push(plain(RNM, "miss=in_place_between", written, 0, |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        g.set_rows(x[0], x[2], x[3])?;
+        g.mul(h, x[1])
+    }));
+    out
+}
+
+// ---- softmax_top_k: top_k(softmax(logits), k) ----
+
+const STK: &str = "softmax_top_k";
+
+fn stk(g: &mut Graph, logits: Tensor, k: usize) -> R {
+    let p = g.softmax(logits, 1.0, None)?;
+    g.top_k(p, k)
+}
+
+/// Router logits, distinct per row (no two probabilities near-equal, so the ids do not depend on
+/// rounding).
+fn logits(ne: [usize; 4]) -> In {
+    In::new("logits", F32, ne).init(Init::Distinct)
+}
+
+/// What reads the selected ids: the routing weights gathered by them from another softmax.
+fn gather(g: &mut Graph, ids: Tensor, x: &[Tensor]) -> R {
+    let [e, n, ..] = x[0].ne();
+    let p = g.softmax(x[0], 1.0, None)?;
+    let p3 = g.reshape(p, &[1, e, n])?;
+    g.get_rows(p3, ids)
+}
+
+fn softmax_top_k() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // The tiny-moe router (2 of 8), the 35B-A3B's (8 of 256), odd counts, the longest CUDA row.
+    let mut shapes = vec![
+        ([8, 1, 1, 1], 2),
+        ([8, 6, 1, 1], 2),
+        ([256, 1, 1, 1], 8),
+        ([256, 7, 1, 1], 8),
+        ([256, 32, 1, 1], 8),
+        ([7, 3, 1, 1], 7),
+        ([33, 5, 1, 1], 5),
+        ([1024, 3, 1, 1], 8),
+        ([1, 1, 1, 1], 1),
+    ];
+    shapes.extend(drawn(STK, 2, 300, 9).into_iter().map(|ne| (ne, ne[0].min(8))));
+    for (ne, k) in shapes {
+        for ctx in CTXS {
+            let c = core(move |g, x| stk(g, x[0], k));
+            out.push(embed(STK, format!("ne={},k={k}", Shape(ne)), vec![logits(ne)], 1, ctx, c, gather));
+        }
+    }
+    let (ne, k) = ([64, 3, 1, 1], 4);
+    // The probabilities read by the weights too (they stay), strided logits.
+    out.push(plain(STK, "probs_read_again", vec![logits(ne)], 1, move |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let ids = g.top_k(p, k)?;
+        let p3 = g.reshape(p, &[1, 64, 3])?;
+        g.mark_output(ids)?;
+        g.get_rows(p3, ids)
+    }));
+    for (name, layout) in [("window", Layout::WINDOW), ("transposed", Layout::TRANSPOSED)] {
+        let inputs = vec![logits(ne).layout(layout)];
+        out.push(plain(STK, format_args!("logits={name}"), inputs, 1, move |g, x| stk(g, x[0], k)));
+    }
+
+    // Near-misses.
+    out.push(plain(STK, "miss=scaled_softmax", vec![logits(ne)], 0, move |g, x| {
+        let p = g.softmax(x[0], 0.5, None)?;
+        g.top_k(p, k)
+    }));
+    let masked = vec![logits(ne), In::new("mask", F32, ne).init(Init::Mask)];
+    out.push(plain(STK, "miss=masked_softmax", masked, 0, move |g, x| {
+        let p = g.softmax(x[0], 1.0, Some(x[1]))?;
+        g.top_k(p, k)
+    }));
+    out.push(plain(STK, "miss=sigmoid", vec![logits(ne)], 0, move |g, x| {
+        let p = g.sigmoid(x[0])?;
+        g.top_k(p, k)
+    }));
+    out.push(plain(STK, "miss=logits_3d", vec![logits([16, 3, 2, 1])], 0, move |g, x| stk(g, x[0], k)));
+    out.push(plain(STK, "miss=view_of_probs", vec![logits(ne)], 0, move |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let v = g.view(p, p.ne(), p.meta().nb, 0)?;
+        g.top_k(v, k)
+    }));
+    // The logits rewritten between the softmax and top_k: the fused op, placed at top_k, would
+    // read the new rows.
+    let written = vec![logits(ne).state(), write_into(ne)[0].clone(), write_into(ne)[1].clone()];
+    out.push(plain(STK, "miss=in_place_between", written, 0, move |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        g.set_rows(x[0], x[1], x[2])?;
+        g.top_k(p, k)
+    }));
+    out
+}
+
+// ---- moe_weights: get_rows(softmax(logits), ids) renormalised over the k slots ----
+
+const MOE: &str = "moe_weights";
+
+/// The model's chain from the probabilities to the renormalised `[1, k, n]` weights.
+fn weights_of(g: &mut Graph, p: Tensor, ids: Tensor) -> R {
+    let [e, n, ..] = p.ne();
+    let k = ids.ne()[0];
+    let p3 = g.reshape(p, &[1, e, n])?;
+    let w = g.get_rows(p3, ids)?;
+    let w = g.reshape(w, &[k, n])?;
+    let sum = g.sum_rows(w)?;
+    let w = g.div(w, sum)?;
+    g.reshape(w, &[1, k, n])
+}
+
+/// The router as the model builds it: ids from top_k of the probabilities (an output), weights.
+fn router(g: &mut Graph, logits: Tensor, k: usize) -> R {
+    let p = g.softmax(logits, 1.0, None)?;
+    let ids = g.top_k(p, k)?;
+    g.mark_output(ids)?;
+    weights_of(g, p, ids)
+}
+
+/// Ids given as an input: the probabilities are read only by the chain and go with it.
+fn given_ids(g: &mut Graph, logits: Tensor, ids: Tensor) -> R {
+    let p = g.softmax(logits, 1.0, None)?;
+    weights_of(g, p, ids)
+}
+
+fn ids_input(e: usize, k: usize, n: usize, unique: bool) -> In {
+    In::new("ids", I32, [k, n, 1, 1]).init(Init::Ids { rows: e, unique })
+}
+
+fn moe_weights() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    let mut shapes = vec![
+        ([8, 1, 1, 1], 2),
+        ([8, 6, 1, 1], 2),
+        ([256, 1, 1, 1], 8),
+        ([256, 7, 1, 1], 8),
+        ([7, 3, 1, 1], 7),
+        ([33, 5, 1, 1], 12),
+        ([1, 1, 1, 1], 1),
+    ];
+    shapes.extend(drawn(MOE, 2, 300, 9).into_iter().map(|ne| (ne, ne[0].min(8))));
+    for (ne, k) in shapes {
+        for ctx in CTXS {
+            let c = core(move |g, x| router(g, x[0], k));
+            out.push(embed(MOE, format!("ne={},k={k}", Shape(ne)), vec![logits(ne)], 1, ctx, c, halve));
+        }
+        // Ids as an input (repeats allowed where k > 4), the probabilities swallowed.
+        let inputs = vec![logits(ne), ids_input(ne[0], k, ne[1], k <= 4)];
+        out.push(plain(MOE, format_args!("ne={},k={k},ids=input", Shape(ne)), inputs, 1, |g, x| {
+            given_ids(g, x[0], x[1])
+        }));
+    }
+    let (ne, k) = ([8, 6, 1, 1], 2);
+    // The experts' outputs weighted as the model does.
+    let experts = vec![logits(ne), In::new("ex", F32, [16, k, 6, 1])];
+    out.push(plain(MOE, "weighted_experts", experts, 1, move |g, x| {
+        let w = router(g, x[0], k)?;
+        g.mul(x[1], w)
+    }));
+
+    // Near-misses.
+    let ids = || vec![logits(ne), ids_input(8, k, 6, true)];
+    out.push(plain(MOE, "miss=scaled_softmax", ids(), 0, |g, x| {
+        let p = g.softmax(x[0], 0.5, None)?;
+        weights_of(g, p, x[1])
+    }));
+    out.push(plain(MOE, "miss=gathered_output", ids(), 0, |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let p3 = g.reshape(p, &[1, 8, 6])?;
+        let w = g.get_rows(p3, x[1])?;
+        let w = g.reshape(w, &[2, 6])?;
+        g.mark_output(w)?;
+        let sum = g.sum_rows(w)?;
+        let w = g.div(w, sum)?;
+        g.reshape(w, &[1, 2, 6])
+    }));
+    out.push(plain(MOE, "miss=sum_two_readers", ids(), 0, |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let p3 = g.reshape(p, &[1, 8, 6])?;
+        let w = g.get_rows(p3, x[1])?;
+        let w = g.reshape(w, &[2, 6])?;
+        let sum = g.sum_rows(w)?;
+        g.mark_output(sum)?;
+        let w = g.div(w, sum)?;
+        g.reshape(w, &[1, 2, 6])
+    }));
+    out.push(plain(MOE, "miss=not_renormalised", ids(), 0, |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let p3 = g.reshape(p, &[1, 8, 6])?;
+        g.get_rows(p3, x[1])
+    }));
+    out.push(plain(MOE, "miss=sub", ids(), 0, |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let p3 = g.reshape(p, &[1, 8, 6])?;
+        let w = g.get_rows(p3, x[1])?;
+        let w = g.reshape(w, &[2, 6])?;
+        let sum = g.sum_rows(w)?;
+        let w = g.sub(w, sum)?;
+        g.reshape(w, &[1, 2, 6])
+    }));
+    out.push(plain(MOE, "miss=other_final_shape", ids(), 0, |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let p3 = g.reshape(p, &[1, 8, 6])?;
+        let w = g.get_rows(p3, x[1])?;
+        let w = g.reshape(w, &[2, 6])?;
+        let sum = g.sum_rows(w)?;
+        let w = g.div(w, sum)?;
+        g.reshape(w, &[2, 1, 6])
+    }));
+    out.push(plain(MOE, "miss=view_of_probs", ids(), 0, |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let p3 = g.view(p, [1, 8, 6, 1], [4, 4, 32, 192], 0)?;
+        let w = g.get_rows(p3, x[1])?;
+        let w = g.reshape(w, &[2, 6])?;
+        let sum = g.sum_rows(w)?;
+        let w = g.div(w, sum)?;
+        g.reshape(w, &[1, 2, 6])
+    }));
+    // The logits rewritten between the softmax and the gather, with the ids given (the softmax is
+    // then one of the replaced nodes) and from top_k (the softmax stays: the fused op, placed at
+    // the chain's end, would read the new rows).
+    let mut written = ids();
+    written[0] = written[0].clone().state();
+    written.extend(write_into(ne));
+    out.push(plain(MOE, "miss=in_place_between,ids=input", written, 0, |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        g.set_rows(x[0], x[2], x[3])?;
+        weights_of(g, p, x[1])
+    }));
+    let written = vec![logits(ne).state(), write_into(ne)[0].clone(), write_into(ne)[1].clone()];
+    out.push(plain(MOE, "miss=in_place_between,ids=top_k", written, 0, move |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let ids = g.top_k(p, k)?;
+        g.mark_output(ids)?;
+        g.set_rows(x[0], x[1], x[2])?;
+        weights_of(g, p, ids)
+    }));
+    out
+}
+
+// ---- fold_scales: scale(scale(x)) ----
+
+const FOLD: &str = "fold_scales";
+
+fn two_scales(g: &mut Graph, x: Tensor) -> R {
+    let a = g.scale_bias(x, 2.0, 0.5)?;
+    g.scale_bias(a, -1.5, 0.25)
+}
+
+fn fold_scales() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    let mut shapes = vec![[64, 1, 1, 1], [2048, 7, 1, 1], [67, 3, 1, 1], [1, 1, 1, 1], [33, 5, 2, 3]];
+    shapes.extend(drawn(FOLD, 2, 600, 9));
+    for ne in shapes {
+        for ctx in CTXS {
+            let c = core(|g, x| two_scales(g, x[0]));
+            out.push(embed(FOLD, format!("ne={}", Shape(ne)), vec![In::new("x", F32, ne)], 1, ctx, c, halve));
+        }
+    }
+    let ne = [33, 4, 1, 1];
+    let x = || vec![In::new("x", F32, ne)];
+    // Chains of three (the second fold overlaps the first: one) and four scales (two), a
+    // transposed input, scales without bias.
+    out.push(plain(FOLD, "chain=3", x(), 1, |g, x| {
+        let a = two_scales(g, x[0])?;
+        g.scale(a, 3.0)
+    }));
+    out.push(plain(FOLD, "chain=4", x(), 2, |g, x| {
+        let a = two_scales(g, x[0])?;
+        two_scales(g, a)
+    }));
+    out.push(plain(FOLD, "x=transposed", vec![In::new("x", F32, ne).layout(Layout::TRANSPOSED)], 1, |g, x| {
+        two_scales(g, x[0])
+    }));
+    out.push(plain(FOLD, "no_bias", x(), 1, |g, x| {
+        let a = g.scale(x[0], 0.125)?;
+        g.scale(a, 8.0)
+    }));
+
+    // Near-misses.
+    out.push(plain(FOLD, "miss=first_two_readers", x(), 0, |g, x| {
+        let a = g.scale_bias(x[0], 2.0, 0.5)?;
+        let other = g.neg(a)?;
+        g.mark_output(other)?;
+        g.scale(a, 3.0)
+    }));
+    out.push(plain(FOLD, "miss=first_output", x(), 0, |g, x| {
+        let a = g.scale_bias(x[0], 2.0, 0.5)?;
+        g.mark_output(a)?;
+        g.scale(a, 3.0)
+    }));
+    out.push(plain(FOLD, "miss=neg_between", x(), 0, |g, x| {
+        let a = g.scale_bias(x[0], 2.0, 0.5)?;
+        let a = g.neg(a)?;
+        g.scale(a, 3.0)
+    }));
+    out.push(plain(FOLD, "miss=view_between", x(), 0, |g, x| {
+        let a = g.scale_bias(x[0], 2.0, 0.5)?;
+        let v = g.reshape(a, &[33 * 4])?;
+        g.scale(v, 3.0)
+    }));
+    let mut written = x();
+    written[0] = written[0].clone().state();
+    written.extend(write_into(ne));
+    out.push(plain(FOLD, "miss=in_place_between", written, 0, |g, x| {
+        let a = g.scale_bias(x[0], 2.0, 0.5)?;
+        g.set_rows(x[0], x[1], x[2])?;
+        g.scale(a, 3.0)
+    }));
+    out
+}
+
+// ---- elementwise_chains: a tree of f32 unary / binary / scale ops ----
+
+const ELEM: &str = "elementwise_chains";
+
+/// One step of a drawn elementwise chain, applied to the chain's value so far.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Unary(UnaryOp),
+    Scale(f32, f32),
+    /// `value op input[i]`.
+    Binary(BinaryOp, usize),
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Unary(u) => f.write_str(u.name()),
+            Step::Scale(s, b) => write!(f, "scale({s},{b})"),
+            Step::Binary(op, i) => write!(f, "{}(x{i})", op.name()),
+        }
+    }
+}
+
+/// A chain drawn from `seed`: 2 to 6 steps over the full-shape input 0 and up to 5 more inputs
+/// of shape `[e, n]`, `[e, 1]`, `[1, n]` or `[1, 1]` (broadcast), some read twice; divisors are
+/// positive. No exp (a chain of them overflows).
+fn drawn_chain(seed: u64, e: usize, n: usize) -> (Vec<In>, Vec<Step>) {
+    const NAMES: [&str; 6] = ["x0", "x1", "x2", "x3", "x4", "x5"];
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut inputs = vec![In::new(NAMES[0], F32, [e, n, 1, 1])];
+    let mut steps = Vec::new();
+    for _ in 0..rng.random_range(2..=6usize) {
+        let step = match rng.random_range(0..3) {
+            0 => {
+                let u = [UnaryOp::Neg, UnaryOp::Sigmoid, UnaryOp::Silu, UnaryOp::Softplus][rng.random_range(0..4)];
+                Step::Unary(u)
+            }
+            1 => Step::Scale([0.5, -1.25, 2.0][rng.random_range(0..3)], [0.0, 0.25][rng.random_range(0..2)]),
+            _ => {
+                let op = BinaryOp::ALL[rng.random_range(0..4)];
+                // Read an input again, or add one (while there is room).
+                let reuse = inputs.len() > 1 && (inputs.len() == NAMES.len() || rng.random_range(0..3) == 0);
+                let i = if reuse {
+                    rng.random_range(1..inputs.len())
+                } else {
+                    let ne = [[e, n, 1, 1], [e, 1, 1, 1], [1, n, 1, 1], [1, 1, 1, 1]][rng.random_range(0..4)];
+                    inputs.push(In::new(NAMES[inputs.len()], F32, ne).init(Init::POSITIVE));
+                    inputs.len() - 1
+                };
+                Step::Binary(op, i)
+            }
+        };
+        steps.push(step);
+    }
+    if steps.len() < 2 {
+        steps.push(Step::Unary(UnaryOp::Neg));
+    }
+    (inputs, steps)
+}
+
+fn run_chain(g: &mut Graph, x: &[Tensor], steps: &[Step]) -> R {
+    let mut v = x[0];
+    for s in steps {
+        v = match *s {
+            Step::Unary(u) => g.unary(u, v)?,
+            Step::Scale(s, b) => g.scale_bias(v, s, b)?,
+            Step::Binary(op, i) => g.binary(op, v, x[i])?,
+        };
+    }
+    Ok(v)
+}
+
+fn elementwise_chains() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // The models' chains: the DeltaNet decay softplus(alpha + dt_bias) * a (4 heads in the tiny
+    // models, 32 in the 35B-A3B), the attention output gate o * sigmoid(gate) and the shared
+    // expert's gate sh * sigmoid(g) with one gate per token.
+    for (hv, n) in [(4, 1), (4, 6), (32, 7)] {
+        let inputs = vec![
+            In::new("alpha", F32, [hv, n, 1, 1]),
+            In::new("dt_bias", F32, [hv, 1, 1, 1]),
+            In::new("a", F32, [hv, 1, 1, 1]).init(Init::Uniform { lo: -2.0, hi: -0.1 }),
+        ];
+        for ctx in CTXS {
+            let c = core(|g, x| {
+                let s = g.add(x[0], x[1])?;
+                let s = g.softplus(s)?;
+                g.mul(s, x[2])
+            });
+            let params = format!("decay,ne=[{hv},{n}]");
+            out.push(embed(ELEM, params, inputs.clone(), 1, ctx, c, halve));
+        }
+    }
+    for (e, n) in [(64, 1), (64, 5), (2048, 3)] {
+        let o = vec![In::new("o", F32, [e, n, 1, 1]), In::new("gate", F32, [e, n, 1, 1])];
+        let sh = vec![In::new("sh", F32, [e, n, 1, 1]), In::new("gate", F32, [1, n, 1, 1])];
+        for ctx in CTXS {
+            let c = core(|g, x| {
+                let s = g.sigmoid(x[1])?;
+                g.mul(x[0], s)
+            });
+            out.push(embed(ELEM, format!("attn_gate,ne=[{e},{n}]"), o.clone(), 1, ctx, c.clone(), halve));
+            out.push(embed(ELEM, format!("shexp_gate,ne=[{e},{n}]"), sh.clone(), 1, ctx, c, halve));
+        }
+    }
+    // Drawn chains over broadcast inputs, a transposed first input now and then, each in one of
+    // the surroundings.
+    for i in 0..16u64 {
+        let [e, n, ..] = drawn(ELEM, 16, 300, 9)[i as usize];
+        let (mut inputs, steps) = drawn_chain(0x5eed + i, e, n);
+        let ctx = CTXS[i as usize % CTXS.len()];
+        if i % 5 == 3 && ctx != Ctx::InPlace {
+            inputs[0] = inputs[0].clone().layout(Layout::TRANSPOSED);
+        }
+        let program: Vec<String> = steps.iter().map(|s| s.to_string()).collect();
+        let shapes: Vec<String> = inputs.iter().map(|s| Shape(s.ne).to_string()).collect();
+        let params = format!("chain={},inputs={}", program.join(";"), shapes.join(""));
+        let c = core(move |g, x| run_chain(g, x, &steps));
+        out.push(embed(ELEM, params, inputs, 1, ctx, c, halve));
+    }
+    let ne = [33, 4, 1, 1];
+    let x = |k: usize| -> Vec<In> {
+        ["x0", "x1", "x2", "x3", "x4", "x5", "x6", "x7"][..k].iter().map(|&name| In::new(name, F32, ne)).collect()
+    };
+    // An intermediate read twice splits the tree (two fusions); eight inputs exceed one
+    // program's six (two); scale chains fuse too.
+    out.push(plain(ELEM, "shared_intermediate", x(3), 2, |g, x| {
+        let t = g.add(x[0], x[1])?;
+        let t = g.silu(t)?;
+        let p = g.mul(t, x[2])?;
+        let q = g.sub(t, x[2])?;
+        g.add(p, q)
+    }));
+    out.push(plain(ELEM, "inputs=8", x(8), 2, |g, x| {
+        let mut acc = x[0];
+        for &xi in &x[1..] {
+            acc = g.add(acc, xi)?;
+        }
+        Ok(acc)
+    }));
+    out.push(plain(ELEM, "scales", x(1), 1, |g, x| {
+        let a = g.scale_bias(x[0], 2.0, 0.5)?;
+        g.scale(a, -1.5)
+    }));
+
+    // Near-misses.
+    out.push(plain(ELEM, "miss=single_op", x(1), 0, |g, x| g.neg(x[0])));
+    out.push(plain(ELEM, "miss=f16", vec![In::new("x", F16, ne)], 0, |g, x| {
+        let a = g.neg(x[0])?;
+        g.exp(a)
+    }));
+    out.push(plain(ELEM, "miss=intermediate_output", x(1), 0, |g, x| {
+        let a = g.neg(x[0])?;
+        g.mark_output(a)?;
+        g.exp(a)
+    }));
+    out.push(plain(ELEM, "miss=second_reader", x(1), 0, |g, x| {
+        let a = g.neg(x[0])?;
+        let b = g.exp(a)?;
+        g.mark_output(b)?;
+        g.sigmoid(a)
+    }));
+    out.push(plain(ELEM, "miss=reduce_between", x(1), 0, |g, x| {
+        let a = g.neg(x[0])?;
+        let s = g.sum_rows(a)?;
+        g.sigmoid(s)
+    }));
+    out.push(plain(ELEM, "miss=view_between", x(1), 0, |g, x| {
+        let a = g.neg(x[0])?;
+        let v = g.reshape(a, &[33 * 4])?;
+        g.exp(v)
+    }));
+    let mut written = x(1);
+    written[0] = written[0].clone().state();
+    written.extend(write_into(ne));
+    out.push(plain(ELEM, "miss=in_place_between", written, 0, |g, x| {
+        let a = g.neg(x[0])?;
+        g.set_rows(x[0], x[1], x[2])?;
+        g.exp(a)
+    }));
+    out
+}
