@@ -19,8 +19,8 @@ pub(super) fn infer(op: &Op, p: &ElemProgram, inputs: &[&TensorMeta]) -> Result<
     let mut ne = [1usize; 4];
     for (i, m) in inputs.iter().enumerate() {
         expect_dtype(op, i, m, DType::F32, "f32")?;
-        for d in 0..4 {
-            ne[d] = ne[d].max(m.ne[d]);
+        for (n, &d) in ne.iter_mut().zip(&m.ne) {
+            *n = (*n).max(d);
         }
     }
     for m in inputs {
