@@ -76,6 +76,8 @@ fn every_op() -> Vec<Op> {
         Op::SoftmaxTopK { k: 1 },
         Op::MoeWeights,
     ]);
+    let neg = tessera_ops::ElemInstr::Unary(UnaryOp::Neg, tessera_ops::ElemArg::Input(0));
+    ops.push(Op::Elementwise(tessera_ops::ElemProgram::new(1, vec![neg]).expect("a valid program")));
     ops.extend(UnaryOp::ALL.map(Op::Unary));
     ops.extend(BinaryOp::ALL.map(Op::Binary));
     for op in &ops {

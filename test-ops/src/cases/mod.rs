@@ -15,6 +15,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod elemfuse;
 mod fused;
 mod matmul;
 mod perf;
@@ -56,6 +57,7 @@ pub fn catalogue() -> Vec<Case> {
     delta_net::cases(&mut cases);
     sample::cases(&mut cases);
     fused::cases(&mut cases);
+    elemfuse::cases(&mut cases);
     cases
 }
 

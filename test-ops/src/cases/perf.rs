@@ -22,6 +22,7 @@ pub(super) fn cases() -> Vec<Case> {
     out.extend(super::delta_net::perf_cases());
     out.extend(super::sample::perf_cases());
     out.extend(super::fused::perf_cases());
+    out.extend(super::elemfuse::perf_cases());
     out
 }
 
