@@ -31,6 +31,11 @@ pub struct Fusion {
     /// the tensor that stands in for it: the fused node itself or a view of it. Each must have
     /// exactly the replaced node's descriptor (dtype, shape, strides).
     pub outputs: Vec<(NodeId, FusedOutput)>,
+    /// Nodes outside `nodes` whose work the fused op repeats from its inputs (they stay when
+    /// something else reads them: `softmax_top_k(logits)` recomputes the softmax that `top_k`
+    /// read). The fused op reads its inputs where the last replaced node was, so no in-place
+    /// write may lie between the first of these (or of `nodes`) and that node.
+    pub recomputes: Vec<NodeId>,
 }
 
 /// What stands in for a replaced node that is read from outside its fusion.
@@ -119,8 +124,9 @@ impl Graph {
     ///   last node;
     /// - every node read from outside it (or marked as an output) has a stand-in of exactly its
     ///   descriptor, and every such reader comes after the fusion's last node;
-    /// - no node between its first and last node writes a tensor in place (the fused op reads
-    ///   its inputs where the last node was, so nothing may change them in between).
+    /// - no node between its first and last node (or the first node it recomputes,
+    ///   [`Fusion::recomputes`]) writes a tensor in place: the fused op reads its inputs where the
+    ///   last node was, so nothing may change them in between.
     pub fn fuse(&self, fusions: &[Fusion]) -> Result<(Graph, Remap, FuseStats), GraphError> {
         let live_ids = self.live_nodes();
         let mut live = vec![false; self.len()];
@@ -224,6 +230,7 @@ impl Graph {
             let (Some(&first), Some(&last)) = (fu.nodes.iter().min(), fu.nodes.iter().max()) else {
                 return Err(FusionError::Empty { fusion: f, op }.into());
             };
+            let first = fu.recomputes.iter().copied().fold(first, NodeId::min);
             for &node in &fu.nodes {
                 if self.nodes().get(node.index()).and_then(|n| n.op()).is_none() {
                     return Err(FusionError::NotAnOp { fusion: f, op, node }.into());

@@ -96,6 +96,7 @@ fn a_fusion_with_two_results_reads_them_through_views() {
         op: Op::Concat { dim: 2 },
         inputs: vec![a.id(), b.id()],
         outputs: vec![(ca.id(), FusedOutput::View(plane(0))), (cb.id(), FusedOutput::View(plane(1)))],
+        recomputes: vec![],
     };
     g.check_fusion(&f).unwrap();
     let (g2, remap, stats) = g.fuse(&[f]).unwrap();
@@ -121,6 +122,7 @@ fn unsafe_fusions_are_refused_with_the_reason() {
         op: scale(6.0, 3.5),
         inputs: vec![x.id()],
         outputs: vec![(b.id(), FusedOutput::Whole)],
+        recomputes: vec![],
     };
     g.check_fusion(&good).unwrap();
     // The output has no stand-in.
@@ -155,6 +157,7 @@ fn a_reader_before_the_fused_node_or_an_in_place_write_between_is_refused() {
         op: scale(6.0, 0.0),
         inputs: vec![x.id()],
         outputs: vec![(a.id(), FusedOutput::Whole), (c.id(), FusedOutput::Whole)],
+        recomputes: vec![],
     };
     assert!(matches!(fusion_error(&g, &f), FusionError::EarlyUser { user, .. } if user == r.id()));
 
@@ -172,6 +175,7 @@ fn a_reader_before_the_fused_node_or_an_in_place_write_between_is_refused() {
         op: scale(6.0, 0.0),
         inputs: vec![st.id()],
         outputs: vec![(c.id(), FusedOutput::Whole)],
+        recomputes: vec![],
     };
     assert!(matches!(fusion_error(&g, &f), FusionError::InPlaceBetween { writer, .. } if writer == w.id()));
 }

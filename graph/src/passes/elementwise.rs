@@ -125,6 +125,7 @@ impl Pass for ElementwiseChains {
                 op: Op::Elementwise(program),
                 inputs,
                 outputs: vec![(root, FusedOutput::Whole)],
+                recomputes: vec![],
             });
         }
         found.reverse(); // build order

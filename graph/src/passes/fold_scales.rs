@@ -34,6 +34,7 @@ impl Pass for FoldScales {
                 op: Op::Scale(folded),
                 inputs: m.inputs(first).to_vec(),
                 outputs: vec![(second, FusedOutput::Whole)],
+                recomputes: vec![],
             });
         }
         found

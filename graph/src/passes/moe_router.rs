@@ -42,12 +42,14 @@ impl Pass for SoftmaxTopK {
                 let Op::TopK { k } = op else { return None };
                 let probs = m.input(top, 0)?;
                 let logits = plain_softmax(&m, probs)?;
-                // The softmax stays if something else reads it; else it is dropped as dead.
+                // The softmax stays if something else reads it (else it is dropped as dead); the
+                // fused op recomputes it, so no in-place write may come between the two.
                 Some(Fusion {
                     nodes: vec![top],
                     op: Op::SoftmaxTopK { k: *k },
                     inputs: vec![logits],
                     outputs: vec![(top, FusedOutput::Whole)],
+                    recomputes: vec![probs],
                 })
             })
             .collect()
@@ -107,7 +109,15 @@ fn weights_chain(m: &Matcher<'_>, get: NodeId) -> Option<Fusion> {
             nodes.push(probs);
         }
     }
-    Some(Fusion { nodes, op: Op::MoeWeights, inputs: vec![logits, ids], outputs: vec![(r2, FusedOutput::Whole)] })
+    // What stays outside (read by others) the fused op still recomputes from the logits.
+    let recomputes = [probs, p3].into_iter().filter(|n| !nodes.contains(n)).collect();
+    Some(Fusion {
+        nodes,
+        op: Op::MoeWeights,
+        inputs: vec![logits, ids],
+        outputs: vec![(r2, FusedOutput::Whole)],
+        recomputes,
+    })
 }
 
 /// The one live reader of `id` when `id` is not a graph output (views included, unlike

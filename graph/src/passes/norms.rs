@@ -59,6 +59,7 @@ impl Pass for AddRmsNormMul {
                 op: Op::AddRmsNormMul(p),
                 inputs: vec![m.input(s, 0).expect("add has two inputs"), m.input(s, 1).expect("add has two inputs"), w],
                 outputs,
+                recomputes: vec![],
             });
         }
         found
@@ -94,6 +95,7 @@ impl Pass for GatedRmsNorm {
                 op: Op::GatedRmsNorm(p),
                 inputs: vec![m.input(r, 0).expect("rms_norm has one input"), w, z],
                 outputs: vec![(m2, FusedOutput::Whole)],
+                recomputes: vec![],
             });
         }
         found
@@ -118,6 +120,7 @@ impl Pass for RmsNormMul {
                     op: Op::RmsNormMul(p),
                     inputs: vec![m.input(r, 0)?, w],
                     outputs: vec![(mul, FusedOutput::Whole)],
+                    recomputes: vec![],
                 })
             })
             .collect()
