@@ -2,10 +2,13 @@
 //!
 //! Each output row is computed as the unfused ops would compute it: every input's row is read
 //! (tiled along `ne0` and picked by `i mod ne` in the other dimensions, ggml's repeat rule), then
-//! each instruction runs over the whole row with the same f32 function and loop helpers as this
+//! each instruction runs over the row with the same f32 function and loop helpers as this
 //! backend's elementwise kernels ([`super::elementwise`], [`super::math`]), so the fused op gives
-//! the unfused graph's bits (tested below). Intermediates live in per-task scratch rows; the last
-//! instruction writes the output row.
+//! the unfused graph's bits (tested below). An input one element wide (`ne0 = 1`, a per-token
+//! gate) stays one element, and so does every instruction on such values only: computed once per
+//! row, as the unfused op on the narrow tensor computed it, then broadcast like binary's scalar
+//! operand. Intermediates live in per-task scratch rows; the last instruction writes the output
+//! row.
 
 use smallvec::SmallVec;
 use tessera_ops::{BinaryOp, ElemArg, ElemInstr, ElemProgram, UnaryOp};
@@ -23,8 +26,24 @@ struct Scratch {
     out: Vec<f32>,
 }
 
-/// `out = instr(a, b)` over a row (`b` only for binary instructions).
+/// `out = instr(a, b)` over a row (`b` only for binary instructions). `out` is as long as the
+/// longer operand; a binary operand of one element is broadcast (as binary's kernel does).
 fn apply(ins: &ElemInstr, out: &mut [f32], a: &[f32], b: &[f32]) {
+    if let ElemInstr::Binary(op, _, _) = *ins
+        && a.len() != b.len()
+    {
+        let f = |x: f32, y: f32| match op {
+            BinaryOp::Add => x + y,
+            BinaryOp::Sub => x - y,
+            BinaryOp::Mul => x * y,
+            BinaryOp::Div => x / y,
+        };
+        return match (a, b) {
+            (_, [y]) => map(out, a, |x| f(x, *y)),
+            ([x], _) => map(out, b, |y| f(*x, y)),
+            _ => unreachable!("operands are one element or the whole row"),
+        };
+    }
     match *ins {
         ElemInstr::Unary(u, _) => match u {
             UnaryOp::Neg => map(out, a, |v| -v),
@@ -52,9 +71,10 @@ fn broadcast_row(x: &Src<'_>, c: [usize; 3]) -> [usize; 3] {
     [c[0] % xne[1], c[1] % xne[2], c[2] % xne[3]]
 }
 
-/// Loads row `cx` of `x` into `buf`, tiled to `ne0` elements.
+/// Loads row `cx` of `x` into `buf`, tiled to `ne0` elements (one element stays one).
 fn load_tiled(x: &Src<'_>, cx: [usize; 3], ne0: usize, buf: &mut Vec<f32>) {
     let xne = x.ne();
+    let ne0 = if xne[0] == 1 { 1 } else { ne0 };
     buf.resize(ne0, 0.0);
     x.load_row(cx, &mut buf[..xne[0]]);
     for i in xne[0]..ne0 {
@@ -67,6 +87,16 @@ pub(super) fn elementwise(p: &ElemProgram, xs: &[Src<'_>], dst: &mut Dst<'_>) {
     let ne0 = ne[0];
     let instrs = p.instrs();
     let last = instrs.len() - 1;
+    // How long each instruction's row is: 1 when it reads only one-element values, else ne0.
+    let mut width = Vec::with_capacity(instrs.len());
+    for ins in instrs {
+        let w = ins.args().fold(1, |w, a| match a {
+            ElemArg::Input(i) if xs[i as usize].ne()[0] == 1 => w,
+            ElemArg::Input(_) => ne0,
+            ElemArg::Value(v) => w.max(width[v as usize]),
+        });
+        width.push(w);
+    }
     dst.for_each_row((instrs.len() + xs.len()) * ne0, Scratch::default, |s, r, mut row| {
         let Scratch { inputs, values, out } = s;
         let c = row_coords(ne, r);
@@ -84,8 +114,8 @@ pub(super) fn elementwise(p: &ElemProgram, xs: &[Src<'_>], dst: &mut Dst<'_>) {
                 }
             }
         }
-        for v in values.iter_mut() {
-            v.resize(ne0, 0.0);
+        for (v, &w) in values.iter_mut().zip(&width) {
+            v.resize(w, 0.0);
         }
         for (k, ins) in instrs[..last].iter().enumerate() {
             let (done, rest) = values.split_at_mut(k);
@@ -109,7 +139,15 @@ pub(super) fn elementwise(p: &ElemProgram, xs: &[Src<'_>], dst: &mut Dst<'_>) {
         let mut args = ins.args().map(arg);
         let a = args.next().expect("an instruction has an operand");
         let b = args.next().unwrap_or(&[]);
-        row.fill_f32(out, |o| apply(ins, o, a, b));
+        row.fill_f32(out, |o| {
+            if width[last] == o.len() {
+                return apply(ins, o, a, b);
+            }
+            // One value for the whole row (the program reads its wide inputs only in dead code).
+            let mut one = [0.0];
+            apply(ins, &mut one, a, b);
+            o.fill(one[0]);
+        });
     });
 }
 
