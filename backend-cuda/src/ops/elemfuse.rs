@@ -74,7 +74,7 @@ pub(crate) fn generate(p: &ElemProgram) -> Generated {
     }
     let _ = writeln!(s, "    return v{};\n}}\n", p.instrs().len() - 1);
 
-    // rows: dst contiguous f32; every input broadcast by i mod ne, any strides.
+    // rows: dst f32; every input broadcast by i mod ne, any strides.
     let _ =
         writeln!(s, "extern \"C\" __global__ void elem_{t}_rows(Tensor dst, {}) {{", list(&|i| format!("Tensor x{i}")));
     let _ = writeln!(s, "    FOR_EACH_ROW(dst) {{");
@@ -86,11 +86,11 @@ pub(crate) fn generate(p: &ElemProgram) -> Generated {
             "        const char* r{i} = x{i}.data + offset_of(x{i}, 0, i1 % x{i}.ne[1], i2 % x{i}.ne[2], i3 % x{i}.ne[3]);"
         );
     }
-    let _ = writeln!(s, "        float* d = (float*)(dst.data + offset_of(dst, 0, i1, i2, i3));");
+    let _ = writeln!(s, "        char* d = dst.data + offset_of(dst, 0, i1, i2, i3);");
     let _ = writeln!(s, "        for (i64 i0 = threadIdx.x; i0 < dst.ne[0]; i0 += blockDim.x) {{");
     let loads =
         list(&|i| format!("*(const float*)(r{i} + (x{i}.ne[0] == dst.ne[0] ? i0 : i0 % x{i}.ne[0]) * x{i}.nb[0])"));
-    let _ = writeln!(s, "            d[i0] = elem_{t}_eval({loads});");
+    let _ = writeln!(s, "            *(float*)(d + i0 * dst.nb[0]) = elem_{t}_eval({loads});");
     let _ = writeln!(s, "        }}\n    }}\n}}\n");
 
     // vec4: x{i} repeats along the flat index every 4 * m{i} elements (m{i} == 0: one element).
