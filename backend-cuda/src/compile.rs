@@ -9,7 +9,7 @@
 //! Generated modules ([`Generated`]: one per `elementwise` program, made by
 //! `ops/elemfuse.rs`) go through the same compile and disk cache, their source being a built-in
 //! module's (whose device functions they call) followed by the generated text; in memory they
-//! are kept per program ([`Kernels::program`]), so a program compiles once per process and once
+//! are kept per program (`Kernels::program`), so a program compiles once per process and once
 //! per kernel cache.
 
 use std::borrow::Cow;
