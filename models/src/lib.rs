@@ -12,6 +12,8 @@
 //! - [`qwen35`]: [`qwen35::Model`], the `qwen35` / `qwen35moe` forward pass: one graph per step
 //!   for any mix of sequences and lengths, planned once per bucket and replayed.
 //! - [`sample`]: [`sample::Sampler`], greedy / temperature / top-k / top-p sampling with a seed.
+//! - [`chat`]: [`chat::ChatTemplate`], a model's Jinja chat template rendered (as transformers does)
+//!   into prompt text.
 //! - [`engine`]: [`engine::Engine`], continuous batching over a model: decode tokens first, then
 //!   prompt chunks under a per-step token budget; events, memory accounting.
 //!
@@ -44,6 +46,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod convert;
 pub mod engine;
