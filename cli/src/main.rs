@@ -19,6 +19,10 @@
 //!   Hugging Face Qwen3.5 checkpoint (`config.json` + `*.safetensors`, dense or MoE) to a GGUF
 //!   (`tessera_models::convert`), with a progress bar on a terminal. NaN, infinite or out-of-range
 //!   weights are an error naming the tensor unless `--allow-nonfinite`; warnings go to stderr.
+//! - `tessera tokenize FILE "text" | --file PATH [--json] [--no-parse-special]` prints the ids of
+//!   the text under the GGUF's tokenizer (`tessera_models::tokenizer`), comma-separated, or with
+//!   `--json` the ids and each token's text; a file without tokenizer metadata is an error that
+//!   says so.
 //! - `tessera demo [--backend auto|cpu|cuda]` synthesizes a tiny `qwen35moe`, batches three prompts
 //!   through chunked prefill and decode on the best backend present, prints what it did, and
 //!   checks the batched tokens against each sequence alone and, on a GPU, the tokens and logits
@@ -54,6 +58,7 @@ mod demo;
 mod fusion;
 mod inspect;
 mod run;
+mod tokenize;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -207,6 +212,24 @@ enum Command {
         #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
         backend: backend::BackendChoice,
     },
+    /// Print the token ids of a text under a GGUF's tokenizer, comma-separated (as
+    /// llama-tokenize does).
+    Tokenize {
+        /// The GGUF file (a model, or a vocabulary-only file).
+        file: PathBuf,
+        /// The text to tokenize.
+        #[arg(required_unless_present = "text_file", conflicts_with = "text_file")]
+        text: Option<String>,
+        /// Read the text from this file instead.
+        #[arg(long = "file", value_name = "PATH")]
+        text_file: Option<PathBuf>,
+        /// Print {"ids": [..], "pieces": [..]} instead.
+        #[arg(long)]
+        json: bool,
+        /// Encode control-token texts (<|im_start|>) as plain text instead of as their tokens.
+        #[arg(long = "no-parse-special")]
+        no_parse_special: bool,
+    },
     /// Convert a Hugging Face Qwen3.5 checkpoint (dense or MoE) to GGUF.
     Convert {
         /// The checkpoint directory (config.json and *.safetensors).
@@ -331,6 +354,11 @@ fn main() -> ExitCode {
             run::run(&file, &args)
         }
         Command::Demo { backend } => demo::run(backend),
+        Command::Tokenize { file, text, text_file, json, no_parse_special } => match (&text, &text_file) {
+            (_, Some(p)) => tokenize::run(&file, tokenize::Text::File(p), json, !no_parse_special),
+            (Some(t), None) => tokenize::run(&file, tokenize::Text::Arg(t), json, !no_parse_special),
+            (None, None) => Err("tokenize: give the text or --file PATH".to_string()),
+        },
         Command::Bench {
             file,
             preset,

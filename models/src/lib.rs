@@ -14,6 +14,8 @@
 //! - [`sample`]: [`sample::Sampler`], greedy / temperature / top-k / top-p sampling with a seed.
 //! - [`chat`]: [`chat::ChatTemplate`], a model's Jinja chat template rendered (as transformers does)
 //!   into prompt text.
+//! - [`tokenizer`]: [`tokenizer::Tokenizer`], the byte-level BPE tokenizer a GGUF carries
+//!   (`qwen35` / `qwen2` pre-tokenizers): encode, decode, streaming decode.
 //! - [`engine`]: [`engine::Engine`], continuous batching over a model: decode tokens first, then
 //!   prompt chunks under a per-step token budget; events, memory accounting.
 //!
@@ -54,4 +56,5 @@ pub mod gguf;
 pub mod qwen35;
 pub mod sample;
 pub mod synth;
+pub mod tokenizer;
 pub mod weights;
