@@ -38,8 +38,12 @@ pub fn run(dir: &Path, out: &Path, opts: &ConvertOptions, quiet: bool) -> Result
     }
     let f = GgufFile::open(out).map_err(|e| format!("re-reading {}: {e}", out.display()))?;
     report.config.validate_tensors(&f).map_err(|e| format!("{}: {e}", out.display()))?;
+    let vocab = match report.vocab_tokens {
+        Some(n) => format!("a vocabulary of {n} tokens"),
+        None => "no vocabulary (the checkpoint has no tokenizer.json)".to_string(),
+    };
     outln!(
-        "wrote {}: {} tensors, {} bytes of tensor data ({dtype} matrices)\n{}",
+        "wrote {}: {} tensors, {} bytes of tensor data ({dtype} matrices), {vocab}\n{}",
         out.display(),
         report.n_tensors,
         report.data_bytes,

@@ -4,7 +4,9 @@
 //!   synthetic `qwen35` / `qwen35moe` GGUF (see `tessera_models::synth`) with a progress bar over
 //!   the tensor bytes written. `--set` overrides a metadata key of the preset, named without the
 //!   `{arch}.` prefix (`block_count=8`, `attention.head_count=4`, `rope.dimension_sections=4,2,2,0`,
-//!   `tied_embeddings=true`).
+//!   `tied_embeddings=true`). `--vocab FILE.gguf` copies the `tokenizer.*` keys of another GGUF
+//!   (a model or a vocabulary-only file) and sets `vocab_size` to its token count, so the
+//!   synthetic model speaks a real vocabulary (its outputs stay random).
 //! - `tessera inspect FILE` prints the header, every metadata kv (long arrays summarised), a tensor
 //!   table, the parsed model config and whether the tensors match it.
 //! - `tessera run FILE --tokens 1,2,3 [--tokens 4,5]... [-n N] [--seed S] [--temperature T]
@@ -66,8 +68,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_models::config::ModelConfig;
+use tessera_models::gguf::GgufFile;
 use tessera_models::sample::SamplerParams;
-use tessera_models::synth::{SynthProgress, synthesize};
+use tessera_models::synth::{SynthProgress, SynthVocab, synthesize_with_vocab};
 use tessera_ops::DType;
 
 #[derive(Parser, Debug)]
@@ -100,6 +103,9 @@ enum Command {
         preset: String,
         #[command(flatten)]
         weights: SynthWeights,
+        /// Copy the vocabulary (tokenizer.* keys) of this GGUF and set vocab_size to its size.
+        #[arg(long, value_name = "FILE.gguf")]
+        vocab: Option<PathBuf>,
         /// Output file.
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
@@ -321,7 +327,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
-        Command::Synth { preset, weights, output, quiet } => run_synth(&preset, &weights, &output, quiet),
+        Command::Synth { preset, weights, vocab, output, quiet } => {
+            run_synth(&preset, &weights, vocab.as_deref(), &output, quiet)
+        }
         Command::Inspect { file } => inspect::run(&file),
         Command::Run {
             file,
@@ -430,10 +438,27 @@ fn preset_config(preset: &str, overrides: &[String]) -> Result<ModelConfig, Stri
     Ok(config)
 }
 
-fn run_synth(preset: &str, weights: &SynthWeights, output: &Path, quiet: bool) -> Result<(), String> {
+fn run_synth(
+    preset: &str,
+    weights: &SynthWeights,
+    vocab: Option<&Path>,
+    output: &Path,
+    quiet: bool,
+) -> Result<(), String> {
     let (dtype, seed): (DType, u64) = (weights.dtype.into(), weights.seed);
-    tessera_files::check_output(output, &[]).map_err(|e| format!("{}: {e}", output.display()))?;
-    let config = preset_config(preset, &weights.set)?;
+    let inputs: Vec<&Path> = vocab.into_iter().collect();
+    tessera_files::check_output(output, &inputs).map_err(|e| format!("{}: {e}", output.display()))?;
+    let mut config = preset_config(preset, &weights.set)?;
+    // The vocabulary sets vocab_size (after --set, which it overrides).
+    let vocab = match vocab {
+        None => None,
+        Some(p) => {
+            let f = GgufFile::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let v = SynthVocab::from_gguf(&f).map_err(|e| format!("{}: {e}", p.display()))?;
+            config = config.with_override("vocab_size", &v.n_tokens.to_string()).map_err(|e| e.to_string())?;
+            Some(v)
+        }
+    };
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
@@ -445,10 +470,12 @@ fn run_synth(preset: &str, weights: &SynthWeights, output: &Path, quiet: bool) -
         bar.set_length(p.total_bytes);
         bar.set_position(p.bytes_written);
     };
-    let report = synthesize(&config, dtype, seed, output, Some(&mut on_progress)).map_err(|e| e.to_string())?;
+    let report = synthesize_with_vocab(&config, dtype, seed, output, vocab.as_ref(), Some(&mut on_progress))
+        .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
+    let with_vocab = vocab.map(|v| format!(", a vocabulary of {} tokens", v.n_tokens)).unwrap_or_default();
     outln!(
-        "wrote {}: {} tensors, {} bytes of tensor data ({} parameters, {dtype} weights, seed {seed})",
+        "wrote {}: {} tensors, {} bytes of tensor data ({} parameters, {dtype} weights, seed {seed}{with_vocab})",
         output.display(),
         report.n_tensors,
         report.data_bytes,

@@ -18,6 +18,12 @@
 //!   `[E, n_embd, ff]`) become `ffn_{gate,up}_exps` `[n_embd, ff, E]` and `ffn_down_exps`
 //!   `[ff, n_embd, E]`.
 //!
+//! The vocabulary: when the checkpoint has a `tokenizer.json`, its tokens, merges, special token
+//! ids and chat template are written as the `tokenizer.*` keys llama.cpp's converter writes
+//! ([`crate::hf_vocab`]: `tokenizer_config.json`, `chat_template.jinja` / `.json` and
+//! `config.json`'s `*_token_id` are read too), so the GGUF loads with text in llama.cpp and in
+//! Tessera; without it the GGUF has no vocabulary ([`ConvertReport::vocab_tokens`] is `None`).
+//!
 //! Matrices are stored in the requested dtype; 1-D tensors, `ssm_conv1d` and the router stay f32
 //! (as [`crate::synth::storage_dtype`]), and a matrix whose rows are not whole blocks of the
 //! requested quantized dtype falls back to f32.
@@ -73,6 +79,7 @@ use tessera_ops::DType;
 
 use crate::config::{Arch, ConfigError, Ffn, LayerKind, MAX_LAYERS, ModelConfig, TensorSpec};
 use crate::gguf::{GgufError, GgufWriter};
+use crate::hf_vocab::{VocabError, read_hf_vocab};
 use crate::synth::{WEIGHT_DTYPES, check_free_space, storage_dtype};
 
 /// Values converted per chunk (rounded to whole rows, at least one row).
@@ -130,6 +137,9 @@ pub enum ConvertError {
     /// The output would not fit on its file system.
     #[error("{path}: the output needs {needed} bytes but its file system has {available} bytes free")]
     NoSpace { path: PathBuf, needed: u64, available: u64 },
+    /// The checkpoint's tokenizer files could not be converted ([`crate::hf_vocab`]).
+    #[error(transparent)]
+    Vocab(#[from] VocabError),
     #[error(transparent)]
     ModelConfig(#[from] ConfigError),
     #[error(transparent)]
@@ -174,6 +184,9 @@ pub struct ConvertReport {
     pub config: ModelConfig,
     pub n_tensors: usize,
     pub data_bytes: u64,
+    /// The number of tokens of the vocabulary written (`tokenizer.*` keys, from the checkpoint's
+    /// `tokenizer.json`), or `None` when the checkpoint has no `tokenizer.json`.
+    pub vocab_tokens: Option<usize>,
     /// Things the conversion accepted but the user should know (an ignored `lm_head.weight`,
     /// non-finite values stored under [`ConvertOptions::allow_nonfinite`]), one line each.
     pub warnings: Vec<String>,
@@ -887,7 +900,15 @@ pub fn convert_with_options(
     let ck = Checkpoint::open(dir)?;
     // Before any work: `out` must not be one of the inputs, and its directory must take a file.
     let index_path = dir.join("model.safetensors.index.json");
+    // The vocabulary (tokenizer.json & co.), read and checked before anything is written.
+    let vocab = read_hf_vocab(dir, config.n_vocab, &json)?;
+    let tokenizer_files: Vec<PathBuf> =
+        ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json"]
+            .iter()
+            .map(|f| dir.join(f))
+            .collect();
     let mut inputs = vec![cfg_path.as_path(), index_path.as_path()];
+    inputs.extend(tokenizer_files.iter().map(PathBuf::as_path));
     inputs.extend(ck.maps.iter().map(|(p, _)| p.as_path()));
     tessera_files::check_output(out, &inputs).map_err(|source| ConvertError::Io { path: out.to_path_buf(), source })?;
     let prefix = ["model.language_model.", "model."]
@@ -897,7 +918,7 @@ pub fn convert_with_options(
         name: "model.embed_tokens.weight".into(),
         gguf: "token_embd.weight".into(),
     })?;
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = vocab.iter().flat_map(|v| v.notes.iter().cloned()).collect();
     if !config.tied_embeddings && !ck.has("lm_head.weight") {
         return Err(ConvertError::UntiedWithoutLmHead);
     }
@@ -932,6 +953,9 @@ pub fn convert_with_options(
     }
     if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
         w.add_kv("general.name", name)?;
+    }
+    for (k, v) in vocab.iter().flat_map(|v| v.to_metadata()) {
+        w.add_kv(k, v)?;
     }
     for p in &plans {
         w.add_tensor_info(p.spec.name.clone(), p.dtype, p.spec.dims())?;
@@ -981,7 +1005,8 @@ pub fn convert_with_options(
     if let Err(e) = result {
         return Err(failure.unwrap_or(e.into()));
     }
-    Ok(ConvertReport { config, n_tensors, data_bytes: total_bytes, warnings })
+    let vocab_tokens = vocab.map(|v| v.tokens.len());
+    Ok(ConvertReport { config, n_tensors, data_bytes: total_bytes, vocab_tokens, warnings })
 }
 
 /// The checkpoint's tensors that no plan uses: `lm_head.weight` of a tied model is a warning

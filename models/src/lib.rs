@@ -53,6 +53,7 @@ pub mod config;
 pub mod convert;
 pub mod engine;
 pub mod gguf;
+pub mod hf_vocab;
 pub mod qwen35;
 pub mod sample;
 pub mod synth;

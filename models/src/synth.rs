@@ -29,6 +29,14 @@
 //! them; 1-D tensors (norms, `ssm_a`, `ssm_dt`, `ffn_gate_inp_shexp`) stay F32 too. For Q8_0 (32)
 //! and NvFp4 (64) every converted tensor's ne0 must be a whole number of blocks, else
 //! [`SynthError::NotBlockAligned`] names the tensor before anything is written.
+//!
+//! # A real vocabulary
+//!
+//! [`synthesize_with_vocab`] also copies the `tokenizer.*` keys of another GGUF ([`SynthVocab`]:
+//! a model or a vocabulary-only file such as llama.cpp's `ggml-vocab-qwen35.gguf`), so that a
+//! synthetic model tokenizes, renders its chat template and detokenizes real text in demos and
+//! benchmarks (its outputs stay random). The config's `vocab_size` must be the vocabulary's token
+//! count (`tessera synth --vocab FILE` sets it).
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -41,7 +49,7 @@ use tessera_graph::{Backend, BufferId, TensorMeta, TensorRef};
 use tessera_ops::DType;
 
 use crate::config::{ConfigError, ModelConfig, TensorSpec};
-use crate::gguf::{GgufError, GgufWriter};
+use crate::gguf::{GgufError, GgufFile, GgufWriter, Value};
 use crate::weights::ModelWeights;
 
 /// Elements per generated chunk (rounded up to whole rows).
@@ -67,6 +75,9 @@ pub enum SynthError {
     /// Uploading a synthetic tensor to a backend failed.
     #[error("uploading `{name}`: {why}")]
     Upload { name: String, why: String },
+    /// The vocabulary to copy is missing or does not fit the config.
+    #[error("vocabulary: {why}")]
+    Vocab { why: String },
     /// The file would not fit on its file system (checked before anything is written).
     #[error("{path}: the file needs {needed} bytes of tensor data but its file system has {available} bytes free")]
     NoSpace { path: PathBuf, needed: u64, available: u64 },
@@ -348,6 +359,51 @@ fn free_space(_: &Path) -> Option<u64> {
     None
 }
 
+/// The `tokenizer.*` metadata of a GGUF, to be copied into a synthetic model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthVocab {
+    /// Every `tokenizer.*` key-value pair, in the file's order.
+    pub kvs: Vec<(String, Value)>,
+    /// The length of `tokenizer.ggml.tokens`: the config's `vocab_size` must be this.
+    pub n_tokens: usize,
+}
+
+impl SynthVocab {
+    /// The vocabulary of `file`; an error when it has no `tokenizer.ggml.tokens` string array.
+    pub fn from_gguf(file: &GgufFile) -> Result<SynthVocab, SynthError> {
+        let n_tokens = file
+            .get_str_array("tokenizer.ggml.tokens")
+            .map_err(|e| SynthError::Vocab { why: format!("the file has no token list: {e}") })?
+            .len();
+        if n_tokens == 0 {
+            return Err(SynthError::Vocab { why: "`tokenizer.ggml.tokens` is empty".into() });
+        }
+        let kvs = file.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned().collect();
+        Ok(SynthVocab { kvs, n_tokens })
+    }
+}
+
+/// [`synthesize`] with the `tokenizer.*` keys of `vocab` (when given) after the config's
+/// metadata; `config.n_vocab` must be `vocab.n_tokens` ([`SynthError::Vocab`] otherwise, before
+/// anything is written).
+pub fn synthesize_with_vocab(
+    config: &ModelConfig,
+    weight: DType,
+    seed: u64,
+    path: impl AsRef<Path>,
+    vocab: Option<&SynthVocab>,
+    progress: Option<&mut dyn FnMut(SynthProgress)>,
+) -> Result<SynthReport, SynthError> {
+    if let Some(v) = vocab
+        && v.n_tokens != config.n_vocab
+    {
+        return Err(SynthError::Vocab {
+            why: format!("it has {} tokens but the config's vocab_size is {}", v.n_tokens, config.n_vocab),
+        });
+    }
+    write_synthetic(config, weight, seed, path.as_ref(), vocab.map_or(&[], |v| &v.kvs), progress)
+}
+
 /// Writes a GGUF at `path`: `general.name`, the config's metadata ([`ModelConfig::to_metadata`])
 /// and every tensor of [`ModelConfig::tensor_specs`] with seeded weights (see the module doc).
 /// `progress` is called as tensor data is written.
@@ -361,9 +417,20 @@ pub fn synthesize(
     weight: DType,
     seed: u64,
     path: impl AsRef<Path>,
+    progress: Option<&mut dyn FnMut(SynthProgress)>,
+) -> Result<SynthReport, SynthError> {
+    write_synthetic(config, weight, seed, path.as_ref(), &[], progress)
+}
+
+/// [`synthesize`] with `extra` key-value pairs after the config's metadata and the name.
+fn write_synthetic(
+    config: &ModelConfig,
+    weight: DType,
+    seed: u64,
+    path: &Path,
+    extra: &[(String, Value)],
     mut progress: Option<&mut dyn FnMut(SynthProgress)>,
 ) -> Result<SynthReport, SynthError> {
-    let path = path.as_ref();
     let total = output_bytes(config, weight)?;
     check_free_space(path, total).map_err(|(needed, available)| SynthError::NoSpace {
         path: path.to_path_buf(),
@@ -376,6 +443,9 @@ pub fn synthesize(
         w.add_kv(k, v)?;
     }
     w.add_kv("general.name", format!("tessera synthetic {} (seed {seed}, {weight})", config.arch).as_str())?;
+    for (k, v) in extra {
+        w.add_kv(k.clone(), v.clone())?;
+    }
     for s in &specs {
         w.add_tensor_info(s.name.clone(), storage_dtype(s, weight), s.dims())?;
     }
