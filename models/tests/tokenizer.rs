@@ -131,6 +131,25 @@ fn stream_decoding_holds_back_split_chars() {
     assert_eq!(dec.finish(), "\u{FFFD}");
 }
 
+/// One word of 200,000 bytes merges in O(n log n) (a quadratic merge loop would take minutes).
+#[test]
+fn long_words_are_not_quadratic() {
+    let t = qwen35();
+    let mut state = 7u32;
+    let letters: String = (0..200_000)
+        .map(|_| {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            char::from(b'a' + (state >> 24) as u8 % 26)
+        })
+        .collect();
+    for text in [letters, "a".repeat(200_000), "!".repeat(200_000)] {
+        let start = std::time::Instant::now();
+        let ids = t.encode(&text);
+        assert_eq!(t.decode(&ids, false).unwrap(), text);
+        assert!(start.elapsed().as_secs() < 20, "{:?} for {} bytes", start.elapsed(), text.len());
+    }
+}
+
 #[test]
 fn bad_ids_are_errors() {
     let t = qwen35();
