@@ -12,8 +12,9 @@
 //! A sequence whose prompt completes in a step gets its first token sampled from that step's
 //! logits; decoding sequences get one token per step. Sampling runs on the device
 //! ([`Model::step_sample_on`]): each sequence's seeded [`Sampler`] supplies its settings and
-//! uniform draw, the graph's `sample` op picks the token, and only token ids come back. When a sequence has
-//! generated its `max_new_tokens` it is finished ([`Event::Finished`]) and removed from the model,
+//! uniform draw, the graph's `sample` op picks the token, and only token ids come back. When a
+//! sequence has generated its `max_new_tokens`, or one of the stop tokens
+//! ([`Engine::set_stop_tokens`]), it is finished ([`Event::Finished`]) and removed from the model,
 //! returning its KV blocks and recurrent slot.
 //!
 //! With [`Engine::record_logits`] on, each step asks for the logits of every fed token
@@ -80,8 +81,18 @@ impl Default for EngineConfig {
 pub enum Event {
     /// Sequence `seq` generated `token`.
     Token { seq: SeqId, token: u32 },
-    /// Sequence `seq` generated its `max_new_tokens` and was removed from the model.
-    Finished { seq: SeqId },
+    /// Sequence `seq` finished and was removed from the model.
+    Finished { seq: SeqId, reason: Finish },
+}
+
+/// Why a sequence finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// It generated its `max_new_tokens`.
+    Length,
+    /// It generated one of the stop tokens ([`Engine::set_stop_tokens`]; that token is its last
+    /// [`Event::Token`]).
+    Stop,
 }
 
 /// Resident memory of the model, in bytes.
@@ -191,6 +202,8 @@ pub struct Engine {
     record: bool,
     /// Recorded logits per sequence, `n_vocab` per fed token, in feeding order.
     recorded: BTreeMap<SeqId, Vec<f32>>,
+    /// Tokens that end a sequence when generated ([`Engine::set_stop_tokens`]).
+    stop_tokens: Vec<u32>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -245,6 +258,7 @@ impl Engine {
             stats: Default::default(),
             record: false,
             recorded: BTreeMap::new(),
+            stop_tokens: Vec::new(),
         })
     }
 
@@ -268,6 +282,13 @@ impl Engine {
     /// Starts the statistics afresh (benches measure one run at a time).
     pub fn reset_stats(&mut self) {
         self.stats = EngineStats::default();
+    }
+
+    /// Tokens that end a sequence when it generates one (typically the vocabulary's
+    /// end-of-generation ids, `Tokenizer::eog_ids`): the sequence finishes with [`Finish::Stop`]
+    /// before its `max_new_tokens`. Empty (the default): only the length ends a sequence.
+    pub fn set_stop_tokens(&mut self, ids: &[u32]) {
+        self.stop_tokens = ids.to_vec();
     }
 
     /// Keep (`true`) or stop keeping the logits of every fed token from the next step on; see
@@ -483,8 +504,13 @@ impl Engine {
             s.generated.push(token);
             self.stats.generated += 1;
             events.push(Event::Token { seq: s.id, token });
-            if s.generated.len() >= s.max_new {
-                events.push(Event::Finished { seq: s.id });
+            let reason = if self.stop_tokens.contains(&token) {
+                Some(Finish::Stop)
+            } else {
+                (s.generated.len() >= s.max_new).then_some(Finish::Length)
+            };
+            if let Some(reason) = reason {
+                events.push(Event::Finished { seq: s.id, reason });
                 finished.push(*i);
             }
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use tessera_cpu::CpuBackend;
 use tessera_models::config::LayerKind;
-use tessera_models::engine::{Engine, EngineConfig, EngineError, Event};
+use tessera_models::engine::{Engine, EngineConfig, EngineError, Event, Finish};
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Logits, Model, ModelOptions};
 use tessera_models::sample::{SampleError, SamplerParams, argmax};
@@ -70,7 +70,7 @@ fn greedy_matches_manual_model_steps() {
     let got: Vec<u32> =
         events.iter().filter_map(|ev| if let Event::Token { token, .. } = ev { Some(*token) } else { None }).collect();
     assert_eq!(got, want);
-    assert_eq!(events.last(), Some(&Event::Finished { seq: id }));
+    assert_eq!(events.last(), Some(&Event::Finished { seq: id, reason: Finish::Length }));
     assert_eq!(e.stats().generated, 6);
     assert_eq!(e.stats().prefill_tokens, 9);
     assert_eq!(e.stats().decode_tokens, 5);
@@ -273,4 +273,31 @@ fn recorded_logits_cover_every_fed_token() {
         assert!(d < 1e-3, "recorded logits differ from one pass by {d}");
         assert!(e.take_logits(*id).is_empty(), "taken once");
     }
+}
+
+/// A stop token ends a sequence when it generates it: the token is its last, the reason is
+/// `Finish::Stop`, and the others run to their length.
+#[test]
+fn a_stop_token_finishes_its_sequence_early() {
+    let prompt = tokens(6, 3);
+    let full = alone(&prompt, 12, SamplerParams::greedy());
+    let stop = full[4];
+    let first = full.iter().position(|&t| t == stop).unwrap();
+    let mut e = engine(64);
+    e.set_stop_tokens(&[stop]);
+    let a = e.submit(&prompt, 12, SamplerParams::greedy()).unwrap();
+    let mut tokens_a = Vec::new();
+    let mut reason = None;
+    while !e.is_idle() {
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::Token { seq, token } if seq == a => tokens_a.push(token),
+                Event::Finished { seq, reason: r } if seq == a => reason = Some(r),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(tokens_a, full[..=first], "generation stops at the first stop token, which is kept");
+    assert_eq!(reason, Some(Finish::Stop));
+    assert_eq!(e.model().kv.n_sequences(), 0, "the stopped sequence left the caches");
 }

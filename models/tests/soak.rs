@@ -387,7 +387,7 @@ fn run(engine: &mut Engine, soak: &Soak, mem: &Memory) -> Report {
                     r.tokens += 1;
                     r.hash((seq as u64) << 32 | token as u64);
                 }
-                Event::Finished { seq } => {
+                Event::Finished { seq, .. } => {
                     let i = live
                         .iter()
                         .position(|l| l.id == seq)
