@@ -11,7 +11,7 @@
 //! 1. Special tokens are cut out of the text first, whole: control (and unknown) tokens when
 //!    `parse_special`, user-defined tokens always, longest token text first.
 //! 2. The rest is split into words by the pre-tokenizer regex.
-//! 3. Each word's UTF-8 bytes become byte tokens, merged by rank ([`bpe`]).
+//! 3. Each word's UTF-8 bytes become byte tokens, merged by rank (`bpe.rs`).
 //!
 //! Decoding maps each token back to its bytes (normal tokens through the byte alphabet,
 //! user-defined ones as written, control tokens only when asked for). A token may end inside a
