@@ -439,7 +439,7 @@ impl Tokenizer {
     pub fn token_type(&self, id: u32) -> Option<TokenType> {
         self.types.get(id as usize).copied()
     }
-    /// The id of the token whose vocabulary text is `text` (`"<|im_end|>"`).
+    /// The id of the token whose vocabulary text is `text` (`"<|im_end|>"`); a linear scan.
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.texts.iter().rposition(|t| t == text).map(|i| i as u32)
     }
