@@ -60,6 +60,7 @@ mod demo;
 mod fusion;
 mod inspect;
 mod run;
+mod text;
 mod tokenize;
 
 use std::path::{Path, PathBuf};
@@ -126,8 +127,21 @@ enum Command {
         file: PathBuf,
         /// Prompt token ids, comma separated: 1,2,3. Repeat for several sequences (batched
         /// together).
-        #[arg(long, value_name = "IDS", value_parser = parse_ids, required = true)]
+        #[arg(long, value_name = "IDS", value_parser = parse_ids, required_unless_present = "prompt")]
         tokens: Vec<Ids>,
+        /// A prompt as text, encoded with the file's tokenizer. Repeat for several sequences
+        /// (batched with any --tokens). One sequence's output is printed as it is generated.
+        #[arg(long, value_name = "TEXT")]
+        prompt: Vec<String>,
+        /// Send each --prompt as a user message through the file's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// End a sequence's output at this string (repeatable; needs the file's tokenizer).
+        #[arg(long, value_name = "STRING")]
+        stop: Vec<String>,
+        /// Keep generating past end-of-generation tokens (benchmarks).
+        #[arg(long = "ignore-eos")]
+        ignore_eos: bool,
         /// Tokens to generate.
         #[arg(short = 'n', long = "n-new", default_value_t = 16)]
         n_new: usize,
@@ -334,6 +348,10 @@ fn main() -> ExitCode {
         Command::Run {
             file,
             tokens,
+            prompt,
+            chat,
+            stop,
+            ignore_eos,
             n_new,
             seed,
             temperature,
@@ -356,6 +374,10 @@ fn main() -> ExitCode {
                 kv_dtype: kv_dtype.into(),
                 dump_logits,
                 stats,
+                texts: prompt,
+                chat,
+                stop,
+                ignore_eos,
                 fusion,
                 backend,
             };

@@ -24,6 +24,18 @@ pub fn stdout(args: fmt::Arguments<'_>) {
     }
 }
 
+/// Flushes stdout (streamed text without a newline yet); a closed pipe ends the program as
+/// [`stdout`] does.
+pub fn flush() {
+    if let Err(e) = io::stdout().lock().flush() {
+        if e.kind() == ErrorKind::BrokenPipe {
+            tessera_files::exit_removing_temporaries(0);
+        }
+        stderr(format_args!("error: writing to stdout: {e}\n"));
+        tessera_files::exit_removing_temporaries(1);
+    }
+}
+
 /// Writes `args` to stderr, ignoring failure.
 pub fn stderr(args: fmt::Arguments<'_>) {
     let _ = io::stderr().lock().write_fmt(args);

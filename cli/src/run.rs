@@ -6,15 +6,19 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use safetensors::{Dtype, tensor::TensorView};
+use tessera_models::cache::SeqId;
 use tessera_models::config::ModelConfig;
-use tessera_models::engine::{Engine, EngineConfig, MemoryReport};
+use tessera_models::engine::{Engine, EngineConfig, Event, MemoryReport};
 use tessera_models::qwen35::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
+use tessera_models::tokenizer::Tokenizer;
 use tessera_ops::DType;
 
 use crate::backend::{self, BackendChoice};
 use crate::fusion::{self, FusionArgs};
 use crate::inspect;
+use crate::output;
+use crate::text::{self, TextStream};
 
 /// What `tessera run` was asked to do.
 #[derive(Debug, Clone)]
@@ -29,6 +33,14 @@ pub struct RunArgs {
     pub dump_logits: Option<PathBuf>,
     /// Print the step time split (`--stats`).
     pub stats: bool,
+    /// Prompts given as text (`--prompt`), after the `prompts` given as ids.
+    pub texts: Vec<String>,
+    /// Render each text prompt through the file's chat template (`--chat`).
+    pub chat: bool,
+    /// End a sequence's text at the first of these strings (`--stop`).
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (`--ignore-eos`).
+    pub ignore_eos: bool,
     pub fusion: FusionArgs,
     pub backend: BackendChoice,
 }
@@ -39,8 +51,11 @@ const BLOCK_SIZE: usize = 16;
 /// Loads `file`, generates `args.n_new` tokens after each prompt, prints memory, tokens, speed,
 /// and writes the logits when asked.
 pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
-    if args.prompts.is_empty() || args.prompts.iter().any(Vec::is_empty) {
+    if args.prompts.iter().any(Vec::is_empty) || (args.prompts.is_empty() && args.texts.is_empty()) {
         return Err("--tokens: at least one prompt token is needed".into());
+    }
+    if args.chat && args.texts.is_empty() {
+        return Err("--chat applies the chat template to --prompt texts; give at least one --prompt".into());
     }
     if args.n_new == 0 {
         return Err("-n: at least one new token".into());
@@ -53,8 +68,17 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     let t0 = Instant::now();
     let gguf = inspect::open(file)?;
     let config = ModelConfig::from_gguf(&gguf).map_err(|e| format!("{}: model config: {e}", file.display()))?;
+    // The tokenizer: needed for text prompts, and used to show the output as text when present.
+    let tok =
+        if args.texts.is_empty() { Tokenizer::from_gguf(&gguf).ok() } else { Some(text::tokenizer(&gguf, file)?) };
+    let mut prompts = args.prompts.clone();
+    for t in &args.texts {
+        let tok = tok.as_ref().expect("loaded above for text prompts");
+        prompts.push(text::encode_prompt(tok, &gguf, file, t, args.chat)?);
+    }
+    let prompts = &prompts;
     // Caches sized for these requests: every sequence's lifetime at once, within the context.
-    let lens = sequence_lengths(&args.prompts, args.n_new, config.n_ctx_train)
+    let lens = sequence_lengths(prompts, args.n_new, config.n_ctx_train)
         .map_err(|e| format!("{e} ({}: {}.context_length)", file.display(), config.arch))?;
     let too_many =
         || format!("{} sequences of up to {} tokens are too many to size caches for", lens.len(), config.n_ctx_train);
@@ -67,7 +91,7 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
         kv_blocks,
         block_size: BLOCK_SIZE,
         max_context,
-        n_slots: args.prompts.len(),
+        n_slots: prompts.len(),
         kv_dtype: args.kv_dtype,
         kv_pad,
         ..ModelOptions::default()
@@ -78,6 +102,9 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     let mut engine = Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.max_tokens_per_step })
         .map_err(|e| e.to_string())?;
     engine.record_logits(args.dump_logits.is_some());
+    if let (Some(tok), false) = (&tok, args.ignore_eos) {
+        engine.set_stop_tokens(tok.eog_ids());
+    }
     outln!("backend: {device}");
     outln!("model: {config}");
     outln!("loaded {} in {:.1} ms", file.display(), t0.elapsed().as_secs_f64() * 1e3);
@@ -85,31 +112,32 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     if let Some(s) = &fusion_summary {
         fusion::print(s);
     }
-    let mut ids = Vec::with_capacity(args.prompts.len());
-    for p in &args.prompts {
+    let mut ids = Vec::with_capacity(prompts.len());
+    for p in prompts {
         ids.push(engine.submit(p, args.n_new, args.params).map_err(|e| e.to_string())?);
     }
-    let mut out = engine.run_to_completion().map_err(|e| e.to_string())?;
+    let generated = generate(&mut engine, &ids, tok.as_ref(), &args.stop)?;
     let mut dumped: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
-    for (i, (prompt, id)) in args.prompts.iter().zip(&ids).enumerate() {
-        let generated = out.remove(id).unwrap_or_default();
-        let label = if args.prompts.len() == 1 { String::new() } else { format!("seq{i} ") };
+    for (i, (prompt, g)) in prompts.iter().zip(generated).enumerate() {
+        let label = if prompts.len() == 1 { String::new() } else { format!("seq{i} ") };
         outln!("{label}prompt: {}", join(prompt));
-        outln!("{label}generated: {}", join(&generated));
+        outln!("{label}generated: {}", join(&g.tokens));
+        if let (Some(text), true) = (&g.text, prompts.len() > 1) {
+            outln!("{label}text: {text}");
+        }
         if args.dump_logits.is_some() {
             // Fed tokens: the prompt and every generated token but the last.
             let mut fed = prompt.clone();
-            fed.extend(&generated[..generated.len().saturating_sub(1)]);
-            let logits = engine.take_logits(*id);
-            if logits.len() != fed.len() * config.n_vocab {
+            fed.extend(&g.tokens[..g.tokens.len().saturating_sub(1)]);
+            if g.logits.len() != fed.len() * config.n_vocab {
                 return Err(format!(
                     "internal error: sequence {i} recorded {} logits for {} tokens of a {}-token vocab",
-                    logits.len(),
+                    g.logits.len(),
                     fed.len(),
                     config.n_vocab
                 ));
             }
-            dumped.push((fed, logits));
+            dumped.push((fed, g.logits));
         }
     }
     print_speed(engine.stats());
@@ -128,6 +156,78 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// What one sequence generated.
+struct Generated {
+    tokens: Vec<u32>,
+    /// The tokens as text (with a tokenizer), ended at a `--stop` string.
+    text: Option<String>,
+    /// The recorded logits (with `--dump-logits`).
+    logits: Vec<f32>,
+}
+
+/// Steps `engine` until every sequence in `ids` finished. With a tokenizer, a single sequence's
+/// text is printed as it is generated, and a sequence whose text reaches a `stop` string is
+/// cancelled there.
+fn generate(
+    engine: &mut Engine,
+    ids: &[SeqId],
+    tok: Option<&Tokenizer>,
+    stop: &[String],
+) -> Result<Vec<Generated>, String> {
+    let mut out: Vec<Generated> =
+        ids.iter().map(|_| Generated { tokens: Vec::new(), text: None, logits: Vec::new() }).collect();
+    let mut streams: Vec<Option<TextStream<'_>>> = ids.iter().map(|_| tok.map(|t| TextStream::new(t, stop))).collect();
+    let live = ids.len() == 1 && tok.is_some();
+    if live {
+        out!("text: ");
+    }
+    let index = |seq: SeqId| ids.iter().position(|&i| i == seq);
+    while !engine.is_idle() {
+        let mut cancel = Vec::new();
+        for ev in engine.step().map_err(|e| e.to_string())? {
+            let (Event::Token { seq, .. } | Event::Finished { seq, .. }) = ev;
+            let Some(k) = index(seq) else { continue };
+            match ev {
+                Event::Token { token, .. } => {
+                    out[k].tokens.push(token);
+                    if let Some(ts) = streams[k].as_mut() {
+                        let shown = ts.push(token)?;
+                        if live {
+                            out!("{shown}");
+                            output::flush();
+                        }
+                        if ts.stopped() {
+                            cancel.push(seq);
+                        }
+                    }
+                }
+                Event::Finished { .. } => {
+                    out[k].logits = engine.take_logits(seq);
+                    cancel.retain(|&c| c != seq);
+                }
+            }
+        }
+        for seq in cancel {
+            let k = index(seq).expect("a sequence of this run");
+            out[k].logits = engine.take_logits(seq);
+            engine.cancel(seq).map_err(|e| e.to_string())?;
+        }
+    }
+    for (g, ts) in out.iter_mut().zip(&mut streams) {
+        if let Some(ts) = ts {
+            let rest = ts.finish();
+            if live {
+                out!("{rest}");
+            }
+            g.text = Some(ts.text().to_string());
+        }
+    }
+    if live {
+        outln!();
+    }
+    Ok(out)
 }
 
 /// Writes `seqK.ids` (i32 `[n]`) and `seqK.logits` (f32 `[n, n_vocab]`) for each sequence.
