@@ -55,6 +55,7 @@ mod output;
 
 mod backend;
 mod bench;
+mod chat;
 mod convert;
 mod demo;
 mod fusion;
@@ -224,6 +225,36 @@ enum Command {
         #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
         backend: backend::BackendChoice,
     },
+    /// Talk with a model: each line of stdin is a user message, the reply is streamed as it is
+    /// generated, and the conversation stays in the caches (`/reset` starts over).
+    Chat {
+        /// The GGUF file (with a tokenizer and a chat template).
+        file: PathBuf,
+        /// Softmax temperature; 0 is greedy.
+        #[arg(long, default_value_t = 0.7)]
+        temperature: f32,
+        /// Keep only the K most likely tokens.
+        #[arg(long = "top-k", default_value = "20")]
+        top_k: Option<usize>,
+        /// Nucleus sampling, in (0, 1].
+        #[arg(long = "top-p", default_value_t = 0.8)]
+        top_p: f32,
+        /// Seed of the sampler.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Most tokens a reply may have.
+        #[arg(short = 'n', long = "max-reply", default_value_t = 512)]
+        max_reply: usize,
+        /// Tokens the conversation may hold in all (at most the model's context length).
+        #[arg(long, default_value_t = 4096)]
+        context: usize,
+        /// A system message put first.
+        #[arg(long)]
+        system: Option<String>,
+        /// Where to run.
+        #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
+        backend: backend::BackendChoice,
+    },
     /// Build a tiny qwen35moe in memory, batch three prompts through prefill and decode, print
     /// what happened and self-check the batched tokens against each sequence run alone (and, on
     /// a GPU, against the CPU oracle).
@@ -384,6 +415,10 @@ fn main() -> ExitCode {
             run::run(&file, &args)
         }
         Command::Demo { backend } => demo::run(backend),
+        Command::Chat { file, temperature, top_k, top_p, seed, max_reply, context, system, backend } => {
+            let params = SamplerParams { temperature, top_k, top_p, seed };
+            chat::run(&file, &chat::ChatArgs { params, max_reply, context, system, backend })
+        }
         Command::Tokenize { file, text, text_file, json, no_parse_special } => match (&text, &text_file) {
             (_, Some(p)) => tokenize::run(&file, tokenize::Text::File(p), json, !no_parse_special),
             (Some(t), None) => tokenize::run(&file, tokenize::Text::Arg(t), json, !no_parse_special),

@@ -74,3 +74,34 @@ fn text_prompts_stream_stop_and_need_a_tokenizer() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no tokenizer") && err.contains("--tokens"), "{err}");
 }
+
+/// `tessera chat`: each stdin line is a turn answered on its own line; the second turn extends
+/// what the caches hold (no "feeding the conversation again"), `/reset` starts over, and a file
+/// without a tokenizer is refused with the same message as `run --prompt`.
+#[test]
+fn chat_answers_each_line_and_keeps_the_conversation() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let (with, without) = models(dir.path());
+    let mut child = tessera()
+        .arg("chat")
+        .arg(&with)
+        .args(["--backend", "cpu", "-n", "6", "--temperature", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Hello there\nAnd again\n/reset\nHi\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.lines().count(), 3, "one reply line a turn:\n{stdout}");
+    assert!(stderr.contains("(conversation reset)"), "{stderr}");
+    assert!(!stderr.contains("feeding the conversation again"), "{stderr}");
+
+    let out = tessera().arg("chat").arg(&without).args(["--backend", "cpu"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tokenizer"));
+}
