@@ -9,9 +9,6 @@
 
 mod common;
 
-use std::io::Read;
-use std::path::Path;
-
 use common::{StTensor, fixture_config, fixture_tensors, temp_dir, write_checkpoint};
 use safetensors::Dtype;
 use serde_json::{Value as Json, json};
@@ -21,13 +18,8 @@ use tessera_models::gguf::{GgufFile, Value};
 use tessera_models::hf_vocab::{QWEN2_PRE_REGEX, QWEN35_PRE_REGEX};
 use tessera_ops::DType;
 
-fn fixture_vocab() -> GgufFile {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vocab/ggml-vocab-qwen35.gguf.gz");
-    let gz = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut bytes).unwrap();
-    GgufFile::from_bytes(bytes).unwrap()
-}
+mod synth_file;
+use synth_file::fixture_vocab;
 
 /// The dense fixture with `n_vocab` tokens: config edited, the embedding resized (f16 zeros but a
 /// few values) and tied.

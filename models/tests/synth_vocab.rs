@@ -3,9 +3,6 @@
 //! qwen35 vocabulary GGUF, gzipped) copied as they are, `vocab_size` its token count, and the model
 //! loads and generates ids of that vocabulary.
 
-use std::io::Read;
-use std::path::Path;
-
 use tessera_cpu::CpuBackend;
 use tessera_models::chat::{ChatMessage, ChatTemplate};
 use tessera_models::config::ModelConfig;
@@ -16,13 +13,8 @@ use tessera_models::sample::SamplerParams;
 use tessera_models::synth::{SynthError, SynthVocab, synthesize_with_vocab};
 use tessera_ops::DType;
 
-fn fixture_vocab() -> GgufFile {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vocab/ggml-vocab-qwen35.gguf.gz");
-    let gz = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut bytes).unwrap();
-    GgufFile::from_bytes(bytes).unwrap()
-}
+mod synth_file;
+use synth_file::fixture_vocab;
 
 fn out_path(tag: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("tessera_synth_vocab_{tag}_{}.gguf", std::process::id()))
