@@ -61,6 +61,7 @@ mod demo;
 mod fusion;
 mod inspect;
 mod run;
+mod serve;
 mod text;
 mod tokenize;
 
@@ -255,6 +256,40 @@ enum Command {
         #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
         backend: backend::BackendChoice,
     },
+    /// Serve the model over HTTP with OpenAI's completions and chat completions API
+    /// (docs/SERVE.md): continuous batching on an engine thread, streaming as server-sent events.
+    Serve {
+        /// The GGUF file (with a tokenizer; a chat template for /v1/chat/completions).
+        file: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on; 0 takes a free one (printed as `listening on http://ADDR`).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Sequences generated at once.
+        #[arg(long = "max-seqs", default_value_t = 4)]
+        max_seqs: usize,
+        /// Most tokens one sequence holds, prompt and generated (at most the model's context).
+        #[arg(long, default_value_t = 4096)]
+        ctx: usize,
+        /// Tokens the KV cache holds in all (default: max-seqs x ctx). Smaller: requests wait for
+        /// space in the queue.
+        #[arg(long = "cache-tokens")]
+        cache_tokens: Option<usize>,
+        /// Accepted requests that may wait beyond the running ones; past them, 503.
+        #[arg(long, default_value_t = 64)]
+        queue: usize,
+        /// Most tokens one engine step feeds (prompts are fed in chunks of this size).
+        #[arg(long, default_value_t = 512)]
+        max_tokens_per_step: usize,
+        /// Largest request body in bytes; larger ones get 413.
+        #[arg(long = "max-body", default_value_t = 4 << 20)]
+        max_body: usize,
+        /// Where to run.
+        #[arg(long, value_enum, default_value_t = backend::BackendChoice::Auto)]
+        backend: backend::BackendChoice,
+    },
     /// Build a tiny qwen35moe in memory, batch three prompts through prefill and decode, print
     /// what happened and self-check the batched tokens against each sequence run alone (and, on
     /// a GPU, against the CPU oracle).
@@ -415,6 +450,31 @@ fn main() -> ExitCode {
             run::run(&file, &args)
         }
         Command::Demo { backend } => demo::run(backend),
+        Command::Serve {
+            file,
+            host,
+            port,
+            max_seqs,
+            ctx,
+            cache_tokens,
+            queue,
+            max_tokens_per_step,
+            max_body,
+            backend,
+        } => serve::run(
+            &file,
+            &serve::ServeArgs {
+                host,
+                port,
+                backend,
+                max_seqs,
+                ctx,
+                cache_tokens,
+                queue,
+                max_tokens_per_step,
+                max_body,
+            },
+        ),
         Command::Chat { file, temperature, top_k, top_p, seed, max_reply, context, system, backend } => {
             let params = SamplerParams { temperature, top_k, top_p, seed };
             chat::run(&file, &chat::ChatArgs { params, max_reply, context, system, backend })
