@@ -25,6 +25,10 @@
 //!   the text under the GGUF's tokenizer (`tessera_models::tokenizer`), comma-separated, or with
 //!   `--json` the ids and each token's text; a file without tokenizer metadata is an error that
 //!   says so.
+//! - `tessera serve FILE [--host 127.0.0.1] [--port 8080] [--backend ...] [--max-seqs N] [--ctx N]
+//!   [--cache-tokens N] [--queue N]` serves the model over HTTP with OpenAI's completions and chat
+//!   completions API, streamed as server-sent events, batched on an engine thread (see `serve`
+//!   and docs/SERVE.md).
 //! - `tessera demo [--backend auto|cpu|cuda]` synthesizes a tiny `qwen35moe`, batches three prompts
 //!   through chunked prefill and decode on the best backend present, prints what it did, and
 //!   checks the batched tokens against each sequence alone and, on a GPU, the tokens and logits
