@@ -33,6 +33,11 @@
 //!   through chunked prefill and decode on the best backend present, prints what it did, and
 //!   checks the batched tokens against each sequence alone and, on a GPU, the tokens and logits
 //!   against the CPU oracle.
+//! - `tessera loadgen --url http://127.0.0.1:PORT [--clients N] [--requests M] [--max-tokens T]
+//!   [--prompt TEXT | --prompt-tokens K] [--chat] [--stream] [--timeout S] [--json]` sends M
+//!   completion requests from N concurrent clients to an OpenAI-compatible server on the loopback
+//!   address (see `loadgen`) and reports throughput and TTFT / ITL / latency percentiles; any
+//!   failed request makes the exit status 1.
 //!
 //! Files: every output (`synth -o`, `convert --out`, `run --dump-logits`) is checked before any
 //! work (not an input file, not a directory, its directory exists and is writable) and written
@@ -64,6 +69,7 @@ mod convert;
 mod demo;
 mod fusion;
 mod inspect;
+mod loadgen;
 mod run;
 mod serve;
 mod text;
@@ -320,6 +326,9 @@ enum Command {
         #[arg(long = "no-parse-special")]
         no_parse_special: bool,
     },
+    /// Load an OpenAI-compatible server on this machine (loopback only) with concurrent clients
+    /// and a fixed number of requests; report throughput and TTFT / ITL / latency percentiles.
+    Loadgen(loadgen::LoadgenArgs),
     /// Convert a Hugging Face Qwen3.5 checkpoint (dense or MoE) to GGUF.
     Convert {
         /// The checkpoint directory (config.json and *.safetensors).
@@ -454,6 +463,7 @@ fn main() -> ExitCode {
             run::run(&file, &args)
         }
         Command::Demo { backend } => demo::run(backend),
+        Command::Loadgen(args) => loadgen::run(&args),
         Command::Serve {
             file,
             host,
