@@ -2,10 +2,13 @@
 //! 127.0.0.1 answering HTTP/1.1 (kept alive) with server-sent event chunks at set delays, so the
 //! measured TTFT / ITL / latency have known lower bounds. Also: failed and timed-out requests,
 //! non-streamed and chat requests, and the refusal of any host that is not a loopback address.
+//! Last, loadgen against `tessera serve` with a tiny synthetic qwen35moe speaking the fixture
+//! vocabulary on the CPU: no request fails and the server's cache is empty afterwards.
 
-use std::io::ErrorKind;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -368,5 +371,86 @@ fn only_loopback_targets() {
         let out = tessera().arg("loadgen").args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.code() == Some(1) && stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+/// `GET path` from a server on `addr`, the body as JSON (`Connection: close`, not chunked).
+fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{raw}"));
+    assert!(head.starts_with("HTTP/1.1 200"), "{raw}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {raw}"))
+}
+
+#[test]
+fn tessera_serve_answers_every_request_and_empties_its_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/data/vocab/ggml-vocab-qwen35.gguf.gz");
+    let mut vocab = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(fixture).unwrap()).read_to_end(&mut vocab).unwrap();
+    let vocab_path = dir.path().join("vocab.gguf");
+    std::fs::write(&vocab_path, vocab).unwrap();
+    let model = dir.path().join("m.gguf");
+    let out = tessera()
+        .args(["synth", "--preset", "tiny-moe", "--dtype", "f32", "-q", "-o"])
+        .arg(&model)
+        .arg("--vocab")
+        .arg(&vocab_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    /// The server, killed when dropped (a failed assertion included).
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut server = Server(
+        tessera()
+            .arg("serve")
+            .arg(&model)
+            .args(["--backend", "cpu", "--port", "0", "--ctx", "256", "--max-seqs", "4"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    BufReader::new(server.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr: SocketAddr =
+        line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("{line:?}")).parse().unwrap();
+
+    // More clients than the server runs at once: the rest wait in its queue.
+    let args = ["--clients", "16", "--requests", "48", "--max-tokens", "8", "--prompt-tokens", "12", "--stream"];
+    let v = report(&loadgen(addr, &[&args[..], &["--json"]].concat()));
+    assert_eq!((v["ok"].as_u64(), v["failed"].as_u64()), (Some(48), Some(0)), "{v:#}");
+    assert_eq!(v["output_tokens_from_usage"].as_bool(), Some(true), "{v:#}");
+    let tokens = v["output_tokens"].as_u64().unwrap();
+    assert!((48..=48 * 8).contains(&tokens), "{v:#}");
+    assert_eq!(v["ttft_ms"]["n"].as_u64(), Some(48), "{v:#}");
+    assert!(ms(&v, "ttft_ms", "p50") <= ms(&v, "latency_ms", "p50"), "{v:#}");
+    // Chat through the file's template, and whole answers.
+    for extra in [&["--chat", "--stream"][..], &["--chat"][..], &[][..]] {
+        let args = [&["--clients", "4", "--requests", "8", "--max-tokens", "4", "--json"][..], extra].concat();
+        let v = report(&loadgen(addr, &args));
+        assert_eq!((v["ok"].as_u64(), v["failed"].as_u64()), (Some(8), Some(0)), "{extra:?}: {v:#}");
+    }
+    // Every sequence ended and freed its blocks (the engine thread says so after its step).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let health = get_json(addr, "/health");
+        let idle = [&health["running"], &health["waiting"], &health["kv_blocks_used"]].map(Value::as_u64);
+        if idle == [Some(0); 3] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not idle: {health}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
