@@ -46,32 +46,46 @@ pub struct CaseResult {
     pub checks: Vec<OutputCheck>,
 }
 
-impl CaseResult {
-    pub fn passed(&self) -> bool {
-        self.outcome == Outcome::Passed
+/// What an eval or fusion result says about itself, from its outcome and its compared outputs.
+pub trait Judged {
+    fn outcome(&self) -> &Outcome;
+    fn checks(&self) -> &[OutputCheck];
+
+    fn passed(&self) -> bool {
+        *self.outcome() == Outcome::Passed
     }
 
-    pub fn failed(&self) -> bool {
-        matches!(self.outcome, Outcome::Failed(_))
+    fn failed(&self) -> bool {
+        matches!(self.outcome(), Outcome::Failed(_))
     }
 
     /// The largest NMSE over the compared outputs (0 when none were compared).
-    pub fn max_nmse(&self) -> f64 {
-        self.checks.iter().map(|c| c.comparison.nmse).fold(0.0, f64::max)
+    fn max_nmse(&self) -> f64 {
+        self.checks().iter().map(|c| c.comparison.nmse).fold(0.0, f64::max)
     }
 
     /// The tightest bound applied (0 when none or only exact comparisons).
-    pub fn bound(&self) -> f64 {
-        self.checks.iter().map(|c| c.bound).filter(|&b| b > 0.0).reduce(f64::min).unwrap_or(0.0)
+    fn bound(&self) -> f64 {
+        self.checks().iter().map(|c| c.bound).filter(|&b| b > 0.0).reduce(f64::min).unwrap_or(0.0)
     }
 
-    /// The failure reasons joined by `; ` (empty when it passed).
-    pub fn reason(&self) -> String {
-        match &self.outcome {
+    /// The failure reasons joined by `; ` (why it is unsupported; empty when it passed).
+    fn reason(&self) -> String {
+        match self.outcome() {
             Outcome::Passed => String::new(),
             Outcome::Failed(r) => r.join("; "),
             Outcome::Unsupported(why) => why.clone(),
         }
+    }
+}
+
+impl Judged for CaseResult {
+    fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+
+    fn checks(&self) -> &[OutputCheck] {
+        &self.checks
     }
 }
 

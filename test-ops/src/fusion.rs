@@ -24,7 +24,7 @@ use tessera_ops::DType;
 
 use crate::case::{Built, Case, InputSpec, NMSE_F32};
 use crate::check::{compare_exact, compare_float};
-use crate::eval::{GUARD_BYTES, Outcome, OutputCheck};
+use crate::eval::{GUARD_BYTES, Judged, Outcome, OutputCheck};
 
 /// One graph for one pass: the pattern in some surroundings, or a near-miss.
 #[derive(Clone)]
@@ -146,32 +146,15 @@ impl FusionResult {
         self.outcome = Outcome::Failed(vec![why.to_string()]);
         self
     }
+}
 
-    pub fn passed(&self) -> bool {
-        self.outcome == Outcome::Passed
+impl Judged for FusionResult {
+    fn outcome(&self) -> &Outcome {
+        &self.outcome
     }
 
-    pub fn failed(&self) -> bool {
-        matches!(self.outcome, Outcome::Failed(_))
-    }
-
-    /// The largest NMSE over the compared outputs (0 when none were compared).
-    pub fn max_nmse(&self) -> f64 {
-        self.checks.iter().map(|c| c.comparison.nmse).fold(0.0, f64::max)
-    }
-
-    /// The tightest bound applied (0 when none or only exact comparisons).
-    pub fn bound(&self) -> f64 {
-        self.checks.iter().map(|c| c.bound).filter(|&b| b > 0.0).reduce(f64::min).unwrap_or(0.0)
-    }
-
-    /// The failure reasons joined by `; ` (why it is unsupported; empty when it passed).
-    pub fn reason(&self) -> String {
-        match &self.outcome {
-            Outcome::Passed => String::new(),
-            Outcome::Failed(r) => r.join("; "),
-            Outcome::Unsupported(why) => why.clone(),
-        }
+    fn checks(&self) -> &[OutputCheck] {
+        &self.checks
     }
 }
 

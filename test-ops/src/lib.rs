@@ -25,7 +25,7 @@ pub use case::{
     BuildFn, Built, Case, Generator, Init, InputSpec, JudgeFn, Layout, NMSE_F32, NMSE_HALF, Shape, default_bound,
 };
 pub use cases::{catalogue, perf_catalogue};
-pub use eval::{CaseResult, GUARD_BYTES, Outcome, OutputCheck, eval_case};
+pub use eval::{CaseResult, GUARD_BYTES, Judged, Outcome, OutputCheck, eval_case};
 pub use perf::{PerfBudget, PerfResult, perf_case};
 
 /// Which cases to run: exact op names (any of them; all when empty) and a label substring.

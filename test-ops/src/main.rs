@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use tessera_test_ops::backends::{self, BackendEntry};
 use tessera_test_ops::{
-    Case, CaseResult, Outcome, PerfBudget, Selection, catalogue, eval_case, op_names, perf_case, perf_catalogue,
+    Case, CaseResult, Judged, Outcome, PerfBudget, Selection, catalogue, eval_case, op_names, perf_case, perf_catalogue,
 };
 
 #[derive(Parser)]

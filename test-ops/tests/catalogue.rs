@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use tessera_ops::{BinaryOp, Op, UnaryOp};
-use tessera_test_ops::{Outcome, Selection, backends, catalogue, eval_case, op_names, perf_catalogue};
+use tessera_test_ops::{Judged, Outcome, Selection, backends, catalogue, eval_case, op_names, perf_catalogue};
 
 #[test]
 fn catalogue_is_large_with_unique_labels() {

@@ -9,8 +9,8 @@ use std::process::Command;
 use tessera_graph::passes::{FoldScales, Pass, Pipeline, standard};
 use tessera_graph::{Fusion, Graph};
 use tessera_ops::{Op, ScaleParams};
-use tessera_test_ops::backends;
 use tessera_test_ops::fusion::{FusionCase, check_fusion_case, generator_gaps, only, pass_generators};
+use tessera_test_ops::{Judged, backends};
 
 fn tessera_test_ops(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera-test-ops")).args(args).output().unwrap();

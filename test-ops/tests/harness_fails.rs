@@ -3,7 +3,7 @@
 
 use tessera_graph::{Backend, BackendError, BufferId, Task};
 use tessera_ops::{Op, TensorMeta};
-use tessera_test_ops::{Case, CaseResult, Outcome, backends, catalogue, eval_case};
+use tessera_test_ops::{Case, CaseResult, Judged, Outcome, backends, catalogue, eval_case};
 
 /// What the faulty backend does after computing each task correctly.
 #[derive(Debug, Clone, Copy, PartialEq)]
