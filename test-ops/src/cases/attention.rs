@@ -20,7 +20,7 @@
 
 use tessera_ops::DType;
 
-use super::{BF16, F16, F32, I32};
+use super::{BF16, F16, F32, I32, chunk_then_decode, iota};
 use crate::case::{Case, Init, InputSpec as In, Layout};
 
 /// A ragged attention batch: `n_tokens` packed tokens, sequence `s` owning tokens
@@ -59,28 +59,6 @@ impl RaggedFa {
     fn n_seq(&self) -> usize {
         self.kv_lens.len()
     }
-}
-
-/// `[0, 1, .., N - 1]`: offsets of one token per sequence.
-const fn iota<const N: usize>() -> [i32; N] {
-    let mut a = [0; N];
-    let mut i = 0;
-    while i < N {
-        a[i] = i as i32;
-        i += 1;
-    }
-    a
-}
-
-/// `[0, len, len + 1, .., len + N - 2]`: one sequence of `len` tokens, then `N - 2` decode tokens.
-const fn chunk_then_decode<const N: usize>(len: i32) -> [i32; N] {
-    let mut a = [0; N];
-    let mut i = 1;
-    while i < N {
-        a[i] = len + i as i32 - 1;
-        i += 1;
-    }
-    a
 }
 
 /// `N` copies of `x`.

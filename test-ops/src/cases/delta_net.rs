@@ -22,7 +22,7 @@
 use tessera_graph::{Graph, Tensor};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap};
 
-use super::{BF16, F16, F32, I32};
+use super::{BF16, F16, F32, I32, chunk_then_decode, iota};
 use crate::case::{Case, Init, InputSpec as In, Layout};
 
 /// A ragged batch of the recurrent ops' cases: `n_tokens` packed tokens, sequence `s` owning
@@ -74,28 +74,6 @@ impl Ragged {
     pub fn finish(&self, case: Case) -> Case {
         if self.bad { case.expect_error() } else { case }
     }
-}
-
-/// `[0, 1, .., N - 1]`: offsets of one token per sequence, or distinct slots.
-const fn iota<const N: usize>() -> [i32; N] {
-    let mut a = [0; N];
-    let mut i = 0;
-    while i < N {
-        a[i] = i as i32;
-        i += 1;
-    }
-    a
-}
-
-/// `[0, len, len + 1, .., len + N - 2]`: one sequence of `len` tokens, then `N - 2` decode tokens.
-const fn chunk_then_decode<const N: usize>(len: i32) -> [i32; N] {
-    let mut a = [0; N];
-    let mut i = 1;
-    while i < N {
-        a[i] = len + i as i32 - 1;
-        i += 1;
-    }
-    a
 }
 
 /// The eval batches (see the module doc); every one of them has padding or empty sequences.

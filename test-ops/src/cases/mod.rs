@@ -38,6 +38,29 @@ pub(crate) const I32: DType = DType::I32;
 pub(crate) const FLOATS: [DType; 3] = [F32, F16, BF16];
 
 /// Shorthand for a shape in a label: `[a,b,c,d]`.
+/// `[0, 1, .., N - 1]`: ragged offsets of one token per sequence, or distinct state slots.
+pub(crate) const fn iota<const N: usize>() -> [i32; N] {
+    let mut a = [0; N];
+    let mut i = 0;
+    while i < N {
+        a[i] = i as i32;
+        i += 1;
+    }
+    a
+}
+
+/// Ragged offsets `[0, len, len + 1, .., len + N - 2]`: one sequence of `len` tokens, then
+/// `N - 2` decode tokens.
+pub(crate) const fn chunk_then_decode<const N: usize>(len: i32) -> [i32; N] {
+    let mut a = [0; N];
+    let mut i = 1;
+    while i < N {
+        a[i] = len + i as i32 - 1;
+        i += 1;
+    }
+    a
+}
+
 pub(crate) fn sh(ne: [usize; 4]) -> Shape {
     Shape(ne)
 }
