@@ -1,8 +1,8 @@
 //! Typed builders: one method per op, each a thin wrapper over [`Graph::op`].
 
 use tessera_ops::{
-    BinaryOp, DType, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormParams, RopeParams, ScaleParams,
-    SoftmaxParams, SortOrder, UnaryOp, ViewParams,
+    BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormParams, RopeParams,
+    ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
 };
 
 use crate::{Graph, GraphError, Tensor};
@@ -242,6 +242,26 @@ impl Graph {
     /// contiguous of that shape. What the `elementwise_chains` pass emits.
     pub fn elementwise(&mut self, program: ElemProgram, inputs: &[Tensor]) -> R {
         self.op(Op::Elementwise(program), inputs)
+    }
+
+    /// `program` on `inputs` as the separate unary / binary / scale ops it stands for: the
+    /// subgraph an `elementwise` node replaces (what its tests compare it with).
+    pub fn elementwise_unfused(&mut self, program: &ElemProgram, inputs: &[Tensor]) -> R {
+        let mut err = None;
+        let y = program.eval(&inputs.iter().map(|&x| Some(x)).collect::<Vec<_>>(), |ins, args| {
+            let a = (*args[0])?;
+            let r = match *ins {
+                ElemInstr::Unary(u, _) => self.unary(u, a),
+                ElemInstr::Binary(op, _, _) => self.binary(op, a, (*args[1])?),
+                ElemInstr::Scale(s, _) => self.scale_bias(a, s.scale, s.bias),
+            };
+            r.map_err(|e| err = Some(e)).ok()
+        });
+        match (y, err) {
+            (Some(y), _) => Ok(y),
+            (None, Some(e)) => Err(e),
+            (None, None) => unreachable!("a failed step records its error"),
+        }
     }
 
     // ---- quantization ----

@@ -215,25 +215,6 @@ mod tests {
         ElemProgram::new(shapes.len(), instrs).expect("a valid program")
     }
 
-    /// The program as the unfused ops.
-    fn unfused(g: &mut Graph, p: &ElemProgram, xs: &[Tensor]) -> Result<Tensor, GraphError> {
-        let mut err = None;
-        let y = p.eval(&xs.iter().map(|&x| Some(x)).collect::<Vec<_>>(), |ins, args| {
-            let a = (*args[0])?;
-            let r = match *ins {
-                ElemInstr::Unary(u, _) => g.unary(u, a),
-                ElemInstr::Binary(op, _, _) => g.binary(op, a, (*args[1])?),
-                ElemInstr::Scale(s, _) => g.scale_bias(a, s.scale, s.bias),
-            };
-            r.map_err(|e| err = Some(e)).ok()
-        });
-        match (y, err) {
-            (Some(y), _) => Ok(y),
-            (None, Some(e)) => Err(e),
-            (None, None) => unreachable!("a failed step records its error"),
-        }
-    }
-
     /// Runs `p` fused and unfused on the CPU on inputs of `shapes` (each made strided when its
     /// flag says so): the same bits; then the fused op against the f64 reference.
     fn same_bits_as_the_ops(seed: u64, p: &ElemProgram, shapes: &[[usize; 4]], strided: &[bool]) {
@@ -249,7 +230,7 @@ mod tests {
                 xs.push(x);
             }
             let fused = g.elementwise(p.clone(), &xs)?;
-            Ok(vec![fused, unfused(g, p, &xs)?])
+            Ok(vec![fused, g.elementwise_unfused(p, &xs)?])
         };
         let outs = case(seed, build).run(&mut CpuBackend::new(), 0).expect("cpu run");
         let same = outs[0].iter().zip(&outs[1]).all(|(x, y)| x.to_bits() == y.to_bits());

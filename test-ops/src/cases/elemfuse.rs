@@ -12,7 +12,7 @@
 //!   overflows and no quotient is ill-conditioned.
 //! - Perf: the model's chains at 1 / 32 / 512 tokens, fused next to the unfused ops.
 
-use tessera_graph::{Graph, GraphError, Tensor};
+use tessera_graph::{Graph, Tensor};
 use tessera_ops::{BinaryOp, ElemArg, ElemInstr, ElemProgram, ScaleParams, UnaryOp};
 
 use super::{F32, sh};
@@ -195,7 +195,7 @@ pub(super) fn perf_cases() -> Vec<Case> {
                 let kind = if fused { "fused" } else { "unfused" };
                 let p = p.clone();
                 let build = move |g: &mut Graph, x: &[Tensor]| {
-                    if fused { g.elementwise(p.clone(), x) } else { unfused(g, &p, x) }
+                    if fused { g.elementwise(p.clone(), x) } else { g.elementwise_unfused(&p, x) }
                 };
                 let label = format_args!("{name},{kind},ne={},n_tokens={n}", sh(shapes[0]));
                 out.push(Case::new("elementwise", label, inputs.clone(), build));
@@ -203,23 +203,4 @@ pub(super) fn perf_cases() -> Vec<Case> {
         }
     }
     out
-}
-
-/// `p` as the unfused ops (for programs whose binary ops broadcast their second operand).
-fn unfused(g: &mut Graph, p: &ElemProgram, x: &[Tensor]) -> Result<Tensor, GraphError> {
-    let mut err = None;
-    let y = p.eval(&x.iter().map(|&t| Some(t)).collect::<Vec<_>>(), |ins, args| {
-        let a = (*args[0])?;
-        let r = match *ins {
-            ElemInstr::Unary(u, _) => g.unary(u, a),
-            ElemInstr::Binary(op, _, _) => g.binary(op, a, (*args[1])?),
-            ElemInstr::Scale(s, _) => g.scale_bias(a, s.scale, s.bias),
-        };
-        r.map_err(|e| err = Some(e)).ok()
-    });
-    match (y, err) {
-        (Some(y), _) => Ok(y),
-        (None, Some(e)) => Err(e),
-        (None, None) => unreachable!("a failed step records its error"),
-    }
 }
