@@ -5,6 +5,12 @@
 //! kernels is launched. The CUBIN is cached on disk under a SHA-256 of the source, the options,
 //! the architecture and the NVRTC version, so a second process loads it without compiling.
 //! A compile error carries NVRTC's log and names the kernel that needed the module.
+//!
+//! Generated modules ([`Generated`]: one per `elementwise` program, made by
+//! `ops/elemfuse.rs`) go through the same compile and disk cache, their source being a built-in
+//! module's (whose device functions they call) followed by the generated text; in memory they
+//! are kept per program (`Kernels::program`), so a program compiles once per process and once
+//! per kernel cache.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,6 +21,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::sys as nvrtc_sys;
 use sha2::{Digest, Sha256};
+use tessera_ops::ElemProgram;
 
 use crate::CudaError;
 
@@ -148,12 +155,16 @@ pub fn options(target: &str) -> Vec<String> {
 /// Compiles `module` to a CUBIN for `target` ([`target`]) with NVRTC. Needs only libnvrtc, not a
 /// GPU (this is what the CI compile check runs).
 pub fn compile(module: Module, target: &str) -> Result<Vec<u8>, CudaError> {
+    compile_source(module.name(), &module.source(), target)
+}
+
+/// Compiles a whole translation unit `source` (named `label` in errors) to a CUBIN for `target`.
+pub fn compile_source(label: &'static str, source: &str, target: &str) -> Result<Vec<u8>, CudaError> {
     crate::device::nvrtc_version()?;
-    let src =
-        CString::new(module.source()).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
-    let name = CString::new(format!("{}.cu", module.name())).expect("module names have no NUL");
+    let src = CString::new(source).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
+    let name = CString::new(format!("{label}.cu")).expect("module names have no NUL");
     let opts = options(target);
-    let fail = |what: &str, r: nvrtc_sys::nvrtcResult| CudaError::Nvrtc(format!("{what} for {}: {r:?}", module.name()));
+    let fail = |what: &str, r: nvrtc_sys::nvrtcResult| CudaError::Nvrtc(format!("{what} for {label}: {r:?}"));
     let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid C strings that outlive the program; no headers are passed.
     let r = unsafe {
@@ -176,7 +187,7 @@ pub fn compile(module: Module, target: &str) -> Result<Vec<u8>, CudaError> {
     let r = unsafe { nvrtc_sys::nvrtcCompileProgram(prog.0, ptrs.len() as i32, ptrs.as_ptr()) };
     let log = program_log(prog.0);
     if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(CudaError::Compile { module: module.name(), arch: target.to_string(), log });
+        return Err(CudaError::Compile { module: label, arch: target.to_string(), log });
     }
     let mut size = 0usize;
     // SAFETY: the program compiled; `size` is a valid out-pointer.
@@ -222,8 +233,13 @@ pub fn cache_dir() -> PathBuf {
 
 /// The cache key: everything that changes the CUBIN.
 pub fn cache_key(module: Module, target: &str, nvrtc: (i32, i32)) -> String {
+    source_key(&module.source(), target, nvrtc)
+}
+
+/// [`cache_key`] of a whole translation unit.
+pub fn source_key(source: &str, target: &str, nvrtc: (i32, i32)) -> String {
     let mut h = Sha256::new();
-    h.update(module.source().as_bytes());
+    h.update(source.as_bytes());
     for o in options(target) {
         h.update(o.as_bytes());
         h.update([0]);
@@ -232,6 +248,24 @@ pub fn cache_key(module: Module, target: &str, nvrtc: (i32, i32)) -> String {
     h.update(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
     let digest = h.finalize();
     digest.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A module generated at run time: `body` (with its `extern "C"` entries `entries`) compiled
+/// after the source of `base`, whose device functions it may call. `label` names it in errors
+/// and cache file names.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub label: &'static str,
+    pub base: Module,
+    pub body: String,
+    pub entries: Vec<String>,
+}
+
+impl Generated {
+    /// The full translation unit NVRTC compiles.
+    pub fn source(&self) -> String {
+        format!("{}\n#line 1 \"{}.cu\"\n{}", self.base.source(), self.label, self.body)
+    }
 }
 
 /// Statistics of the kernel registry.
@@ -251,13 +285,68 @@ pub(crate) struct Kernels {
     nvrtc: (i32, i32),
     modules: HashMap<Module, Arc<CudaModule>>,
     functions: HashMap<Kernel, CudaFunction>,
+    /// The entries of each program's generated module, with their names (leaked once per
+    /// program: the step trace holds `&'static str`).
+    programs: HashMap<ElemProgram, Vec<(&'static str, CudaFunction)>>,
     pub stats: CompileStats,
 }
 
 impl Kernels {
     pub fn new(ctx: Arc<CudaContext>, arch: String, arch_specific: bool, nvrtc: (i32, i32)) -> Kernels {
         let (modules, functions) = (HashMap::new(), HashMap::new());
-        Kernels { ctx, arch, arch_specific, nvrtc, modules, functions, stats: CompileStats::default() }
+        let programs = HashMap::new();
+        Kernels { ctx, arch, arch_specific, nvrtc, modules, functions, programs, stats: CompileStats::default() }
+    }
+
+    /// The entries of `program`'s generated module (in the order `make().entries` lists them),
+    /// compiling it with `make()`'s source, or loading it from the disk cache, the first time.
+    pub fn program(
+        &mut self,
+        program: &ElemProgram,
+        make: impl FnOnce() -> Generated,
+    ) -> Result<&[(&'static str, CudaFunction)], CudaError> {
+        if !self.programs.contains_key(program) {
+            let g = make();
+            let source = g.source();
+            let target = target(g.base, &self.arch, false);
+            let key = source_key(&source, &target, self.nvrtc);
+            let path = cache_dir().join(format!("{}-{target}-{key}.cubin", g.label));
+            let module = self.load_cubin(&path, g.label, || compile_source(g.label, &source, &target))?;
+            let mut entries = Vec::new();
+            for e in &g.entries {
+                let f = module.load_function(e).map_err(|err| CudaError::Driver {
+                    what: format!("loading kernel {e} from generated {}.cu", g.label),
+                    detail: err.to_string(),
+                })?;
+                entries.push((&*Box::leak(e.clone().into_boxed_str()), f));
+            }
+            self.programs.insert(program.clone(), entries);
+        }
+        Ok(&self.programs[program])
+    }
+
+    /// The module cached at `path`, or `compile()`d, stored there and loaded.
+    fn load_cubin(
+        &mut self,
+        path: &Path,
+        label: &str,
+        compile: impl FnOnce() -> Result<Vec<u8>, CudaError>,
+    ) -> Result<Arc<CudaModule>, CudaError> {
+        let cubin = match std::fs::read(path) {
+            Ok(bytes) if !bytes.is_empty() => {
+                self.stats.cache_hits += 1;
+                bytes
+            }
+            _ => {
+                let bytes = compile()?;
+                self.stats.compiled += 1;
+                store_in_cache(path, &bytes);
+                bytes
+            }
+        };
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| CudaError::Driver { what: format!("loading module {label}.cu"), detail: e.to_string() })
     }
 
     /// The function for `kernel`, compiling or loading its module first if needed.
@@ -288,26 +377,13 @@ impl Kernels {
         let target = target(kernel.module, &self.arch, self.arch_specific);
         let key = cache_key(kernel.module, &target, self.nvrtc);
         let path = cache_dir().join(format!("{}-{target}-{key}.cubin", kernel.module.name()));
-        let cubin = match std::fs::read(&path) {
-            Ok(bytes) if !bytes.is_empty() => {
-                self.stats.cache_hits += 1;
-                bytes
-            }
-            _ => {
-                let bytes = compile(kernel.module, &target).map_err(|e| match e {
-                    CudaError::Compile { module, arch, log } => {
-                        CudaError::Compile { module, arch, log: format!("(needed by kernel {})\n{log}", kernel.name) }
-                    }
-                    other => other,
-                })?;
-                self.stats.compiled += 1;
-                store_in_cache(&path, &bytes);
-                bytes
-            }
-        };
-        let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)).map_err(|e| CudaError::Driver {
-            what: format!("loading module {}.cu", kernel.module.name()),
-            detail: e.to_string(),
+        let module = self.load_cubin(&path, kernel.module.name(), || {
+            compile(kernel.module, &target).map_err(|e| match e {
+                CudaError::Compile { module, arch, log } => {
+                    CudaError::Compile { module, arch, log: format!("(needed by kernel {})\n{log}", kernel.name) }
+                }
+                other => other,
+            })
         })?;
         self.modules.insert(kernel.module, module.clone());
         Ok(module)

@@ -47,7 +47,7 @@ pub(crate) fn supports(_op: &Op, inputs: &[TensorMeta]) -> bool {
 }
 
 /// TAG(unary-code): the codes `unary_f` in elementwise.cu switches on.
-fn unary_code(u: UnaryOp) -> i32 {
+pub(super) fn unary_code(u: UnaryOp) -> i32 {
     match u {
         UnaryOp::Neg => 0,
         UnaryOp::Exp => 1,
@@ -58,7 +58,7 @@ fn unary_code(u: UnaryOp) -> i32 {
 }
 
 /// TAG(binary-code): the codes `binary_f` in elementwise.cu switches on.
-fn binary_code(b: BinaryOp) -> i32 {
+pub(super) fn binary_code(b: BinaryOp) -> i32 {
     match b {
         BinaryOp::Add => 0,
         BinaryOp::Sub => 1,

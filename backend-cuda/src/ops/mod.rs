@@ -6,6 +6,7 @@ mod conv;
 mod data;
 mod delta_net;
 mod elementwise;
+mod elemfuse;
 mod fused;
 mod matmul;
 mod mmq;
@@ -54,6 +55,9 @@ fn family(op: &Op) -> Option<Family> {
 /// Whether a kernel exists for `op` on inputs with these descriptors (the shape rules have
 /// already accepted them).
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
+    if let Op::Elementwise(_) = op {
+        return elemfuse::supports(op, inputs);
+    }
     match family(op) {
         Some(Family::Elementwise) => elementwise::supports(op, inputs),
         Some(Family::Data) => data::supports(op, inputs),
@@ -85,6 +89,9 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
 
 /// Enqueues the task's kernels.
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    if let Op::Elementwise(_) = task.op {
+        return elemfuse::run(cx, task, ins, out);
+    }
     match family(task.op) {
         Some(Family::Elementwise) => elementwise::run(cx, task, ins, out),
         Some(Family::Data) => data::run(cx, task, ins, out),
