@@ -266,26 +266,58 @@ __device__ u64 smp_block_scan(u64 v, u64& total) {
     return before + x - v;
 }
 
-// Adds (1, q) to bucket b of shared counts / masses for the lanes with `on`; a warp whose active
-// lanes share one bucket adds once (flat rows put whole warps in one bucket). Call with all 32
-// lanes of the warp.
-__device__ __forceinline__ void smp_hist_add(u32* cnt, u64* mass, int b, u64 q, bool on) {
-    const unsigned act = __ballot_sync(SMP_FULL, on);
-    if (act == 0) return;
-    const int lane = threadIdx.x & 31, leader = __ffs(act) - 1;
-    const int b0 = __shfl_sync(SMP_FULL, b, leader);
-    if (__all_sync(SMP_FULL, !on || b == b0)) {
-        u64 s = on ? q : 0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(SMP_FULL, s, o);
-        if (lane == leader) {
-            atomicAdd(&cnt[b0], (u32)__popc(act));
-            atomicAdd((unsigned long long*)&mass[b0], (unsigned long long)s);
-        }
-    } else if (on) {
-        atomicAdd(&cnt[b], 1u);
-        atomicAdd((unsigned long long*)&mass[b], (unsigned long long)q);
+// A thread's run of consecutive additions to one bucket of a shared histogram (count, mass and
+// smallest index), flushed with atomics when the bucket changes: rows whose values crowd into one
+// bucket (flat logits, the top bytes of close keys) then cost one atomic per thread, not one per
+// element (64-bit shared atomics are compare-and-swap loops, slow under contention).
+struct SmpRun {
+    int b;
+    u32 c;
+    u32 id;
+    u64 m;
+};
+
+__device__ __forceinline__ SmpRun smp_run() {
+    SmpRun r;
+    r.b = -1;
+    r.c = 0;
+    r.id = 0xffffffffu;
+    r.m = 0;
+    return r;
+}
+
+__device__ __forceinline__ void smp_run_flush(SmpRun& r, u32* cnt, u64* mass, u32* min_id) {
+    if (r.c != 0) {
+        atomicAdd(&cnt[r.b], r.c);
+        atomicAdd((unsigned long long*)&mass[r.b], (unsigned long long)r.m);
+        if (min_id) atomicMin(&min_id[r.b], r.id);
     }
+    r.c = 0;
+    r.m = 0;
+    r.id = 0xffffffffu;
+}
+
+__device__ __forceinline__ void smp_run_add(SmpRun& r, u32* cnt, u64* mass, u32* min_id, int b, u64 q, u32 id) {
+    if (b != r.b) {
+        smp_run_flush(r, cnt, mass, min_id);
+        r.b = b;
+    }
+    r.c++;
+    r.m += q;
+    r.id = min(r.id, id);
+}
+
+// The bin of a logit that is not NaN from its x (at_max: l == max): floor(-2x) capped at
+// SMP_BINS - 1, the same as smp_bin.
+__device__ __forceinline__ int smp_bin_x(bool at_max, float x) {
+    if (at_max) return 0;
+    const float y = __fmul_rn(-x, 2.0f);
+    return y < (float)(SMP_BINS - 1) ? (int)y : SMP_BINS - 1;
+}
+
+// What a valid, non-greedy row keeps: top-k cuts when k_eff < valid; top-p when p < 1.
+__device__ __forceinline__ i64 smp_k_eff(const SmpSettings& s, i64 valid) {
+    return (s.k == 0 || (i64)s.k >= valid) ? valid : (i64)s.k;
 }
 
 __device__ __forceinline__ const float* smp_row(const Tensor& logits, i64 r) {
@@ -333,35 +365,57 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_stats(Tensor lo
     if (threadIdx.x == 0) stats[r * chunks + c] = v;
 }
 
-// ---- 2. per-chunk bin histograms ----
+// ---- 2. per-chunk bin histograms (rows with top-k / top-p) or masses (rows keeping all) ----
 
-extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_hist(Tensor logits, Tensor settings, const SmpStat* stats, u32* hcount, u64* hmass) {
-    __shared__ u32 cnt[SMP_BINS];
-    __shared__ u64 mass[SMP_BINS];
+extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_hist(Tensor logits, Tensor settings, const SmpStat* stats,
+                                                                      u32* hcount, u64* hmass, u64* ctotal) {
+    __shared__ u32 cnt[SMP_THREADS / 32][SMP_BINS];
+    __shared__ u64 mass[SMP_THREADS / 32][SMP_BINS];
     const i64 r = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, n = logits.ne[0];
     const SmpSettings s = smp_settings(settings, r);
     const SmpStat st = smp_row_stat(stats, r, chunks);
     if (s.field != 0 || st.valid == 0 || smp_greedy(s)) return;
-    for (int b = threadIdx.x; b < SMP_BINS; b += blockDim.x) {
-        cnt[b] = 0;
-        mass[b] = 0;
-    }
-    __syncthreads();
     const float* x = smp_row(logits, r);
     const i64 lo = c * SMP_CHUNK, hi = min(n, lo + SMP_CHUNK);
-    // Warp-uniform trip count: smp_hist_add needs every lane.
-    for (i64 base = lo; base < hi; base += blockDim.x) {
-        const i64 i = base + threadIdx.x;
-        const float l = i < hi ? x[i] : TS_NAN;
-        const bool on = l == l;
-        const int b = on ? smp_bin(l, st.max, s.t) : 0;
-        const u64 q = on ? smp_mass(l, st.max, s.t) : 0;
-        smp_hist_add(cnt, mass, b, q, on);
+    if (smp_k_eff(s, st.valid) == st.valid && !(s.p < 1.0f)) {
+        // Every token kept: only the chunk's mass is needed.
+        u64 mine = 0;
+        for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            const float l = x[i];
+            if (l == l) mine += smp_mass(l, st.max, s.t);
+        }
+        u64 total;
+        smp_block_scan(mine, total);
+        if (threadIdx.x == 0) ctotal[r * chunks + c] = total;
+        return;
+    }
+    const int warp = threadIdx.x >> 5;
+    for (int b = threadIdx.x; b < (SMP_THREADS / 32) * SMP_BINS; b += blockDim.x) {
+        cnt[b / SMP_BINS][b % SMP_BINS] = 0;
+        mass[b / SMP_BINS][b % SMP_BINS] = 0;
     }
     __syncthreads();
+    SmpRun run = smp_run();
+    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float l = x[i];
+        if (l == l) {
+            const bool at_max = l == st.max;
+            const float xx = at_max ? 0.0f : smp_x(l, st.max, s.t);
+            const u64 q = at_max ? SMP_MASS_ONE : smp_exp_mass(xx);
+            smp_run_add(run, cnt[warp], mass[warp], nullptr, smp_bin_x(at_max, xx), q, 0);
+        }
+    }
+    smp_run_flush(run, cnt[warp], mass[warp], nullptr);
+    __syncthreads();
     for (int b = threadIdx.x; b < SMP_BINS; b += blockDim.x) {
-        hcount[(r * chunks + c) * SMP_BINS + b] = cnt[b];
-        hmass[(r * chunks + c) * SMP_BINS + b] = mass[b];
+        u32 tc = 0;
+        u64 tm = 0;
+        for (int w = 0; w < SMP_THREADS / 32; w++) {
+            tc += cnt[w][b];
+            tm += mass[w][b];
+        }
+        hcount[(r * chunks + c) * SMP_BINS + b] = tc;
+        hmass[(r * chunks + c) * SMP_BINS + b] = tm;
     }
 }
 
@@ -409,41 +463,51 @@ __device__ i64 smp_draw_from(const float* x, i64 n, float mx, float t, i64 from,
     return out;
 }
 
-// The first rank (over non-NaN logits with rank <= bound) at which the running count (by_mass
-// false) or mass (true) in rank order reaches `target`, by a radix select on the 64-bit rank, 8
-// bits a pass (the buckets before the chosen one are below it). Also gives the mass of the ranks
-// below it (within the bound) and of the element itself. Call with the whole block.
-__device__ u64 smp_select(const float* x, i64 n, float mx, float t, u64 bound, u64 target, bool by_mass, u64& below,
-                          u64& own) {
+// The first rank, among the non-NaN logits of bin `bin` with rank <= bound, at which the running
+// count (by_mass false) or mass (true) in rank order, starting from below_cnt0 / below_mass0 (the
+// count and mass of the bins before `bin`), reaches `target`: a radix select on the 64-bit rank,
+// 8 bits a pass (bits 24..31 are an index's and always 0: no pass). It stops early when the
+// chosen bucket holds one element, or, once the key is fixed, when the first of its equal-logit
+// ties (equal masses) reaches the target: that element is the smallest index of the bucket.
+// Also gives the mass of the ranks below it and of the element itself. Call with the whole block.
+__device__ u64 smp_select(const float* x, i64 n, float mx, float t, int bin, u64 bound, u64 target, bool by_mass,
+                          u64 below_cnt0, u64 below_mass0, u64& below, u64& own) {
     __shared__ u32 cnt[256];
     __shared__ u64 mass[256];
+    __shared__ u32 min_id[256];
     __shared__ u64 sh_prefix, sh_below, sh_below_cnt, sh_own;
+    __shared__ int sh_done;
     if (threadIdx.x == 0) {
         sh_prefix = 0;
-        sh_below = 0;
-        sh_below_cnt = 0;
+        sh_below = below_mass0;
+        sh_below_cnt = below_cnt0;
         sh_own = 0;
+        sh_done = 0;
     }
     u64 mask = 0;
-    for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int pass = 0; pass < 7; pass++) {
+        const int shift = pass < 4 ? 56 - 8 * pass : 16 - 8 * (pass - 4);
         for (int b = threadIdx.x; b < 256; b += blockDim.x) {
             cnt[b] = 0;
             mass[b] = 0;
+            min_id[b] = 0xffffffffu;
         }
         __syncthreads();
+        if (sh_done) break;
         const u64 prefix = sh_prefix;
-        for (i64 base = 0; base < n; base += blockDim.x) {
-            const i64 i = base + threadIdx.x;
-            const float l = i < n ? x[i] : TS_NAN;
-            u64 rk = 0;
-            bool on = l == l;
-            if (on) {
-                rk = smp_rank(l, i);
-                on = rk <= bound && (rk & mask) == prefix;
-            }
-            const u64 q = on ? smp_mass(l, mx, t) : 0;
-            smp_hist_add(cnt, mass, on ? (int)((rk >> shift) & 255) : 0, q, on);
+        SmpRun run = smp_run();
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
+            const float l = x[i];
+            if (!(l == l)) continue;
+            const bool at_max = l == mx;
+            const float xx = at_max ? 0.0f : smp_x(l, mx, t);
+            if (smp_bin_x(at_max, xx) != bin) continue;
+            const u64 rk = smp_rank(l, i);
+            if (rk > bound || (rk & mask) != prefix) continue;
+            const u64 q = at_max ? SMP_MASS_ONE : smp_exp_mass(xx);
+            smp_run_add(run, cnt, mass, min_id, (int)((rk >> shift) & 255), q, (u32)i);
         }
+        smp_run_flush(run, cnt, mass, min_id);
         __syncthreads();
         if (threadIdx.x == 0) {
             u64 bc = sh_below_cnt, bm = sh_below;
@@ -459,8 +523,24 @@ __device__ u64 smp_select(const float* x, i64 n, float mx, float t, u64 bound, u
             }
             sh_below_cnt = bc;
             sh_below = bm;
-            sh_prefix = prefix | ((u64)d << shift);
-            sh_own = mass[d];
+            u64 pre = prefix | ((u64)d << shift);
+            u64 ow = mass[d];
+            int done = 0;
+            if (cnt[d] == 1) {
+                done = 1;
+            } else if (shift == 32 && cnt[d] > 1) {
+                // The key is fixed: the bucket's elements are ties of equal mass.
+                const u64 qt = mass[d] / cnt[d];
+                const u64 m = by_mass ? (qt == 0 ? 2 : (target - bm + qt - 1) / qt) : target - bc;
+                if (m <= 1) {
+                    done = 1;
+                    ow = qt;
+                }
+            }
+            if (done && min_id[d] < (u32)n) pre = smp_rank(x[min_id[d]], min_id[d]);
+            sh_prefix = pre;
+            sh_own = ow;
+            sh_done = done;
         }
         mask |= 255ull << shift;
         __syncthreads();
@@ -472,14 +552,16 @@ __device__ u64 smp_select(const float* x, i64 n, float mx, float t, u64 bound, u
     return out;
 }
 
-extern "C" __global__ void __launch_bounds__(SMP_BIG_THREADS) sample_plan(Tensor dst, Tensor logits, Tensor settings, const SmpStat* stats, const u32* hcount,
-                                       const u64* hmass, SmpPlan* plans, int* first_nan, i64 chunks) {
+extern "C" __global__ void __launch_bounds__(SMP_BIG_THREADS)
+    sample_plan(Tensor dst, Tensor logits, Tensor settings, const SmpStat* stats, const u32* hcount, const u64* hmass,
+                const u64* ctotal, SmpPlan* plans, int* first_nan, i64 chunks) {
     __shared__ u32 red_cnt[16][SMP_BINS];
     __shared__ u64 red_mass[16][SMP_BINS];
-    __shared__ u32 bcnt[SMP_BINS];
-    __shared__ u64 bmass[SMP_BINS];
+    __shared__ u64 cumc[SMP_BINS];
+    __shared__ u64 cumm[SMP_BINS];
     __shared__ int sh_mode, sh_hi;
-    __shared__ u64 sh_w;
+    __shared__ long long sh_chunk;
+    __shared__ u64 sh_base;
     const i64 r = blockIdx.x, n = logits.ne[0];
     const SmpSettings s = smp_settings(settings, r);
     const SmpStat st = smp_row_stat(stats, r, chunks);
@@ -492,83 +574,27 @@ extern "C" __global__ void __launch_bounds__(SMP_BIG_THREADS) sample_plan(Tensor
         }
         return;
     }
-    // Merge the chunks' bins: thread t sums bin t % 64 over chunks t / 64, t / 64 + 16, ...
-    {
-        const int b = threadIdx.x & (SMP_BINS - 1), slice = threadIdx.x / SMP_BINS;
-        u32 cn = 0;
-        u64 ma = 0;
-        if (slice < 16) {
-            for (i64 c = slice; c < chunks; c += 16) {
-                cn += hcount[(r * chunks + c) * SMP_BINS + b];
-                ma += hmass[(r * chunks + c) * SMP_BINS + b];
-            }
-            red_cnt[slice][b] = cn;
-            red_mass[slice][b] = ma;
-        }
-        __syncthreads();
-        if (threadIdx.x < SMP_BINS) {
-            u32 tc = 0;
-            u64 tm = 0;
-            for (int k = 0; k < 16; k++) {
-                tc += red_cnt[k][threadIdx.x];
-                tm += red_mass[k][threadIdx.x];
-            }
-            bcnt[threadIdx.x] = tc;
-            bmass[threadIdx.x] = tm;
-        }
-        __syncthreads();
-    }
-    const i64 valid = st.valid;
-    const i64 k_eff = (s.k == 0 || (i64)s.k >= valid) ? valid : (i64)s.k;
-    const bool topk = k_eff < valid, topp = s.p < 1.0f;
-    if (threadIdx.x == 0) {
-        u64 w = 0;
-        for (int b = 0; b < SMP_BINS; b++) w += bmass[b];
-        sh_w = w;
-        int hi = SMP_BINS - 1;
-        if (topk || topp) {
-            const u64 need = topk ? 0 : smp_mul_ceil(w, s.p);
-            u64 cc = 0, cm = 0;
-            for (int b = 0; b < SMP_BINS; b++) {
-                cc += bcnt[b];
-                cm += bmass[b];
-                if (topk ? cc >= (u64)k_eff : cm >= need) {
-                    hi = b;
-                    break;
-                }
-            }
-            u64 gathered = 0;
-            for (int b = 0; b <= hi; b++) gathered += bcnt[b];
-            sh_mode = gathered <= SMP_CAP ? SMP_MODE_SMALL : SMP_MODE_DONE;
-        } else {
-            sh_mode = SMP_MODE_DONE;
-        }
-        sh_hi = hi;
-        plan->w_all = w;
-        plan->max = st.max;
-        plan->mode = sh_mode;
-        plan->hi = hi;
-        plan->k_eff = (int)k_eff;
-        plan->topk = topk ? 1 : 0;
-    }
-    __syncthreads();
-    const u64 w_all = sh_w;
-    if (sh_mode == SMP_MODE_SMALL) return;
     const float* x = smp_row(logits, r);
+    const i64 valid = st.valid, k_eff = smp_k_eff(s, valid);
+    const bool topk = k_eff < valid, topp = s.p < 1.0f;
     if (!topk && !topp) {
-        // Keep every token: find the chunk where the running mass passes the target (chunk
-        // masses are the sums of its bins), then the token within it.
-        const u64 target = smp_mul_floor(w_all, s.u);
-        __shared__ long long sh_chunk;
-        __shared__ u64 sh_base;
-        if (threadIdx.x == 0) sh_chunk = -1;
+        // Keep every token: the row's mass, then the chunk where the running mass passes the
+        // target, then the token within it.
+        if (threadIdx.x == 0) {
+            plan->mode = SMP_MODE_DONE;
+            sh_chunk = -1;
+        }
+        u64 w = 0, total;
+        for (i64 c0 = 0; c0 < chunks; c0 += blockDim.x) {
+            const i64 c = c0 + threadIdx.x;
+            smp_block_scan(c < chunks ? ctotal[r * chunks + c] : 0, total);
+            w += total;
+        }
+        const u64 target = smp_mul_floor(w, s.u);
         u64 base = 0;
         for (i64 c0 = 0; c0 < chunks; c0 += blockDim.x) {
             const i64 c = c0 + threadIdx.x;
-            u64 m = 0;
-            if (c < chunks)
-                for (int b = 0; b < SMP_BINS; b++) m += hmass[(r * chunks + c) * SMP_BINS + b];
-            u64 total;
+            const u64 m = c < chunks ? ctotal[r * chunks + c] : 0;
             const u64 before = base + smp_block_scan(m, total);
             if (before <= target && target < before + m) {
                 sh_chunk = c;
@@ -583,14 +609,78 @@ extern "C" __global__ void __launch_bounds__(SMP_BIG_THREADS) sample_plan(Tensor
         if (threadIdx.x == 0) smp_write(dst, r, id < 0 ? st.arg : id);
         return;
     }
-    // Large selections: the exact threshold ranks by radix select, then the draw over the row.
+    // Merge the chunks' bins: thread t sums bin t % 64 over chunks t / 64, t / 64 + 16, ...
+    {
+        const int b = threadIdx.x & (SMP_BINS - 1), slice = threadIdx.x / SMP_BINS;
+        if (slice < 16) {
+            u32 cn = 0;
+            u64 ma = 0;
+            for (i64 c = slice; c < chunks; c += 16) {
+                cn += hcount[(r * chunks + c) * SMP_BINS + b];
+                ma += hmass[(r * chunks + c) * SMP_BINS + b];
+            }
+            red_cnt[slice][b] = cn;
+            red_mass[slice][b] = ma;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            // Inclusive running counts and masses over the bins, in rank order.
+            u64 cc = 0, cm = 0;
+            for (int bb = 0; bb < SMP_BINS; bb++) {
+                for (int k = 0; k < 16; k++) {
+                    cc += red_cnt[k][bb];
+                    cm += red_mass[k][bb];
+                }
+                cumc[bb] = cc;
+                cumm[bb] = cm;
+            }
+        }
+        __syncthreads();
+    }
+    const u64 w_all = cumm[SMP_BINS - 1];
+    if (threadIdx.x == 0) {
+        // The bin of the top-k threshold, or of the top-p one when top-k keeps all.
+        const u64 need = topk ? 0 : smp_mul_ceil(w_all, s.p);
+        int hi = SMP_BINS - 1;
+        for (int b = 0; b < SMP_BINS; b++) {
+            if (topk ? cumc[b] >= (u64)k_eff : cumm[b] >= need) {
+                hi = b;
+                break;
+            }
+        }
+        sh_mode = cumc[hi] <= SMP_CAP ? SMP_MODE_SMALL : SMP_MODE_DONE;
+        sh_hi = hi;
+        plan->w_all = w_all;
+        plan->max = st.max;
+        plan->mode = sh_mode;
+        plan->hi = hi;
+        plan->k_eff = (int)k_eff;
+        plan->topk = topk ? 1 : 0;
+    }
+    __syncthreads();
+    if (sh_mode == SMP_MODE_SMALL) return;
+    // Large selections: the exact threshold ranks by radix selects within the threshold bins,
+    // then the draw over the row.
+    const int hi = sh_hi;
     u64 below = 0, own = 0, cut = ~0ull, w = w_all;
     if (topk) {
-        cut = smp_select(x, n, st.max, s.t, ~0ull, (u64)k_eff, false, below, own);
+        cut = smp_select(x, n, st.max, s.t, hi, ~0ull, (u64)k_eff, false, hi > 0 ? cumc[hi - 1] : 0,
+                         hi > 0 ? cumm[hi - 1] : 0, below, own);
         w = below + own;  // the top-k set's mass
     }
     if (topp) {
-        cut = smp_select(x, n, st.max, s.t, cut, smp_mul_ceil(w, s.p), true, below, own);
+        const u64 need = smp_mul_ceil(w, s.p);
+        // The first bin whose running mass reaches it; with top-k, bins before the top-k bin are
+        // wholly kept by top-k, and the top-k bin itself is bounded by the top-k rank.
+        int bp = topk ? hi : SMP_BINS - 1;
+        for (int b = 0; b < bp; b++) {
+            if (cumm[b] >= need) {
+                bp = b;
+                break;
+            }
+        }
+        cut = smp_select(x, n, st.max, s.t, bp, cut, need, true, bp > 0 ? cumc[bp - 1] : 0, bp > 0 ? cumm[bp - 1] : 0,
+                         below, own);
         w = below + own;
     }
     const i64 id = smp_draw_from(x, n, st.max, s.t, 0, 0, smp_mul_floor(w, s.u), true, cut);

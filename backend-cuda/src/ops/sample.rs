@@ -48,6 +48,7 @@ struct Layout {
     stats: usize,
     hcount: usize,
     hmass: usize,
+    ctotal: usize,
     plans: usize,
     ccount: usize,
     cand: usize,
@@ -67,10 +68,11 @@ impl Layout {
         let stats = area(rows * chunks * STAT_BYTES);
         let hcount = area(rows * chunks * BINS * 4);
         let hmass = area(rows * chunks * BINS * 8);
+        let ctotal = area(rows * chunks * 8);
         let plans = area(rows * PLAN_BYTES);
         let ccount = area(rows * 4);
         let cand = area(rows * CAP * 4);
-        Layout { first_nan, stats, hcount, hmass, plans, ccount, cand, total: at }
+        Layout { first_nan, stats, hcount, hmass, ctotal, plans, ccount, cand, total: at }
     }
 }
 
@@ -91,8 +93,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let chunks_arg = chunks as i64;
     let lay = Layout::new(n, rows);
     let at = |offset: usize| cx.scratch + offset as u64;
-    let (first_nan, stats, hcount, hmass, plans, ccount, cand) =
-        (at(lay.first_nan), at(lay.stats), at(lay.hcount), at(lay.hmass), at(lay.plans), at(lay.ccount), at(lay.cand));
+    let (first_nan, stats, hcount, hmass, ctotal) =
+        (at(lay.first_nan), at(lay.stats), at(lay.hcount), at(lay.hmass), at(lay.ctotal));
+    let (plans, ccount, cand) = (at(lay.plans), at(lay.ccount), at(lay.cand));
     let (err, op) = (cx.errors, op_code("sample"));
     let grid = (chunks, rows as u32, 1);
 
@@ -107,9 +110,10 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
 
     let f = cx.function(HIST)?;
     let mut a = cx.stream.launch_builder(&f);
-    a.arg(logits).arg(settings).arg(&stats).arg(&hcount).arg(&hmass);
-    // SAFETY: `sample_hist(logits, settings, stats, hcount, hmass)`; same grid; reads the stats
-    // written above and writes rows * chunks * BINS counts and masses (Layout).
+    a.arg(logits).arg(settings).arg(&stats).arg(&hcount).arg(&hmass).arg(&ctotal);
+    // SAFETY: `sample_hist(logits, settings, stats, hcount, hmass, ctotal)`; same grid; reads the
+    // stats written above and writes rows * chunks * BINS counts and masses, or rows * chunks
+    // chunk masses (Layout).
     unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(HIST, e))?;
 
     let f = cx.function(PLAN)?;
@@ -120,10 +124,12 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         .arg(&stats)
         .arg(&hcount)
         .arg(&hmass)
+        .arg(&ctotal)
         .arg(&plans)
         .arg(&first_nan)
         .arg(&chunks_arg);
-    // SAFETY: `sample_plan(dst, logits, settings, stats, hcount, hmass, plans, first_nan, chunks)`;
+    // SAFETY: `sample_plan(dst, logits, settings, stats, hcount, hmass, ctotal, plans, first_nan,
+    // chunks)`;
     // one block of ROW_THREADS (1024, which its bin merge assumes) per row; dst is i32 [1, rows];
     // every index it writes is a row's element below n (or 0).
     unsafe { a.launch(config((rows as u32, 1, 1), (ROW_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(PLAN, e))?;
