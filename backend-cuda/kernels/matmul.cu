@@ -6,8 +6,9 @@
 //   f32 accumulation; passes loop over the tokens, so `gemv_8` is also the general path.
 //   Plain weights stream through 16-byte loads; q8_0 / nvfp4 rows are staged 32 blocks at a
 //   time through shared memory with 16-byte loads and decoded from there, one block per lane.
-// - `quant_x` + `gemv_fast_{1,2,4,8}`: the decode GEMV for aligned q8_0 / nvfp4 rows (and few
-//   long f16 / bf16 rows), one block per weight row, units loaded straight from global memory,
+// - `quant_x` + `gemv_fast_{1,2,4,8}[_r2|_r4]`: the decode GEMV for aligned q8_0 / nvfp4 rows
+//   (and few long f16 / bf16 rows), one block per 1, 2 or 4 weight rows, units loaded straight
+//   from global memory,
 //   int8 weights times int16 activations through dp4a; `moe_decode`: the same units over the
 //   routed (slot, token) pairs of mul_mat_id with few tokens (see "Fast decode GEMV" below).
 // - `gemv1_q8_0_s*` / `gemv1_nvfp4_s*` / `gemv1_nvfp4_producer_s4`: the 1-token GEMV for
@@ -409,10 +410,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm(Tensor as, int adt, c
 // ---------------------------------------------------------------------------------------------
 // Fast decode GEMV (contiguous-row weights, 1..8 tokens per weight read).
 //
-// gemv_fast: one block of GF_THREADS threads per weight row; the threads stride over the row in units of
-// 16 values (q8_0: half a block, 17 bytes; nvfp4: one 16-value sub-block, 8.5 bytes; f16 / bf16:
-// 8 values, 16 bytes), GF_UNITS units loaded straight from global memory before any is used, then
-// a block reduction. Quantized weights multiply int16 activations split in two int8 halves
+// gemv_fast: one block of GF_THREADS threads per R weight rows (R = 1, 2 or 4: `_rR` entries); the
+// threads stride over the rows in units of 16 values (q8_0: half a block, 17 bytes; nvfp4: one
+// 16-value sub-block, 8.5 bytes; f16 / bf16: 8 values, 16 bytes), a few units loaded straight
+// from global memory before any is used, then a block reduction. Each token's activations of a
+// unit are loaded once for the block's R rows: with several tokens they outweigh the weights. Quantized weights multiply int16 activations split in two int8 halves
 // (x_q = 256 hi + lo, per-16-value f32 scale, written once per call by `quant_x`) with `dp4a`,
 // so a unit costs a few integer instructions per weight byte; the int16 activations keep
 // |x - d x_q| <= amax / 65278 per block, far inside the f32 bound. f16 / bf16 weights use
@@ -509,77 +511,101 @@ __device__ __forceinline__ GfRaw gf_load(const char* row, int dt, i64 u) {
     return r;
 }
 
-// acc[t] += unit u's values . activation row t.
-template <int NT>
-__device__ __forceinline__ void gf_dot(const GfRaw& r, int dt, i64 u, const char* const* xt, const float* const* st, float* acc) {
+// acc[r][t] += unit u of weight row r . activation row t, for R rows loaded as raw[0..R): each
+// row's unit is decoded once and each token's activations are loaded once for all R rows (at 8
+// tokens the activations are 32x the nvfp4 weight bytes, so reading them once per row, not per
+// R rows, is what bounds a one-row block).
+template <int NT, int R>
+__device__ __forceinline__ void gf_dot(const GfRaw* raw, int dt, i64 u, const char* const* xt, const float* const* st, float (*acc)[NT]) {
     if (dt == DT_Q8_0 || dt == DT_NVFP4) {
-        int w[4];
-        float dw;
-        if (dt == DT_Q8_0) {
-            const u32 s = (r.sc & 0x10000u) ? 0x5432u : 0x3210u;
-            w[0] = (int)__byte_perm(r.w.x, r.w.y, s);
-            w[1] = (int)__byte_perm(r.w.y, r.w.z, s);
-            w[2] = (int)__byte_perm(r.w.z, r.w.w, s);
-            w[3] = (int)__byte_perm(r.w.w, r.w4, s);
-            dw = f16_to_f32((u16)(r.sc & 0xffff));
-        } else {
-            const int2 a = e2m1x8_i8(r.w.x), b = e2m1x8_i8(r.w.y);
-            w[0] = a.x;
-            w[1] = b.x;
-            w[2] = a.y;
-            w[3] = b.y;
-            dw = 0.5f * ue4m3_fast(r.sc);
+        int w[R][4];
+        float dw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (dt == DT_Q8_0) {
+                const u32 s = (raw[r].sc & 0x10000u) ? 0x5432u : 0x3210u;
+                w[r][0] = (int)__byte_perm(raw[r].w.x, raw[r].w.y, s);
+                w[r][1] = (int)__byte_perm(raw[r].w.y, raw[r].w.z, s);
+                w[r][2] = (int)__byte_perm(raw[r].w.z, raw[r].w.w, s);
+                w[r][3] = (int)__byte_perm(raw[r].w.w, raw[r].w4, s);
+                dw[r] = f16_to_f32((u16)(raw[r].sc & 0xffff));
+            } else {
+                const int2 a = e2m1x8_i8(raw[r].w.x), b = e2m1x8_i8(raw[r].w.y);
+                w[r][0] = a.x;
+                w[r][1] = b.x;
+                w[r][2] = a.y;
+                w[r][3] = b.y;
+                dw[r] = 0.5f * ue4m3_fast(raw[r].sc);
+            }
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const uint4 h = ((const uint4*)xt[t])[2 * u], l = ((const uint4*)xt[t])[2 * u + 1];
-            const int ih = dp4a(w[3], (int)h.w, dp4a(w[2], (int)h.z, dp4a(w[1], (int)h.y, dp4a(w[0], (int)h.x, 0))));
-            const int il = dp4a(w[3], (int)l.w, dp4a(w[2], (int)l.z, dp4a(w[1], (int)l.y, dp4a(w[0], (int)l.x, 0))));
-            acc[t] += (float)(ih * 256 + il) * (dw * st[t][u]);
+            const float sx = st[t][u];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int ih = dp4a(w[r][3], (int)h.w, dp4a(w[r][2], (int)h.z, dp4a(w[r][1], (int)h.y, dp4a(w[r][0], (int)h.x, 0))));
+                const int il = dp4a(w[r][3], (int)l.w, dp4a(w[r][2], (int)l.z, dp4a(w[r][1], (int)l.y, dp4a(w[r][0], (int)l.x, 0))));
+                acc[r][t] += (float)(ih * 256 + il) * (dw[r] * sx);
+            }
         }
     } else {
-        const float4 w0 = make_float4(half_lo(r.w.x, dt), half_hi(r.w.x, dt), half_lo(r.w.y, dt), half_hi(r.w.y, dt));
-        const float4 w1 = make_float4(half_lo(r.w.z, dt), half_hi(r.w.z, dt), half_lo(r.w.w, dt), half_hi(r.w.w, dt));
+        float4 w0[R], w1[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            w0[r] = make_float4(half_lo(raw[r].w.x, dt), half_hi(raw[r].w.x, dt), half_lo(raw[r].w.y, dt), half_hi(raw[r].w.y, dt));
+            w1[r] = make_float4(half_lo(raw[r].w.z, dt), half_hi(raw[r].w.z, dt), half_lo(raw[r].w.w, dt), half_hi(raw[r].w.w, dt));
+        }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float4* x = (const float4*)xt[t] + 2 * u;
-            acc[t] += dot4(w0, x[0]) + dot4(w1, x[1]);
+            const float4 x0 = x[0], x1 = x[1];
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r][t] += dot4(w0[r], x0) + dot4(w1[r], x1);
         }
     }
 }
 
-// acc[t] += units gl, gl + g, ... of a weight row . activation row t, U units loaded at a time.
-template <int NT>
-__device__ __forceinline__ void gf_row(const char* row, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float* acc) {
-    constexpr int U = GF_UNITS;
+// acc[r][t] += units gl, gl + g, ... of weight row r (at row0 + r * row_stride) . activation row
+// t. Loads go out GF_UNITS (one row) or GF_UNITS / 2 (several rows: they are R loads each) units
+// ahead of their use.
+template <int NT, int R>
+__device__ __forceinline__ void gf_rows(const char* row0, i64 row_stride, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float (*acc)[NT]) {
+    constexpr int U = R == 1 ? GF_UNITS : GF_UNITS / 2;
     for (i64 u0 = gl; u0 < nu; u0 += U * g) {
-        GfRaw raw[U];
+        GfRaw raw[U][R];
 #pragma unroll
         for (int i = 0; i < U; i++) {
-            if (u0 + i * g < nu) raw[i] = gf_load(row, adt, u0 + i * g);
+            if (u0 + i * g < nu) {
+#pragma unroll
+                for (int r = 0; r < R; r++) raw[i][r] = gf_load(row0 + r * row_stride, adt, u0 + i * g);
+            }
         }
 #pragma unroll
         for (int i = 0; i < U; i++) {
-            if (u0 + i * g < nu) gf_dot<NT>(raw[i], adt, u0 + i * g, xt, st, acc);
+            if (u0 + i * g < nu) gf_dot<NT, R>(raw[i], adt, u0 + i * g, xt, st, acc);
         }
     }
 }
 
 // out[m, n, i2, i3] = a row m (of batch (i2 / (b2 / A2), i3 / (b3 / A3))) . activation rows;
-// one block per weight row, grid (M, batches). x: the activation rows at x + row * ldx (bytes);
-// quantized weights: the `quant_x` rows (ldx = 2 k), their scales after them from the next
-// 256-byte boundary; f16 / bf16: packed f32 rows.
-template <int NT>
+// block x takes weight rows R x .. R x + R - 1 (the last block repeats row M - 1 for rows past
+// the end and does not store them), grid (ceil(M / R), batches). x: the activation rows at x +
+// row * ldx (bytes); quantized weights: the `quant_x` rows (ldx = 2 k), their scales after them
+// from the next 256-byte boundary; f16 / bf16: packed f32 rows.
+template <int NT, int R>
 __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
-    __shared__ float red[GF_THREADS / 32][NT];
+    __shared__ float red[GF_THREADS / 32][R][NT];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const i64 m = blockIdx.x, k = a.ne[0];
+    const i64 m0 = (i64)blockIdx.x * R, k = a.ne[0];
+    const int rows = (int)min((i64)R, a.ne[1] - m0);
+    const i64 stride = rows == R ? a.nb[1] : 0;  // a short last block reads its first row R times
     const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
     const float* xs = (const float*)(x + ((n * b2 * b3 * ldx + 255) & ~(i64)255));
     for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
         const i64 i2 = batch % b2, i3 = batch / b2;
         const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
-        const char* row = a.data + m * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
+        const char* row0 = a.data + m0 * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
         for (i64 n0 = 0; n0 < n; n0 += NT) {
             const int nt = (int)min((i64)NT, n - n0);
             const char* xt[NT];
@@ -590,39 +616,48 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
                 xt[t] = x + r * ldx;
                 st[t] = xs + r * (k / 16);
             }
-            float acc[NT];
+            float acc[R][NT];
 #pragma unroll
-            for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-            gf_row<NT>(row, adt, nu, tid, GF_THREADS, xt, st, acc);
+            for (int r = 0; r < R; r++) {
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float v = warp_sum(acc[t]);
-                if (lane == 0) red[warp][t] = v;
+                for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+            }
+            gf_rows<NT, R>(row0, stride, adt, nu, tid, GF_THREADS, xt, st, acc);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float v = warp_sum(acc[r][t]);
+                    if (lane == 0) red[warp][r][t] = v;
+                }
             }
             __syncthreads();
-            if (tid < nt) {
+            const int r = tid / NT, t = tid % NT;
+            if (r < rows && t < nt) {
                 float v = 0.0f;
 #pragma unroll
-                for (int w = 0; w < GF_THREADS / 32; w++) v += red[w][tid];
-                *(float*)(out.data + offset_of(out, m, n0 + tid, i2, i3)) = v;
+                for (int w = 0; w < GF_THREADS / 32; w++) v += red[w][r][t];
+                *(float*)(out.data + offset_of(out, m0 + r, n0 + t, i2, i3)) = v;
             }
             __syncthreads();
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_1(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
-    gemv_fast_body<1>(a, adt, x, ldx, n, b2, b3, out);
-}
-extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_2(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
-    gemv_fast_body<2>(a, adt, x, ldx, n, b2, b3, out);
-}
-extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_4(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
-    gemv_fast_body<4>(a, adt, x, ldx, n, b2, b3, out);
-}
-extern "C" __global__ void __launch_bounds__(GF_THREADS) gemv_fast_8(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
-    gemv_fast_body<8>(a, adt, x, ldx, n, b2, b3, out);
-}
+#define GF_ENTRY(NAME, NT, R)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GF_THREADS) NAME(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) { \
+        gemv_fast_body<NT, R>(a, adt, x, ldx, n, b2, b3, out);                                                                 \
+    }
+GF_ENTRY(gemv_fast_1, 1, 1)
+GF_ENTRY(gemv_fast_2, 2, 1)
+GF_ENTRY(gemv_fast_4, 4, 1)
+GF_ENTRY(gemv_fast_8, 8, 1)
+GF_ENTRY(gemv_fast_2_r2, 2, 2)
+GF_ENTRY(gemv_fast_4_r2, 4, 2)
+GF_ENTRY(gemv_fast_8_r2, 8, 2)
+GF_ENTRY(gemv_fast_2_r4, 2, 4)
+GF_ENTRY(gemv_fast_4_r4, 4, 4)
+GF_ENTRY(gemv_fast_8_r4, 8, 4)
 
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
     gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
@@ -656,9 +691,9 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
     const float* xs = (const float*)(x + ((n_b * ids.ne[1] * ldx + 255) & ~(i64)255));
     const char* xt[1] = {x + r * ldx};
     const float* st[1] = {xs + r * (k / 16)};
-    float acc[1] = {0.0f};
-    gf_row<1>(as.data + m * as.nb[1] + id * as.nb[2], adt, nu, lane, 32, xt, st, acc);
-    const float v = warp_sum(acc[0]);
+    float acc[1][1] = {{0.0f}};
+    gf_rows<1, 1>(as.data + m * as.nb[1] + id * as.nb[2], 0, adt, nu, lane, 32, xt, st, acc);
+    const float v = warp_sum(acc[0][0]);
     if (lane == 0) *(float*)(out.data + offset_of(out, m, u, t, 0)) = v;
 }
 

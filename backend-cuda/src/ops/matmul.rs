@@ -55,11 +55,27 @@ const GEMV: [Kernel; 4] = [
     Kernel::new(Module::Matmul, "gemv_8"),
 ];
 const QUANT_X: Kernel = Kernel::new(Module::Matmul, "quant_x");
-const GEMV_FAST: [Kernel; 4] = [
-    Kernel::new(Module::Matmul, "gemv_fast_1"),
-    Kernel::new(Module::Matmul, "gemv_fast_2"),
-    Kernel::new(Module::Matmul, "gemv_fast_4"),
-    Kernel::new(Module::Matmul, "gemv_fast_8"),
+/// `gemv_fast_*` entry points: `[1 row a block, 2, 4][1 token a pass, 2, 4, 8]` (one token
+/// has only the one-row entry: `gemv_fast_rows` never gives it more).
+const GEMV_FAST: [[Kernel; 4]; 3] = [
+    [
+        Kernel::new(Module::Matmul, "gemv_fast_1"),
+        Kernel::new(Module::Matmul, "gemv_fast_2"),
+        Kernel::new(Module::Matmul, "gemv_fast_4"),
+        Kernel::new(Module::Matmul, "gemv_fast_8"),
+    ],
+    [
+        Kernel::new(Module::Matmul, "gemv_fast_1"),
+        Kernel::new(Module::Matmul, "gemv_fast_2_r2"),
+        Kernel::new(Module::Matmul, "gemv_fast_4_r2"),
+        Kernel::new(Module::Matmul, "gemv_fast_8_r2"),
+    ],
+    [
+        Kernel::new(Module::Matmul, "gemv_fast_1"),
+        Kernel::new(Module::Matmul, "gemv_fast_2_r4"),
+        Kernel::new(Module::Matmul, "gemv_fast_4_r4"),
+        Kernel::new(Module::Matmul, "gemv_fast_8_r4"),
+    ],
 ];
 /// `gemv1_*` entry points: `[q8_0, nvfp4][3 stages, 4]`, and nvfp4's with a producer warp.
 const GEMV1: [[Kernel; 2]; 2] = [
@@ -369,11 +385,33 @@ fn fast_activations(cx: &mut Cx<'_>, d: DType, b: TensorArg) -> Result<i64, Back
     }
 }
 
-/// The decode GEMV `gemv_fast_N`: one block per weight row over up to 8 tokens a pass.
+/// Weight rows a `gemv_fast_*` block takes for `n` tokens over `m` rows on `sms` multiprocessors:
+/// with several tokens each token's activations (32 bytes of int16 and a scale per 16 values)
+/// outweigh the weights they meet (8.5 bytes nvfp4, 17 q8_0), so a block shares each load among
+/// 4 rows, or 2, as long as that leaves at least two blocks a multiprocessor. One token stays at
+/// one row a block. `TESSERA_GEMV_ROWS=1|2|4` (read once a process) forces the rows where
+/// there are several tokens, to measure them against each other.
+fn gemv_fast_rows(n: i64, m: i64, sms: usize) -> usize {
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    if n <= 1 {
+        return 1;
+    }
+    let forced = *FORCED.get_or_init(|| match std::env::var("TESSERA_GEMV_ROWS").as_deref() {
+        Ok("1") => Some(1),
+        Ok("2") => Some(2),
+        Ok("4") => Some(4),
+        _ => None,
+    });
+    forced.unwrap_or_else(|| [4, 2].into_iter().find(|&r| m / r as i64 >= 2 * sms as i64).unwrap_or(1))
+}
+
+/// The decode GEMV `gemv_fast_*`: one block per 1, 2 or 4 weight rows (`gemv_fast_rows`) over up
+/// to 8 tokens a pass.
 fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     let n = b.ne[1];
     let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
-    let kernel = GEMV_FAST[match n {
+    let rows = gemv_fast_rows(n, a.ne[1], cx.info.multiprocessors);
+    let kernel = GEMV_FAST[rows.trailing_zeros() as usize][match n {
         ..=1 => 0,
         2 => 1,
         3..=4 => 2,
@@ -381,16 +419,17 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     }];
     let f = cx.function(kernel)?;
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
-    let grid = (a.ne[1].clamp(1, i32::MAX as i64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
+    let blocks = (a.ne[1] as u64).div_ceil(rows as u64).clamp(1, i32::MAX as u64) as u32;
+    let grid = (blocks, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&a).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
-    // SAFETY: `gemv_fast_N(a, adt, x, ldx, n, b2, b3, out)`: block m < M reads weight row m of
-    // batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside a, dense of dtype adt (shape rules: k a
-    // multiple of the block size), 4-byte aligned (quantized; a q8_0 unit reads its fifth word
-    // only when it lies inside the block) or 16-byte aligned whole rows (f16 / bf16,
-    // `fast_gemv_fits`); x holds b2 * b3 * n rows of ldx bytes (int16 halves, 2 k, with k / 16
-    // scales each from the next 256-byte boundary after them; or packed f32 rows of
-    // packed_len(k)) in scratch (scratch_bytes); out is [M, n, b2, b3] f32.
+    // SAFETY: `gemv_fast_N[_rR](a, adt, x, ldx, n, b2, b3, out)`: block x reads weight rows
+    // min(R x + r, M - 1) of batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside a, dense of dtype adt
+    // (shape rules: k a multiple of the block size), 4-byte aligned (quantized; a q8_0 unit reads
+    // its fifth word only when it lies inside the block) or 16-byte aligned whole rows (f16 /
+    // bf16, `fast_gemv_fits`), and writes rows < M only; x holds b2 * b3 * n rows of ldx bytes
+    // (int16 halves, 2 k, with k / 16 scales each from the next 256-byte boundary after them; or
+    // packed f32 rows of packed_len(k)) in scratch (scratch_bytes); out is [M, n, b2, b3] f32.
     unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
@@ -859,6 +898,18 @@ fn moe_decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemv_fast_shares_activations_among_rows_while_blocks_fill_the_gpu() {
+        // One token keeps a row a block; several take 4 rows, then 2, while that leaves two
+        // blocks a multiprocessor (132: an H100 / H200).
+        assert_eq!(gemv_fast_rows(1, 8192, 132), 1);
+        assert_eq!(gemv_fast_rows(8, 8192, 132), 4);
+        assert_eq!(gemv_fast_rows(2, 1056, 132), 4);
+        assert_eq!(gemv_fast_rows(8, 1055, 132), 2);
+        assert_eq!(gemv_fast_rows(8, 528, 132), 2);
+        assert_eq!(gemv_fast_rows(8, 527, 132), 1);
+    }
 
     /// One contiguous [k, m] matrix of `d` at a 16-byte aligned address.
     fn weights(d: DType, k: usize, m: usize) -> TensorArg {

@@ -125,6 +125,12 @@ fn quantized(out: &mut Vec<Case>) {
             out.push(MulMat::new(type_a, m, 1, k).case());
         }
         out.push(MulMat::new(type_a, 300, 1, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
+        // 2 to 8 tokens over enough rows for a backend to share each activation load among
+        // several rows a block, with row counts that leave a short last block, and batches.
+        for (m, n, k) in [(1058, 5, 256), (1100, 2, 512), (601, 8, 1024), (2049, 3, 256)] {
+            out.push(MulMat::new(type_a, m, n, k).case());
+        }
+        out.push(MulMat::new(type_a, 1056, 4, 128).batched([2, 1], [4, 1]).case());
         out.push(MulMat::new(type_a, 16, 5, 128).batched([2, 1], [4, 1]).case());
         out.push(MulMat::new(type_a, 16, 2, 128).batched([1, 2], [3, 2]).case());
         out.push(MulMat::new(type_a, 9, 6, 128).layouts(BLOCK_WINDOW, Layout::TRANSPOSED).case());
@@ -226,7 +232,8 @@ static BAD_IDS_17: [i32; 136] = ids_with_one_bad::<136>(77);
 static BAD_IDS_3: [i32; 24] = ids_with_one_bad::<24>(13);
 
 /// Perf cases for quantized weights and routed experts (register them in `perf.rs`): decode
-/// GEMVs through the 27B FFN weights (17408 x 5120) and a 512-token prefill of the 2048-wide QKV
+/// GEMVs through the 27B FFN weights (17408 x 5120) and the 35B-A3B's dense projections at 2 and
+/// 8 tokens, a 512-token prefill of the 2048-wide QKV
 /// projection in q8_0 / nvfp4; the MoE expert FFN (2048 -> 512 gate/up, 512 -> 2048 down, top-8)
 /// at decode and a 512-token prefill over 64 experts, and over all 256 (151 MB of nvfp4 a
 /// projection: more than L2 holds) from 1 to 2048 tokens.
@@ -235,6 +242,12 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     for type_a in QUANTS {
         out.push(MulMat::new(type_a, 17408, 1, 5120).case());
         out.push(MulMat::new(type_a, 17408, 4, 5120).case());
+        // The 35B-A3B's dense projections at an 8- and a 2-sequence decode step.
+        for n in [2, 8] {
+            out.push(MulMat::new(type_a, 8192, n, 2048).case());
+            out.push(MulMat::new(type_a, 2048, n, 4096).case());
+            out.push(MulMat::new(type_a, 512, n, 2048).case());
+        }
         out.push(MulMat::new(type_a, 5120, 1, 17408).case());
         out.push(MulMat::new(type_a, 6144, 512, 2048).case());
         for n_tokens in [1, 512] {
