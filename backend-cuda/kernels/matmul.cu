@@ -566,19 +566,22 @@ __device__ __forceinline__ void gf_dot(const GfRaw* raw, int dt, i64 u, const ch
     }
 }
 
-// acc[r][t] += units gl, gl + g, ... of weight row r (at row0 + r * row_stride) . activation row
-// t. Loads go out GF_UNITS (one row) or GF_UNITS / 2 (several rows: they are R loads each) units
+// acc[r][t] += units gl, gl + g, ... of weight row min(r, rows - 1) (at row0 + that * row_stride)
+// . activation row t. Loads go out GF_UNITS (one row) or GF_UNITS / 2 (several rows: they are R loads each) units
 // ahead of their use.
 template <int NT, int R>
-__device__ __forceinline__ void gf_rows(const char* row0, i64 row_stride, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float (*acc)[NT]) {
+__device__ __forceinline__ void gf_rows(const char* row0, i64 row_stride, int rows, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float (*acc)[NT]) {
     constexpr int U = R == 1 ? GF_UNITS : GF_UNITS / 2;
+    const char* row[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) row[r] = row0 + min(r, rows - 1) * row_stride;
     for (i64 u0 = gl; u0 < nu; u0 += U * g) {
         GfRaw raw[U][R];
 #pragma unroll
         for (int i = 0; i < U; i++) {
             if (u0 + i * g < nu) {
 #pragma unroll
-                for (int r = 0; r < R; r++) raw[i][r] = gf_load(row0 + r * row_stride, adt, u0 + i * g);
+                for (int r = 0; r < R; r++) raw[i][r] = gf_load(row[r], adt, u0 + i * g);
             }
         }
 #pragma unroll
@@ -588,9 +591,33 @@ __device__ __forceinline__ void gf_rows(const char* row0, i64 row_stride, int ad
     }
 }
 
+// Warp sums of N values a lane (N a power of two <= 32) in N - 1 + log2(32 / N) shuffles
+// instead of 5 N: while a lane holds several values, each step sends half of them to the partner
+// lane across bit O and keeps the other half (lanes with bit O set the upper half), adding what
+// the partner sent; then single values add up as in warp_sum. Lane l ends with the total of
+// value l / (32 / N) in v[0].
+template <int N, int O>
+__device__ __forceinline__ void warp_sum_scatter(float* v, int lane) {
+    if constexpr (O > 0) {
+        if constexpr (N > 1) {
+            constexpr int H = N / 2;
+            const bool up = lane & O;
+#pragma unroll
+            for (int i = 0; i < H; i++) {
+                const float send = up ? v[i] : v[i + H], keep = up ? v[i + H] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            warp_sum_scatter<H, O / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+            warp_sum_scatter<1, O / 2>(v, lane);
+        }
+    }
+}
+
 // out[m, n, i2, i3] = a row m (of batch (i2 / (b2 / A2), i3 / (b3 / A3))) . activation rows;
-// block x takes weight rows R x .. R x + R - 1 (the last block repeats row M - 1 for rows past
-// the end and does not store them), grid (ceil(M / R), batches). x: the activation rows at x +
+// block x takes weight rows R x .. R x + R - 1 (a short last block reads row M - 1 in place of
+// the rows past the end and does not store them), grid (ceil(M / R), batches). x: the activation rows at x +
 // row * ldx (bytes); quantized weights: the `quant_x` rows (ldx = 2 k), their scales after them
 // from the next 256-byte boundary; f16 / bf16: packed f32 rows.
 template <int NT, int R>
@@ -599,7 +626,6 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const i64 m0 = (i64)blockIdx.x * R, k = a.ne[0];
     const int rows = (int)min((i64)R, a.ne[1] - m0);
-    const i64 stride = rows == R ? a.nb[1] : 0;  // a short last block reads its first row R times
     const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
     const float* xs = (const float*)(x + ((n * b2 * b3 * ldx + 255) & ~(i64)255));
     for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
@@ -622,15 +648,11 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
 #pragma unroll
                 for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
             }
-            gf_rows<NT, R>(row0, stride, adt, nu, tid, GF_THREADS, xt, st, acc);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const float v = warp_sum(acc[r][t]);
-                    if (lane == 0) red[warp][r][t] = v;
-                }
-            }
+            gf_rows<NT, R>(row0, a.nb[1], rows, adt, nu, tid, GF_THREADS, xt, st, acc);
+            constexpr int C = R * NT, SPREAD = 32 / C;
+            static_assert(C <= 32, "one warp sum a lane");
+            warp_sum_scatter<C, 16>(&acc[0][0], lane);
+            if (lane % SPREAD == 0) red[warp][lane / SPREAD / NT][lane / SPREAD % NT] = acc[0][0];
             __syncthreads();
             const int r = tid / NT, t = tid % NT;
             if (r < rows && t < nt) {
@@ -692,7 +714,7 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
     const char* xt[1] = {x + r * ldx};
     const float* st[1] = {xs + r * (k / 16)};
     float acc[1][1] = {{0.0f}};
-    gf_rows<1, 1>(as.data + m * as.nb[1] + id * as.nb[2], 0, adt, nu, lane, 32, xt, st, acc);
+    gf_rows<1, 1>(as.data + m * as.nb[1] + id * as.nb[2], 0, 1, adt, nu, lane, 32, xt, st, acc);
     const float v = warp_sum(acc[0][0]);
     if (lane == 0) *(float*)(out.data + offset_of(out, m, u, t, 0)) = v;
 }
