@@ -5,7 +5,8 @@
 //!   activations are packed into f32 scratch rows, then one warp per weight row reads the row
 //!   once for up to 8 tokens (`gemv_{1,2,4,8}`), any weight dtype and outer strides.
 //!   Aligned q8_0 / nvfp4 weights (and few long f16 / bf16 rows) take `gemv_fast_{1,2,4,8}`
-//!   instead: one block per weight row reading 16-value units straight from global memory;
+//!   instead: one block per 1, 2 or 4 weight rows (`gemv_fast_rows`: with several tokens each
+//!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
 //!   0) takes `gemv1_q8_0` / `gemv1_nvfp4` (`gemv1_plan`): rows streamed through shared memory

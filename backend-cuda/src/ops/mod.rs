@@ -46,7 +46,7 @@ fn family(op: &Op) -> Option<Family> {
         Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
             Family::Fused
         }
-        // No CUDA kernel yet (the branch wip/elementwise-cuda has one): unsupported here.
+        // Generated per program (ops/elemfuse.rs), not a module of kernels/.
         Op::Elementwise(_) => return None,
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
     })
