@@ -236,6 +236,18 @@ impl Graph {
         self.op(Op::MoeWeights, &[logits, ids])
     }
 
+    /// `swiglu(mul_mat(wg, x), mul_mat(wu, x))`: a gated FFN's gate and up projections and their
+    /// GLU, `wg` and `wu` of one dtype and shape -> f32, mul_mat's shape.
+    pub fn mul_mat_swiglu(&mut self, wg: Tensor, wu: Tensor, x: Tensor) -> R {
+        self.op(Op::MulMatSwiglu, &[wg, wu, x])
+    }
+
+    /// `swiglu(mul_mat_id(wg, x, ids), mul_mat_id(wu, x, ids))`: the routed experts' gate and up
+    /// projections and their GLU -> f32 `[N, n_used, n_tokens]`.
+    pub fn mul_mat_id_swiglu(&mut self, wg: Tensor, wu: Tensor, x: Tensor, ids: Tensor) -> R {
+        self.op(Op::MulMatIdSwiglu, &[wg, wu, x, ids])
+    }
+
     /// `program` (a chain of unary / binary / scale ops, see [`ElemProgram`]) at every position:
     /// `inputs[i]` is the program's `x{i}` (f32, any strides, `program.n_inputs()` of them), each
     /// broadcasting to the per-dimension largest input shape (ggml's repeat rule) -> f32

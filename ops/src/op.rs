@@ -345,6 +345,15 @@ pub enum Op {
     /// `get_rows` / `sum_rows` / `div` chain). An id outside `0..n_expert` is
     /// `KernelError::IndexOutOfRange`.
     MoeWeights,
+    /// `[wg, wu, x]`: `swiglu(mul_mat(wg, x), mul_mat(wu, x))`, a gated FFN's gate and up
+    /// projections with their GLU: `wg` and `wu` of one dtype and shape (mul_mat's weights), `x`
+    /// mul_mat's f32 activations. Output f32, mul_mat's shape.
+    MulMatSwiglu,
+    /// `[wg, wu, x, ids]`: `swiglu(mul_mat_id(wg, x, ids), mul_mat_id(wu, x, ids))`, the routed
+    /// experts' gate and up projections with their GLU: `wg` and `wu` of one dtype and shape
+    /// (mul_mat_id's experts). Output f32 `[N, n_used, n_tokens]`. An id outside `0..n_expert`
+    /// is a `KernelError::IndexOutOfRange`.
+    MulMatIdSwiglu,
     /// `[x0 .. x{n-1}]` (`n = program.n_inputs()`, at most 6), all f32, any strides: the program
     /// (a chain of unary / binary / scale ops) at every position of the output, f32 contiguous of
     /// the per-dimension largest input shape; every input broadcasts to it by ggml's repeat rule
@@ -394,6 +403,8 @@ impl Op {
             Op::GatedRmsNorm(_) => "gated_rms_norm",
             Op::SoftmaxTopK { .. } => "softmax_top_k",
             Op::MoeWeights => "moe_weights",
+            Op::MulMatSwiglu => "mul_mat_swiglu",
+            Op::MulMatIdSwiglu => "mul_mat_id_swiglu",
             Op::Elementwise(_) => "elementwise",
         }
     }
@@ -582,7 +593,9 @@ impl Op {
             | Op::MulMatId
             | Op::MulMat
             | Op::Sample
-            | Op::MoeWeights => P::None,
+            | Op::MoeWeights
+            | Op::MulMatSwiglu
+            | Op::MulMatIdSwiglu => P::None,
             Op::Cast(d) | Op::Quantize(d) => P::DType(*d),
             Op::Concat { dim: n } | Op::TopK { k: n } | Op::SoftmaxTopK { k: n } => P::Index(*n),
             Op::Repeat { ne: d } | Op::Reshape { ne: d } | Op::Permute { axes: d } => P::Dims(*d),

@@ -48,6 +48,8 @@ fn family(op: &Op) -> Option<Family> {
         }
         // Generated per program (ops/elemfuse.rs), not a module of kernels/.
         Op::Elementwise(_) => return None,
+        // Not yet on CUDA.
+        Op::MulMatSwiglu | Op::MulMatIdSwiglu => return None,
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
     })
 }

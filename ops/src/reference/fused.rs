@@ -29,6 +29,19 @@ pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> 
             step(op, Op::TopK { k: *k }, &[(probs, DType::F32)])?
         }
         Op::MoeWeights => moe_weights(op, &inputs[0], &inputs[1])?,
+        // swiglu(mul_mat(wg, x), mul_mat(wu, x)), the weights as their values
+        Op::MulMatSwiglu => {
+            let gate = step(op, Op::MulMat, &[f32s(&inputs[0]), f32s(&inputs[2])])?;
+            let up = step(op, Op::MulMat, &[f32s(&inputs[1]), f32s(&inputs[2])])?;
+            step(op, Op::Swiglu, &[(gate, DType::F32), (up, DType::F32)])?
+        }
+        // swiglu(mul_mat_id(wg, x, ids), mul_mat_id(wu, x, ids))
+        Op::MulMatIdSwiglu => {
+            let ids = (inputs[3].clone(), DType::I32);
+            let gate = step(op, Op::MulMatId, &[f32s(&inputs[0]), f32s(&inputs[2]), ids.clone()])?;
+            let up = step(op, Op::MulMatId, &[f32s(&inputs[1]), f32s(&inputs[2]), ids])?;
+            step(op, Op::Swiglu, &[(gate, DType::F32), (up, DType::F32)])?
+        }
         _ => unreachable!("reference fused::compute_fused called for {op}"),
     };
     if y.ne != out.ne {

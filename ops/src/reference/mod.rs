@@ -94,7 +94,13 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
         Op::FlashAttnExt(_) => attention::compute(op, inputs, out),
         Op::SsmConv => conv::compute(op, inputs, out),
         Op::Sample => sample::compute(inputs, out),
-        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
+        Op::AddRmsNormMul(_)
+        | Op::RmsNormMul(_)
+        | Op::GatedRmsNorm(_)
+        | Op::SoftmaxTopK { .. }
+        | Op::MoeWeights
+        | Op::MulMatSwiglu
+        | Op::MulMatIdSwiglu => {
             fused::compute_fused(op, inputs, out)
         }
         Op::Elementwise(p) => elemfuse::compute_program(p, inputs, out),

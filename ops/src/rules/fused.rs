@@ -1,10 +1,13 @@
-//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights.
+//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights,
+//! mul_mat_swiglu, mul_mat_id_swiglu.
 //!
 //! Each is defined by the subgraph it replaces (docs/OPS.md, "Fused ops"), so its rules are that
 //! subgraph's rules narrowed to what the fusion passes emit: f32 everywhere (the composition would
 //! round to a half input's dtype in between), dense rows for the normalised activations (what the
 //! CUDA kernels read without a per-element stride), and the router's `[n_expert, n_tokens]`
-//! logits. A pass that meets anything else leaves the subgraph unfused.
+//! logits. The gate-and-up projections take mul_mat's / mul_mat_id's rules on each weight, the
+//! two weights of one dtype and shape. A pass that meets anything else leaves the subgraph
+//! unfused.
 
 use super::{can_repeat, contiguous, expect_arity, expect_dtype};
 use crate::{DType, Op, OpError, RmsNormParams, TensorMeta};
@@ -88,7 +91,47 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             }
             contiguous(op, DType::F32, [1, ids.ne[0], ids.ne[1], 1])
         }
+        Op::MulMatSwiglu => {
+            expect_arity(op, inputs, 3)?;
+            expect_gate_up(op, inputs[0], inputs[1])?;
+            super::matmul::mul_mat(op, &[inputs[0], inputs[2]]).map_err(past_up)
+        }
+        Op::MulMatIdSwiglu => {
+            expect_arity(op, inputs, 4)?;
+            expect_gate_up(op, inputs[0], inputs[1])?;
+            super::matmul::mul_mat_id(op, &[inputs[0], inputs[2], inputs[3]]).map_err(past_up)
+        }
         _ => unreachable!("fused::infer called for {op}"),
+    }
+}
+
+/// The gate and up weights: one dtype and one shape (each then takes the matmul's rules).
+fn expect_gate_up(op: &Op, wg: &TensorMeta, wu: &TensorMeta) -> Result<(), OpError> {
+    if wg.dtype != wu.dtype {
+        return Err(OpError::DType { op: op.name(), input: 1, dtype: wu.dtype, expected: "the gate weight's dtype" });
+    }
+    if wg.ne != wu.ne {
+        return Err(OpError::ShapeMismatch {
+            op: op.name(),
+            lhs: wg.ne,
+            rhs: wu.ne,
+            why: "the gate and up weights must have one shape".into(),
+        });
+    }
+    Ok(())
+}
+
+/// An error of the matmul rule on `[wg, x(, ids)]` with the fused op's input numbers: the
+/// activations and ids come after the up weight.
+fn past_up(e: OpError) -> OpError {
+    match e {
+        OpError::DType { op, input, dtype, expected } if input > 0 => {
+            OpError::DType { op, input: input + 1, dtype, expected }
+        }
+        OpError::NotContiguous { op, input, shape, nb } if input > 0 => {
+            OpError::NotContiguous { op, input: input + 1, shape, nb }
+        }
+        e => e,
     }
 }
 
@@ -154,6 +197,10 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
         Op::GatedRmsNorm(_) => n_in.saturating_mul(12),
         Op::SoftmaxTopK { .. } => n_in.saturating_mul(13),
         Op::MoeWeights => n_in.saturating_mul(5).saturating_add((out.nelements() as u64).saturating_mul(2)),
+        // two products of 2 K per output element, then swiglu's 6
+        Op::MulMatSwiglu | Op::MulMatIdSwiglu => {
+            (4 * inputs[0].ne[0] as u64 + 6).saturating_mul(out.nelements() as u64)
+        }
         _ => 0,
     }
 }

@@ -30,7 +30,7 @@ fn expect_weights(op: &Op, input: usize, a: &TensorMeta) -> Result<(), OpError> 
     Ok(())
 }
 
-fn mul_mat(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
+pub(super) fn mul_mat(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     expect_arity(op, inputs, 2)?;
     let (a, b) = (inputs[0], inputs[1]);
     let name = op.name();
@@ -58,7 +58,7 @@ fn mul_mat(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
 /// `as [K, N, n_expert, 1]`, `b [K, n_b, n_tokens, 1]` f32, `ids [n_used, n_tokens, 1, 1]` i32
 /// with `n_used` a multiple of `n_b` (ggml's rule; in practice `n_b` is `n_used` or 1) ->
 /// f32 `[N, n_used, n_tokens, 1]`.
-fn mul_mat_id(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
+pub(super) fn mul_mat_id(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     expect_arity(op, inputs, 3)?;
     let (w, b, ids) = (inputs[0], inputs[1], inputs[2]);
     let name = op.name();

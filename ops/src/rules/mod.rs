@@ -50,7 +50,13 @@ pub fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
         Op::SsmConv | Op::SsmConvUpdate { .. } => conv::infer(op, inputs),
         Op::GatedDeltaNet(_) => delta_net::infer(op, inputs),
         Op::Sample => sample::infer(op, inputs),
-        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
+        Op::AddRmsNormMul(_)
+        | Op::RmsNormMul(_)
+        | Op::GatedRmsNorm(_)
+        | Op::SoftmaxTopK { .. }
+        | Op::MoeWeights
+        | Op::MulMatSwiglu
+        | Op::MulMatIdSwiglu => {
             fused::infer(op, inputs)
         }
         Op::Elementwise(p) => elemfuse::infer(op, p, inputs),
@@ -89,7 +95,13 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::Argmax => count(inputs[0]),
         // About 10 a logit: the max, the exp of the weight, the compares and sums of the draw.
         Op::Sample => count(inputs[0]).saturating_mul(10),
-        Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) | Op::SoftmaxTopK { .. } | Op::MoeWeights => {
+        Op::AddRmsNormMul(_)
+        | Op::RmsNormMul(_)
+        | Op::GatedRmsNorm(_)
+        | Op::SoftmaxTopK { .. }
+        | Op::MoeWeights
+        | Op::MulMatSwiglu
+        | Op::MulMatIdSwiglu => {
             fused::flops(op, inputs, out)
         }
         Op::Elementwise(p) => elemfuse::flops(p, out),
@@ -103,6 +115,13 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::Cpy => bytes = size(inputs[0]).saturating_add(size(inputs[1])),
         // Only the routed experts' weights are read.
         Op::MulMatId => bytes = matmul::mul_mat_id_bytes(inputs, out),
+        // Both weights' routed experts, the activations, the ids and the output once.
+        Op::MulMatIdSwiglu => {
+            let (wg, wu, x, ids) = (inputs[0], inputs[1], inputs[2], inputs[3]);
+            bytes = matmul::mul_mat_id_bytes(&[wg, x, ids], out)
+                .saturating_add(matmul::mul_mat_id_bytes(&[wu, x, ids], out))
+                .saturating_sub(size(x).saturating_add(size(ids)).saturating_add(size(out)));
+        }
         // K/V are read once per kv head; a paged cache is read only where the table points.
         Op::FlashAttnExt(p) => bytes = attention::bytes(p, inputs, out),
         // The conv/recurrent state of the named slots is read and written, not all slots.
@@ -117,12 +136,12 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
 
 pub(crate) fn expect_arity(op: &Op, inputs: &[&TensorMeta], n: usize) -> Result<(), OpError> {
     if inputs.len() != n {
-        return Err(OpError::Arity { op: op.name(), expected: ARITY_NAMES[n.min(3)], got: inputs.len() });
+        return Err(OpError::Arity { op: op.name(), expected: ARITY_NAMES[n.min(4)], got: inputs.len() });
     }
     Ok(())
 }
 
-const ARITY_NAMES: [&str; 4] = ["0", "1", "2", "3"];
+const ARITY_NAMES: [&str; 5] = ["0", "1", "2", "3", "4"];
 
 /// A plain float type. Block-quantized tensors are refused too: they are weights, read only by the
 /// ops that take them explicitly (get_rows, mul_mat, mul_mat_id, dequantize).
