@@ -148,6 +148,14 @@ __device__ __forceinline__ float load_row_value(const char* row, int dt, i64 i0,
     }
 }
 
+// sigmoid(x), stable for large |x|: never exponentiates a positive number (the unary sigmoid and
+// silu, swiglu and every fused kernel that applies them).
+__device__ __forceinline__ float sigmoid_f(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

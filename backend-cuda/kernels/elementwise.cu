@@ -8,13 +8,6 @@
 // Unary codes follow tessera_ops::UnaryOp (TAG(unary-code)): 0 neg, 1 exp, 2 silu, 3 sigmoid,
 // 4 softplus. Binary codes follow BinaryOp (TAG(binary-code)): 0 add, 1 sub, 2 mul, 3 div.
 
-__device__ __forceinline__ float sigmoid_f(float x) {
-    // Stable for large |x|: never exponentiates a positive number.
-    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
-
 __device__ __forceinline__ float unary_f(int code, float x) {
     switch (code) {
         case 0: return -x;

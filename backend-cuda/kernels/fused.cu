@@ -49,16 +49,9 @@ __device__ __forceinline__ i64 fz_row_off(const Tensor& t, i64 i1, i64 i2, i64 i
 #define FZ_GATED 1     // y = rms_norm(x) * w * silu(b)   (b is the gate z)
 #define FZ_ADD 2       // s = x + b, written to `s`; y = rms_norm(s) * w
 
-// x * sigmoid(x), never exponentiating a positive number (elementwise.cu's silu).
+// x * sigmoid(x) (elementwise.cu's silu).
 __device__ __forceinline__ float fz_silu(float x) {
-    float s;
-    if (x >= 0.0f) {
-        s = 1.0f / (1.0f + expf(-x));
-    } else {
-        float e = expf(x);
-        s = e / (1.0f + e);
-    }
-    return x * s;
+    return x * sigmoid_f(x);
 }
 
 template <bool WARP>

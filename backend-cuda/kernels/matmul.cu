@@ -566,15 +566,11 @@ __device__ __forceinline__ void gf_dot(const GfRaw* raw, int dt, i64 u, const ch
     }
 }
 
-// acc[r][t] += units gl, gl + g, ... of weight row min(r, rows - 1) (at row0 + that * row_stride)
-// . activation row t. Loads go out GF_UNITS (one row) or GF_UNITS / 2 (several rows: they are R loads each) units
-// ahead of their use.
+// acc[r][t] += units gl, gl + g, ... of weight row `row[r]` . activation row t. Loads go out
+// GF_UNITS (one row) or GF_UNITS / 2 (several rows: R loads each) units ahead of their use.
 template <int NT, int R>
-__device__ __forceinline__ void gf_rows(const char* row0, i64 row_stride, int rows, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float (*acc)[NT]) {
+__device__ __forceinline__ void gf_rows(const char* const* row, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float (*acc)[NT]) {
     constexpr int U = R == 1 ? GF_UNITS : GF_UNITS / 2;
-    const char* row[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) row[r] = row0 + min(r, rows - 1) * row_stride;
     for (i64 u0 = gl; u0 < nu; u0 += U * g) {
         GfRaw raw[U][R];
 #pragma unroll
@@ -617,21 +613,31 @@ __device__ __forceinline__ void warp_sum_scatter(float* v, int lane) {
 
 // out[m, n, i2, i3] = a row m (of batch (i2 / (b2 / A2), i3 / (b3 / A3))) . activation rows;
 // block x takes weight rows R x .. R x + R - 1 (a short last block reads row M - 1 in place of
-// the rows past the end and does not store them), grid (ceil(M / R), batches). x: the activation rows at x +
-// row * ldx (bytes); quantized weights: the `quant_x` rows (ldx = 2 k), their scales after them
-// from the next 256-byte boundary; f16 / bf16: packed f32 rows.
-template <int NT, int R>
-__device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
+// the rows past the end and does not store them), grid (ceil(M / R), batches). With GLU the
+// block's R rows are H = R / 2 rows of the gate weights `a` and the same H rows of the up
+// weights `a_up`, and it stores swiglu(gate, up) = gate sigmoid(gate) up for H output rows (grid
+// ceil(M / H)). x: the activation rows at x + row * ldx (bytes); quantized weights: the
+// `quant_x` rows (ldx = 2 k), their scales after them from the next 256-byte boundary; f16 /
+// bf16: packed f32 rows.
+template <int NT, int R, bool GLU>
+__device__ __forceinline__ void gemv_fast_body(Tensor a, Tensor a_up, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) {
+    constexpr int H = GLU ? R / 2 : R;  // output rows a block
     __shared__ float red[GF_THREADS / 32][R][NT];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const i64 m0 = (i64)blockIdx.x * R, k = a.ne[0];
-    const int rows = (int)min((i64)R, a.ne[1] - m0);
+    const i64 m0 = (i64)blockIdx.x * H, k = a.ne[0];
+    const int rows = (int)min((i64)H, a.ne[1] - m0);
     const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
     const float* xs = (const float*)(x + ((n * b2 * b3 * ldx + 255) & ~(i64)255));
     for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
         const i64 i2 = batch % b2, i3 = batch / b2;
         const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
-        const char* row0 = a.data + m0 * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
+        const i64 at = m0 * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
+        const char* row[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const char* base = GLU && r >= H ? a_up.data : a.data;
+            row[r] = base + at + min(r % H, rows - 1) * a.nb[1];
+        }
         for (i64 n0 = 0; n0 < n; n0 += NT) {
             const int nt = (int)min((i64)NT, n - n0);
             const char* xt[NT];
@@ -648,7 +654,7 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
 #pragma unroll
                 for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
             }
-            gf_rows<NT, R>(row0, a.nb[1], rows, adt, nu, tid, GF_THREADS, xt, st, acc);
+            gf_rows<NT, R>(row, adt, nu, tid, GF_THREADS, xt, st, acc);
             constexpr int C = R * NT, SPREAD = 32 / C;
             static_assert(C <= 32, "one warp sum a lane");
             warp_sum_scatter<C, 16>(&acc[0][0], lane);
@@ -659,6 +665,12 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
                 float v = 0.0f;
 #pragma unroll
                 for (int w = 0; w < GF_THREADS / 32; w++) v += red[w][r][t];
+                if constexpr (GLU) {
+                    float u = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < GF_THREADS / 32; w++) u += red[w][r + H][t];
+                    v = v * sigmoid_f(v) * u;
+                }
                 *(float*)(out.data + offset_of(out, m0 + r, n0 + t, i2, i3)) = v;
             }
             __syncthreads();
@@ -668,7 +680,7 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, int adt, const char* x,
 
 #define GF_ENTRY(NAME, NT, R)                                                                                                  \
     extern "C" __global__ void __launch_bounds__(GF_THREADS) NAME(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) { \
-        gemv_fast_body<NT, R>(a, adt, x, ldx, n, b2, b3, out);                                                                 \
+        gemv_fast_body<NT, R, false>(a, a, adt, x, ldx, n, b2, b3, out);                                                       \
     }
 GF_ENTRY(gemv_fast_1, 1, 1)
 GF_ENTRY(gemv_fast_2, 2, 1)
@@ -680,6 +692,16 @@ GF_ENTRY(gemv_fast_8_r2, 8, 2)
 GF_ENTRY(gemv_fast_2_r4, 2, 4)
 GF_ENTRY(gemv_fast_4_r4, 4, 4)
 GF_ENTRY(gemv_fast_8_r4, 8, 4)
+
+// mul_mat_swiglu at 1-8 tokens: one gate row and its up row a block.
+#define GF_GLU_ENTRY(NAME, NT)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GF_THREADS) NAME(Tensor a, Tensor a_up, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) { \
+        gemv_fast_body<NT, 2, true>(a, a_up, adt, x, ldx, n, b2, b3, out);                                                     \
+    }
+GF_GLU_ENTRY(gemv_fast_glu_1, 1)
+GF_GLU_ENTRY(gemv_fast_glu_2, 2)
+GF_GLU_ENTRY(gemv_fast_glu_4, 4)
+GF_GLU_ENTRY(gemv_fast_glu_8, 8)
 
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
     gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
@@ -697,8 +719,11 @@ extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int
 // mul_mat_id decode: block (x, s) runs the rows x * 4 .. + 3 (a warp each) of the expert of pair
 // s = u + n_used * t only, against activation row (u mod n_b) + n_b * t of `quant_x` (quantized
 // weights, scales after the rows at the next 256-byte boundary) or packed f32 rows; a bad id is
-// reported and its pair skipped.
-extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+// reported and its pair skipped. With GLU each warp also runs the same row of the up experts
+// `as_up` and stores swiglu(gate, up) (mul_mat_id_swiglu).
+template <bool GLU>
+__device__ __forceinline__ void moe_decode_body(Tensor as, Tensor as_up, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+    constexpr int R = GLU ? 2 : 1;
     const i64 n_used = ids.ne[0], s = blockIdx.y, u = s % n_used, t = s / n_used;
     const int id = *(const int*)(ids.data + u * ids.nb[0] + t * ids.nb[1]);
     if (id < 0 || id >= as.ne[2]) {
@@ -713,10 +738,28 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
     const float* xs = (const float*)(x + ((n_b * ids.ne[1] * ldx + 255) & ~(i64)255));
     const char* xt[1] = {x + r * ldx};
     const float* st[1] = {xs + r * (k / 16)};
-    float acc[1][1] = {{0.0f}};
-    gf_rows<1, 1>(as.data + m * as.nb[1] + id * as.nb[2], 0, 1, adt, nu, lane, 32, xt, st, acc);
-    const float v = warp_sum(acc[0][0]);
+    const i64 at = m * as.nb[1] + id * as.nb[2];
+    const char* row[R];
+    row[0] = as.data + at;
+    if constexpr (GLU) row[1] = as_up.data + at;
+    float acc[R][1];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i][0] = 0.0f;
+    gf_rows<1, R>(row, adt, nu, lane, 32, xt, st, acc);
+    warp_sum_scatter<R, 16>(&acc[0][0], lane);  // GLU: lanes 0-15 hold the gate's sum, 16-31 the up's
+    float v = acc[0][0];
+    if constexpr (GLU) {
+        const float up = __shfl_sync(0xffffffffu, v, 16);
+        v = v * sigmoid_f(v) * up;
+    }
     if (lane == 0) *(float*)(out.data + offset_of(out, m, u, t, 0)) = v;
+}
+
+extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+    moe_decode_body<false>(as, as, adt, x, ldx, n_b, ids, out, err, op);
+}
+extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_glu(Tensor as, Tensor as_up, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+    moe_decode_body<true>(as, as_up, adt, x, ldx, n_b, ids, out, err, op);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -67,6 +67,31 @@ pub(super) fn binary_code(b: BinaryOp) -> i32 {
     }
 }
 
+/// `out = gate sigmoid(gate) up` over f32 tensors of one shape (gate may be out: each element is
+/// read before it is written), for the ops that end in swiglu (mul_mat_swiglu's fallback).
+pub(super) fn swiglu_f32(cx: &mut Cx<'_>, gate: TensorArg, up: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    let f32 = dt(DType::F32);
+    swiglu_launch(cx, out, f32, gate, f32, up, f32)
+}
+
+fn swiglu_launch(
+    cx: &mut Cx<'_>,
+    out: TensorArg,
+    odt: i32,
+    gate: TensorArg,
+    gdt: i32,
+    up: TensorArg,
+    udt: i32,
+) -> Result<(), BackendError> {
+    let f = cx.function(SWIGLU)?;
+    let mut a = cx.stream.launch_builder(&f);
+    a.arg(&out).arg(&odt).arg(&gate).arg(&gdt).arg(&up).arg(&udt);
+    // SAFETY: gate and up have out's shape with their own strides and dtypes; each thread reads
+    // element i of both before it writes element i of out.
+    unsafe { a.launch(row_launch(out.ne)) }.map_err(|e| launch_error(SWIGLU, e))?;
+    Ok(())
+}
+
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let n = out.nelements();
     let rows = row_launch(out.ne);
@@ -143,12 +168,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
                 }
                 _ => return Err(crate::launch::unsupported(task, "swiglu takes one or two inputs")),
             };
-            let f = cx.function(SWIGLU)?;
-            let mut a = cx.stream.launch_builder(&f);
-            a.arg(&out).arg(&odt).arg(&gate).arg(&gdt).arg(&up).arg(&udt);
-            // SAFETY: gate and up have dst's shape (the fused input's rows are 2 * ne0 long, so
-            // the second half starts ne0 elements in and stays inside the row).
-            unsafe { a.launch(rows) }.map_err(|e| launch_error(SWIGLU, e))?;
+            // (gate and up have dst's shape: the fused input's rows are 2 * ne0 long, so the
+            // second half starts ne0 elements in and stays inside the row)
+            swiglu_launch(cx, out, odt, gate, gdt, up, udt)?;
         }
         _ => return Err(crate::launch::unsupported(task, "not an elementwise op")),
     }

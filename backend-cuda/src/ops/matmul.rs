@@ -118,6 +118,14 @@ const G1_STATIC_SHARED: usize = 64;
 /// Threads (one weight row) per `gemv_fast_N` block: `GF_THREADS` in matmul.cu.
 const GF_THREADS: u32 = 128;
 const MOE_DECODE: Kernel = Kernel::new(Module::Matmul, "moe_decode");
+const MOE_DECODE_GLU: Kernel = Kernel::new(Module::Matmul, "moe_decode_glu");
+/// `gemv_fast_glu_N` (mul_mat_swiglu at 1 to 8 tokens): `[1 token a pass, 2, 4, 8]`.
+const GEMV_FAST_GLU: [Kernel; 4] = [
+    Kernel::new(Module::Matmul, "gemv_fast_glu_1"),
+    Kernel::new(Module::Matmul, "gemv_fast_glu_2"),
+    Kernel::new(Module::Matmul, "gemv_fast_glu_4"),
+    Kernel::new(Module::Matmul, "gemv_fast_glu_8"),
+];
 const MOE_GEMV: Kernel = Kernel::new(Module::Matmul, "moe_gemv");
 const MOE_GEMM: Kernel = Kernel::new(Module::Matmul, "moe_gemm");
 /// Weight rows per `moe_gemm` block: `MT_M` in matmul.cu.
@@ -178,8 +186,10 @@ fn moe_path() -> MoePath {
 }
 
 /// Weights f32 / f16 / bf16 / q8_0 / nvfp4 and f32 activations, as the shape rules allow.
-pub(crate) fn supports(_op: &Op, inputs: &[TensorMeta]) -> bool {
-    inputs.get(1).is_some_and(|b| b.dtype == DType::F32)
+pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
+    // the gate-and-up ops take their activations after the up weights
+    let x = if matches!(op, Op::MulMatSwiglu | Op::MulMatIdSwiglu) { 2 } else { 1 };
+    inputs.get(x).is_some_and(|b| b.dtype == DType::F32)
         && inputs
             .first()
             .is_some_and(|a| matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::NvFp4))
@@ -253,18 +263,30 @@ fn quant_x_bytes(n: usize) -> (usize, usize) {
 
 pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     let m = |i: usize| task.inputs.get(i).map(|t| t.meta);
-    match (task.op, m(0), m(1), m(2)) {
-        (Op::MulMat, Some(a), Some(b), _) => {
-            let (xq, xs) = quant_x_bytes(b.nelements());
-            let gemv = packed_f32_bytes(&b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
-            if (b.ne[1] as i64) > GEMV_MAX_N {
-                gemv.max(blas_scratch(&a, &b)).max(mmq::mul_mat_scratch_bytes(&b))
-            } else {
-                gemv
-            }
+    match (task.op, m(0), m(1), m(2), m(3)) {
+        (Op::MulMat, Some(a), Some(b), _, _) => mul_mat_scratch(&a, &b),
+        (Op::MulMatId, Some(w), Some(b), Some(ids), _) => moe_scratch(&w, &b, &ids),
+        (Op::MulMatSwiglu | Op::MulMatIdSwiglu, ..) => {
+            glu_up_at(task).map_or(0, |at| at + task.output.meta.nbytes_contiguous())
         }
-        (Op::MulMatId, Some(w), Some(b), Some(ids)) => moe_scratch(&w, &b, &ids),
         _ => 0,
+    }
+}
+
+fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
+    let (xq, xs) = quant_x_bytes(b.nelements());
+    let gemv = packed_f32_bytes(b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
+    if (b.ne[1] as i64) > GEMV_MAX_N { gemv.max(blas_scratch(a, b)).max(mmq::mul_mat_scratch_bytes(b)) } else { gemv }
+}
+
+/// Where a gate-and-up op that runs as its two products and swiglu keeps the up product in
+/// scratch: after what one product needs.
+fn glu_up_at(task: &Task<'_>) -> Option<usize> {
+    let m = |i: usize| task.inputs.get(i).map(|t| t.meta);
+    match (task.op, m(0), m(2), m(3)) {
+        (Op::MulMatSwiglu, Some(a), Some(b), _) => Some(align(mul_mat_scratch(&a, &b))),
+        (Op::MulMatIdSwiglu, Some(w), Some(b), Some(ids)) => Some(align(moe_scratch(&w, &b, &ids))),
+        _ => None,
     }
 }
 
@@ -272,7 +294,26 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let dtype = task.inputs.first().map(|t| t.meta.dtype);
     match (task.op, ins, dtype) {
         (Op::MulMat, [a, b], Some(d)) => mul_mat(cx, *a, d, *b, out),
-        (Op::MulMatId, [w, b, ids], Some(d)) => mul_mat_id(cx, *w, d, *b, *ids, out),
+        (Op::MulMatId, [w, b, ids], Some(d)) => mul_mat_id(cx, *w, d, *b, *ids, out, op_code("mul_mat_id")),
+        (Op::MulMatSwiglu, [wg, wu, b], Some(d)) => {
+            if glu_gemv_fits(wg, wu, d, b) {
+                return gemv_fast_glu(cx, *wg, *wu, d, *b, out);
+            }
+            let up = glu_up(cx, task, out)?;
+            mul_mat(cx, *wg, d, *b, out)?;
+            mul_mat(cx, *wu, d, *b, up)?;
+            super::elementwise::swiglu_f32(cx, out, up, out)
+        }
+        (Op::MulMatIdSwiglu, [wg, wu, b, ids], Some(d)) => {
+            if moe_decode_taken(cx, wg, d, ids) && fast_rows(wu, d) && wg.nb == wu.nb {
+                return moe_decode_glu(cx, *wg, *wu, d, *b, *ids, out);
+            }
+            let up = glu_up(cx, task, out)?;
+            let op = op_code("mul_mat_id_swiglu");
+            mul_mat_id(cx, *wg, d, *b, *ids, out, op)?;
+            mul_mat_id(cx, *wu, d, *b, *ids, up, op)?;
+            super::elementwise::swiglu_f32(cx, out, up, out)
+        }
         _ => Err(unsupported(task, "not a matmul op with its inputs")),
     }
 }
@@ -759,6 +800,8 @@ fn dequant_rows(
     Ok(())
 }
 
+/// mul_mat_id; `op` is the code device errors (a bad expert id) name: mul_mat_id's, or that of
+/// the fused op running it.
 fn mul_mat_id(
     cx: &mut Cx<'_>,
     w: TensorArg,
@@ -766,19 +809,14 @@ fn mul_mat_id(
     b: TensorArg,
     ids: TensorArg,
     out: TensorArg,
+    op: u32,
 ) -> Result<(), BackendError> {
     let path = moe_path();
     let n_expert = w.ne[2];
     let n_pairs = ids.nelements();
     let mma = path != MoePath::Grouped && mmq::moe_fits(cx, &w, d, n_pairs);
-    let decode = match path {
-        MoePath::Auto => ids.ne[1] <= MOE_DECODE_TOKENS && (!mma || moe_decode_wins(ids.ne[1], w.ne[0])),
-        MoePath::Decode => true,
-        MoePath::Mma | MoePath::Grouped => false,
-    };
-    // (one grid row a pair: a pair count past the grid's y limit takes the grouped path)
-    if decode && n_pairs <= GRID_YZ && fast_rows(&w, d) {
-        return moe_decode(cx, w, d, b, ids, out);
+    if moe_decode_taken(cx, &w, d, &ids) {
+        return moe_decode(cx, w, d, b, ids, out, op);
     }
     let n_used = ids.ne[0];
     let (g, groups) = mmq::MoeGroups::at(cx.scratch, n_expert as usize, n_pairs as usize);
@@ -788,7 +826,7 @@ fn mul_mat_id(
         // many pairs an expert: the busiest experts take 128-column tiles
         let tiled = n_pairs > MOE_TILED_AVG * n_expert && mmq::tiled_id_fits(cx, &w, d);
         let max_pairs = if tiled { MOE_MMA_MAX } else { i32::MAX };
-        let xs = mmq::moe_prep(cx, ids, n_expert, &g, max_pairs, b, Some(packed))?;
+        let xs = mmq::moe_prep(cx, ids, n_expert, &g, max_pairs, b, Some(packed), op)?;
         mmq::moe_mma(cx, w, d, b.ne[1], n_used, n_pairs, &g, packed, xs, out)?;
         if tiled {
             let (offsets, list) = (g.offsets, g.list);
@@ -797,7 +835,7 @@ fn mul_mat_id(
         }
         return Ok(());
     }
-    mmq::moe_prep(cx, ids, n_expert, &g, i32::MAX, b, None)?;
+    mmq::moe_prep(cx, ids, n_expert, &g, i32::MAX, b, None, op)?;
     let bp = cx.scratch + groups as u64;
     let ldb = packed_len(b.ne[0] as usize) as i64;
     pack_b(cx, b, bp, 0, 0, 0, ldb)?;
@@ -858,6 +896,21 @@ fn mul_mat_id(
 /// at 1 token, 42.5 / 31.4 at 8, 87.7 / 57.8 at 16 (crossing near 5 tokens); 512 -> 2048 (2 chunks)
 /// 16.6 / 10.8, 95.3 / 26.6, 191.8 / 42.6. So: `moe_decode` up to chunks / 2 tokens, and never for
 /// rows of at most 2 chunks.
+/// Whether mul_mat_id takes `moe_decode`: few tokens where it beats `moe_mma_*` (or forced by
+/// `TESSERA_MOE_PATH`), one grid row a pair (a pair count past the grid's y limit takes the
+/// grouped path), rows the fast units can read.
+fn moe_decode_taken(cx: &Cx<'_>, w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
+    let path = moe_path();
+    let n_pairs = ids.nelements();
+    let mma = path != MoePath::Grouped && mmq::moe_fits(cx, w, d, n_pairs);
+    let decode = match path {
+        MoePath::Auto => ids.ne[1] <= MOE_DECODE_TOKENS && (!mma || moe_decode_wins(ids.ne[1], w.ne[0])),
+        MoePath::Decode => true,
+        MoePath::Mma | MoePath::Grouped => false,
+    };
+    decode && n_pairs <= GRID_YZ && fast_rows(w, d)
+}
+
 fn moe_decode_wins(n_tokens: i64, k: i64) -> bool {
     let chunks = k / 256;
     chunks > 2 && 2 * n_tokens <= chunks
@@ -877,10 +930,11 @@ fn moe_decode(
     b: TensorArg,
     ids: TensorArg,
     out: TensorArg,
+    op: u32,
 ) -> Result<(), BackendError> {
     let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
     let f = cx.function(MOE_DECODE)?;
-    let (adt, n_b, err, op) = (dt(d), b.ne[1], cx.errors, op_code("mul_mat_id"));
+    let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
     let grid = (blocks, ids.nelements().max(1) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
@@ -894,6 +948,76 @@ fn moe_decode(
     // T].
     unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE, e))?;
     Ok(())
+}
+
+/// mul_mat_id_swiglu for a few tokens: `moe_decode_glu`, `moe_decode` over the gate and up
+/// experts at once (each warp one row of both) with swiglu before the store.
+fn moe_decode_glu(
+    cx: &mut Cx<'_>,
+    wg: TensorArg,
+    wu: TensorArg,
+    d: DType,
+    b: TensorArg,
+    ids: TensorArg,
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let f = cx.function(MOE_DECODE_GLU)?;
+    let (adt, n_b, err, op) = (dt(d), b.ne[1], cx.errors, op_code("mul_mat_id_swiglu"));
+    let blocks = (wg.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
+    let grid = (blocks, ids.nelements().max(1) as u32, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&wg).arg(&wu).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&out).arg(&err).arg(&op);
+    // SAFETY: as `moe_decode` (`moe_decode_taken` checked the gate experts), and the up experts
+    // have the gate's dtype, shape (the shape rules) and strides (checked by the caller), so
+    // every row the kernel reads in `wu` lies where the same row of `wg` would.
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE_GLU, e))?;
+    Ok(())
+}
+
+/// Whether `gemv_fast_glu_N` takes mul_mat_swiglu: at most `GEMV_MAX_N` tokens over q8_0 /
+/// nvfp4 gate and up weights of one layout the fast units can read.
+fn glu_gemv_fits(wg: &TensorArg, wu: &TensorArg, d: DType, b: &TensorArg) -> bool {
+    b.ne[1] <= GEMV_MAX_N && d.is_quantized() && fast_rows(wg, d) && fast_rows(wu, d) && wg.nb == wu.nb
+}
+
+/// mul_mat_swiglu for a few tokens: `gemv_fast_glu_N`, a block per gate row and its up row over
+/// the activations quantized once, swiglu before the store.
+fn gemv_fast_glu(
+    cx: &mut Cx<'_>,
+    wg: TensorArg,
+    wu: TensorArg,
+    d: DType,
+    b: TensorArg,
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    let n = b.ne[1];
+    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let kernel = GEMV_FAST_GLU[match n {
+        ..=1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        _ => 3,
+    }];
+    let f = cx.function(kernel)?;
+    let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
+    let grid = (wg.ne[1].clamp(1, i32::MAX as i64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&wg).arg(&wu).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
+    // SAFETY: as `gemv_fast_N` with one output row a block (`glu_gemv_fits` checked the gate
+    // weights' layout), and the up weights have the gate's dtype, shape and strides, so each
+    // row read in `wu` lies where the same row of `wg` would.
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    Ok(())
+}
+
+/// The up product's place in scratch for a gate-and-up op run as two products and swiglu:
+/// contiguous f32 of the output's shape after what one product needs (`glu_up_at`).
+fn glu_up(cx: &Cx<'_>, task: &Task<'_>, out: TensorArg) -> Result<TensorArg, BackendError> {
+    let at = glu_up_at(task).ok_or_else(|| unsupported(task, "not a gate-and-up op with its inputs"))?;
+    let ne = out.ne;
+    let nb = [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]];
+    Ok(TensorArg { data: cx.scratch + at as u64, ne, nb })
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::errors::op_code;
 use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, launch_error};
 
 const PACK_X: Kernel = Kernel::new(Module::Mmq, "mmq_pack_x");
@@ -316,6 +315,7 @@ pub(super) fn moe_prep(
     max_pairs: i32,
     b: TensorArg,
     x: Option<u64>,
+    op: u32,
 ) -> Result<u64, BackendError> {
     let rows = b.nelements() / b.ne[0].max(1);
     let (xp, xs, pack_blocks) = match x {
@@ -323,7 +323,7 @@ pub(super) fn moe_prep(
         None => (0, 0, 0),
     };
     let shared = if n_expert <= ME_SHARED_EXPERTS { n_expert as u32 * 4 } else { 0 };
-    let (err, op) = (cx.errors, op_code("mul_mat_id"));
+    let err = cx.errors;
     let f = cx.function(MOE_PREP)?;
     let mut args = cx.stream.launch_builder(&f);
     args.arg(&ids).arg(&n_expert).arg(&g.offsets).arg(&g.cursor).arg(&g.list).arg(&g.listed).arg(&max_pairs);

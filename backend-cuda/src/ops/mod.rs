@@ -48,8 +48,7 @@ fn family(op: &Op) -> Option<Family> {
         }
         // Generated per program (ops/elemfuse.rs), not a module of kernels/.
         Op::Elementwise(_) => return None,
-        // Not yet on CUDA.
-        Op::MulMatSwiglu | Op::MulMatIdSwiglu => return None,
+        Op::MulMatSwiglu | Op::MulMatIdSwiglu => Family::Matmul,
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
     })
 }
