@@ -1385,3 +1385,71 @@ extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_f16w_long(Ten
 extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_bf16w_long(Tensor a, const float* x, Tensor out) {
     gemv_half_words<DT_BF16, 5, 2>(a, x, out);
 }
+
+// mul_mat_id_weighted_sum for a few tokens: block (x, t) runs the rows x * 4 .. + 3 (a warp each)
+// of every slot u of token t, out[m, t] = sum_u w[0, u, t] * (expert ids[u, t] row m . activation
+// row (u mod n_b) + n_b t), the activations as `moe_decode` reads them. The slots go 4 at a time
+// with their loads in flight; a bad id is reported (block 0) and its slot skipped.
+#define MDS_SLOTS 4
+extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_sum(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor w, Tensor out, u64 err, u32 op) {
+    const i64 n_used = ids.ne[0], t = blockIdx.y;
+    const int lane = threadIdx.x & 31;
+    const i64 m = (i64)blockIdx.x * (GF_THREADS / 32) + (threadIdx.x >> 5), k = as.ne[0];
+    const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
+    const float* xs = (const float*)(x + ((n_b * ids.ne[1] * ldx + 255) & ~(i64)255));
+    const i64 mr = min(m, as.ne[1] - 1);  // a warp past the last row checks ids, stores nothing
+    float acc = 0.0f;
+    for (i64 u0 = 0; u0 < n_used; u0 += MDS_SLOTS) {
+        const char* row[MDS_SLOTS];
+        const char* xt[MDS_SLOTS];
+        const float* st[MDS_SLOTS];
+        float wt[MDS_SLOTS];
+#pragma unroll
+        for (int j = 0; j < MDS_SLOTS; j++) {
+            const i64 u = u0 + j;
+            row[j] = nullptr;
+            if (u >= n_used) continue;
+            const int id = *(const int*)(ids.data + u * ids.nb[0] + t * ids.nb[1]);
+            if (id < 0 || id >= as.ne[2]) {
+                if (blockIdx.x == 0 && threadIdx.x == 0) report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, as.ne[2], 0, 0);
+                continue;
+            }
+            const i64 r = u % n_b + n_b * t;
+            row[j] = as.data + mr * as.nb[1] + id * as.nb[2];
+            xt[j] = x + r * ldx;
+            st[j] = xs + r * (k / 16);
+            wt[j] = *(const float*)(w.data + u * w.nb[1] + t * w.nb[2]);
+        }
+        for (i64 un = lane; un < nu; un += 32) {
+            GfRaw raw[MDS_SLOTS];
+#pragma unroll
+            for (int j = 0; j < MDS_SLOTS; j++) {
+                if (row[j]) raw[j] = gf_load(row[j], adt, un);
+            }
+#pragma unroll
+            for (int j = 0; j < MDS_SLOTS; j++) {
+                if (!row[j]) continue;
+                float a[1][1] = {{0.0f}};
+                gf_dot<1, 1>(&raw[j], adt, un, &xt[j], &st[j], a);
+                acc += wt[j] * a[0][0];
+            }
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0 && m < as.ne[1]) *(float*)(out.data + offset_of(out, m, t, 0, 0)) = acc;
+}
+
+// out[m, t] = sum_u w[0, u, t] * y[m, u, t] (mul_mat_id_weighted_sum after mul_mat_id wrote y
+// [M, n_used, T]): a thread per output element, the slots in order.
+extern "C" __global__ void weighted_slot_sum(Tensor y, Tensor w, Tensor out) {
+    const i64 total = y.ne[0] * y.ne[2];
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        const i64 m = i % y.ne[0], t = i / y.ne[0];
+        float acc = 0.0f;
+        for (i64 u = 0; u < y.ne[1]; u++) {
+            const float wu = *(const float*)(w.data + u * w.nb[1] + t * w.nb[2]);
+            acc += wu * *(const float*)(y.data + m * y.nb[0] + u * y.nb[1] + t * y.nb[2]);
+        }
+        *(float*)(out.data + offset_of(out, m, t, 0, 0)) = acc;
+    }
+}

@@ -248,6 +248,13 @@ impl Graph {
         self.op(Op::MulMatIdSwiglu, &[wg, wu, x, ids])
     }
 
+    /// The routed experts' outputs weighted by the router and summed over the slots:
+    /// `out[:, t] = sum_u w[0, u, t] * mul_mat_id(experts, x, ids)[:, u, t]`, `w` f32 `[1, n_used,
+    /// n_tokens]` -> f32 `[N, n_tokens]`.
+    pub fn mul_mat_id_weighted_sum(&mut self, experts: Tensor, x: Tensor, ids: Tensor, w: Tensor) -> R {
+        self.op(Op::MulMatIdWeightedSum, &[experts, x, ids, w])
+    }
+
     /// `program` (a chain of unary / binary / scale ops, see [`ElemProgram`]) at every position:
     /// `inputs[i]` is the program's `x{i}` (f32, any strides, `program.n_inputs()` of them), each
     /// broadcasting to the per-dimension largest input shape (ggml's repeat rule) -> f32

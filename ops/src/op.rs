@@ -354,6 +354,12 @@ pub enum Op {
     /// (mul_mat_id's experts). Output f32 `[N, n_used, n_tokens]`. An id outside `0..n_expert`
     /// is a `KernelError::IndexOutOfRange`.
     MulMatIdSwiglu,
+    /// `[as, b, ids, w]`: the routed experts' outputs weighted and summed over the slots,
+    /// `out[:, t] = sum_u w[0, u, t] * mul_mat_id(as, b, ids)[:, u, t]` (qwen35's down projection,
+    /// `mul` by the router weights and `sum_rows` over the slots): `as`, `b`, `ids` as
+    /// mul_mat_id's, `w` f32 `[1, n_used, n_tokens]`. Output f32 `[N, n_tokens]`. An id outside
+    /// `0..n_expert` is a `KernelError::IndexOutOfRange`.
+    MulMatIdWeightedSum,
     /// `[x0 .. x{n-1}]` (`n = program.n_inputs()`, at most 6), all f32, any strides: the program
     /// (a chain of unary / binary / scale ops) at every position of the output, f32 contiguous of
     /// the per-dimension largest input shape; every input broadcasts to it by ggml's repeat rule
@@ -405,6 +411,7 @@ impl Op {
             Op::MoeWeights => "moe_weights",
             Op::MulMatSwiglu => "mul_mat_swiglu",
             Op::MulMatIdSwiglu => "mul_mat_id_swiglu",
+            Op::MulMatIdWeightedSum => "mul_mat_id_weighted_sum",
             Op::Elementwise(_) => "elementwise",
         }
     }
@@ -595,7 +602,8 @@ impl Op {
             | Op::Sample
             | Op::MoeWeights
             | Op::MulMatSwiglu
-            | Op::MulMatIdSwiglu => P::None,
+            | Op::MulMatIdSwiglu
+            | Op::MulMatIdWeightedSum => P::None,
             Op::Cast(d) | Op::Quantize(d) => P::DType(*d),
             Op::Concat { dim: n } | Op::TopK { k: n } | Op::SoftmaxTopK { k: n } => P::Index(*n),
             Op::Repeat { ne: d } | Op::Reshape { ne: d } | Op::Permute { axes: d } => P::Dims(*d),

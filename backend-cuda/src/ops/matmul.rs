@@ -119,6 +119,8 @@ const G1_STATIC_SHARED: usize = 64;
 const GF_THREADS: u32 = 128;
 const MOE_DECODE: Kernel = Kernel::new(Module::Matmul, "moe_decode");
 const MOE_DECODE_GLU: Kernel = Kernel::new(Module::Matmul, "moe_decode_glu");
+const MOE_DECODE_SUM: Kernel = Kernel::new(Module::Matmul, "moe_decode_sum");
+const WEIGHTED_SLOT_SUM: Kernel = Kernel::new(Module::Matmul, "weighted_slot_sum");
 /// `gemv_fast_glu_N` (mul_mat_swiglu at 1 to 8 tokens): `[1 token a pass, 2, 4, 8]`.
 const GEMV_FAST_GLU: [Kernel; 4] = [
     Kernel::new(Module::Matmul, "gemv_fast_glu_1"),
@@ -269,6 +271,9 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
         (Op::MulMatSwiglu | Op::MulMatIdSwiglu, ..) => {
             glu_up_at(task).map_or(0, |at| at + task.output.meta.nbytes_contiguous())
         }
+        (Op::MulMatIdWeightedSum, Some(w), Some(b), Some(ids), _) => {
+            align(moe_scratch(&w, &b, &ids)) + 4 * w.ne[1] * ids.nelements()
+        }
         _ => 0,
     }
 }
@@ -313,6 +318,19 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             mul_mat_id(cx, *wg, d, *b, *ids, out, op)?;
             mul_mat_id(cx, *wu, d, *b, *ids, up, op)?;
             super::elementwise::swiglu_f32(cx, out, up, out)
+        }
+        (Op::MulMatIdWeightedSum, [w, b, ids, rw], Some(d)) => {
+            let op = op_code("mul_mat_id_weighted_sum");
+            if weighted_decode_taken(w, d, ids) {
+                return moe_decode_sum(cx, *w, d, *b, *ids, *rw, out, op);
+            }
+            // mul_mat_id into scratch after what it needs, then the weighted sum over the slots
+            let at = align(moe_scratch(&task.inputs[0].meta, &task.inputs[1].meta, &task.inputs[2].meta));
+            let ne = [w.ne[1], ids.ne[0], ids.ne[1], 1];
+            let nb = [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]];
+            let y = TensorArg { data: cx.scratch + at as u64, ne, nb };
+            mul_mat_id(cx, *w, d, *b, *ids, y, op)?;
+            weighted_slot_sum(cx, y, *rw, out)
         }
         _ => Err(unsupported(task, "not a matmul op with its inputs")),
     }
@@ -947,6 +965,58 @@ fn moe_decode(
     // as `quant_x` writes them; scratch_bytes sizes both); out[m, u, t] lies in out [M, n_used,
     // T].
     unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE, e))?;
+    Ok(())
+}
+
+/// Whether mul_mat_id_weighted_sum takes `moe_decode_sum`: up to `MOE_DECODE_TOKENS` tokens
+/// (unless `TESSERA_MOE_PATH` forces another mul_mat_id path), a grid row a token, rows the fast
+/// units can read. Unlike plain mul_mat_id it does not give way to `moe_mma_*` on short rows:
+/// it also saves the weighting and the sum's launches.
+fn weighted_decode_taken(w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
+    let path_ok = matches!(moe_path(), MoePath::Auto | MoePath::Decode);
+    path_ok && ids.ne[1] <= MOE_DECODE_TOKENS && ids.ne[1] <= GRID_YZ && fast_rows(w, d)
+}
+
+/// mul_mat_id_weighted_sum for a few tokens: `moe_decode_sum`, a warp per output row summing its
+/// token's weighted slots.
+#[allow(clippy::too_many_arguments)]
+fn moe_decode_sum(
+    cx: &mut Cx<'_>,
+    w: TensorArg,
+    d: DType,
+    b: TensorArg,
+    ids: TensorArg,
+    rw: TensorArg,
+    out: TensorArg,
+    op: u32,
+) -> Result<(), BackendError> {
+    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let f = cx.function(MOE_DECODE_SUM)?;
+    let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
+    let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
+    let grid = (blocks, ids.ne[1].max(1) as u32, 1);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&w).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&rw).arg(&out).arg(&err).arg(&op);
+    // SAFETY: `moe_decode_sum(as, adt, x, ldx, n_b, ids, w, out, err, op)`: token t =
+    // blockIdx.y < T (at most GRID_YZ, checked) reads ids[u, t] for u < n_used and skips ids
+    // outside [0, n_expert); the weight rows m < M (a warp past M reads row M - 1 and stores
+    // nothing) of that expert are dense of dtype adt and aligned as `fast_rows` checked;
+    // activation row (u mod n_b) + n_b t is one of b's n_b * T rows of ldx bytes in scratch
+    // (scales after them as `quant_x` writes them); w [1, n_used, T] and out [M, T] f32 (shape
+    // rules).
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE_SUM, e))?;
+    Ok(())
+}
+
+/// out[m, t] = sum_u w[0, u, t] y[m, u, t] over mul_mat_id's output `y` in scratch.
+fn weighted_slot_sum(cx: &mut Cx<'_>, y: TensorArg, w: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    let f = cx.function(WEIGHTED_SLOT_SUM)?;
+    let blocks = blocks_for(y.ne[0] * y.ne[2], 256);
+    let mut args = cx.stream.launch_builder(&f);
+    args.arg(&y).arg(&w).arg(&out);
+    // SAFETY: y [M, n_used, T] f32 (written by mul_mat_id), w [1, n_used, T] and out [M, T]
+    // f32 (shape rules); a grid-stride loop over the M T outputs.
+    unsafe { args.launch(config((blocks, 1, 1), (256, 1, 1), 0)) }.map_err(|e| launch_error(WEIGHTED_SLOT_SUM, e))?;
     Ok(())
 }
 

@@ -307,6 +307,7 @@ pub(super) fn moe_fits(cx: &Cx<'_>, w: &TensorArg, d: DType, n_pairs: i64) -> bo
 /// reported and its pair dropped), listing for `moe_mma_*` the experts with 1 ..= `max_pairs`
 /// pairs; with `x`, also packs `b` there as `mmq_pack_x` does (scratch of `packed_bytes(b)`, K a
 /// multiple of 64) and returns where the row scales are (else 0).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn moe_prep(
     cx: &mut Cx<'_>,
     ids: TensorArg,

@@ -48,7 +48,7 @@ fn family(op: &Op) -> Option<Family> {
         }
         // Generated per program (ops/elemfuse.rs), not a module of kernels/.
         Op::Elementwise(_) => return None,
-        Op::MulMatSwiglu | Op::MulMatIdSwiglu => Family::Matmul,
+        Op::MulMatSwiglu | Op::MulMatIdSwiglu | Op::MulMatIdWeightedSum => Family::Matmul,
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
     })
 }

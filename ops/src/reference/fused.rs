@@ -35,6 +35,20 @@ pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> 
             let up = step(op, Op::MulMat, &[f32s(&inputs[1]), f32s(&inputs[2])])?;
             step(op, Op::Swiglu, &[(gate, DType::F32), (up, DType::F32)])?
         }
+        // reshape(sum_rows(transpose(mul(mul_mat_id(as, b, ids), w))), [N, n_tokens])
+        Op::MulMatIdWeightedSum => {
+            let ids = (inputs[2].clone(), DType::I32);
+            let y = step(op, Op::MulMatId, &[f32s(&inputs[0]), f32s(&inputs[1]), ids])?;
+            let y = step(op, Op::Binary(BinaryOp::Mul), &[(y, DType::F32), f32s(&inputs[3])])?;
+            let [n, k, t, _] = y.ne;
+            let mut slots_first = vec![0.0; y.data.len()];
+            for (i, v) in y.data.iter().enumerate() {
+                let (m, u, tt) = (i % n, i / n % k, i / (n * k));
+                slots_first[u + k * (m + n * tt)] = *v;
+            }
+            let summed = step(op, Op::SumRows, &[(RefTensor::new([k, n, t, 1], slots_first), DType::F32)])?;
+            RefTensor::new([n, t, 1, 1], summed.data)
+        }
         // swiglu(mul_mat_id(wg, x, ids), mul_mat_id(wu, x, ids))
         Op::MulMatIdSwiglu => {
             let ids = (inputs[3].clone(), DType::I32);

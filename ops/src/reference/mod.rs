@@ -100,9 +100,8 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
         | Op::MulMatSwiglu
-        | Op::MulMatIdSwiglu => {
-            fused::compute_fused(op, inputs, out)
-        }
+        | Op::MulMatIdSwiglu
+        | Op::MulMatIdWeightedSum => fused::compute_fused(op, inputs, out),
         Op::Elementwise(p) => elemfuse::compute_program(p, inputs, out),
         Op::SsmConvUpdate { .. } | Op::GatedDeltaNet(_) => Err(KernelError::Unsupported {
             op: op.name(),

@@ -1,5 +1,5 @@
 //! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights,
-//! mul_mat_swiglu, mul_mat_id_swiglu.
+//! mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
 //!
 //! Each is defined by the subgraph it replaces (docs/OPS.md, "Fused ops"), so its rules are that
 //! subgraph's rules narrowed to what the fusion passes emit: f32 everywhere (the composition would
@@ -101,6 +101,21 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             expect_gate_up(op, inputs[0], inputs[1])?;
             super::matmul::mul_mat_id(op, &[inputs[0], inputs[2], inputs[3]]).map_err(past_up)
         }
+        Op::MulMatIdWeightedSum => {
+            expect_arity(op, inputs, 4)?;
+            let y = super::matmul::mul_mat_id(op, &inputs[..3])?; // [N, n_used, n_tokens]
+            let w = inputs[3];
+            expect_dtype(op, 3, w, DType::F32, "f32 router weights")?;
+            if w.ne != [1, y.ne[1], y.ne[2], 1] {
+                return Err(OpError::ShapeMismatch {
+                    op: name,
+                    lhs: y.ne,
+                    rhs: w.ne,
+                    why: "the router weights must be [1, n_used, n_tokens, 1]".into(),
+                });
+            }
+            contiguous(op, DType::F32, [y.ne[0], y.ne[2], 1, 1])
+        }
         _ => unreachable!("fused::infer called for {op}"),
     }
 }
@@ -197,6 +212,11 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
         Op::GatedRmsNorm(_) => n_in.saturating_mul(12),
         Op::SoftmaxTopK { .. } => n_in.saturating_mul(13),
         Op::MoeWeights => n_in.saturating_mul(5).saturating_add((out.nelements() as u64).saturating_mul(2)),
+        // the product's 2 K per expert output, then 2 to weigh and sum it
+        Op::MulMatIdWeightedSum => {
+            let slots = inputs[2].ne[0] as u64;
+            (2 * inputs[0].ne[0] as u64 + 2).saturating_mul(slots).saturating_mul(out.nelements() as u64)
+        }
         // two products of 2 K per output element, then swiglu's 6
         Op::MulMatSwiglu | Op::MulMatIdSwiglu => {
             (4 * inputs[0].ne[0] as u64 + 6).saturating_mul(out.nelements() as u64)

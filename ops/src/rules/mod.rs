@@ -56,9 +56,8 @@ pub fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
         | Op::MulMatSwiglu
-        | Op::MulMatIdSwiglu => {
-            fused::infer(op, inputs)
-        }
+        | Op::MulMatIdSwiglu
+        | Op::MulMatIdWeightedSum => fused::infer(op, inputs),
         Op::Elementwise(p) => elemfuse::infer(op, p, inputs),
     }
 }
@@ -101,9 +100,8 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
         | Op::MulMatSwiglu
-        | Op::MulMatIdSwiglu => {
-            fused::flops(op, inputs, out)
-        }
+        | Op::MulMatIdSwiglu
+        | Op::MulMatIdWeightedSum => fused::flops(op, inputs, out),
         Op::Elementwise(p) => elemfuse::flops(p, out),
         _ => 0,
     };
@@ -115,6 +113,10 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::Cpy => bytes = size(inputs[0]).saturating_add(size(inputs[1])),
         // Only the routed experts' weights are read.
         Op::MulMatId => bytes = matmul::mul_mat_id_bytes(inputs, out),
+        // The routed experts' weights, the activations, the ids, the router weights, the output.
+        Op::MulMatIdWeightedSum => {
+            bytes = matmul::mul_mat_id_bytes(&inputs[..3], out).saturating_add(size(inputs[3]));
+        }
         // Both weights' routed experts, the activations, the ids and the output once.
         Op::MulMatIdSwiglu => {
             let (wg, wu, x, ids) = (inputs[0], inputs[1], inputs[2], inputs[3]);
