@@ -37,5 +37,5 @@ pub use graph::{DescriptorChange, Graph, GraphError, LeafKind, Node, NodeId, Nod
 pub use plan::{MemoryStats, Plan, PlanOptions};
 pub use refusing::Refusing;
 pub use rewrite::{FuseStats, FusedOutput, Fusion, FusionError, Remap};
-pub use session::{ExecError, Executable, Session, SessionOptions};
+pub use session::{ExecError, Executable, Session, SessionOptions, SharedArenas};
 pub use tessera_ops::{DType, Op, TensorMeta};

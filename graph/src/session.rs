@@ -65,6 +65,11 @@ pub enum ExecError {
          output, or place the graph with `keep_intermediates`"
     )]
     NotKept { node: NodeId, label: &'static str },
+
+    #[error(
+        "guard bytes need an arena of the graph's own: a shared arena's guards are overwritten by the other graphs"
+    )]
+    SharedArenaGuards,
 }
 
 /// Options for placing a graph.
@@ -86,6 +91,65 @@ impl SessionOptions {
 }
 
 const GUARD_BYTE: u8 = 0xA7;
+
+/// Arena buffers shared by executables that never run at the same time, such as a model's step
+/// graphs (one runs, its outputs are read, then the next runs): one buffer per backend, as large
+/// as the largest plan placed in it, instead of one per executable. A plan larger than the
+/// buffer replaces it (with a quarter of headroom) and starts a new generation: executables
+/// placed in an older one point at freed memory and must be placed again before they run
+/// ([`Executable::arena_generation`]).
+#[derive(Debug, Default)]
+pub struct SharedArenas {
+    buffers: Vec<Option<(BufferId, usize)>>,
+    generation: u64,
+}
+
+impl SharedArenas {
+    pub fn new() -> SharedArenas {
+        SharedArenas::default()
+    }
+
+    /// Bumped each time a buffer is replaced or freed.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Bytes of the buffers held, all backends together.
+    pub fn bytes(&self) -> usize {
+        self.buffers.iter().flatten().map(|&(_, n)| n).sum()
+    }
+
+    /// Frees the buffers on `backends` (those the executables were placed on); executables
+    /// placed before are stale from then on.
+    pub fn free(&mut self, backends: &mut [&mut dyn Backend]) {
+        for (b, slot) in self.buffers.iter_mut().enumerate() {
+            if let (Some((buffer, _)), Some(be)) = (slot.take(), backends.get_mut(b)) {
+                be.free(buffer);
+            }
+        }
+        self.generation += 1;
+    }
+
+    /// Backend `b`'s arena for a plan of `bytes`, replaced by a larger one when too small.
+    fn arena(&mut self, backends: &mut [&mut dyn Backend], b: usize, bytes: usize) -> Result<BufferId, ExecError> {
+        if self.buffers.len() <= b {
+            self.buffers.resize(b + 1, None);
+        }
+        if let Some((buffer, have)) = self.buffers[b]
+            && have >= bytes
+        {
+            return Ok(buffer);
+        }
+        if let Some((old, _)) = self.buffers[b].take() {
+            backends[b].free(old);
+        }
+        self.generation += 1;
+        let size = bytes.saturating_add(bytes / 4);
+        let buffer = backends[b].alloc(size)?;
+        self.buffers[b] = Some((buffer, size));
+        Ok(buffer)
+    }
+}
 
 /// A task with its placement resolved once.
 #[derive(Debug, Clone)]
@@ -128,6 +192,8 @@ struct Placement {
     guarded: Vec<(usize, BufferId, usize, usize)>,
     segments: Vec<Segment>,
     guard: usize,
+    /// The generation of the shared arenas it was placed in, if it was.
+    arena_generation: Option<u64>,
 }
 
 impl Placement {
@@ -136,7 +202,11 @@ impl Placement {
         backends: &mut [&mut dyn Backend],
         opts: SessionOptions,
         bindings: &[(Tensor, TensorRef)],
+        mut shared: Option<&mut SharedArenas>,
     ) -> Result<Placement, ExecError> {
+        if shared.is_some() && opts.guard_bytes > 0 {
+            return Err(ExecError::SharedArenaGuards);
+        }
         let mut bound: Vec<Option<TensorRef>> = vec![None; graph.len()];
         for (t, place) in bindings {
             let node = match graph.tensor(t.id()) {
@@ -169,10 +239,11 @@ impl Placement {
             guarded: Vec::new(),
             segments: Vec::new(),
             guard: opts.guard_bytes,
+            arena_generation: None,
             plan,
         };
         // From here on an error must free what was allocated: the caller never sees `p`.
-        match p.realise(graph, backends, &bound) {
+        match p.realise(graph, backends, &bound, shared.as_deref_mut()) {
             Ok(()) => Ok(p),
             Err(e) => {
                 p.free(backends);
@@ -186,16 +257,25 @@ impl Placement {
         graph: &Graph,
         backends: &mut [&mut dyn Backend],
         bound: &[Option<TensorRef>],
+        mut shared: Option<&mut SharedArenas>,
     ) -> Result<(), ExecError> {
         let guard = self.guard;
         let mut arenas: Vec<Option<BufferId>> = vec![None; backends.len()];
         for (b, &bytes) in self.plan.arenas.iter().enumerate() {
-            if bytes > 0 {
-                let buffer = backends[b].alloc(bytes)?;
-                self.owned.push((b, buffer));
-                arenas[b] = Some(buffer);
+            if bytes == 0 {
+                continue;
             }
+            arenas[b] = Some(match shared.as_deref_mut() {
+                Some(s) => s.arena(backends, b, bytes)?,
+                None => {
+                    let buffer = backends[b].alloc(bytes)?;
+                    self.owned.push((b, buffer));
+                    buffer
+                }
+            });
         }
+        // (read after every arena is in place: growing one bumps the generation)
+        self.arena_generation = shared.map(|s| s.generation());
         if guard > 0 {
             for iv in &self.plan.intervals {
                 if let Some(arena) = arenas[iv.backend] {
@@ -473,7 +553,7 @@ impl<'g, 'b> Session<'g, 'b> {
         if backends.is_empty() {
             return Err(ExecError::NoBackend);
         }
-        let placement = Placement::new(graph, &mut backends, opts, bindings)?;
+        let placement = Placement::new(graph, &mut backends, opts, bindings, None)?;
         Ok(Session { graph, backends, held: Held::Own(Box::new(placement)) })
     }
 
@@ -643,8 +723,31 @@ impl Executable {
         if backends.is_empty() {
             return Err(ExecError::NoBackend);
         }
-        let placement = Placement::new(&graph, backends, opts, bindings)?;
+        let placement = Placement::new(&graph, backends, opts, bindings, None)?;
         Ok(Executable { graph, placement, backends: backends.len() })
+    }
+
+    /// As [`Executable::scheduled`], with each backend's arena taken from `shared` (grown when
+    /// the plan needs more) instead of allocated for this executable alone. It may run only
+    /// while `shared` is at the generation it was placed in ([`Executable::arena_generation`]),
+    /// and its outputs are only good until another executable of `shared` runs.
+    pub fn scheduled_shared(
+        graph: Graph,
+        backends: &mut [&mut dyn Backend],
+        opts: SessionOptions,
+        bindings: &[(Tensor, TensorRef)],
+        shared: &mut SharedArenas,
+    ) -> Result<Executable, ExecError> {
+        if backends.is_empty() {
+            return Err(ExecError::NoBackend);
+        }
+        let placement = Placement::new(&graph, backends, opts, bindings, Some(shared))?;
+        Ok(Executable { graph, placement, backends: backends.len() })
+    }
+
+    /// The generation of the [`SharedArenas`] it was placed in (`None`: arenas of its own).
+    pub fn arena_generation(&self) -> Option<u64> {
+        self.placement.arena_generation
     }
 
     pub fn graph(&self) -> &Graph {

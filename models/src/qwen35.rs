@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use tessera_graph::passes::{PassReport, PassRun, Pipeline, UnknownPass};
 use tessera_graph::{
-    Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, Tensor, TensorRef,
+    Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, SharedArenas, Tensor, TensorRef,
 };
 use tessera_ops::sample::SampleSettings;
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, RopePairing, RopeParams, TensorMeta};
@@ -67,7 +67,8 @@ pub struct ModelOptions {
     /// replayed instead of built again every step. A GPU backend wants e.g. 256, the CPU 32.
     pub kv_pad: usize,
     /// Planned step graphs kept (one per shape [`Bucket`]); the least recently used are freed
-    /// beyond it.
+    /// beyond it. They share one activation arena per backend (steps run one at a time), so a
+    /// graph held costs its small input buffers and, on a GPU, its captured CUDA graph.
     pub step_graphs: usize,
 }
 
@@ -81,7 +82,7 @@ impl Default for ModelOptions {
             policy: AllocPolicy::InOrder,
             n_slots: 4,
             kv_pad: 1,
-            step_graphs: 8,
+            step_graphs: 64,
         }
     }
 }
@@ -191,10 +192,12 @@ struct StepGraph {
     used: u64,
 }
 
-/// Planned step graphs kept per [`Bucket`], least recently used evicted beyond `capacity`.
+/// Planned step graphs kept per [`Bucket`], least recently used evicted beyond `capacity`, all
+/// placed in one shared arena per backend.
 #[derive(Debug, Default)]
 struct StepCache {
     graphs: HashMap<Bucket, StepGraph>,
+    arenas: SharedArenas,
     clock: u64,
     capacity: usize,
     stats: StepCacheStats,
@@ -207,9 +210,11 @@ pub struct StepCacheStats {
     pub built: u64,
     /// Steps that reused a planned graph.
     pub reused: u64,
-    /// Planned graphs dropped to stay within the capacity.
+    /// Planned graphs dropped: to stay within the capacity, or placed in a shared arena since
+    /// replaced by a larger one.
     pub evicted: u64,
-    /// Arena bytes of the planned graphs held now.
+    /// Bytes of the shared activation arenas (as large as the largest step planned, plus a
+    /// quarter).
     pub arena_bytes: usize,
 }
 
@@ -438,6 +443,7 @@ impl Model {
         for (_, mut sg) in self.steps.graphs.drain() {
             sg.exe.free(backends);
         }
+        self.steps.arenas.free(backends);
         let Some(backend) = backends.first_mut() else { return };
         let backend = &mut **backend;
         self.steps.stats.arena_bytes = 0;
@@ -665,8 +671,15 @@ impl Model {
         if self.steps.graphs.get(&bucket).is_some_and(|g| g.exe.n_backends() != backends.len())
             && let Some(mut old) = self.steps.graphs.remove(&bucket)
         {
-            self.steps.stats.arena_bytes -= old.exe.plan().stats.arena_bytes;
             old.exe.free(backends);
+        }
+        // So is one placed in an arena since replaced by a larger one.
+        let generation = Some(self.steps.arenas.generation());
+        if self.steps.graphs.get(&bucket).is_some_and(|g| g.exe.arena_generation() != generation)
+            && let Some(mut old) = self.steps.graphs.remove(&bucket)
+        {
+            old.exe.free(backends);
+            self.steps.stats.evicted += 1;
         }
         self.steps.clock += 1;
         let clock = self.steps.clock;
@@ -676,14 +689,13 @@ impl Model {
             while self.steps.graphs.len() >= self.steps.capacity {
                 let Some((&oldest, _)) = self.steps.graphs.iter().min_by_key(|(_, g)| g.used) else { break };
                 if let Some(mut old) = self.steps.graphs.remove(&oldest) {
-                    self.steps.stats.arena_bytes -= old.exe.plan().stats.arena_bytes;
                     old.exe.free(backends);
                     self.steps.stats.evicted += 1;
                 }
             }
             let sg = self.build_step(backends, bucket)?;
             self.steps.stats.built += 1;
-            self.steps.stats.arena_bytes += sg.exe.plan().stats.arena_bytes;
+            self.steps.stats.arena_bytes = self.steps.arenas.bytes();
             self.steps.graphs.insert(bucket, sg);
         }
         let sg = self.steps.graphs.get_mut(&bucket).expect("present or inserted above");
@@ -744,7 +756,13 @@ impl Model {
         let io = io.remap(&run)?;
         let binds = binds.into_iter().map(|(t, r)| Ok((run.tensor(t)?, r))).collect::<Result<Vec<_>, GraphError>>()?;
         self.pass_reports = run.reports;
-        let exe = Executable::scheduled(run.graph, backends, SessionOptions::default(), &binds)?;
+        let exe = Executable::scheduled_shared(
+            run.graph,
+            backends,
+            SessionOptions::default(),
+            &binds,
+            &mut self.steps.arenas,
+        )?;
         Ok(StepGraph { exe, io, used: 0 })
     }
 
