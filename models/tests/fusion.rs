@@ -69,6 +69,10 @@ fn the_passes_fire_on_the_model_and_keep_its_logits() {
         let moe_layers = if moe { layers } else { 0 };
         assert_eq!(chains.applied, layers + moe_layers, "{p}");
         assert_eq!(chains.nodes_removed, 2 * (layers - attn) + attn + 2 * moe_layers, "{p}");
+        // gate_up_swiglu: the dense FFN's products, or the routed experts' and the shared
+        // expert's, each pair with its swiglu (two ops removed a fusion).
+        let glu = s.reports.iter().find(|r| r.pass == "gate_up_swiglu").expect("the pass ran");
+        assert_eq!((glu.applied, glu.nodes_removed), (layers + moe_layers, 2 * (layers + moe_layers)), "{p}");
         let mut m = m;
         m.free(&mut be);
     }

@@ -23,6 +23,25 @@ pub enum KernelError {
     BadValue { op: &'static str, row: usize, what: &'static str, value: f64, expected: &'static str },
 }
 
+impl KernelError {
+    /// The same error reported by `fused`: a fused op that runs another op's kernel (or
+    /// reference) as a step of its composition names itself in that step's errors.
+    pub fn in_op(self, fused: &'static str) -> KernelError {
+        use KernelError as E;
+        match self {
+            E::IndexOutOfRange { index, limit, what, .. } => E::IndexOutOfRange { op: fused, index, limit, what },
+            E::DuplicateIndex { index, first, second, what, .. } => {
+                E::DuplicateIndex { op: fused, index, first, second, what }
+            }
+            E::Unsupported { why, .. } => E::Unsupported { op: fused, why },
+            E::ValueOutOfRange { what, at, value, low, high, .. } => {
+                E::ValueOutOfRange { op: fused, what, at, value, low, high }
+            }
+            E::BadValue { row, what, value, expected, .. } => E::BadValue { op: fused, row, what, value, expected },
+        }
+    }
+}
+
 /// The `seq_offsets` of a ragged token batch (`n_seq + 1` values; sequence `s` owns tokens
 /// `offsets[s] .. offsets[s + 1]`), checked in order: each value must lie in
 /// `previous..=n_tokens` (the first in `0..=n_tokens`), else [`KernelError::ValueOutOfRange`]

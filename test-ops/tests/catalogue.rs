@@ -75,6 +75,8 @@ fn every_op() -> Vec<Op> {
         Op::GatedRmsNorm(norm),
         Op::SoftmaxTopK { k: 1 },
         Op::MoeWeights,
+        Op::MulMatSwiglu,
+        Op::MulMatIdSwiglu,
     ]);
     let neg = tessera_ops::ElemInstr::Unary(UnaryOp::Neg, tessera_ops::ElemArg::Input(0));
     ops.push(Op::Elementwise(tessera_ops::ElemProgram::new(1, vec![neg]).expect("a valid program")));
@@ -125,6 +127,8 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::GatedRmsNorm(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
+        | Op::MulMatSwiglu
+        | Op::MulMatIdSwiglu
         | Op::Elementwise(_) => op.name(),
     }
 }

@@ -204,11 +204,17 @@ fn unsupported_list(id: PreparedId) -> BackendError {
 }
 
 /// True when input `input` of `op` may be block-quantized on this backend: the kernels that read
-/// whole dense rows of blocks (get_rows and set_rows sources, mul_mat / mul_mat_id weights,
-/// dequantize). The shape rules decide the rest (e.g. they refuse quantized elementwise inputs);
-/// this list keeps a kernel that reads elements one by one from ever seeing blocks.
+/// whole dense rows of blocks (get_rows and set_rows sources, mul_mat / mul_mat_id weights and
+/// the gate and up weights of their swiglu fusions, dequantize). The shape rules decide the rest
+/// (e.g. they refuse quantized elementwise inputs); this list keeps a kernel that reads elements
+/// one by one from ever seeing blocks.
 fn reads_quantized(op: &Op, input: usize) -> bool {
-    matches!((op, input), (Op::GetRows | Op::MulMat | Op::MulMatId | Op::Dequantize, 0) | (Op::SetRows, 1))
+    matches!(
+        (op, input),
+        (Op::GetRows | Op::MulMat | Op::MulMatId | Op::Dequantize, 0)
+            | (Op::SetRows, 1)
+            | (Op::MulMatSwiglu | Op::MulMatIdSwiglu, 0 | 1)
+    )
 }
 
 /// True when `op` may write a block-quantized output (quantize; whole rows of blocks).
@@ -428,6 +434,8 @@ fn dispatch(
         Op::RmsNormMul(p) => fused::rms_norm_mul(p.eps, input(0)?, input(1)?, &mut dst),
         Op::GatedRmsNorm(p) => fused::gated_rms_norm(p.eps, input(0)?, input(1)?, input(2)?, &mut dst),
         Op::SoftmaxTopK { k } => fused::softmax_top_k(*k, input(0)?, &mut dst),
+        Op::MulMatSwiglu => fused::mul_mat_swiglu(input(0)?, input(1)?, input(2)?, &mut dst),
+        Op::MulMatIdSwiglu => fused::mul_mat_id_swiglu(input(0)?, input(1)?, input(2)?, input(3)?, &mut dst),
         Op::Elementwise(p) => {
             let xs: SmallVec<[Src<'_>; 6]> = (0..p.n_inputs()).map(input).collect::<Result<_, _>>()?;
             elemfuse::elementwise(p, &xs, &mut dst);

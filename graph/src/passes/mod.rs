@@ -14,12 +14,14 @@
 
 mod elementwise;
 mod fold_scales;
+mod gate_up;
 mod moe_router;
 mod norms;
 pub mod pattern;
 
 pub use elementwise::ElementwiseChains;
 pub use fold_scales::FoldScales;
+pub use gate_up::GateUpSwiglu;
 pub use moe_router::{MoeWeights, SoftmaxTopK};
 pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul};
 
@@ -117,6 +119,7 @@ pub fn standard() -> Pipeline {
         .with(MoeWeights)
         .with(FoldScales)
         .with(ElementwiseChains)
+        .with(GateUpSwiglu)
 }
 
 impl Pipeline {

@@ -117,7 +117,8 @@ fn step(fused: &Op, op: Op, inputs: &[(RefTensor, DType)]) -> Result<RefTensor, 
     let refs: Vec<&TensorMeta> = metas.iter().collect();
     let out = infer(&op, &refs).map_err(|e| unsupported(format!("{op} in the composition: {e}")))?;
     let values: Vec<RefTensor> = inputs.iter().map(|(t, _)| t.clone()).collect();
-    compute(&op, &values, &out)
+    // A data error of a step (mul_mat_id's expert ids) is the fused op's.
+    compute(&op, &values, &out).map_err(|e| e.in_op(fused.name()))
 }
 
 #[cfg(test)]
@@ -181,5 +182,37 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err, KernelError::IndexOutOfRange { op: "moe_weights", index: 3, limit: 3, what: "expert id" });
+    }
+
+    fn silu(x: f64) -> f64 {
+        x / (1. + (-x).exp())
+    }
+
+    #[test]
+    fn gate_up_products_and_their_glu() {
+        // gate = [1, 0] . [3, 5] = 3, up = [0, 2] . [3, 5] = 10
+        let y = run(
+            &Op::MulMatSwiglu,
+            &[([2, 1, 1, 1], vec![1., 0.]), ([2, 1, 1, 1], vec![0., 2.]), ([2, 1, 1, 1], vec![3., 5.])],
+        );
+        assert_eq!(y.ne, [1, 1, 1, 1]);
+        assert_close(&y.data, &[silu(3.) * 10.]);
+        // experts 0 and 1: gate rows [1, 0] and [0, 1], up rows [1, 1] and [2, 0]; slot 0 routes
+        // to expert 1 (gate 5, up 6), slot 1 to expert 0 (gate 3, up 8)
+        let experts = |v: [f64; 4]| (DType::F32, [2, 1, 2, 1], v.to_vec());
+        let x = (DType::F32, [2, 1, 1, 1], vec![3., 5.]);
+        let ids = |v: [f64; 2]| (DType::I32, [2, 1, 1, 1], v.to_vec());
+        let routed = |i: [f64; 2]| {
+            run_typed(&Op::MulMatIdSwiglu, &[experts([1., 0., 0., 1.]), experts([1., 1., 2., 0.]), x.clone(), ids(i)])
+        };
+        let y = routed([1., 0.]).unwrap();
+        assert_eq!(y.ne, [1, 2, 1, 1]);
+        assert_close(&y.data, &[silu(5.) * 6., silu(3.) * 8.]);
+        // a bad id is the fused op's error, not its mul_mat_id step's
+        let err = routed([1., 2.]).unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::IndexOutOfRange { op: "mul_mat_id_swiglu", index: 2, limit: 2, what: "expert id" }
+        );
     }
 }

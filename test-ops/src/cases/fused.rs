@@ -1,11 +1,12 @@
 //! Fused ops (issue 21): add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k,
-//! moe_weights, judged like every op (the CPU by the f64 reference, which is the composition of
-//! the replaced ops; other backends by the CPU).
+//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, judged like every op (the CPU by the f64
+//! reference, which is the composition of the replaced ops; other backends by the CPU).
 //!
 //! Shapes: the Qwen3.6 35B-A3B sizes (n_embd 2048, DeltaNet rows of S_v = 128 over 32 value
-//! heads, attention heads of 256, a router of 8 of 256 experts) at a few tokens, odd sizes, rows
-//! long enough for each CUDA kernel shape (a warp per row up to 256, a block up to 8192, a loop
-//! beyond; router rows up to 1024 in two layouts), broadcast weights and strided inputs.
+//! heads, attention heads of 256, a router of 8 of 256 experts, expert and shared-expert FFNs of
+//! 512) at a few tokens, odd sizes, rows long enough for each CUDA kernel shape (a warp per row up
+//! to 256, a block up to 8192, a loop beyond; router rows up to 1024 in two layouts), broadcast
+//! weights and strided inputs.
 //!
 //! **Router ties** ([`tie_judge`]): softmax can round distinct logits to one probability (when
 //! `x - max` rounds to the same f32), and then top_k's rule picks the lower index, where the f64
@@ -14,7 +15,9 @@
 //! rule, computed here from the logits (on the CPU, they are the composition's bit for bit).
 
 use tessera_graph::{Graph, GraphError, Tensor};
+use tessera_ops::DType;
 
+use super::quant::{BLOCK_WINDOW, QUANTS};
 use super::{F32, I32, sh};
 use crate::case::{Case, Generator, Init, InputSpec as In, Layout};
 use crate::check::{Comparison, Mismatch};
@@ -25,6 +28,8 @@ pub(super) fn cases(out: &mut Vec<Case>) {
     gated_rms_norm(out);
     softmax_top_k(out);
     moe_weights(out);
+    mul_mat_swiglu(out);
+    mul_mat_id_swiglu(out);
 }
 
 const EPS: f32 = 1e-6;
@@ -375,6 +380,169 @@ fn route(g: &mut Graph, logits: Tensor, k: usize) -> Result<Tensor, GraphError> 
     g.moe_weights(logits, sel)
 }
 
+/// f32 weights and the two block formats.
+const GATE_UP_TYPES: [DType; 3] = [F32, QUANTS[0], QUANTS[1]];
+
+/// One gate-and-up case: weights `[k, m, bs_a]` of `type_a` (gate and up), activations
+/// `[k, n, bs_b]` f32.
+#[derive(Debug, Clone, Copy)]
+struct GateUp {
+    type_a: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    bs_a: [usize; 2],
+    bs_b: [usize; 2],
+    layout_w: Layout,
+    layout_x: Layout,
+}
+
+impl GateUp {
+    fn new(type_a: DType, m: usize, n: usize, k: usize) -> Self {
+        let (bs, cont) = ([1, 1], Layout::Contiguous);
+        GateUp { type_a, m, n, k, bs_a: bs, bs_b: bs, layout_w: cont, layout_x: cont }
+    }
+
+    /// Labelled like mul_mat's: `mul_mat_swiglu(type_a=q8_0,m=..,n=..,k=..,bs=[..],nr=[..])`.
+    fn case(self) -> Case {
+        let GateUp { type_a, m, n, k, bs_a, bs_b, .. } = self;
+        let nr = [bs_b[0] / bs_a[0], bs_b[1] / bs_a[1]];
+        let w = [k, m, bs_a[0], bs_a[1]];
+        Case::new(
+            "mul_mat_swiglu",
+            format_args!("type_a={type_a},m={m},n={n},k={k},bs=[{},{}],nr=[{},{}]", bs_a[0], bs_a[1], nr[0], nr[1]),
+            vec![
+                In::new("wg", type_a, w).layout(self.layout_w),
+                In::new("wu", type_a, w).layout(self.layout_w),
+                In::new("x", F32, [k, n, bs_b[0], bs_b[1]]).layout(self.layout_x),
+            ],
+            |g, x| g.mul_mat_swiglu(x[0], x[1], x[2]),
+        )
+    }
+}
+
+fn mul_mat_swiglu(out: &mut Vec<Case>) {
+    // The 35B-A3B's shared expert (2048 -> 512) at decode and 5 tokens, and scaled down (256 ->
+    // 96) at 1, 2, 5 and 17 tokens: dot products, and past 16 tokens the GEMM path for quantized
+    // weights.
+    for type_a in GATE_UP_TYPES {
+        for n in [1, 2, 5, 17] {
+            out.push(GateUp::new(type_a, 96, n, 256).case());
+        }
+        for n in [1, 5] {
+            out.push(GateUp::new(type_a, 512, n, 2048).case());
+        }
+    }
+    // Odd sizes, the dense model's FFN at 2 tokens (64 -> 128, tiny), weights broadcast over
+    // batches of activations.
+    out.push(GateUp::new(F32, 7, 3, 33).case());
+    out.push(GateUp::new(F32, 128, 2, 64).case());
+    for type_a in GATE_UP_TYPES {
+        out.push(GateUp { bs_a: [2, 1], bs_b: [4, 1], ..GateUp::new(type_a, 16, 3, 128) }.case());
+    }
+    // Strided: transposed or windowed activations, windowed weights (dense rows of whole blocks).
+    for type_a in GATE_UP_TYPES {
+        out.push(GateUp { layout_x: Layout::TRANSPOSED, ..GateUp::new(type_a, 24, 6, 128) }.case());
+        out.push(GateUp { layout_w: BLOCK_WINDOW, layout_x: Layout::WINDOW, ..GateUp::new(type_a, 24, 2, 128) }.case());
+    }
+}
+
+/// One routed gate-and-up case: experts `[k, m, n_expert]` of `type_a` (gate and up),
+/// activations `[k, n_b, n_tokens]`, ids `[n_used, n_tokens]` (distinct experts a token unless
+/// `ids` says otherwise).
+#[derive(Debug, Clone, Copy)]
+struct GateUpId {
+    type_a: DType,
+    n_expert: usize,
+    n_used: usize,
+    n_b: usize,
+    m: usize,
+    k: usize,
+    n_tokens: usize,
+    layout_w: Layout,
+    layout_x: Layout,
+    /// How the ids are drawn when not `n_used` distinct experts a token: a label and the init.
+    ids: Option<(&'static str, Init)>,
+}
+
+impl GateUpId {
+    fn new(type_a: DType, n_expert: usize, n_used: usize, n_b: usize, m: usize, k: usize, n_tokens: usize) -> Self {
+        let cont = Layout::Contiguous;
+        GateUpId { type_a, n_expert, n_used, n_b, m, k, n_tokens, layout_w: cont, layout_x: cont, ids: None }
+    }
+
+    /// Labelled like mul_mat_id's: `mul_mat_id_swiglu(type_a=..,n_mats=..,n_used=..,b=..,m=..,n=..,k=..)`.
+    fn case(self) -> Case {
+        let GateUpId { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids, .. } = self;
+        let (ids_label, ids) = match ids {
+            Some((name, init)) => (format!(",ids={name}"), init),
+            None => (String::new(), Init::Ids { rows: n_expert, unique: true }),
+        };
+        let w = [k, m, n_expert, 1];
+        Case::new(
+            "mul_mat_id_swiglu",
+            format_args!(
+                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={m},n={n_tokens},k={k}{ids_label}",
+                sh([k, n_b, n_tokens, 1])
+            ),
+            vec![
+                In::new("wg", type_a, w).layout(self.layout_w),
+                In::new("wu", type_a, w).layout(self.layout_w),
+                In::new("x", F32, [k, n_b, n_tokens, 1]).layout(self.layout_x),
+                In::new("ids", I32, [n_used, n_tokens, 1, 1]).init(ids),
+            ],
+            |g, x| g.mul_mat_id_swiglu(x[0], x[1], x[2], x[3]),
+        )
+    }
+}
+
+/// Ids `[4, 3]` over 8 experts with one out of range (8, token 1 slot 2) and a later -1: the
+/// first in logical order is the error.
+const BAD_GATE_UP_IDS: [i32; 12] = [0, 5, 2, 7, 1, 3, 8, 6, 4, 2, -1, 0];
+
+fn mul_mat_id_swiglu(out: &mut Vec<Case>) {
+    // The 35B-A3B's routed experts scaled down (16 experts top-4, 256 -> 64) at 1, 2, 5 and 17
+    // tokens, the activations one row shared by the slots (the model's gate/up) or one a slot.
+    for type_a in GATE_UP_TYPES {
+        for n_tokens in [1, 2, 5, 17] {
+            for n_b in [1, 4] {
+                out.push(GateUpId::new(type_a, 16, 4, n_b, 64, 256, n_tokens).case());
+            }
+        }
+    }
+    // The 35B-A3B's expert shape (2048 -> 512, 256 experts, top-8) at decode, and its rows over
+    // 16 experts at 5 tokens.
+    out.push(GateUpId::new(QUANTS[1], 256, 8, 1, 512, 2048, 1).case());
+    for type_a in QUANTS {
+        out.push(GateUpId::new(type_a, 16, 8, 1, 512, 2048, 5).case());
+    }
+    // Skewed routing (repeated ids, every pair to one expert: a grouped product of 40 columns),
+    // strided activations and windowed experts.
+    for type_a in GATE_UP_TYPES {
+        let repeats = GateUpId {
+            ids: Some(("repeats", Init::Ids { rows: 8, unique: false })),
+            ..GateUpId::new(type_a, 8, 4, 1, 40, 128, 9)
+        };
+        out.push(repeats.case());
+        let one = GateUpId {
+            ids: Some(("expert0", Init::Ids { rows: 1, unique: false })),
+            ..GateUpId::new(type_a, 8, 8, 1, 40, 128, 5)
+        };
+        out.push(one.case());
+        let strided =
+            GateUpId { layout_w: BLOCK_WINDOW, layout_x: Layout::SWAP12, ..GateUpId::new(type_a, 8, 2, 2, 16, 128, 3) };
+        out.push(strided.case());
+    }
+    // An out-of-range id: the run fails like the judge's, naming the fused op.
+    for type_a in GATE_UP_TYPES {
+        let bad = GateUpId {
+            ids: Some(("bad", Init::Fixed(&BAD_GATE_UP_IDS))),
+            ..GateUpId::new(type_a, 8, 4, 1, 24, 128, 3)
+        };
+        out.push(bad.case().expect_error());
+    }
+}
+
 /// The unfused chains, for perf mode's side-by-side timings (labelled `unfused`); the add's sum
 /// stays a tensor of its own, as in the model step.
 fn unfused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tensor, GraphError> {
@@ -398,6 +566,16 @@ fn unfused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Te
             let p = g.softmax(x[0], 1.0, None)?;
             g.top_k(p, k)
         }
+        "mul_mat_swiglu" => {
+            let gate = g.mul_mat(x[0], x[2])?;
+            let up = g.mul_mat(x[1], x[2])?;
+            g.swiglu(gate, up)
+        }
+        "mul_mat_id_swiglu" => {
+            let gate = g.mul_mat_id(x[0], x[2], x[3])?;
+            let up = g.mul_mat_id(x[1], x[2], x[3])?;
+            g.swiglu(gate, up)
+        }
         "moe_weights" => {
             let [n_expert, n, _, _] = x[0].ne();
             let p = g.softmax(x[0], 1.0, None)?;
@@ -420,15 +598,19 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
         "gated_rms_norm" => g.gated_rms_norm(x[0], x[1], x[2], EPS),
         "softmax_top_k" => g.softmax_top_k(x[0], k),
         "moe_weights" => g.moe_weights(x[0], x[1]),
+        "mul_mat_swiglu" => g.mul_mat_swiglu(x[0], x[1], x[2]),
+        "mul_mat_id_swiglu" => g.mul_mat_id_swiglu(x[0], x[1], x[2], x[3]),
         _ => unreachable!("fused: unknown op {op}"),
     }
 }
 
 /// Perf cases at the 35B-A3B shapes for 1, 8, 32 and 512 tokens, each fused op next to the chain
 /// it replaces (same label with `unfused`): the residual add + norm of n_embd 2048, the final
-/// norm, the DeltaNet gate norm (128 x 32 heads), the router (8 of 256).
+/// norm, the DeltaNet gate norm (128 x 32 heads), the router (8 of 256); and the FFN's gate and
+/// up projections with their GLU (q8_0 and nvfp4): the routed experts (2048 -> 512, 8 of 256) at
+/// 1, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8.
 pub(super) fn perf_cases() -> Vec<Case> {
-    let mut out = Vec::new();
+    let mut out = gate_up_perf_cases();
     const E: usize = 2048;
     const K: usize = 8;
     for n in [1, 8, 32, 512] {
@@ -463,6 +645,43 @@ pub(super) fn perf_cases() -> Vec<Case> {
                     if is_fused { fused(op, g, x, K) } else { unfused(op, g, x, K) }
                 };
                 out.push(Case::new(op, format_args!("{kind},ne={shape},n_tokens={n}"), inputs.clone(), build));
+            }
+        }
+    }
+    out
+}
+
+/// The gate-and-up perf cases of [`perf_cases`], fused and unfused.
+fn gate_up_perf_cases() -> Vec<Case> {
+    const E: usize = 2048;
+    const FF: usize = 512;
+    let mut out = Vec::new();
+    for type_a in QUANTS {
+        let routed = |n: usize| {
+            vec![
+                In::new("wg", type_a, [E, FF, 256, 1]),
+                In::new("wu", type_a, [E, FF, 256, 1]),
+                In::new("x", F32, [E, 1, n, 1]),
+                In::new("ids", I32, [8, n, 1, 1]).init(Init::Ids { rows: 256, unique: true }),
+            ]
+        };
+        let dense = |n: usize| {
+            vec![
+                In::new("wg", type_a, [E, FF, 1, 1]),
+                In::new("wu", type_a, [E, FF, 1, 1]),
+                In::new("x", F32, [E, n, 1, 1]),
+            ]
+        };
+        let specs = [1, 8, 16].map(|n| ("mul_mat_id_swiglu", "n_mats=256,n_used=8,", n, routed(n)));
+        let shared = [1, 8].map(|n| ("mul_mat_swiglu", "", n, dense(n)));
+        for (op, what, n, inputs) in specs.into_iter().chain(shared) {
+            for is_fused in [true, false] {
+                let kind = if is_fused { "fused" } else { "unfused" };
+                let build = move |g: &mut Graph, x: &[Tensor]| {
+                    if is_fused { fused(op, g, x, 0) } else { unfused(op, g, x, 0) }
+                };
+                let label = format_args!("{kind},type_a={type_a},{what}m={FF},n={n},k={E}");
+                out.push(Case::new(op, label, inputs.clone(), build));
             }
         }
     }

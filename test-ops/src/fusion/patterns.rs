@@ -37,6 +37,7 @@ pub(super) fn generators() -> Vec<PassGenerator> {
         PassGenerator { pass: "moe_weights", cases: moe_weights },
         PassGenerator { pass: "fold_scales", cases: fold_scales },
         PassGenerator { pass: "elementwise_chains", cases: elementwise_chains },
+        PassGenerator { pass: "gate_up_swiglu", cases: gate_up_swiglu },
     ]
 }
 
@@ -45,7 +46,8 @@ pub(super) fn generators() -> Vec<PassGenerator> {
 enum Ctx {
     /// The pattern's result is the graph's output.
     Plain,
-    /// Every float input is read by another op too (an output), and the result by two consumers.
+    /// Every float input is read by another op too (an output; block-quantized weights, which no
+    /// elementwise op reads, excepted), and the result by two consumers.
     Readers,
     /// The result is an output and read by a consumer.
     MidOutput,
@@ -114,7 +116,7 @@ fn embed(
                 consume(g, r, x)
             }
             Ctx::Readers => {
-                for &i in x.iter().filter(|i| i.dtype().is_float()) {
+                for &i in x.iter().filter(|i| i.dtype().is_float() && !i.dtype().is_quantized()) {
                     let y = g.neg(i)?;
                     g.mark_output(y)?;
                 }
@@ -983,6 +985,208 @@ fn elementwise_chains() -> Vec<FusionCase> {
         let a = g.neg(x[0])?;
         g.set_rows(x[0], x[1], x[2])?;
         g.exp(a)
+    }));
+    out
+}
+
+// ---- gate_up_swiglu: swiglu(mul_mat(wg, x), mul_mat(wu, x)), and with mul_mat_id ----
+
+const GUS: &str = "gate_up_swiglu";
+const Q8_0: DType = DType::Q8_0;
+const NVFP4: DType = DType::NvFp4;
+
+/// `swiglu(mul_mat(wg, x), mul_mat(wu, x))`.
+fn dense_glu(g: &mut Graph, x: Tensor, wg: Tensor, wu: Tensor) -> R {
+    let gate = g.mul_mat(wg, x)?;
+    let up = g.mul_mat(wu, x)?;
+    g.swiglu(gate, up)
+}
+
+/// `swiglu(mul_mat_id(wg, x, ids), mul_mat_id(wu, x, ids))`.
+fn routed_glu(g: &mut Graph, x: Tensor, ids: Tensor, wg: Tensor, wu: Tensor) -> R {
+    let gate = g.mul_mat_id(wg, x, ids)?;
+    let up = g.mul_mat_id(wu, x, ids)?;
+    g.swiglu(gate, up)
+}
+
+/// `[x, wg, wu]`: activations `[k, n]` (first, for the in-place context) and two `dt` weights
+/// `[k, m]`.
+fn dense_inputs(dt: DType, k: usize, m: usize, n: usize) -> Vec<In> {
+    vec![In::new("x", F32, [k, n, 1, 1]), In::new("wg", dt, [k, m, 1, 1]), In::new("wu", dt, [k, m, 1, 1])]
+}
+
+/// `[x, ids, wg, wu]`: activations `[k, n_b, n]`, `n_used` distinct experts a token of
+/// `n_expert`, two `dt` expert tensors `[k, m, n_expert]`.
+fn routed_inputs(dt: DType, (n_expert, n_used, n_b): (usize, usize, usize), k: usize, m: usize, n: usize) -> Vec<In> {
+    vec![
+        In::new("x", F32, [k, n_b, n, 1]),
+        In::new("ids", I32, [n_used, n, 1, 1]).init(Init::Ids { rows: n_expert, unique: true }),
+        In::new("wg", dt, [k, m, n_expert, 1]),
+        In::new("wu", dt, [k, m, n_expert, 1]),
+    ]
+}
+
+fn gate_up_swiglu() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // The dense FFN: tiny's (64 -> 128) and tiny-moe's shared expert (64 -> 64), the 35B-A3B's
+    // shared expert (2048 -> 512) in both block formats, odd and drawn sizes (f32).
+    let mut dense = vec![
+        (F32, 64, 128, 1),
+        (F32, 64, 128, 5),
+        (F32, 64, 64, 3),
+        (Q8_0, 2048, 512, 1),
+        (NVFP4, 2048, 512, 2),
+        (Q8_0, 256, 40, 17),
+        (F32, 33, 7, 3),
+        (F32, 1, 1, 1),
+    ];
+    dense.extend(drawn(GUS, 2, 300, 9).into_iter().map(|[k, n, ..]| (F32, k, 24, n)));
+    for (dt, k, m, n) in dense {
+        for ctx in CTXS {
+            let c = core(|g, x| dense_glu(g, x[0], x[1], x[2]));
+            let params = format!("mul_mat,type_a={dt},k={k},m={m},n={n}");
+            out.push(embed(GUS, params, dense_inputs(dt, k, m, n), 1, ctx, c, halve));
+        }
+    }
+    // The routed experts: tiny-moe's (8 experts top-2, 64 -> 64), the 35B-A3B's rows (2048 ->
+    // 512) over 16 experts top-8, activations shared by the slots (the model's) or one a slot.
+    let routed = [
+        (F32, (8, 2, 1), 64, 64, 1),
+        (F32, (8, 2, 1), 64, 64, 6),
+        (F32, (8, 2, 2), 64, 64, 3),
+        (NVFP4, (16, 8, 1), 2048, 512, 1),
+        (Q8_0, (16, 8, 8), 256, 48, 5),
+        (Q8_0, (16, 4, 1), 128, 24, 17),
+    ];
+    for (dt, route, k, m, n) in routed {
+        let (n_expert, n_used, n_b) = route;
+        for ctx in CTXS {
+            let c = core(|g, x| routed_glu(g, x[0], x[1], x[2], x[3]));
+            let params =
+                format!("mul_mat_id,type_a={dt},n_mats={n_expert},n_used={n_used},n_b={n_b},k={k},m={m},n={n}");
+            out.push(embed(GUS, params, routed_inputs(dt, route, k, m, n), 1, ctx, c, halve));
+        }
+    }
+
+    // Variants: operands swapped (the up product's weight becomes the fused op's gate), one weight
+    // as both, strided activations, the model's FFN (router ids, both forms, down projections).
+    let d = || dense_inputs(Q8_0, 128, 24, 3);
+    let r = || routed_inputs(F32, (8, 2, 1), 64, 32, 3);
+    out.push(plain(GUS, "mul_mat,swapped", d(), 1, |g, x| {
+        let gate = g.mul_mat(x[1], x[0])?;
+        let up = g.mul_mat(x[2], x[0])?;
+        g.swiglu(up, gate)
+    }));
+    out.push(plain(GUS, "mul_mat_id,swapped", r(), 1, |g, x| {
+        let gate = g.mul_mat_id(x[2], x[0], x[1])?;
+        let up = g.mul_mat_id(x[3], x[0], x[1])?;
+        g.swiglu(up, gate)
+    }));
+    let one = || d()[..2].to_vec(); // [x, w]
+    out.push(plain(GUS, "mul_mat,one_weight", one(), 1, |g, x| dense_glu(g, x[0], x[1], x[1])));
+    for layout in [Layout::TRANSPOSED, Layout::WINDOW] {
+        let mut inputs = d();
+        inputs[0] = inputs[0].clone().layout(layout);
+        out.push(plain(GUS, "mul_mat,strided", inputs, 1, |g, x| dense_glu(g, x[0], x[1], x[2])));
+    }
+    let mut swapped = r();
+    swapped[0] = In::new("x", F32, [64, 1, 3, 1]).layout(Layout::SWAP12);
+    out.push(plain(GUS, "mul_mat_id,strided", swapped, 1, |g, x| routed_glu(g, x[0], x[1], x[2], x[3])));
+    let (e, ff, n_expert, k, n) = (64, 32, 8, 2, 3);
+    let ffn = vec![
+        In::new("x", F32, [e, n, 1, 1]),
+        In::new("w_inp", F32, [e, n_expert, 1, 1]),
+        In::new("w_ge", F32, [e, ff, n_expert, 1]),
+        In::new("w_ue", F32, [e, ff, n_expert, 1]),
+        In::new("w_de", F32, [ff, e, n_expert, 1]),
+        In::new("w_sg", F32, [e, ff, 1, 1]),
+        In::new("w_su", F32, [e, ff, 1, 1]),
+        In::new("w_sd", F32, [ff, e, 1, 1]),
+    ];
+    out.push(plain(GUS, "qwen35moe_ffn", ffn, 2, move |g, x| {
+        let logits = g.mul_mat(x[1], x[0])?;
+        let probs = g.softmax(logits, 1.0, None)?;
+        let sel = g.top_k(probs, k)?;
+        let cur = g.reshape(x[0], &[e, 1, n])?;
+        let a = routed_glu(g, cur, sel, x[2], x[3])?;
+        let ex = g.mul_mat_id(x[4], a, sel)?; // [e, k, n]
+        let slots_first = g.transpose(ex)?;
+        let moe = g.sum_rows(slots_first)?;
+        let moe = g.reshape(moe, &[e, n])?;
+        let sa = dense_glu(g, x[0], x[5], x[6])?;
+        let sh = g.mul_mat(x[7], sa)?;
+        g.add(moe, sh)
+    }));
+
+    // Near-misses.
+    let d2 = || {
+        let mut v = d();
+        v.push(In::new("x2", F32, [128, 3, 1, 1]));
+        v
+    };
+    out.push(plain(GUS, "miss=other_x", d2(), 0, |g, x| {
+        let gate = g.mul_mat(x[1], x[0])?;
+        let up = g.mul_mat(x[2], x[3])?;
+        g.swiglu(gate, up)
+    }));
+    let mut r2 = r();
+    r2.push(In::new("ids2", I32, [2, 3, 1, 1]).init(Init::Ids { rows: 8, unique: true }));
+    out.push(plain(GUS, "miss=other_ids", r2, 0, |g, x| {
+        let gate = g.mul_mat_id(x[2], x[0], x[1])?;
+        let up = g.mul_mat_id(x[3], x[0], x[4])?;
+        g.swiglu(gate, up)
+    }));
+    out.push(plain(GUS, "miss=gate_read_again", d(), 0, |g, x| {
+        let gate = g.mul_mat(x[1], x[0])?;
+        let up = g.mul_mat(x[2], x[0])?;
+        let other = g.scale(gate, 2.0)?;
+        g.mark_output(other)?;
+        g.swiglu(gate, up)
+    }));
+    out.push(plain(GUS, "miss=up_output", r(), 0, |g, x| {
+        let gate = g.mul_mat_id(x[2], x[0], x[1])?;
+        let up = g.mul_mat_id(x[3], x[0], x[1])?;
+        g.mark_output(up)?;
+        g.swiglu(gate, up)
+    }));
+    let mixed = vec![
+        In::new("x", F32, [128, 3, 1, 1]),
+        In::new("wg", Q8_0, [128, 24, 1, 1]),
+        In::new("wu", NVFP4, [128, 24, 1, 1]),
+    ];
+    out.push(plain(GUS, "miss=mixed_dtypes", mixed, 0, |g, x| dense_glu(g, x[0], x[1], x[2])));
+    out.push(plain(GUS, "miss=one_product_twice", one(), 0, |g, x| {
+        let p = g.mul_mat(x[1], x[0])?;
+        g.swiglu(p, p)
+    }));
+    out.push(plain(GUS, "miss=swiglu_of_halves", one(), 0, |g, x| {
+        let p = g.mul_mat(x[1], x[0])?;
+        g.swiglu_fused(p)
+    }));
+    let mut both = r();
+    both[2] = In::new("w", F32, [64, 32, 1, 1]);
+    both.push(In::new("x3", F32, [64, 2, 3, 1]));
+    out.push(plain(GUS, "miss=dense_and_routed", both, 0, |g, x| {
+        let gate = g.mul_mat(x[2], x[4])?; // [32, 2, 3]
+        let up = g.mul_mat_id(x[3], x[0], x[1])?; // [32, 2, 3]
+        g.swiglu(gate, up)
+    }));
+    out.push(plain(GUS, "miss=view_of_gate", d(), 0, |g, x| {
+        let gate = g.mul_mat(x[1], x[0])?;
+        let up = g.mul_mat(x[2], x[0])?;
+        let v = g.view(gate, gate.ne(), gate.meta().nb, 0)?;
+        g.swiglu(v, up)
+    }));
+    // The activations rewritten between the gate and the up product: the fused op, placed at the
+    // swiglu, would read the new rows for both.
+    let mut written = d();
+    written[0] = written[0].clone().state();
+    written.extend(write_into([128, 3, 1, 1]));
+    out.push(plain(GUS, "miss=in_place_between", written, 0, |g, x| {
+        let gate = g.mul_mat(x[1], x[0])?;
+        g.set_rows(x[0], x[3], x[4])?;
+        let up = g.mul_mat(x[2], x[0])?;
+        g.swiglu(gate, up)
     }));
     out
 }
