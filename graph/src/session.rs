@@ -202,7 +202,7 @@ impl Placement {
         backends: &mut [&mut dyn Backend],
         opts: SessionOptions,
         bindings: &[(Tensor, TensorRef)],
-        mut shared: Option<&mut SharedArenas>,
+        shared: Option<&mut SharedArenas>,
     ) -> Result<Placement, ExecError> {
         if shared.is_some() && opts.guard_bytes > 0 {
             return Err(ExecError::SharedArenaGuards);
@@ -243,7 +243,7 @@ impl Placement {
             plan,
         };
         // From here on an error must free what was allocated: the caller never sees `p`.
-        match p.realise(graph, backends, &bound, shared.as_deref_mut()) {
+        match p.realise(graph, backends, &bound, shared) {
             Ok(()) => Ok(p),
             Err(e) => {
                 p.free(backends);

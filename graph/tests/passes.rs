@@ -192,3 +192,39 @@ fn the_fusion_doc_shows_the_compiled_example_pass() {
         "docs/FUSION.md no longer shows graph/src/passes/fold_scales.rs"
     );
 }
+
+/// qwen35's routed-expert combine: `reshape(sum_rows(transpose(mul(mul_mat_id(experts, a, ids),
+/// w))), [N, n])` over 16 experts 32 -> 24, top-4, 3 tokens; `extra` marks the weighted experts
+/// as an output too (a reader outside the chain).
+fn moe_combine(extra: bool) -> Graph {
+    let mut g = Graph::new();
+    let experts = g.input("experts", F32, [32, 24, 16, 1]).unwrap();
+    let a = g.input("a", F32, [32, 4, 3, 1]).unwrap();
+    let ids = g.input("ids", DType::I32, [4, 3, 1, 1]).unwrap();
+    let w = g.input("w", F32, [1, 4, 3, 1]).unwrap();
+    let ex = g.mul_mat_id(experts, a, ids).unwrap();
+    let ex = g.mul(ex, w).unwrap();
+    if extra {
+        g.mark_output(ex).unwrap();
+    }
+    let s = g.transpose(ex).unwrap();
+    let s = g.sum_rows(s).unwrap();
+    let out = g.reshape(s, &[24, 3]).unwrap();
+    g.mark_output(out).unwrap();
+    g
+}
+
+#[test]
+fn moe_weighted_sum_swallows_the_combine_unless_a_step_is_read_elsewhere() {
+    use tessera_graph::passes::MoeWeightedSum;
+    let fused = MoeWeightedSum.find(&moe_combine(false));
+    assert_eq!(fused.len(), 1);
+    assert_eq!(fused[0].op, Op::MulMatIdWeightedSum);
+    assert_eq!(fused[0].nodes.len(), 5);
+    let run = Pipeline::new().with(MoeWeightedSum).run(moe_combine(false), &all_supported).unwrap();
+    let ops: Vec<&Op> = run.graph.nodes().iter().filter_map(|n| n.op()).collect();
+    assert_eq!(ops, [&Op::MulMatIdWeightedSum]);
+    let out = run.graph.outputs()[0];
+    assert_eq!(run.graph.node(out).meta.ne, [24, 3, 1, 1]);
+    assert!(MoeWeightedSum.find(&moe_combine(true)).is_empty());
+}

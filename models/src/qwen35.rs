@@ -625,12 +625,22 @@ impl Model {
         let mut s = sg.exe.session_on(backends.iter_mut().map(|b| -> &mut dyn Backend { &mut **b }).collect());
         let io = &sg.io;
         s.set_i32(io.tokens, &inp.tokens)?;
-        s.set_i32(io.leaves.positions, &inp.positions)?;
-        s.set_i32(io.leaves.write_cells, &inp.write_cells)?;
-        s.set_i32(io.leaves.block_table, &inp.block_table)?;
-        s.set_i32(io.leaves.seq_offsets, &inp.seq_offsets)?;
-        s.set_i32(io.leaves.kv_lens, &inp.kv_lens)?;
-        s.set_i32(io.leaves.slots, &inp.slots)?;
+        // A leaf no op reads has no memory: the attention's leaves in a model whose blocks are
+        // all gated DeltaNet (fewer than `full_attention_interval`), the state slots in one
+        // without any.
+        let l = &io.leaves;
+        for (t, values) in [
+            (l.positions, &inp.positions),
+            (l.write_cells, &inp.write_cells),
+            (l.block_table, &inp.block_table),
+            (l.seq_offsets, &inp.seq_offsets),
+            (l.kv_lens, &inp.kv_lens),
+            (l.slots, &inp.slots),
+        ] {
+            if s.placement(t).is_some() {
+                s.set_i32(t, values)?;
+            }
+        }
         if let Some(rows) = io.last_rows {
             s.set_i32(rows, &inp.last_rows)?;
         }

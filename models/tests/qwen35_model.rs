@@ -281,3 +281,21 @@ fn f16_kv_cache_stays_close_to_f32() {
         assert!(e <= 1e-4, "{p}: f16 cache nmse {e:e}");
     }
 }
+
+#[test]
+fn a_model_without_attention_layers_runs() {
+    // Two blocks under a full-attention interval of 4: gated DeltaNet only, so the step graph
+    // has no rope positions, KV write cells or block table to fill.
+    let mut config = tessera_models::config::ModelConfig::preset("tiny-moe").unwrap();
+    config.n_layer = 2;
+    config.full_attention_interval = 4;
+    let path = std::env::temp_dir().join(format!("tessera_test_no_attention_{}.gguf", std::process::id()));
+    tessera_models::synth::synthesize(&config, DType::F32, 7, &path, None).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let mut be = CpuBackend::new();
+    let mut m = Model::load(&f, &mut be, opts()).unwrap();
+    let first = m.step_greedy(&mut be, &[(0, &tokens(5, 1))]).unwrap();
+    let next = m.step_greedy(&mut be, &[(0, &first)]).unwrap();
+    assert_eq!((first.len(), next.len()), (1, 1));
+}

@@ -77,6 +77,7 @@ fn every_op() -> Vec<Op> {
         Op::MoeWeights,
         Op::MulMatSwiglu,
         Op::MulMatIdSwiglu,
+        Op::MulMatIdWeightedSum,
     ]);
     let neg = tessera_ops::ElemInstr::Unary(UnaryOp::Neg, tessera_ops::ElemArg::Input(0));
     ops.push(Op::Elementwise(tessera_ops::ElemProgram::new(1, vec![neg]).expect("a valid program")));
@@ -129,6 +130,7 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::MoeWeights
         | Op::MulMatSwiglu
         | Op::MulMatIdSwiglu
+        | Op::MulMatIdWeightedSum
         | Op::Elementwise(_) => op.name(),
     }
 }

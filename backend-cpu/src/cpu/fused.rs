@@ -1,5 +1,5 @@
 //! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights,
-//! mul_mat_swiglu, mul_mat_id_swiglu.
+//! mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
 //!
 //! Each computes exactly what this backend's kernels of the subgraph it replaces compute: the
 //! same f32 operations in the same order (the same `sum_squares`, `silu`, `exp` and `sum`), so a
@@ -218,6 +218,45 @@ fn glu_of_products<'a>(
         return Err(KernelError::Unsupported { op, why: "a product does not fit its scratch".into() });
     };
     elementwise::swiglu(gate, Some(up), dst);
+    Ok(())
+}
+
+/// `sum_u w[0, u, t] * mul_mat_id(experts, x, ids)[:, u, t]`, into `out` f32 `[N, T]`: the
+/// product into scratch `[N, k, T]`, weighted by binary's `mul` kernel, then summed over the
+/// slots by `sum_rows` through the transposed view, as the unfused graph runs them. An id
+/// outside `0..n_expert` is this op's `IndexOutOfRange`, found before anything is written.
+pub(super) fn mul_mat_id_weighted_sum(
+    experts: Src<'_>,
+    x: Src<'_>,
+    ids: Src<'_>,
+    w: Src<'_>,
+    out: &mut [u8],
+    out_meta: &TensorMeta,
+) -> Result<(), KernelError> {
+    const OP: &str = "mul_mat_id_weighted_sum";
+    let unsupported = |why: String| KernelError::Unsupported { op: OP, why };
+    let [n, t, _, _] = out_meta.ne;
+    let k = ids.ne()[0];
+    let meta = TensorMeta::contiguous(OP, DType::F32, [n, k, t, 1]).map_err(|e| unsupported(e.to_string()))?;
+    let mut y = vec![0f32; meta.nelements()];
+    matmul::mul_mat_id(experts, x, ids, bytemuck::cast_slice_mut(&mut y), &meta).map_err(|e| e.in_op(OP))?;
+    let mut weighted = vec![0f32; meta.nelements()];
+    {
+        let product = Src::new(bytemuck::cast_slice(&y), meta).ok_or_else(|| unsupported("scratch".into()))?;
+        let mut dst = Dst::new(bytemuck::cast_slice_mut(&mut weighted), meta)?;
+        elementwise::binary(BinaryOp::Mul, product, w, &mut dst);
+    }
+    // the slots first: [k, N, T] over the weighted [N, k, T]
+    let slots_first = TensorMeta { ne: [k, n, t, 1], nb: [4 * n, 4, 4 * n * k, 4 * n * k * t], ..meta };
+    let weighted =
+        Src::new(bytemuck::cast_slice(&weighted), slots_first).ok_or_else(|| unsupported("scratch".into()))?;
+    // the output's bytes as sum_rows' [1, N, T] (the same contiguous layout)
+    let summed = TensorMeta::contiguous(OP, DType::F32, [1, n, t, 1]).map_err(|e| unsupported(e.to_string()))?;
+    if summed.nbytes_contiguous() != out_meta.nbytes_contiguous() || !out_meta.is_contiguous() {
+        return Err(unsupported(format!("output {:?} is not a contiguous [N, T]", out_meta.ne)));
+    }
+    let mut dst = Dst::new(out, summed)?;
+    reduce::sum_rows(weighted, &mut dst);
     Ok(())
 }
 

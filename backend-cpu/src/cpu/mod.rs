@@ -214,6 +214,7 @@ fn reads_quantized(op: &Op, input: usize) -> bool {
         (Op::GetRows | Op::MulMat | Op::MulMatId | Op::Dequantize, 0)
             | (Op::SetRows, 1)
             | (Op::MulMatSwiglu | Op::MulMatIdSwiglu, 0 | 1)
+            | (Op::MulMatIdWeightedSum, 0)
     )
 }
 
@@ -413,6 +414,9 @@ fn dispatch(
             return fused::add_rms_norm_mul(p.eps, input(0)?, input(1)?, input(2)?, out, out_meta);
         }
         Op::MoeWeights => return fused::moe_weights(input(0)?, input(1)?, out, out_meta),
+        Op::MulMatIdWeightedSum => {
+            return fused::mul_mat_id_weighted_sum(input(0)?, input(1)?, input(2)?, input(3)?, out, out_meta);
+        }
         _ => {}
     }
     let mut dst = Dst::new(out, *out_meta)?;

@@ -16,6 +16,7 @@ mod elementwise;
 mod fold_scales;
 mod gate_up;
 mod moe_router;
+mod moe_weighted_sum;
 mod norms;
 pub mod pattern;
 
@@ -23,6 +24,7 @@ pub use elementwise::ElementwiseChains;
 pub use fold_scales::FoldScales;
 pub use gate_up::GateUpSwiglu;
 pub use moe_router::{MoeWeights, SoftmaxTopK};
+pub use moe_weighted_sum::MoeWeightedSum;
 pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul};
 
 use tessera_ops::{Op, TensorMeta};
@@ -117,6 +119,7 @@ pub fn standard() -> Pipeline {
         .with(RmsNormMul)
         .with(SoftmaxTopK)
         .with(MoeWeights)
+        .with(MoeWeightedSum)
         .with(FoldScales)
         .with(ElementwiseChains)
         .with(GateUpSwiglu)

@@ -81,7 +81,7 @@ fn weights_chain(m: &Matcher<'_>, get: NodeId) -> Option<Fusion> {
         return None;
     }
     // get -> reshape [k, n] read by sum_rows and div only; div(w, sum) -> reshape [1, k, n].
-    let r1 = single(m, get)?;
+    let r1 = m.only_reader(get)?;
     let [k, n1, 1, 1] = m.meta(r1).ne else { return None };
     if n1 != n || !matches!(m.op(r1)?, Op::Reshape { .. }) {
         return None;
@@ -92,20 +92,20 @@ fn weights_chain(m: &Matcher<'_>, get: NodeId) -> Option<Fusion> {
     if m.op(sum)? != &Op::SumRows
         || m.op(div)? != &Op::Binary(BinaryOp::Div)
         || m.inputs(div) != [r1, sum]
-        || single(m, sum)? != div
-        || g_output(m, r1)
+        || m.only_reader(sum)? != div
+        || m.graph().is_output(r1)
     {
         return None;
     }
-    let r2 = single(m, div)?;
+    let r2 = m.only_reader(div)?;
     if !matches!(m.op(r2)?, Op::Reshape { .. }) || m.meta(r2).ne != [1, k, n, 1] {
         return None;
     }
     let mut nodes = vec![get, r1, sum, div, r2];
     // The probabilities go too when nothing else reads them.
-    if single(m, p3) == Some(get) {
+    if m.only_reader(p3) == Some(get) {
         nodes.push(p3);
-        if single(m, probs) == Some(p3) {
+        if m.only_reader(probs) == Some(p3) {
             nodes.push(probs);
         }
     }
@@ -118,19 +118,4 @@ fn weights_chain(m: &Matcher<'_>, get: NodeId) -> Option<Fusion> {
         outputs: vec![(r2, FusedOutput::Whole)],
         recomputes,
     })
-}
-
-/// The one live reader of `id` when `id` is not a graph output (views included, unlike
-/// [`Matcher::sole_user`]: the reshapes of this chain are swallowed with it).
-fn single(m: &Matcher<'_>, id: NodeId) -> Option<NodeId> {
-    if g_output(m, id) {
-        return None;
-    }
-    let mut users = m.users(id);
-    let first = users.next()?;
-    users.next().is_none().then_some(first)
-}
-
-fn g_output(m: &Matcher<'_>, id: NodeId) -> bool {
-    m.graph().is_output(id)
 }

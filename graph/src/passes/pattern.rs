@@ -79,6 +79,17 @@ impl<'g> Matcher<'g> {
         users.next().is_none().then_some(first)
     }
 
+    /// The one live reader of `id` when `id` is not a graph output, views included (unlike
+    /// [`Matcher::sole_user`]): for chains whose reshapes and transposes the fusion swallows.
+    pub fn only_reader(&self, id: NodeId) -> Option<NodeId> {
+        if self.g.is_output(id) {
+            return None;
+        }
+        let mut users = self.users(id);
+        let first = users.next()?;
+        users.next().is_none().then_some(first)
+    }
+
     /// The sole reader of `id` (see [`Matcher::sole_user`]) when it runs an op that `want`
     /// accepts.
     pub fn sole_user_op(&self, id: NodeId, want: impl Fn(&Op) -> bool) -> Option<(NodeId, &'g Op)> {

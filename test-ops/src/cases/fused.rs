@@ -1,5 +1,5 @@
 //! Fused ops (issue 21): add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k,
-//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, judged like every op (the CPU by the f64
+//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, judged like every op (the CPU by the f64
 //! reference, which is the composition of the replaced ops; other backends by the CPU).
 //!
 //! Shapes: the Qwen3.6 35B-A3B sizes (n_embd 2048, DeltaNet rows of S_v = 128 over 32 value
@@ -30,6 +30,7 @@ pub(super) fn cases(out: &mut Vec<Case>) {
     moe_weights(out);
     mul_mat_swiglu(out);
     mul_mat_id_swiglu(out);
+    mul_mat_id_weighted_sum(out);
 }
 
 const EPS: f32 = 1e-6;
@@ -543,6 +544,83 @@ fn mul_mat_id_swiglu(out: &mut Vec<Case>) {
     }
 }
 
+/// One routed down-projection-and-combine case: experts `[k, m, n_expert]` of `type_a`,
+/// activations `[k, n_b, n_tokens]`, distinct ids `[n_used, n_tokens]` (or `ids`), router weights
+/// f32 `[1, n_used, n_tokens]`.
+#[derive(Debug, Clone, Copy)]
+struct WeightedSum {
+    type_a: DType,
+    n_expert: usize,
+    n_used: usize,
+    n_b: usize,
+    m: usize,
+    k: usize,
+    n_tokens: usize,
+    ids: Option<(&'static str, Init)>,
+}
+
+impl WeightedSum {
+    fn new(type_a: DType, n_expert: usize, n_used: usize, n_b: usize, m: usize, k: usize, n_tokens: usize) -> Self {
+        WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids: None }
+    }
+
+    fn inputs(self) -> Vec<In> {
+        let WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids } = self;
+        let ids = ids.map_or(Init::Ids { rows: n_expert, unique: true }, |(_, init)| init);
+        vec![
+            In::new("experts", type_a, [k, m, n_expert, 1]),
+            In::new("x", F32, [k, n_b, n_tokens, 1]),
+            In::new("ids", I32, [n_used, n_tokens, 1, 1]).init(ids),
+            In::new("w", F32, [1, n_used, n_tokens, 1]),
+        ]
+    }
+
+    /// Labelled like mul_mat_id's.
+    fn case(self) -> Case {
+        let WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids } = self;
+        let ids_label = ids.map_or(String::new(), |(name, _)| format!(",ids={name}"));
+        Case::new(
+            "mul_mat_id_weighted_sum",
+            format_args!(
+                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={m},n={n_tokens},k={k}{ids_label}",
+                sh([k, n_b, n_tokens, 1])
+            ),
+            self.inputs(),
+            |g, x| g.mul_mat_id_weighted_sum(x[0], x[1], x[2], x[3]),
+        )
+    }
+}
+
+fn mul_mat_id_weighted_sum(out: &mut Vec<Case>) {
+    // The 35B-A3B's down projection scaled down (16 experts top-4, 64 -> 256) at 1, 2, 5, 17 and
+    // 40 tokens (past a backend's decode path), one activation row a slot (the model's) or one
+    // shared; its real shape (512 -> 2048, 256 experts top-8) at decode and 5 tokens.
+    for type_a in GATE_UP_TYPES {
+        for n_tokens in [1, 2, 5, 17, 40] {
+            for n_b in [4, 1] {
+                out.push(WeightedSum::new(type_a, 16, 4, n_b, 256, 64, n_tokens).case());
+            }
+        }
+    }
+    for n_tokens in [1, 5] {
+        out.push(WeightedSum::new(QUANTS[1], 256, 8, 8, 2048, 512, n_tokens).case());
+    }
+    // Odd rows (a backend's last block of rows), repeated ids, and a bad id naming the op.
+    for type_a in GATE_UP_TYPES {
+        out.push(WeightedSum::new(type_a, 8, 3, 3, 37, 128, 2).case());
+        let repeats = WeightedSum {
+            ids: Some(("repeats", Init::Ids { rows: 8, unique: false })),
+            ..WeightedSum::new(type_a, 8, 4, 4, 40, 128, 9)
+        };
+        out.push(repeats.case());
+        let bad = WeightedSum {
+            ids: Some(("bad", Init::Fixed(&BAD_GATE_UP_IDS))),
+            ..WeightedSum::new(type_a, 8, 4, 4, 24, 128, 3)
+        };
+        out.push(bad.case().expect_error());
+    }
+}
+
 /// The unfused chains, for perf mode's side-by-side timings (labelled `unfused`); the add's sum
 /// stays a tensor of its own, as in the model step.
 fn unfused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tensor, GraphError> {
@@ -576,6 +654,14 @@ fn unfused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Te
             let up = g.mul_mat_id(x[1], x[2], x[3])?;
             g.swiglu(gate, up)
         }
+        "mul_mat_id_weighted_sum" => {
+            let ex = g.mul_mat_id(x[0], x[1], x[2])?;
+            let ex = g.mul(ex, x[3])?;
+            let slots_first = g.transpose(ex)?;
+            let s = g.sum_rows(slots_first)?;
+            let [_, m, n, _] = s.ne();
+            g.reshape(s, &[m, n])
+        }
         "moe_weights" => {
             let [n_expert, n, _, _] = x[0].ne();
             let p = g.softmax(x[0], 1.0, None)?;
@@ -600,6 +686,7 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
         "moe_weights" => g.moe_weights(x[0], x[1]),
         "mul_mat_swiglu" => g.mul_mat_swiglu(x[0], x[1], x[2]),
         "mul_mat_id_swiglu" => g.mul_mat_id_swiglu(x[0], x[1], x[2], x[3]),
+        "mul_mat_id_weighted_sum" => g.mul_mat_id_weighted_sum(x[0], x[1], x[2], x[3]),
         _ => unreachable!("fused: unknown op {op}"),
     }
 }
@@ -608,7 +695,8 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
 /// it replaces (same label with `unfused`): the residual add + norm of n_embd 2048, the final
 /// norm, the DeltaNet gate norm (128 x 32 heads), the router (8 of 256); and the FFN's gate and
 /// up projections with their GLU (q8_0 and nvfp4): the routed experts (2048 -> 512, 8 of 256) at
-/// 1, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8.
+/// 1, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8; the routed down
+/// projection weighted and summed over the slots (512 -> 2048) at 1, 8 and 16.
 pub(super) fn perf_cases() -> Vec<Case> {
     let mut out = gate_up_perf_cases();
     const E: usize = 2048;
@@ -672,15 +760,18 @@ fn gate_up_perf_cases() -> Vec<Case> {
                 In::new("x", F32, [E, n, 1, 1]),
             ]
         };
-        let specs = [1, 8, 16].map(|n| ("mul_mat_id_swiglu", "n_mats=256,n_used=8,", n, routed(n)));
-        let shared = [1, 8].map(|n| ("mul_mat_swiglu", "", n, dense(n)));
-        for (op, what, n, inputs) in specs.into_iter().chain(shared) {
+        let down = |n: usize| WeightedSum::new(type_a, 256, 8, 8, E, FF, n).inputs();
+        // (op, label part, tokens, inputs, rows m, row length k)
+        let specs = [1, 8, 16].map(|n| ("mul_mat_id_swiglu", "n_mats=256,n_used=8,", n, routed(n), FF, E));
+        let shared = [1, 8].map(|n| ("mul_mat_swiglu", "", n, dense(n), FF, E));
+        let combine = [1, 8, 16].map(|n| ("mul_mat_id_weighted_sum", "n_mats=256,n_used=8,", n, down(n), E, FF));
+        for (op, what, n, inputs, m, k) in specs.into_iter().chain(shared).chain(combine) {
             for is_fused in [true, false] {
                 let kind = if is_fused { "fused" } else { "unfused" };
                 let build = move |g: &mut Graph, x: &[Tensor]| {
                     if is_fused { fused(op, g, x, 0) } else { unfused(op, g, x, 0) }
                 };
-                let label = format_args!("{kind},type_a={type_a},{what}m={FF},n={n},k={E}");
+                let label = format_args!("{kind},type_a={type_a},{what}m={m},n={n},k={k}");
                 out.push(Case::new(op, label, inputs.clone(), build));
             }
         }

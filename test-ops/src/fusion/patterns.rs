@@ -38,6 +38,7 @@ pub(super) fn generators() -> Vec<PassGenerator> {
         PassGenerator { pass: "fold_scales", cases: fold_scales },
         PassGenerator { pass: "elementwise_chains", cases: elementwise_chains },
         PassGenerator { pass: "gate_up_swiglu", cases: gate_up_swiglu },
+        PassGenerator { pass: "moe_weighted_sum", cases: moe_weighted_sum },
     ]
 }
 
@@ -1187,6 +1188,79 @@ fn gate_up_swiglu() -> Vec<FusionCase> {
         g.set_rows(x[0], x[3], x[4])?;
         let up = g.mul_mat(x[2], x[0])?;
         g.swiglu(gate, up)
+    }));
+    out
+}
+
+// ---- moe_weighted_sum: reshape(sum_rows(transpose(mul(mul_mat_id(experts, a, ids), w))), [N, n]) ----
+
+const MWS: &str = "moe_weighted_sum";
+
+/// The routed experts' combine over `a`, `ids`, the router weights `w` and `experts`.
+fn combine(g: &mut Graph, a: Tensor, ids: Tensor, w: Tensor, experts: Tensor) -> R {
+    let ex = g.mul_mat_id(experts, a, ids)?;
+    let ex = g.mul(ex, w)?;
+    let slots_first = g.transpose(ex)?;
+    let s = g.sum_rows(slots_first)?;
+    let [_, m, n, _] = s.ne();
+    g.reshape(s, &[m, n])
+}
+
+/// `[a, ids, w, experts]`: activations `[k, n_b, n]`, `n_used` distinct experts a token of
+/// `n_expert`, router weights `[1, n_used, n]`, `dt` experts `[k, m, n_expert]`.
+fn combine_inputs(dt: DType, (n_expert, n_used, n_b): (usize, usize, usize), k: usize, m: usize, n: usize) -> Vec<In> {
+    vec![
+        In::new("a", F32, [k, n_b, n, 1]),
+        In::new("ids", I32, [n_used, n, 1, 1]).init(Init::Ids { rows: n_expert, unique: true }),
+        In::new("w", F32, [1, n_used, n, 1]),
+        In::new("experts", dt, [k, m, n_expert, 1]),
+    ]
+}
+
+fn moe_weighted_sum() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // tiny-moe's down projection (64 -> 64, top-2), the 35B-A3B's rows (512 -> 2048) over 16
+    // experts top-8, activations one a slot (the model's) or shared.
+    let shapes = [
+        (F32, (8, 2, 2), 64, 64, 1),
+        (F32, (8, 2, 2), 64, 64, 5),
+        (Q8_0, (16, 4, 4), 128, 96, 3),
+        (NVFP4, (16, 8, 8), 512, 2048, 1),
+        (Q8_0, (16, 4, 1), 128, 40, 17),
+    ];
+    for (dt, route, k, m, n) in shapes {
+        let (n_expert, n_used, n_b) = route;
+        for ctx in CTXS {
+            let c = core(|g, x| combine(g, x[0], x[1], x[2], x[3]));
+            let params = format!("type_a={dt},n_mats={n_expert},n_used={n_used},n_b={n_b},k={k},m={m},n={n}");
+            out.push(embed(MWS, params, combine_inputs(dt, route, k, m, n), 1, ctx, c, halve));
+        }
+    }
+    // Near-misses: the weighted experts read elsewhere, no transpose (a sum over the rows), one
+    // weight a token broadcast over the slots, the sum kept as [1, N, n].
+    let r = || combine_inputs(F32, (8, 2, 2), 64, 32, 3);
+    out.push(plain(MWS, "miss=weighted_read_again", r(), 0, |g, x| {
+        let ex = g.mul_mat_id(x[3], x[0], x[1])?;
+        let ex = g.mul(ex, x[2])?;
+        let other = g.scale(ex, 2.0)?;
+        g.mark_output(other)?;
+        let s = g.transpose(ex)?;
+        let s = g.sum_rows(s)?;
+        g.reshape(s, &[32, 3])
+    }));
+    out.push(plain(MWS, "miss=no_transpose", r(), 0, |g, x| {
+        let ex = g.mul_mat_id(x[3], x[0], x[1])?;
+        let ex = g.mul(ex, x[2])?;
+        g.sum_rows(ex)
+    }));
+    let mut one = r();
+    one[2] = In::new("w", F32, [1, 1, 3, 1]);
+    out.push(plain(MWS, "miss=one_weight_a_token", one, 0, |g, x| combine(g, x[0], x[1], x[2], x[3])));
+    out.push(plain(MWS, "miss=no_reshape", r(), 0, |g, x| {
+        let ex = g.mul_mat_id(x[3], x[0], x[1])?;
+        let ex = g.mul(ex, x[2])?;
+        let s = g.transpose(ex)?;
+        g.sum_rows(s)
     }));
     out
 }
