@@ -158,6 +158,12 @@ const MOE_GEMV_MAX: i32 = 8;
 /// `moe_decode` against `moe_gemv` (threshold 2): 4 tokens 25 / 49 us against 120 / 251, 8 tokens
 /// 44 / 96 against 160 / 352, 16 tokens 88 / 192 against 242 / 518.
 const MOE_DECODE_TOKENS: i64 = 16;
+/// mul_mat_id_weighted_sum takes `moe_decode_sum` up to this many tokens, else mul_mat_id and
+/// `weighted_slot_sum`: on an H100, 35B-A3B down projection (512 -> 2048, 8 of 256 experts,
+/// q8_0) fused against mul_mat_id + mul + sum_rows: 1 token 12.0 against 18.6 us, 8 tokens 71.8
+/// against 57.8, 16 tokens 137 against 90 (each slot's rows read once per token, where
+/// `moe_mma_*` shares nothing either but runs on tensor cores).
+const MOE_DECODE_SUM_TOKENS: i64 = 2;
 /// With more (slot, token) pairs than this an expert on average, the experts with more than
 /// `MOE_MMA_MAX` pairs take the tiled `mmq_*_id` (128-column tiles) rather than `moe_mma_*`
 /// (passes of up to 32 pairs over the expert's rows).
@@ -968,13 +974,16 @@ fn moe_decode(
     Ok(())
 }
 
-/// Whether mul_mat_id_weighted_sum takes `moe_decode_sum`: up to `MOE_DECODE_TOKENS` tokens
-/// (unless `TESSERA_MOE_PATH` forces another mul_mat_id path), a grid row a token, rows the fast
-/// units can read. Unlike plain mul_mat_id it does not give way to `moe_mma_*` on short rows:
-/// it also saves the weighting and the sum's launches.
+/// Whether mul_mat_id_weighted_sum takes `moe_decode_sum`: up to `MOE_DECODE_SUM_TOKENS` tokens
+/// (`TESSERA_MOE_PATH=decode` up to `MOE_DECODE_TOKENS`; `mma` / `grouped` never), rows the
+/// fast units can read.
 fn weighted_decode_taken(w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
-    let path_ok = matches!(moe_path(), MoePath::Auto | MoePath::Decode);
-    path_ok && ids.ne[1] <= MOE_DECODE_TOKENS && ids.ne[1] <= GRID_YZ && fast_rows(w, d)
+    let most = match moe_path() {
+        MoePath::Auto => MOE_DECODE_SUM_TOKENS,
+        MoePath::Decode => MOE_DECODE_TOKENS,
+        MoePath::Mma | MoePath::Grouped => 0,
+    };
+    ids.ne[1] <= most && fast_rows(w, d)
 }
 
 /// mul_mat_id_weighted_sum for a few tokens: `moe_decode_sum`, a warp per output row summing its
