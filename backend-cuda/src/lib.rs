@@ -358,6 +358,11 @@ impl Backend for CudaBackend {
         self.sync_and_check()
     }
 
+    fn release_cached(&mut self) -> Result<(), BackendError> {
+        self.dev.ctx.bind_to_thread().map_err(CudaError::driver("binding the context"))?;
+        Ok(self.pool.trim()?)
+    }
+
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
         vec![

@@ -118,6 +118,13 @@ pub trait Backend {
         Ok(())
     }
 
+    /// Hands memory a caching allocator keeps for reuse back to the system: after a large buffer
+    /// was freed for good (a shared arena replaced by a larger one), so its block does not stay
+    /// cached beside its successor. Backends that cache nothing have nothing to do.
+    fn release_cached(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Named counters of what the backend did so far (graph captures and replays, pool reuses,
     /// kernels compiled, ...), for reports and benches; empty when it keeps none.
     fn counters(&self) -> Vec<(&'static str, u64)> {

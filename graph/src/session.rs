@@ -142,6 +142,8 @@ impl SharedArenas {
         }
         if let Some((old, _)) = self.buffers[b].take() {
             backends[b].free(old);
+            // (a caching pool would keep the old block beside the new one)
+            backends[b].release_cached()?;
         }
         self.generation += 1;
         let size = bytes.saturating_add(bytes / 4);
