@@ -317,7 +317,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         }
         (Op::MulMatIdSwiglu, [wg, wu, b, ids], Some(d)) => {
             if moe_decode_taken(cx, wg, d, ids) && fast_rows(wu, d) && wg.nb == wu.nb {
-                return moe_decode_glu(cx, *wg, *wu, d, *b, *ids, out);
+                return moe_decode(cx, *wg, Some(*wu), d, *b, *ids, out, op_code("mul_mat_id_swiglu"));
             }
             let up = glu_up(cx, task, out)?;
             let op = op_code("mul_mat_id_swiglu");
@@ -840,7 +840,7 @@ fn mul_mat_id(
     let n_pairs = ids.nelements();
     let mma = path != MoePath::Grouped && mmq::moe_fits(cx, &w, d, n_pairs);
     if moe_decode_taken(cx, &w, d, &ids) {
-        return moe_decode(cx, w, d, b, ids, out, op);
+        return moe_decode(cx, w, None, d, b, ids, out, op);
     }
     let n_used = ids.ne[0];
     let (g, groups) = mmq::MoeGroups::at(cx.scratch, n_expert as usize, n_pairs as usize);
@@ -946,10 +946,14 @@ fn unsupported_id(why: &str) -> BackendError {
 }
 
 /// mul_mat_id for a few tokens: `moe_decode` over the (slot, token) pairs, after the activations
-/// are quantized (`quant_x`) or packed to f32 rows at the start of scratch.
+/// are quantized (`quant_x`) or packed to f32 rows at the start of scratch. With `up` (the up
+/// experts of mul_mat_id_swiglu) `moe_decode_glu`: each warp one row of both, swiglu before the
+/// store.
+#[allow(clippy::too_many_arguments)]
 fn moe_decode(
     cx: &mut Cx<'_>,
     w: TensorArg,
+    up: Option<TensorArg>,
     d: DType,
     b: TensorArg,
     ids: TensorArg,
@@ -957,20 +961,27 @@ fn moe_decode(
     op: u32,
 ) -> Result<(), BackendError> {
     let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
-    let f = cx.function(MOE_DECODE)?;
+    let kernel = if up.is_some() { MOE_DECODE_GLU } else { MOE_DECODE };
+    let f = cx.function(kernel)?;
     let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
     let grid = (blocks, ids.nelements().max(1) as u32, 1);
     let mut args = cx.stream.launch_builder(&f);
-    args.arg(&w).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&out).arg(&err).arg(&op);
-    // SAFETY: `moe_decode(as, adt, x, ldx, n_b, ids, out, err, op)`: pair s = blockIdx.y <
-    // n_used * T (at most GRID_YZ pairs, as `mul_mat_id` checked: none is cut off) reads
-    // ids[s mod n_used, s / n_used] and skips ids outside [0, n_expert); weight rows m < M of
-    // that expert are dense of dtype adt and aligned as `fast_gemv_fits` checked; activation row
-    // (u mod n_b) + n_b t is one of b's n_b * T rows of ldx bytes in scratch (scales after them
-    // as `quant_x` writes them; scratch_bytes sizes both); out[m, u, t] lies in out [M, n_used,
-    // T].
-    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE, e))?;
+    args.arg(&w);
+    if let Some(up) = &up {
+        args.arg(up);
+    }
+    args.arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&out).arg(&err).arg(&op);
+    // SAFETY: `moe_decode(as, adt, x, ldx, n_b, ids, out, err, op)` (`moe_decode_glu` with
+    // `as_up` after `as`): pair s = blockIdx.y < n_used * T (at most GRID_YZ pairs, as
+    // `moe_decode_taken` checked: none is cut off) reads ids[s mod n_used, s / n_used] and skips
+    // ids outside [0, n_expert); weight rows m < M of that expert are dense of dtype adt and
+    // aligned as `fast_rows` checked; the up experts have the gate's dtype, shape (shape rules)
+    // and strides (checked by the caller), so each row read there lies where the same row of `w`
+    // would; activation row (u mod n_b) + n_b t is one of b's n_b * T rows of ldx bytes in
+    // scratch (scales after them as `quant_x` writes them; scratch_bytes sizes both); out[m, u,
+    // t] lies in out [M, n_used, T].
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
     Ok(())
 }
 
@@ -1026,31 +1037,6 @@ fn weighted_slot_sum(cx: &mut Cx<'_>, y: TensorArg, w: TensorArg, out: TensorArg
     // SAFETY: y [M, n_used, T] f32 (written by mul_mat_id), w [1, n_used, T] and out [M, T]
     // f32 (shape rules); a grid-stride loop over the M T outputs.
     unsafe { args.launch(config((blocks, 1, 1), (256, 1, 1), 0)) }.map_err(|e| launch_error(WEIGHTED_SLOT_SUM, e))?;
-    Ok(())
-}
-
-/// mul_mat_id_swiglu for a few tokens: `moe_decode_glu`, `moe_decode` over the gate and up
-/// experts at once (each warp one row of both) with swiglu before the store.
-fn moe_decode_glu(
-    cx: &mut Cx<'_>,
-    wg: TensorArg,
-    wu: TensorArg,
-    d: DType,
-    b: TensorArg,
-    ids: TensorArg,
-    out: TensorArg,
-) -> Result<(), BackendError> {
-    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
-    let f = cx.function(MOE_DECODE_GLU)?;
-    let (adt, n_b, err, op) = (dt(d), b.ne[1], cx.errors, op_code("mul_mat_id_swiglu"));
-    let blocks = (wg.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
-    let grid = (blocks, ids.nelements().max(1) as u32, 1);
-    let mut args = cx.stream.launch_builder(&f);
-    args.arg(&wg).arg(&wu).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&out).arg(&err).arg(&op);
-    // SAFETY: as `moe_decode` (`moe_decode_taken` checked the gate experts), and the up experts
-    // have the gate's dtype, shape (the shape rules) and strides (checked by the caller), so
-    // every row the kernel reads in `wu` lies where the same row of `wg` would.
-    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE_GLU, e))?;
     Ok(())
 }
 

@@ -118,19 +118,27 @@ mod tests {
         [wg, wu, x, ids]
     }
 
+    /// Both forms in one graph, `swiglu(gate, up)` or with the operands `swapped`; returns the
+    /// routed form's result.
+    fn both_forms(dt: DType, swapped: bool) -> (Graph, Tensor) {
+        let glu = |g: &mut Graph, gate: Tensor, up: Tensor| {
+            let a = if swapped { g.swiglu(up, gate) } else { g.swiglu(gate, up) }.unwrap();
+            g.mark_output(a).unwrap();
+            a
+        };
+        let mut g = Graph::new();
+        let [wg, wu, x] = dense(&mut g, dt);
+        let (gate, up) = (g.mul_mat(wg, x).unwrap(), g.mul_mat(wu, x).unwrap());
+        glu(&mut g, gate, up);
+        let [eg, eu, cur, ids] = routed(&mut g);
+        let (gate, up) = (g.mul_mat_id(eg, cur, ids).unwrap(), g.mul_mat_id(eu, cur, ids).unwrap());
+        let r = glu(&mut g, gate, up);
+        (g, r)
+    }
+
     #[test]
     fn fuses_the_dense_and_the_routed_form() {
-        let mut g = Graph::new();
-        let [wg, wu, x] = dense(&mut g, DType::Q8_0);
-        let gate = g.mul_mat(wg, x).unwrap();
-        let up = g.mul_mat(wu, x).unwrap();
-        let a = g.swiglu(gate, up).unwrap();
-        g.mark_output(a).unwrap();
-        let [eg, eu, cur, ids] = routed(&mut g);
-        let gate = g.mul_mat_id(eg, cur, ids).unwrap();
-        let up = g.mul_mat_id(eu, cur, ids).unwrap();
-        let r = g.swiglu(gate, up).unwrap();
-        g.mark_output(r).unwrap();
+        let (g, r) = both_forms(DType::Q8_0, false);
         let (applied, ops) = fused(&g);
         assert_eq!(applied, 2);
         assert_eq!(
@@ -145,17 +153,7 @@ mod tests {
     #[test]
     fn swapped_operands_swap_the_weights() {
         // swiglu(up, gate) = silu(up) * gate: the first operand's weight is the fused op's gate
-        let mut g = Graph::new();
-        let [wg, wu, x] = dense(&mut g, F32);
-        let gate = g.mul_mat(wg, x).unwrap();
-        let up = g.mul_mat(wu, x).unwrap();
-        let a = g.swiglu(up, gate).unwrap();
-        g.mark_output(a).unwrap();
-        let [eg, eu, cur, ids] = routed(&mut g);
-        let gate = g.mul_mat_id(eg, cur, ids).unwrap();
-        let up = g.mul_mat_id(eu, cur, ids).unwrap();
-        let r = g.swiglu(up, gate).unwrap();
-        g.mark_output(r).unwrap();
+        let (g, _) = both_forms(F32, true);
         let (_, ops) = fused(&g);
         assert_eq!(
             ops,

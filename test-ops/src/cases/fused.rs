@@ -18,7 +18,7 @@ use tessera_graph::{Graph, GraphError, Tensor};
 use tessera_ops::DType;
 
 use super::quant::{BLOCK_WINDOW, QUANTS};
-use super::{F32, I32, sh};
+use super::{F32, I32, Routed, sh};
 use crate::case::{Case, Generator, Init, InputSpec as In, Layout};
 use crate::check::{Comparison, Mismatch};
 
@@ -484,17 +484,11 @@ impl GateUpId {
     /// Labelled like mul_mat_id's: `mul_mat_id_swiglu(type_a=..,n_mats=..,n_used=..,b=..,m=..,n=..,k=..)`.
     fn case(self) -> Case {
         let GateUpId { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids, .. } = self;
-        let (ids_label, ids) = match ids {
-            Some((name, init)) => (format!(",ids={name}"), init),
-            None => (String::new(), Init::Ids { rows: n_expert, unique: true }),
-        };
+        let (label, ids) = Routed { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids }.label_and_ids();
         let w = [k, m, n_expert, 1];
         Case::new(
             "mul_mat_id_swiglu",
-            format_args!(
-                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={m},n={n_tokens},k={k}{ids_label}",
-                sh([k, n_b, n_tokens, 1])
-            ),
+            label,
             vec![
                 In::new("wg", type_a, w).layout(self.layout_w),
                 In::new("wu", type_a, w).layout(self.layout_w),
@@ -576,7 +570,7 @@ impl WeightedSum {
 
     fn inputs(self) -> Vec<In> {
         let WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids } = self;
-        let ids = ids.map_or(Init::Ids { rows: n_expert, unique: true }, |(_, init)| init);
+        let (_, ids) = Routed { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids }.label_and_ids();
         vec![
             In::new("experts", type_a, [k, m, n_expert, 1]),
             In::new("x", F32, [k, n_b, n_tokens, 1]),
@@ -588,16 +582,10 @@ impl WeightedSum {
     /// Labelled like mul_mat_id's.
     fn case(self) -> Case {
         let WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids } = self;
-        let ids_label = ids.map_or(String::new(), |(name, _)| format!(",ids={name}"));
-        Case::new(
-            "mul_mat_id_weighted_sum",
-            format_args!(
-                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={m},n={n_tokens},k={k}{ids_label}",
-                sh([k, n_b, n_tokens, 1])
-            ),
-            self.inputs(),
-            |g, x| g.mul_mat_id_weighted_sum(x[0], x[1], x[2], x[3]),
-        )
+        let (label, _) = Routed { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids }.label_and_ids();
+        Case::new("mul_mat_id_weighted_sum", label, self.inputs(), |g, x| {
+            g.mul_mat_id_weighted_sum(x[0], x[1], x[2], x[3])
+        })
     }
 }
 

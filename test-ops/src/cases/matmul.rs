@@ -9,7 +9,7 @@
 use tessera_ops::DType;
 
 use super::quant::{BLOCK_WINDOW, QUANTS};
-use super::{BF16, F16, F32, FLOATS, I32, sh};
+use super::{BF16, F16, F32, FLOATS, I32, Routed};
 use crate::case::{Case, Init, InputSpec as In, Layout};
 
 /// One mul_mat case: `a [k, m, bs_a]` (weights) times `b [k, n, bs_b]` (f32 activations).
@@ -194,16 +194,11 @@ impl MulMatId {
     /// Labelled like ggml's `mul_mat_id(type_a=..,n_mats=..,n_used=..,b=..,m=..,n=..,k=..)`.
     fn case(self) -> Case {
         let MulMatId { type_a, n_expert, n_used, n_b, n, k, n_tokens, routing, .. } = self;
-        let (ids_label, ids) = match routing {
-            Some((name, init)) => (format!(",ids={name}"), init),
-            None => (String::new(), Init::Ids { rows: n_expert, unique: true }),
-        };
+        let route = Routed { type_a, n_expert, n_used, n_b, m: n, k, n_tokens, ids: routing };
+        let (label, ids) = route.label_and_ids();
         Case::new(
             "mul_mat_id",
-            format_args!(
-                "type_a={type_a},n_mats={n_expert},n_used={n_used},b={},m={n},n={n_tokens},k={k}{ids_label}",
-                sh([k, n_b, n_tokens, 1])
-            ),
+            label,
             vec![
                 In::new("as", type_a, [k, n, n_expert, 1]).layout(self.layout_a),
                 In::new("b", F32, [k, n_b, n_tokens, 1]).layout(self.layout_b),

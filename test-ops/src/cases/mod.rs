@@ -65,6 +65,33 @@ pub(crate) fn sh(ne: [usize; 4]) -> Shape {
     Shape(ne)
 }
 
+/// The routed ops' cases (mul_mat_id and its fusions): experts of `type_a` with rows of `k` and
+/// `m` of them, activations `[k, n_b, n_tokens]`, `n_used` ids a token (`ids`: how they are drawn,
+/// labelled, unless distinct experts). Returns the label's variables and the ids' init.
+pub(crate) struct Routed {
+    pub type_a: tessera_ops::DType,
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_b: usize,
+    pub m: usize,
+    pub k: usize,
+    pub n_tokens: usize,
+    pub ids: Option<(&'static str, crate::case::Init)>,
+}
+
+impl Routed {
+    /// `type_a=..,n_mats=..,n_used=..,b=..,m=..,n=..,k=..[,ids=..]`, and the ids' init.
+    pub fn label_and_ids(&self) -> (String, crate::case::Init) {
+        let Routed { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids } = *self;
+        let (ids_label, init) = match ids {
+            Some((name, init)) => (format!(",ids={name}"), init),
+            None => (String::new(), crate::case::Init::Ids { rows: n_expert, unique: true }),
+        };
+        let b = sh([k, n_b, n_tokens, 1]);
+        (format!("type_a={type_a},n_mats={n_expert},n_used={n_used},b={b},m={m},n={n_tokens},k={k}{ids_label}"), init)
+    }
+}
+
 /// Every eval case, grouped by op family.
 pub fn catalogue() -> Vec<Case> {
     let mut cases = Vec::new();
