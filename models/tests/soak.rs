@@ -24,10 +24,11 @@
 //! `cuda_soak` the same workload on the GPU over the GGUF named by `TESSERA_SOAK_GGUF`
 //! (`TESSERA_SOAK_STEPS`, default 10,000), printing a summary for the closing note.
 
+mod synth_file;
+
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use tessera_cpu::CpuBackend;
@@ -35,12 +36,10 @@ use tessera_cuda::{CudaBackend, CudaOptions};
 use tessera_graph::{Backend, BackendError, BufferId, PreparedId, Task};
 use tessera_models::batch::bucket_len;
 use tessera_models::cache::SeqId;
-use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig, EngineError, Event};
 use tessera_models::gguf::GgufFile;
 use tessera_models::qwen35::{Logits, Model, ModelOptions, StepCacheStats};
 use tessera_models::sample::SamplerParams;
-use tessera_models::synth::synthesize;
 use tessera_ops::{DType, Op, TensorMeta};
 
 // ---------------------------------------------------------------------------------------------
@@ -562,15 +561,9 @@ fn summary(name: &str, r: &Report) -> String {
 // ---------------------------------------------------------------------------------------------
 // The CPU soak.
 
+/// tiny-moe's checkpoint (its temporary file removed once open: tests leave no files).
 fn tiny_moe() -> GgufFile {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    let path = PATH.get_or_init(|| {
-        let c = ModelConfig::preset("tiny-moe").unwrap();
-        let path = std::env::temp_dir().join(format!("tessera_soak_tiny_moe_{}.gguf", std::process::id()));
-        synthesize(&c, DType::F32, 42, &path, None).unwrap();
-        path
-    });
-    GgufFile::open(path).unwrap()
+    synth_file::synth_file("tiny-moe", DType::F32, 42)
 }
 
 /// 48 blocks of 8 cells (384 cells) for 8 slots: a long request needs 9 blocks, so admission is
