@@ -291,30 +291,6 @@ impl StepIo {
     }
 }
 
-/// The resident name of a MoE block's router and shared-expert gate stacked into one matrix
-/// `[n_embd, n_expert + 1]` (both read the block's input: one matmul for the two).
-fn router_gates(pre: &str) -> String {
-    format!("{pre}.ffn_router_and_shared_gate")
-}
-
-/// Stacks each MoE block's router (`ffn_gate_inp`) and shared-expert gate (`ffn_gate_inp_shexp`)
-/// into one resident matrix, once at load ([`ModelWeights::merge_rows`]).
-fn merge_router_gates(
-    config: &ModelConfig,
-    weights: &mut ModelWeights,
-    backend: &mut dyn Backend,
-) -> Result<(), WeightsError> {
-    if !matches!(config.ffn, Ffn::Moe { .. }) {
-        return Ok(());
-    }
-    for il in 0..config.n_main_layers() {
-        let pre = format!("blk.{il}");
-        let parts = [format!("{pre}.ffn_gate_inp.weight"), format!("{pre}.ffn_gate_inp_shexp.weight")];
-        weights.merge_rows(&[&parts[0], &parts[1]], &router_gates(&pre), backend)?;
-    }
-    Ok(())
-}
-
 /// Leaves shared by every layer of a step graph (see [`StepInputs`]).
 #[derive(Debug, Clone, Copy)]
 struct Leaves {
@@ -379,10 +355,6 @@ impl Model {
         backend: &mut dyn Backend,
         opts: ModelOptions,
     ) -> R<Model> {
-        if let Err(e) = merge_router_gates(&config, &mut weights, backend) {
-            weights.free(backend);
-            return Err(e.into());
-        }
         match Self::assemble(config, backend, opts) {
             Ok(mut m) => {
                 m.weights = weights;
@@ -1001,32 +973,17 @@ impl Model {
                 let e = self.config.n_embd;
                 let n = x.ne()[1];
                 let k = n_expert_used;
-                // The router, and the shared expert's gate: stacked at load into one matrix (its
-                // rows n_expert.. the gate's, `w_sh_inp` none), or two.
-                let (w_inp, w_sh_inp) = if b.w.contains(&router_gates(pre)) {
-                    (b.p(&router_gates(pre))?, None)
-                } else {
-                    (
-                        b.p(&format!("{pre}.ffn_gate_inp.weight"))?,
-                        Some(b.p(&format!("{pre}.ffn_gate_inp_shexp.weight"))?),
-                    )
-                };
+                let w_inp = b.p(&format!("{pre}.ffn_gate_inp.weight"))?;
                 let w_ge = b.p(&format!("{pre}.ffn_gate_exps.weight"))?;
                 let w_ue = b.p(&format!("{pre}.ffn_up_exps.weight"))?;
                 let w_de = b.p(&format!("{pre}.ffn_down_exps.weight"))?;
+                let w_sh_inp = b.p(&format!("{pre}.ffn_gate_inp_shexp.weight"))?;
                 let w_sg = b.p(&format!("{pre}.ffn_gate_shexp.weight"))?;
                 let w_su = b.p(&format!("{pre}.ffn_up_shexp.weight"))?;
                 let w_sd = b.p(&format!("{pre}.ffn_down_shexp.weight"))?;
                 let g = &mut b.g;
 
-                let (logits, gate) = match w_sh_inp {
-                    None => {
-                        let both = g.mul_mat(w_inp, x)?; // [n_expert + 1, n]
-                        let nb = both.meta().nb;
-                        (g.view(both, [n_expert, n, 1, 1], nb, 0)?, g.view(both, [1, n, 1, 1], nb, 4 * n_expert)?)
-                    }
-                    Some(w_sh_inp) => (g.mul_mat(w_inp, x)?, g.mul_mat(w_sh_inp, x)?), // [n_expert, n], [1, n]
-                };
+                let logits = g.mul_mat(w_inp, x)?; // [n_expert, n]
                 let probs = g.softmax(logits, 1.0, None)?;
                 let sel = g.top_k(probs, k)?; // i32 [k, n]
                 let p3 = g.reshape(probs, &[1, n_expert, n])?;
@@ -1052,6 +1009,7 @@ impl Model {
                 let su = g.mul_mat(w_su, x)?;
                 let sa = g.swiglu(sg, su)?;
                 let sh = g.mul_mat(w_sd, sa)?; // [e, n]
+                let gate = g.mul_mat(w_sh_inp, x)?; // [1, n]
                 let gate = g.sigmoid(gate)?;
                 let sh = g.mul(sh, gate)?;
                 Ok(g.add(moe, sh)?)

@@ -299,26 +299,3 @@ fn a_model_without_attention_layers_runs() {
     let next = m.step_greedy(&mut be, &[(0, &first)]).unwrap();
     assert_eq!((first.len(), next.len()), (1, 1));
 }
-
-#[test]
-fn the_router_and_the_shared_gate_are_stacked_once_at_load() {
-    use tessera_graph::Backend;
-    let mut be = CpuBackend::new();
-    let f = file("tiny-moe");
-    let buffers = |be: &CpuBackend| be.counters().into_iter().find(|(k, _)| *k == "buffers").map(|(_, v)| v).unwrap();
-    let before = buffers(&be);
-    let mut m = Model::load(&f, &mut be, opts()).unwrap();
-    let w = &m.weights;
-    let stacked = w.get("blk.0.ffn_router_and_shared_gate").unwrap();
-    let (router, gate) = (w.get("blk.0.ffn_gate_inp.weight").unwrap(), w.get("blk.0.ffn_gate_inp_shexp.weight").unwrap());
-    assert_eq!(stacked.meta.ne, [router.meta.ne[0], router.meta.ne[1] + 1, 1, 1]);
-    assert_eq!((router.buffer, gate.buffer), (stacked.buffer, stacked.buffer));
-    assert_eq!(gate.offset, router.meta.nbytes_contiguous());
-    // the windows hold the file's values
-    let mut got = vec![0u8; gate.meta.nbytes_contiguous()];
-    be.read(gate.buffer, gate.offset, &mut got).unwrap();
-    assert_eq!(got, f.tensor_data("blk.0.ffn_gate_inp_shexp.weight").unwrap());
-    // each buffer is freed once
-    m.free(&mut be);
-    assert_eq!(buffers(&be), before);
-}
