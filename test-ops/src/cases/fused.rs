@@ -548,11 +548,9 @@ fn mul_mat_id_swiglu(out: &mut Vec<Case>) {
     }
 }
 
-/// One routed down-projection-and-combine case: experts `[k, m, n_expert]` of `type_a`,
-/// activations `[k, n_b, n_tokens]`, distinct ids `[n_used, n_tokens]` (or `ids`), router weights
-/// f32 `[1, n_used, n_tokens]`.
-#[derive(Debug, Clone, Copy)]
-struct WeightedSum {
+/// A routed down-projection-and-combine case (`Routed`'s experts, activations and ids) with
+/// router weights f32 `[1, n_used, n_tokens]`.
+fn weighted_sum(
     type_a: DType,
     n_expert: usize,
     n_used: usize,
@@ -560,33 +558,26 @@ struct WeightedSum {
     m: usize,
     k: usize,
     n_tokens: usize,
-    ids: Option<(&'static str, Init)>,
+) -> Routed {
+    Routed { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids: None }
 }
 
-impl WeightedSum {
-    fn new(type_a: DType, n_expert: usize, n_used: usize, n_b: usize, m: usize, k: usize, n_tokens: usize) -> Self {
-        WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids: None }
-    }
+fn weighted_sum_inputs(r: &Routed) -> Vec<In> {
+    let (_, ids) = r.label_and_ids();
+    vec![
+        In::new("experts", r.type_a, [r.k, r.m, r.n_expert, 1]),
+        In::new("x", F32, [r.k, r.n_b, r.n_tokens, 1]),
+        In::new("ids", I32, [r.n_used, r.n_tokens, 1, 1]).init(ids),
+        In::new("w", F32, [1, r.n_used, r.n_tokens, 1]),
+    ]
+}
 
-    fn inputs(self) -> Vec<In> {
-        let WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids } = self;
-        let (_, ids) = Routed { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids }.label_and_ids();
-        vec![
-            In::new("experts", type_a, [k, m, n_expert, 1]),
-            In::new("x", F32, [k, n_b, n_tokens, 1]),
-            In::new("ids", I32, [n_used, n_tokens, 1, 1]).init(ids),
-            In::new("w", F32, [1, n_used, n_tokens, 1]),
-        ]
-    }
-
-    /// Labelled like mul_mat_id's.
-    fn case(self) -> Case {
-        let WeightedSum { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids } = self;
-        let (label, _) = Routed { type_a, n_expert, n_used, n_b, m, k, n_tokens, ids }.label_and_ids();
-        Case::new("mul_mat_id_weighted_sum", label, self.inputs(), |g, x| {
-            g.mul_mat_id_weighted_sum(x[0], x[1], x[2], x[3])
-        })
-    }
+/// Labelled like mul_mat_id's.
+fn weighted_sum_case(r: Routed) -> Case {
+    let (label, _) = r.label_and_ids();
+    Case::new("mul_mat_id_weighted_sum", label, weighted_sum_inputs(&r), |g, x| {
+        g.mul_mat_id_weighted_sum(x[0], x[1], x[2], x[3])
+    })
 }
 
 fn mul_mat_id_weighted_sum(out: &mut Vec<Case>) {
@@ -596,26 +587,24 @@ fn mul_mat_id_weighted_sum(out: &mut Vec<Case>) {
     for type_a in GATE_UP_TYPES {
         for n_tokens in [1, 2, 5, 17, 40] {
             for n_b in [4, 1] {
-                out.push(WeightedSum::new(type_a, 16, 4, n_b, 256, 64, n_tokens).case());
+                out.push(weighted_sum_case(weighted_sum(type_a, 16, 4, n_b, 256, 64, n_tokens)));
             }
         }
     }
     for n_tokens in [1, 5] {
-        out.push(WeightedSum::new(QUANTS[1], 256, 8, 8, 2048, 512, n_tokens).case());
+        out.push(weighted_sum_case(weighted_sum(QUANTS[1], 256, 8, 8, 2048, 512, n_tokens)));
     }
     // Odd rows (a backend's last block of rows), repeated ids, and a bad id naming the op.
     for type_a in GATE_UP_TYPES {
-        out.push(WeightedSum::new(type_a, 8, 3, 3, 37, 128, 2).case());
-        let repeats = WeightedSum {
+        out.push(weighted_sum_case(weighted_sum(type_a, 8, 3, 3, 37, 128, 2)));
+        let repeats = Routed {
             ids: Some(("repeats", Init::Ids { rows: 8, unique: false })),
-            ..WeightedSum::new(type_a, 8, 4, 4, 40, 128, 9)
+            ..weighted_sum(type_a, 8, 4, 4, 40, 128, 9)
         };
-        out.push(repeats.case());
-        let bad = WeightedSum {
-            ids: Some(("bad", Init::Fixed(&BAD_GATE_UP_IDS))),
-            ..WeightedSum::new(type_a, 8, 4, 4, 24, 128, 3)
-        };
-        out.push(bad.case().expect_error());
+        out.push(weighted_sum_case(repeats));
+        let bad =
+            Routed { ids: Some(("bad", Init::Fixed(&BAD_GATE_UP_IDS))), ..weighted_sum(type_a, 8, 4, 4, 24, 128, 3) };
+        out.push(weighted_sum_case(bad).expect_error());
     }
 }
 
@@ -758,7 +747,7 @@ fn gate_up_perf_cases() -> Vec<Case> {
                 In::new("x", F32, [E, n, 1, 1]),
             ]
         };
-        let down = |n: usize| WeightedSum::new(type_a, 256, 8, 8, E, FF, n).inputs();
+        let down = |n: usize| weighted_sum_inputs(&weighted_sum(type_a, 256, 8, 8, E, FF, n));
         // (op, label part, tokens, inputs, rows m, row length k)
         let specs = [1, 8, 16].map(|n| ("mul_mat_id_swiglu", "n_mats=256,n_used=8,", n, routed(n), FF, E));
         let shared = [1, 8].map(|n| ("mul_mat_swiglu", "", n, dense(n), FF, E));

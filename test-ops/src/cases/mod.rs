@@ -67,7 +67,8 @@ pub(crate) fn sh(ne: [usize; 4]) -> Shape {
 
 /// The routed ops' cases (mul_mat_id and its fusions): experts of `type_a` with rows of `k` and
 /// `m` of them, activations `[k, n_b, n_tokens]`, `n_used` ids a token (`ids`: how they are drawn,
-/// labelled, unless distinct experts). Returns the label's variables and the ids' init.
+/// labelled, unless distinct experts).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Routed {
     pub type_a: tessera_ops::DType,
     pub n_expert: usize,
