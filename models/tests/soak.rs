@@ -568,7 +568,8 @@ fn tiny_moe() -> GgufFile {
 
 /// 48 blocks of 8 cells (384 cells) for 8 slots: a long request needs 9 blocks, so admission is
 /// limited by blocks as well as by slots. KV length padded to 32 (the CPU's choice), 8 planned
-/// step graphs kept (the default).
+/// step graphs kept (fewer than the default 64, so that eviction runs and `settle` can fill the
+/// cache with prompt-length buckets under the budget).
 fn cpu_opts() -> ModelOptions {
     ModelOptions {
         kv_blocks: 48,
