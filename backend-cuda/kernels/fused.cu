@@ -150,42 +150,9 @@ FZ_NORM_KERNELS(FZ_ADD, add_rms_norm_mul)
 
 // ---- router rows: the softmax kernels' probabilities (TAG(softmax-probs)) ----
 
-// Online softmax state, as reduce.cu's MaxSum / ms_add / ms_merge / warp_ms / finish_ms: running
-// max m and the sum s of exp(z - m).
-struct FzMaxSum {
-    float m, s;
-};
-
-__device__ __forceinline__ FzMaxSum fz_ms_add(FzMaxSum a, float z) {
-    if (z > a.m) {
-        a.s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - z)) + 1.0f;
-        a.m = z;
-    } else if (z != -TS_INF) {
-        a.s += expf(z - a.m);
-    }
-    return a;
-}
-
-__device__ __forceinline__ FzMaxSum fz_ms_merge(FzMaxSum a, FzMaxSum b) {
-    float m = fmaxf(a.m, b.m);
-    if (m == -TS_INF) return FzMaxSum{m, a.s + b.s};
-    float s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - m)) + (b.m == -TS_INF ? 0.0f : b.s * expf(b.m - m));
-    if (a.m != a.m || b.m != b.m) s = TS_NAN;
-    return FzMaxSum{m, s};
-}
-
-__device__ __forceinline__ FzMaxSum fz_warp_ms(FzMaxSum v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        FzMaxSum w{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-        v = fz_ms_merge(v, w);
-    }
-    return v;
-}
-
 // The probability of logit z in a row of max m and sum s: what both softmax kernels write
 // (zeros for a row whose logits are all -inf).
-__device__ __forceinline__ float fz_prob(float z, FzMaxSum t) {
+__device__ __forceinline__ float fz_prob(float z, MaxSum t) {
     return t.m == -TS_INF ? 0.0f : expf(z - t.m) / t.s;
 }
 
@@ -203,7 +170,7 @@ __device__ __forceinline__ i64 fz_elem(int lane, int q) {
 // probabilities p[q] (0 for slots past the row). `x` is the row's first logit, nb0 its element
 // stride; n <= ROUTER_MAX.
 template <bool VEC>
-__device__ __forceinline__ FzMaxSum fz_router_row(const char* x, i64 nb0, i64 n, int lane, float* p) {
+__device__ __forceinline__ MaxSum fz_router_row(const char* x, i64 nb0, i64 n, int lane, float* p) {
     if (VEC) {
         // softmax_vec_impl<true, 8> with scale 1 and no mask.
         const float4* x4 = (const float4*)x;
@@ -242,18 +209,18 @@ __device__ __forceinline__ FzMaxSum fz_router_row(const char* x, i64 nb0, i64 n,
                 p[4 * j + 3] = ok ? v[j].w / total : 0.0f;
             }
         }
-        return FzMaxSum{mx, total};
+        return MaxSum{mx, total};
     }
     // softmax_impl<true> with scale 1 and no mask: the online state over i = lane, lane + 32, ...
     float z[32];
-    FzMaxSum t{-TS_INF, 0.0f};
+    MaxSum t{-TS_INF, 0.0f};
 #pragma unroll
     for (int q = 0; q < 32; q++) {
         i64 i = lane + 32 * q;
         z[q] = i < n ? *(const float*)(x + i * nb0) : -TS_INF;
-        if (i < n) t = fz_ms_add(t, z[q]);
+        if (i < n) t = ms_add(t, z[q]);
     }
-    t = fz_warp_ms(t);
+    t = warp_ms(t);
     if (t.m == TS_INF) t.s = TS_NAN;  // finish_ms
     if (p) {
 #pragma unroll
@@ -371,7 +338,7 @@ __device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, u64 err, u32 
             fz_report_first_bad(ids, n, err, op, lane);
             continue;  // uniform across the warp
         }
-        FzMaxSum t = fz_router_row<VEC>(x, src.nb[0], n, lane, nullptr);
+        MaxSum t = fz_router_row<VEC>(x, src.nb[0], n, lane, nullptr);
         float acc = 0.0f;
         for (i64 s = lane; s < k; s += 32) {
             int id = *(const int*)(idr + s * ids.nb[0]);

@@ -246,38 +246,7 @@ extern "C" __global__ void sum_rows_block(Tensor dst, Tensor src, int src_dt, in
 
 // ---- softmax ----
 
-// Online softmax state: running max m and the sum s of exp(z - m). -inf values add nothing; a NaN
-// poisons s; a +inf max makes the row NaN (exp(inf - inf)), as on the CPU.
-struct MaxSum {
-    float m, s;
-};
-
-__device__ __forceinline__ MaxSum ms_add(MaxSum a, float z) {
-    if (z > a.m) {
-        a.s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - z)) + 1.0f;
-        a.m = z;
-    } else if (z != -TS_INF) {
-        a.s += expf(z - a.m);  // NaN z (or NaN m) gives NaN
-    }
-    return a;
-}
-
-__device__ __forceinline__ MaxSum ms_merge(MaxSum a, MaxSum b) {
-    float m = fmaxf(a.m, b.m);
-    if (m == -TS_INF) return MaxSum{m, a.s + b.s};
-    float s = (a.m == -TS_INF ? 0.0f : a.s * expf(a.m - m)) + (b.m == -TS_INF ? 0.0f : b.s * expf(b.m - m));
-    if (a.m != a.m || b.m != b.m) s = TS_NAN;
-    return MaxSum{m, s};
-}
-
-__device__ __forceinline__ MaxSum warp_ms(MaxSum v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        MaxSum w{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
-        v = ms_merge(v, w);
-    }
-    return v;
-}
+// Online softmax state: MaxSum, ms_add, ms_merge, warp_ms (common.cuh).
 
 template <bool WARP>
 __device__ __forceinline__ MaxSum group_ms(MaxSum v, float* shm, float* shs) {
