@@ -316,7 +316,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             super::elementwise::swiglu_f32(cx, out, up, out)
         }
         (Op::MulMatIdSwiglu, [wg, wu, b, ids], Some(d)) => {
-            if moe_decode_taken(cx, wg, d, ids) && fast_rows(wu, d) && wg.nb == wu.nb {
+            if moe_decode_taken(wg, d, ids, moe_mma_fits(cx, wg, d, ids)) && fast_rows(wu, d) && wg.nb == wu.nb {
                 return moe_decode(cx, *wg, Some(*wu), d, *b, *ids, out, op_code("mul_mat_id_swiglu"));
             }
             let up = glu_up(cx, task, out)?;
@@ -835,11 +835,10 @@ fn mul_mat_id(
     out: TensorArg,
     op: u32,
 ) -> Result<(), BackendError> {
-    let path = moe_path();
     let n_expert = w.ne[2];
     let n_pairs = ids.nelements();
-    let mma = path != MoePath::Grouped && mmq::moe_fits(cx, &w, d, n_pairs);
-    if moe_decode_taken(cx, &w, d, &ids) {
+    let mma = moe_mma_fits(cx, &w, d, &ids);
+    if moe_decode_taken(&w, d, &ids, mma) {
         return moe_decode(cx, w, None, d, b, ids, out, op);
     }
     let n_used = ids.ne[0];
@@ -923,16 +922,20 @@ fn mul_mat_id(
 /// Whether mul_mat_id takes `moe_decode`: few tokens where it beats `moe_mma_*` (or forced by
 /// `TESSERA_MOE_PATH`), one grid row a pair (a pair count past the grid's y limit takes the
 /// grouped path), rows the fast units can read.
-fn moe_decode_taken(cx: &Cx<'_>, w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
-    let path = moe_path();
+/// `mma`: whether `moe_mma_*` could take the experts (`moe_mma_fits`).
+fn moe_decode_taken(w: &TensorArg, d: DType, ids: &TensorArg, mma: bool) -> bool {
     let n_pairs = ids.nelements();
-    let mma = path != MoePath::Grouped && mmq::moe_fits(cx, w, d, n_pairs);
-    let decode = match path {
+    let decode = match moe_path() {
         MoePath::Auto => ids.ne[1] <= MOE_DECODE_TOKENS && (!mma || moe_decode_wins(ids.ne[1], w.ne[0])),
         MoePath::Decode => true,
         MoePath::Mma | MoePath::Grouped => false,
     };
     decode && n_pairs <= GRID_YZ && fast_rows(w, d)
+}
+
+/// Whether `moe_mma_*` can take these experts for this many pairs (and is not switched off).
+fn moe_mma_fits(cx: &Cx<'_>, w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
+    moe_path() != MoePath::Grouped && mmq::moe_fits(cx, w, d, ids.nelements())
 }
 
 fn moe_decode_wins(n_tokens: i64, k: i64) -> bool {
