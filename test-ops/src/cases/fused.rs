@@ -18,7 +18,7 @@ use tessera_graph::{Graph, GraphError, Tensor};
 use tessera_ops::DType;
 
 use super::quant::{BLOCK_WINDOW, QUANTS};
-use super::{F32, I32, Routed, sh};
+use super::{F32, I32, Mix, Routed, sh};
 use crate::case::{Case, Generator, Init, InputSpec as In, Layout};
 use crate::check::{Comparison, Mismatch};
 
@@ -289,29 +289,6 @@ fn tie_judge(n: usize, k: usize, inputs: &[Vec<f64>], got: &[f64], want: &[f64])
         None => Vec::new(),
     };
     Comparison { nmse: differ as f64 / rows as f64, mismatches }
-}
-
-/// splitmix64, for the generated logits.
-struct Mix(u64);
-
-impl Mix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 24 bits.
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / 16_777_216.0
-    }
-
-    /// Uniform in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 /// An out-of-range expert id (256 of 256) in token 1, slot 5, after valid ones, and a second bad

@@ -65,6 +65,35 @@ pub(crate) fn sh(ne: [usize; 4]) -> Shape {
     Shape(ne)
 }
 
+/// SplitMix64: the stream of the generated inputs (logits of the sampler and router cases), the
+/// same on every run.
+pub(crate) struct Mix(pub u64);
+
+impl Mix {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1) with 24 bits.
+    pub fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / 16_777_216.0
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn range(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * self.unit()
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
 /// The routed ops' cases (mul_mat_id and its fusions): experts of `type_a` with rows of `k` and
 /// `m` of them, activations `[k, n_b, n_tokens]`, `n_used` ids a token (`ids`: how they are drawn,
 /// labelled, unless distinct experts).

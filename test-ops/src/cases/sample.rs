@@ -19,7 +19,7 @@
 use tessera_graph::{Graph, GraphError, Tensor};
 use tessera_ops::reference::sample_accepts;
 
-use super::{F32, sh};
+use super::{F32, Mix, sh};
 use crate::case::{Case, Generator, Init, InputSpec as In, Layout};
 use crate::check::{Comparison, Mismatch};
 
@@ -77,33 +77,6 @@ impl Style {
 
     fn code(self) -> f32 {
         self as u8 as f32
-    }
-}
-
-/// SplitMix64: the generators' own stream.
-struct Mix(u64);
-
-impl Mix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 24 bits.
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / 16_777_216.0
-    }
-
-    /// Uniform in [lo, hi).
-    fn range(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * self.unit()
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
     }
 }
 
