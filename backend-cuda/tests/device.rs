@@ -3,19 +3,12 @@
 //! message when no GPU is usable (ops themselves are checked by `tessera-test-ops eval
 //! --backend cuda`).
 
+mod common;
+
+use common::gpu;
 use tessera_cuda::{CudaBackend, CudaError, CudaOptions};
 use tessera_graph::{Backend, BackendError, ExecError, Graph, Session, Tensor};
 use tessera_ops::{DType, KernelError};
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new() {
-        Ok(b) => Some(b),
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
 
 #[test]
 fn without_a_gpu_new_is_an_error_not_a_panic() {

@@ -3,19 +3,11 @@
 //! loaded from the disk cache, once per process however often it runs). test-ops judges the
 //! programs against the CPU. Every test skips with a message when no GPU is usable.
 
-use tessera_cuda::CudaBackend;
+mod common;
+
+use common::gpu;
 use tessera_graph::{Backend, Graph, GraphError, Session, Tensor};
 use tessera_ops::{BinaryOp, DType, ElemArg, ElemInstr, ElemProgram, ScaleParams, UnaryOp};
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new() {
-        Ok(b) => Some(b),
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
 
 /// Deterministic values in [lo, hi).
 fn values(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {

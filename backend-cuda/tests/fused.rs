@@ -4,19 +4,11 @@
 //! the probabilities as reduce.cu's softmax kernels do (TAG(softmax-probs)). Every test skips
 //! with a message when no GPU is usable.
 
-use tessera_cuda::CudaBackend;
+mod common;
+
+use common::gpu;
 use tessera_graph::{Graph, Session, Tensor};
 use tessera_ops::DType;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new() {
-        Ok(b) => Some(b),
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
 
 /// splitmix64 in [0, 1).
 fn unit(state: &mut u64) -> f32 {
