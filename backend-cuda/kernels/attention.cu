@@ -449,6 +449,7 @@ __device__ __forceinline__ void fa_partial_impl(
         int kdt, int vdt, int mdt, int has_mask, int paged, float scale, float softcap, int n_splits,          \
         int split_len, int hb, int tb, int h_blocks, int t_blocks, int seq_stride, float* part, u64 err,       \
         u32 opcode) {                                                                                          \
+        grid_begin();                                                                                          \
         fa_partial_impl<DT, VEC>(q, k, v, mask, table, offsets, kv_lens, out, kdt, vdt, mdt, has_mask, paged,  \
                                  scale, softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks, seq_stride,  \
                                  part, err, opcode);                                                           \
@@ -464,6 +465,7 @@ FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 // sequence (`seq_stride > 0`), rows of tokens the split-K kernel did not take are left alone.
 extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor offsets, Tensor kv_lens, int seq_stride,
                                       int n_splits, int dv, int n_tokens, int n_head) {
+    grid_begin();
     __shared__ float scratch[32];
     const i64 g = blockIdx.x;
     if (offsets.data && seq_stride > 0) {
@@ -740,6 +742,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     extern "C" __global__ void __launch_bounds__(128)                                                          \
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
              int mdt, int has_mask, int paged, float scale, float softcap, int l_min, u64 err, u32 opcode) {     \
+        grid_begin();                                                                                            \
         fa_mma_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale, softcap,  \
                            l_min, err, opcode);                                                                \
     }
@@ -1062,6 +1065,7 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
              int mdt, int has_mask, int paged, float scale, float softcap, int split_len, int hb, int tb,        \
              int h_blocks, int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {                     \
+        grid_begin();                                                                                            \
         fa_dec_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale, softcap,  \
                            split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode);              \
     }

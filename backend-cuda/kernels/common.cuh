@@ -37,6 +37,17 @@ struct Tensor {
     i64 nb[4];
 };
 
+// Every kernel's first statement (a test checks): with programmatic dependent launch
+// (`Launch` in src/launch.rs) a kernel may start while the one before it on the stream is still
+// running. Wait until that grid has completed and its writes are visible, then let the next
+// kernel be scheduled, so its launch hides behind this one. No-ops without the launch attribute.
+__device__ __forceinline__ void grid_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ i64 nelements(const Tensor& t) { return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]; }
 
 // Byte offset of element (i0, i1, i2, i3) of a plain (non-block) tensor.

@@ -14,6 +14,7 @@
 // coalesced; each thread's 12 loads are issued before any is stored.
 extern "C" __global__ void __launch_bounds__(256)
     ssm_conv_tiled(Tensor out, Tensor sx, int sdt, Tensor kern, int kdt, int time_fastest) {
+    grid_begin();
     extern __shared__ float sh[];
     const i64 d_conv = kern.ne[0], channels = out.ne[0], n_t = out.ne[1];
     const i64 c0 = (i64)blockIdx.x * CONV_CH, t0 = (i64)blockIdx.y * CONV_TT, s = blockIdx.z;
@@ -65,6 +66,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ssm_conv for kernels too long for the tile: one thread per output.
 extern "C" __global__ void ssm_conv_direct(Tensor out, Tensor sx, int sdt, Tensor kern, int kdt) {
+    grid_begin();
     const i64 n = nelements(out);
     for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
         i64 c, t, s, u;
@@ -81,6 +83,7 @@ extern "C" __global__ void ssm_conv_direct(Tensor out, Tensor sx, int sdt, Tenso
 // written; for a ragged batch (`offsets.data` not null) its seq_offsets first, then the slots of
 // the sequences with tokens.
 extern "C" __global__ void conv_check_slots(Tensor slots, Tensor offsets, i64 n_tokens, i64 n_slots, u64 err, u32 op) {
+    grid_begin();
     if (offsets.data == nullptr) {
         check_state_slots(slots, n_slots, err, op);
     } else if (check_seq_offsets(offsets, n_tokens, err, op)) {
@@ -108,6 +111,7 @@ __device__ __forceinline__ float conv_x(const Tensor& x, int xdt, i64 c, i64 t, 
 extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Tensor x, int xdt, Tensor state,
                                                                   Tensor kern, int kdt, Tensor slots, Tensor offsets,
                                                                   int silu, u64 err) {
+    grid_begin();
     __shared__ long long tbegin[UPD_T];  // first token of each token's sequence, -1 for none
     __shared__ int tslot[UPD_T];
     __shared__ long long wpos[2];  // (t, outer) of packed token u0 - keep (t < 0 before the start)
@@ -196,6 +200,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Te
 // A sequence without tokens touches nothing (its slot value is not used).
 extern "C" __global__ void conv_update_state(Tensor x, int xdt, Tensor state, Tensor slots, Tensor offsets, i64 d_conv,
                                              u64 err) {
+    grid_begin();
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 channels = x.ne[0], n_t = x.ne[1], n_all = n_t * x.ne[2], keep = d_conv - 1;
     const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x, s = blockIdx.y;

@@ -119,6 +119,7 @@ __device__ __forceinline__ void convert_row(char* d, int ddt, i64 dnb0, const ch
 
 // Element e of src (flat, logical order) to element e of dst; the shapes may differ.
 extern "C" __global__ void copy_general(Tensor dst, int dst_dt, Tensor src, int src_dt) {
+    grid_begin();
     i64 n = nelements(dst);
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         i64 d0, d1, d2, d3, s0, s1, s2, s3;
@@ -132,6 +133,7 @@ extern "C" __global__ void copy_general(Tensor dst, int dst_dt, Tensor src, int 
 // Both contiguous, n elements. `vec`: both addresses are 16-byte aligned (8 values per thread,
 // the tail one by one).
 extern "C" __global__ void copy_flat(char* dst, int dst_dt, const char* src, int src_dt, i64 n, int vec) {
+    grid_begin();
     i64 tid = blockIdx.x * (i64)blockDim.x + threadIdx.x, stride = (i64)gridDim.x * blockDim.x;
     i64 head = 0;
     if (vec) {
@@ -166,7 +168,7 @@ __device__ __forceinline__ void copy_flat_t(char* dst, const char* src, i64 n) {
 }
 
 #define COPY_FLAT(SN, S, DN, D) \
-    extern "C" __global__ void copy_flat_##SN##_##DN(char* dst, const char* src, i64 n) { copy_flat_t<S, D>(dst, src, n); }
+    extern "C" __global__ void copy_flat_##SN##_##DN(char* dst, const char* src, i64 n) { grid_begin(); copy_flat_t<S, D>(dst, src, n); }
 COPY_FLAT(f32, DT_F32, f32, DT_F32)
 COPY_FLAT(f32, DT_F32, f16, DT_F16)
 COPY_FLAT(f32, DT_F32, bf16, DT_BF16)
@@ -179,6 +181,7 @@ COPY_FLAT(bf16, DT_BF16, bf16, DT_BF16)
 
 // Same shapes, dense rows: blockDim.y rows per block, blockDim.x threads per row.
 extern "C" __global__ void copy_rows(Tensor dst, int dst_dt, Tensor src, int src_dt, int vec) {
+    grid_begin();
     i64 rows = dst.ne[1] * dst.ne[2] * dst.ne[3];
     for (i64 r = blockIdx.x * (i64)blockDim.y + threadIdx.y; r < rows; r += (i64)gridDim.x * blockDim.y) {
         i64 i1 = r % dst.ne[1], i2 = (r / dst.ne[1]) % dst.ne[2], i3 = r / (dst.ne[1] * dst.ne[2]);
@@ -193,6 +196,7 @@ extern "C" __global__ void copy_rows(Tensor dst, int dst_dt, Tensor src, int src
 // side dense along ne0. Blocks of 32 x 8 threads; grid (tiles along ne0, tiles along ne1, ne2*ne3
 // with a stride).
 extern "C" __global__ void copy_transpose(Tensor dst, int dst_dt, Tensor src, int src_dt, int src_fast0) {
+    grid_begin();
     __shared__ float tile[32][33];
     i64 t0 = (i64)blockIdx.x * 32, t1 = (i64)blockIdx.y * 32;
     int tx = threadIdx.x;
@@ -245,6 +249,7 @@ __device__ void report_first_bad(const Tensor& ids, i64 limit, u64 err, u32 op, 
 
 // dst[:, r, j, k] = src[:, ids[r, j, k], j, k]. One block per destination row.
 extern "C" __global__ void get_rows(Tensor dst, int dst_dt, Tensor src, int src_dt, Tensor ids, int vec, u64 err, u32 op) {
+    grid_begin();
     i64 rows = dst.ne[1] * dst.ne[2] * dst.ne[3];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         i64 i1 = r % dst.ne[1], i2 = (r / dst.ne[1]) % dst.ne[2], i3 = r / (dst.ne[1] * dst.ne[2]);
@@ -266,6 +271,7 @@ extern "C" __global__ void get_rows(Tensor dst, int dst_dt, Tensor src, int src_
 // host caps the grid.
 extern "C" __global__ void set_rows(Tensor dst, int dst_dt, Tensor src, int src_dt, Tensor ids, int vec, int dedup, u64 err,
                                     u32 op) {
+    grid_begin();
     i64 rows = src.ne[1] * src.ne[2] * src.ne[3];
     i64 n = nelements(ids), limit = dst.ne[1];
     // Validate every id first (the same answer in every block).
@@ -298,6 +304,7 @@ extern "C" __global__ void set_rows(Tensor dst, int dst_dt, Tensor src, int src_
 
 // dst = a followed by b along `dim`.
 extern "C" __global__ void concat(Tensor dst, Tensor a, Tensor b, int dt, int dim) {
+    grid_begin();
     i64 n = nelements(dst);
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         i64 c[4];
@@ -315,6 +322,7 @@ extern "C" __global__ void concat(Tensor dst, Tensor a, Tensor b, int dt, int di
 
 // dst[i] = src[i mod src.ne] per dimension.
 extern "C" __global__ void repeat(Tensor dst, Tensor src, int dt) {
+    grid_begin();
     i64 n = nelements(dst);
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         i64 i0, i1, i2, i3;

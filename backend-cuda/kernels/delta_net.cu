@@ -59,6 +59,7 @@ __device__ __forceinline__ bool gdn_runs(i64 len, i64 len_min, i64 len_max) {
 // chunk buffers (i <= m; the last entry is the total).
 extern "C" __global__ void gdn_check_slots(Tensor slots, Tensor offsets, i64 n_tokens, i64 n_slots, i64 serial_max,
                                            int* table, u64 err, u32 op) {
+    grid_begin();
     __shared__ int lens[RAGGED_STAGE];
     if (offsets.data == nullptr) {
         check_state_slots(slots, n_slots, err, op);
@@ -103,6 +104,7 @@ __device__ __forceinline__ void group_sum2(float& a, float& b) {
 // contiguous [S_v, H_v, n_tokens, 1]) are zeroed here, grid-stride over just those rows.
 extern "C" __global__ void gdn_prep(Tensor q, int qdt, Tensor k, int kdt, float scale, int ks_len, float* kbuf,
                                    float* qbuf, float* kq, Tensor offsets, i64 serial_max, Tensor out, u64 err) {
+    grid_begin();
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 s_k = k.ne[0], h_k = k.ne[1], n_t = k.ne[2], n_outer = k.ne[3];
     const i64 rows = h_k * n_t * n_outer;
@@ -272,6 +274,7 @@ __device__ __forceinline__ void gdn_body(Tensor out, Tensor v, int vdt, Tensor g
         name(Tensor out, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt, Tensor state,        \
              Tensor slots, int h_k, int grouped, const float* kbuf, const float* qbuf, const float* kq,   \
              Tensor offsets, i64 len_min, i64 len_max, u64 err) {                                         \
+        grid_begin();                                                                                     \
         gdn_body<NC, VEC>(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq,      \
                           offsets, len_min, len_max, err);                                                \
     }
@@ -371,6 +374,7 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32)
     gdn_tiled_n4_vec(Tensor out, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt, Tensor state,
                      Tensor slots, int h_k, int grouped, const float* kbuf, const float* qbuf, const float* kq,
                      Tensor offsets, const int* table, i64 len_min, i64 len_max, u64 err) {
+    grid_begin();
     gdn_tiled_body<4, true>(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq, offsets,
                             table, len_min, len_max, err);
 }
@@ -799,6 +803,7 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
         name(Tensor q, int qdt, Tensor k, int kdt, Tensor v, int vdt, Tensor g, int gdt, Tensor beta, int bdt,  \
              float scale, int h_k, int grouped, u32* wf, u32* pf, float* uf, float* gm, u32* qf, u32* ktf,      \
              Tensor offsets, const int* table, u64 err) {                                                       \
+        grid_begin();                                                                                           \
         cw_prep_body<VEC>(q, qdt, k, kdt, v, vdt, g, gdt, beta, bdt, scale, h_k, grouped, wf, pf, uf, gm, qf,  \
                           ktf, offsets, table, err);                                                            \
     }
@@ -821,6 +826,7 @@ extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
     gdn_cw_scan(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,
                 const float* uf, const float* gm, const u32* qf, const u32* ktf, Tensor offsets, const int* table,
                 u64 err) {
+    grid_begin();
     const int NT = CW_NT;
     extern __shared__ __align__(16) uint4 shq[];
     uint4* wsm = shq;                 // W, 32 A tiles of 64 uint4

@@ -35,6 +35,7 @@ __device__ __forceinline__ float binary_f(int code, float a, float b) {
          row < nrows; row += (i64)gridDim.x * blockDim.y)
 
 extern "C" __global__ void unary(Tensor dst, int dst_dt, Tensor src, int src_dt, int code) {
+    grid_begin();
     FOR_EACH_ROW(dst) {
         i64 i1, i2, i3;
         row_coords(dst, row, i1, i2, i3);
@@ -48,6 +49,7 @@ extern "C" __global__ void unary(Tensor dst, int dst_dt, Tensor src, int src_dt,
 
 // dst = a (op) b, b broadcast over a by repetition (b.ne[d] divides a.ne[d]).
 extern "C" __global__ void binary(Tensor dst, int dst_dt, Tensor a, int a_dt, Tensor b, int b_dt, int code) {
+    grid_begin();
     FOR_EACH_ROW(dst) {
         i64 i1, i2, i3;
         row_coords(dst, row, i1, i2, i3);
@@ -68,6 +70,7 @@ extern "C" __global__ void binary(Tensor dst, int dst_dt, Tensor a, int a_dt, Te
 // Contiguous f32, b a contiguous block of `nb` elements repeated along the flat index (nb a
 // multiple of 4 and 16-byte aligned pointers: checked by the host): 4 elements per thread.
 extern "C" __global__ void binary_f32_vec4(float4* dst, const float4* a, const float4* b, i64 n4, i64 nb4, int code) {
+    grid_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
         float4 x = a[i], y = b[nb4 == n4 ? i : i % nb4], r;
         r.x = binary_f(code, x.x, y.x);
@@ -80,6 +83,7 @@ extern "C" __global__ void binary_f32_vec4(float4* dst, const float4* a, const f
 
 // Contiguous f32 unary / scale: 4 elements per thread.
 extern "C" __global__ void unary_f32_vec4(float4* dst, const float4* src, i64 n4, int code) {
+    grid_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
         float4 x = src[i], r;
         r.x = unary_f(code, x.x);
@@ -91,6 +95,7 @@ extern "C" __global__ void unary_f32_vec4(float4* dst, const float4* src, i64 n4
 }
 
 extern "C" __global__ void scale_f32_vec4(float4* dst, const float4* src, i64 n4, float s, float bias) {
+    grid_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
         float4 x = src[i];
         dst[i] = make_float4(x.x * s + bias, x.y * s + bias, x.z * s + bias, x.w * s + bias);
@@ -98,6 +103,7 @@ extern "C" __global__ void scale_f32_vec4(float4* dst, const float4* src, i64 n4
 }
 
 extern "C" __global__ void scale(Tensor dst, int dst_dt, Tensor src, int src_dt, float s, float bias) {
+    grid_begin();
     FOR_EACH_ROW(dst) {
         i64 i1, i2, i3;
         row_coords(dst, row, i1, i2, i3);
@@ -110,6 +116,7 @@ extern "C" __global__ void scale(Tensor dst, int dst_dt, Tensor src, int src_dt,
 
 // dst = silu(gate) * up.
 extern "C" __global__ void swiglu(Tensor dst, int dst_dt, Tensor gate, int gate_dt, Tensor up, int up_dt) {
+    grid_begin();
     FOR_EACH_ROW(dst) {
         i64 i1, i2, i3;
         row_coords(dst, row, i1, i2, i3);

@@ -135,12 +135,15 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
 // blockDim.x, one block per row), `_loop` (any n, one block per row).
 #define FZ_NORM_KERNELS(MODE, NAME)                                                                                    \
     extern "C" __global__ void NAME##_warp(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {             \
+        grid_begin();                                                                                                 \
         fz_norm_rows<true, 8, MODE>(y, s, x, b, w, eps);                                                               \
     }                                                                                                                  \
     extern "C" __global__ void NAME##_block(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {            \
+        grid_begin();                                                                                                 \
         fz_norm_rows<false, 8, MODE>(y, s, x, b, w, eps);                                                              \
     }                                                                                                                  \
     extern "C" __global__ void NAME##_loop(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {             \
+        grid_begin();                                                                                                 \
         fz_norm_rows<false, 0, MODE>(y, s, x, b, w, eps);                                                              \
     }
 
@@ -296,8 +299,8 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k) {
     }
 }
 
-extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k) { fz_softmax_top_k<true>(dst, src, k); }
-extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k) { fz_softmax_top_k<false>(dst, src, k); }
+extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k) { grid_begin(); fz_softmax_top_k<true>(dst, src, k); }
+extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k) { grid_begin(); fz_softmax_top_k<false>(dst, src, k); }
 
 // ---- moe_weights ----
 
@@ -354,8 +357,10 @@ __device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, u64 err, u32 
 }
 
 extern "C" __global__ void moe_weights_vec(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+    grid_begin();
     fz_moe_weights<true>(dst, src, ids, err, op);
 }
 extern "C" __global__ void moe_weights_gen(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+    grid_begin();
     fz_moe_weights<false>(dst, src, ids, err, op);
 }

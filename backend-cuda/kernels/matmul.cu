@@ -33,6 +33,7 @@
 #define STAGE_CHUNKS (32 * NVFP4_BYTES / 16)
 
 extern "C" __global__ void pack_b(Tensor b, float* f32_out, u16* hi_out, u16* lo_out, int half_dt, i64 ldb) {
+    grid_begin();
     const i64 k = b.ne[0], total = nelements(b);
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         i64 i0, i1, i2, i3;
@@ -116,6 +117,7 @@ __device__ __forceinline__ float weight_value(const char* row, int dt, i64 i0) {
 // Rows [m0, m0 + gridDim.y) of weight matrix (a2, a3) to bf16 rows of `ld` elements: hi, and
 // the rounding remainder at lo when lo is not null.
 extern "C" __global__ void dequant_rows(Tensor a, int adt, i64 m0, i64 a2, i64 a3, u16* hi, u16* lo, i64 ld) {
+    grid_begin();
     const i64 r = blockIdx.y;
     const char* row = a.data + (m0 + r) * a.nb[1] + a2 * a.nb[2] + a3 * a.nb[3];
     for (i64 i0 = blockIdx.x * (i64)blockDim.x + threadIdx.x; i0 < a.ne[0]; i0 += (i64)gridDim.x * blockDim.x) {
@@ -312,6 +314,7 @@ __device__ __forceinline__ void moe_gemv_pairs(const char* row, int adt, i64 k, 
 // them (a batch of decode steps routes most experts one or two pairs: an 8-wide dot for one pair
 // did 8 times the arithmetic).
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out, int vec, int gemv_max) {
+    grid_begin();
     __shared__ uint4 stage[MM_WARPS][STAGE_CHUNKS];
     const int warp = threadIdx.x >> 5;
     const i64 m = (i64)blockIdx.x * MM_WARPS + warp, e = blockIdx.y;
@@ -338,6 +341,7 @@ extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) moe_gemv(Tensor as, 
 // each block runs its MT_M weight rows over the expert's pairs MT_N at a time, with weight
 // tiles decoded to f32 and activation tiles gathered through shared memory.
 extern "C" __global__ void __launch_bounds__(256) moe_gemm(Tensor as, int adt, const float* bp, i64 ldb, i64 n_b, i64 n_used, const int* offsets, const int* list, Tensor out, int gemv_max) {
+    grid_begin();
     __shared__ __align__(16) float wt[MT_K][MT_M + 4];
     __shared__ __align__(16) float xt[MT_K][MT_N + 4];
     __shared__ int pairs[MT_N];
@@ -434,6 +438,7 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
 // Activation row r (a flat row of b) as 16-value blocks: at xq + r * 2 k + 32 j the 16 hi bytes
 // then the 16 lo bytes of block j, at xs[r * k / 16 + j] its scale. One thread per block.
 extern "C" __global__ void quant_x(Tensor b, char* xq, float* xs) {
+    grid_begin();
     const i64 k = b.ne[0], nbk = k / 16, total = nbk * (nelements(b) / k);
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         const i64 r = i / nbk, j = i % nbk;
@@ -680,6 +685,7 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, Tensor a_up, int adt, c
 
 #define GF_ENTRY(NAME, NT, R)                                                                                                  \
     extern "C" __global__ void __launch_bounds__(GF_THREADS) NAME(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) { \
+        grid_begin();                                                                                                                             \
         gemv_fast_body<NT, R, false>(a, a, adt, x, ldx, n, b2, b3, out);                                                       \
     }
 GF_ENTRY(gemv_fast_1, 1, 1)
@@ -696,6 +702,7 @@ GF_ENTRY(gemv_fast_8_r4, 8, 4)
 // mul_mat_swiglu at 1-8 tokens: one gate row and its up row a block.
 #define GF_GLU_ENTRY(NAME, NT)                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GF_THREADS) NAME(Tensor a, Tensor a_up, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) { \
+        grid_begin();                                                                                                                                          \
         gemv_fast_body<NT, 2, true>(a, a_up, adt, x, ldx, n, b2, b3, out);                                                     \
     }
 GF_GLU_ENTRY(gemv_fast_glu_1, 1)
@@ -704,15 +711,19 @@ GF_GLU_ENTRY(gemv_fast_glu_4, 4)
 GF_GLU_ENTRY(gemv_fast_glu_8, 8)
 
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    grid_begin();
     gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    grid_begin();
     gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    grid_begin();
     gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    grid_begin();
     gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 
@@ -756,9 +767,11 @@ __device__ __forceinline__ void moe_decode_body(Tensor as, Tensor as_up, int adt
 }
 
 extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+    grid_begin();
     moe_decode_body<false>(as, as, adt, x, ldx, n_b, ids, out, err, op);
 }
 extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_glu(Tensor as, Tensor as_up, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+    grid_begin();
     moe_decode_body<true>(as, as_up, adt, x, ldx, n_b, ids, out, err, op);
 }
 
@@ -1280,6 +1293,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
 #define G1_ENTRY(NAME, DT, S, P, THREADS)                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(Tensor a, Tensor b, Tensor out, int groups, \
                                                                 int rows_stage) {                        \
+        grid_begin();                                                                                    \
         gemv1_body<DT, S, P>(a, b, out, groups, rows_stage);                                             \
     }
 G1_ENTRY(gemv1_q8_0_s3, DT_Q8_0, 3, false, G1_MAX_THREADS)
@@ -1374,15 +1388,19 @@ __device__ __forceinline__ void gemv_half_words(Tensor a, const float* x, Tensor
 }
 
 extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f16w(Tensor a, const float* x, Tensor out) {
+    grid_begin();
     gemv_half_words<DT_F16, 2, GW_R>(a, x, out);
 }
 extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_bf16w(Tensor a, const float* x, Tensor out) {
+    grid_begin();
     gemv_half_words<DT_BF16, 2, GW_R>(a, x, out);
 }
 extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_f16w_long(Tensor a, const float* x, Tensor out) {
+    grid_begin();
     gemv_half_words<DT_F16, 5, 2>(a, x, out);
 }
 extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_bf16w_long(Tensor a, const float* x, Tensor out) {
+    grid_begin();
     gemv_half_words<DT_BF16, 5, 2>(a, x, out);
 }
 
@@ -1392,6 +1410,7 @@ extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_bf16w_long(Te
 // with their loads in flight; a bad id is reported (block 0) and its slot skipped.
 #define MDS_SLOTS 4
 extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_sum(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor w, Tensor out, u64 err, u32 op) {
+    grid_begin();
     const i64 n_used = ids.ne[0], t = blockIdx.y;
     const int lane = threadIdx.x & 31;
     const i64 m = (i64)blockIdx.x * (GF_THREADS / 32) + (threadIdx.x >> 5), k = as.ne[0];
@@ -1442,6 +1461,7 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_sum(Tensor a
 // out[m, t] = sum_u w[0, u, t] * y[m, u, t] (mul_mat_id_weighted_sum after mul_mat_id wrote y
 // [M, n_used, T]): a thread per output element, the slots in order.
 extern "C" __global__ void weighted_slot_sum(Tensor y, Tensor w, Tensor out) {
+    grid_begin();
     const i64 total = y.ne[0] * y.ne[2];
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         const i64 m = i % y.ne[0], t = i / y.ne[0];

@@ -83,6 +83,7 @@ __device__ __forceinline__ void mq_pack_rows(Tensor b, char* x, float* xs, i64 w
 }
 
 extern "C" __global__ void mmq_pack_x(Tensor b, char* x, float* xs) {
+    grid_begin();
     const i64 per_block = blockDim.x >> 5;
     mq_pack_rows(b, x, xs, blockIdx.x * per_block + (threadIdx.x >> 5), (i64)gridDim.x * per_block);
 }
@@ -495,11 +496,13 @@ __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const floa
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
         NAME(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out, i64 dp, int splits,  \
              int kper, float* partial, unsigned* count) {                                                     \
+        grid_begin();                                                                                         \
         mmq_body<QT, S>(a, x, xs, n, b2, b3, out, dp, splits, kper, partial, count);                          \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
         NAME##_id(Tensor as, const char* x, const float* xs, i64 n_b, i64 n_used, const int* offsets,         \
                   const int* list, int min_pairs, Tensor out) {                                               \
+        grid_begin();                                                                                         \
         mmq_id_body<QT, S>(as, x, xs, n_b, n_used, offsets, list, min_pairs, out);                            \
     }
 MQ_ENTRY(mmq_q8_0_s4, DT_Q8_0, 4)
@@ -641,6 +644,7 @@ __device__ void me_group(const Tensor& ids, int n_expert, int* cnt, int* offsets
 // n_expert + 1 ints; list: n_used * T; listed: n_expert + 1 entries. x, xs: as mmq_pack_x (b's
 // rows), or x null.
 extern "C" __global__ void moe_prep(Tensor ids, i64 n_expert, int* offsets, int* cursor, int* list, MeExpert* listed, int max_pairs, Tensor b, char* x, float* xs, u64 err, u32 op) {
+    grid_begin();
     extern __shared__ int me_counts[];
     if (blockIdx.x == gridDim.x - 1) {
         int* cnt = n_expert <= ME_SHARED_EXPERTS ? me_counts : cursor;
@@ -882,8 +886,10 @@ __device__ __forceinline__ void moe_mma_body(Tensor as, const char* x, const flo
 }
 
 extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_q8_0(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+    grid_begin();
     moe_mma_body<DT_Q8_0>(as, x, xs, n_used, n_b, list, listed, out);
 }
 extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_nvfp4(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+    grid_begin();
     moe_mma_body<DT_NVFP4>(as, x, xs, n_used, n_b, list, listed, out);
 }

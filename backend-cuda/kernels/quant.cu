@@ -10,6 +10,7 @@
 // d = amax / 127 (stored as f16, or 0x7E00 when NaN); q = round_half_away(x * (1 / d)) saturated
 // to i8, 0 when not finite.
 extern "C" __global__ void quantize_q8_0(Tensor dst, Tensor src) {
+    grid_begin();
     i64 blocks_per_row = dst.ne[0] / QK8_0;
     i64 blocks = blocks_per_row * dst.ne[1] * dst.ne[2] * dst.ne[3];
     int lane = threadIdx.x & 31;
@@ -78,6 +79,7 @@ __device__ __forceinline__ u32 nearest_e2m1(float x, float d_half) {
 // One thread per 16-value sub-block: its UE4M3 scale byte and 8 bytes of codes (value k in the
 // low nibble of byte k, value k + 8 in the high nibble).
 extern "C" __global__ void quantize_nvfp4(Tensor dst, Tensor src) {
+    grid_begin();
     i64 subs_per_row = dst.ne[0] / 16;
     i64 subs = subs_per_row * dst.ne[1] * dst.ne[2] * dst.ne[3];
     for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < subs; t += (i64)gridDim.x * blockDim.x) {
@@ -110,6 +112,7 @@ extern "C" __global__ void quantize_nvfp4(Tensor dst, Tensor src) {
 
 // dst (f32, any strides) = the values of src (dense quantized rows of dtype `dt`).
 extern "C" __global__ void dequantize(Tensor dst, Tensor src, int dt) {
+    grid_begin();
     i64 n = nelements(dst);
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         i64 i0, i1, i2, i3;

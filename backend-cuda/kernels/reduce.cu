@@ -110,8 +110,8 @@ __device__ void norm_rows(Tensor dst, Tensor src, int src_dt, float eps, int mod
     }
 }
 
-extern "C" __global__ void norm_warp(Tensor dst, Tensor src, int src_dt, float eps, int mode) { norm_rows<true>(dst, src, src_dt, eps, mode); }
-extern "C" __global__ void norm_block(Tensor dst, Tensor src, int src_dt, float eps, int mode) { norm_rows<false>(dst, src, src_dt, eps, mode); }
+extern "C" __global__ void norm_warp(Tensor dst, Tensor src, int src_dt, float eps, int mode) { grid_begin(); norm_rows<true>(dst, src, src_dt, eps, mode); }
+extern "C" __global__ void norm_block(Tensor dst, Tensor src, int src_dt, float eps, int mode) { grid_begin(); norm_rows<false>(dst, src, src_dt, eps, mode); }
 
 // f32 rows that are dense and 16-byte aligned (src and dst), ne0 % 4 == 0 and ne0 / 4 <= NV *
 // group size: the row stays in registers between the sum and the scaling.
@@ -144,8 +144,8 @@ __device__ void norm_rows_vec(Tensor dst, Tensor src, float eps, int mode) {
     }
 }
 
-extern "C" __global__ void norm_vec_warp(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<true, 8>(dst, src, eps, mode); }
-extern "C" __global__ void norm_vec_block(Tensor dst, Tensor src, float eps, int mode) { norm_rows_vec<false, 4>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_warp(Tensor dst, Tensor src, float eps, int mode) { grid_begin(); norm_rows_vec<true, 8>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_block(Tensor dst, Tensor src, float eps, int mode) { grid_begin(); norm_rows_vec<false, 4>(dst, src, eps, mode); }
 
 // Short dense rows (ne0 / 4 <= NV * L): L lanes per row, 32 / L rows per warp, so that a warp
 // has more loads in flight. The row loop is block-uniform; lanes past the last row load nothing
@@ -211,8 +211,8 @@ __device__ void norm_rows_sub(Tensor dst, Tensor src, float eps, int mode) {
     }
 }
 
-extern "C" __global__ void norm_vec_sub8(Tensor dst, Tensor src, float eps, int mode) { norm_rows_sub<8, 4>(dst, src, eps, mode); }
-extern "C" __global__ void norm_vec_sub16(Tensor dst, Tensor src, float eps, int mode) { norm_rows_sub<16, 4>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_sub8(Tensor dst, Tensor src, float eps, int mode) { grid_begin(); norm_rows_sub<8, 4>(dst, src, eps, mode); }
+extern "C" __global__ void norm_vec_sub16(Tensor dst, Tensor src, float eps, int mode) { grid_begin(); norm_rows_sub<16, 4>(dst, src, eps, mode); }
 
 // ---- sum_rows ----
 
@@ -241,8 +241,8 @@ __device__ void sum_rows_impl(Tensor dst, Tensor src, int src_dt, int vec) {
     }
 }
 
-extern "C" __global__ void sum_rows_warp(Tensor dst, Tensor src, int src_dt, int vec) { sum_rows_impl<true>(dst, src, src_dt, vec); }
-extern "C" __global__ void sum_rows_block(Tensor dst, Tensor src, int src_dt, int vec) { sum_rows_impl<false>(dst, src, src_dt, vec); }
+extern "C" __global__ void sum_rows_warp(Tensor dst, Tensor src, int src_dt, int vec) { grid_begin(); sum_rows_impl<true>(dst, src, src_dt, vec); }
+extern "C" __global__ void sum_rows_block(Tensor dst, Tensor src, int src_dt, int vec) { grid_begin(); sum_rows_impl<false>(dst, src, src_dt, vec); }
 
 // ---- softmax ----
 
@@ -307,9 +307,11 @@ __device__ void softmax_impl(Tensor dst, Tensor src, int src_dt, Tensor mask, in
 }
 
 extern "C" __global__ void softmax_warp(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale) {
+    grid_begin();
     softmax_impl<true>(dst, src, src_dt, mask, mask_dt, has_mask, scale);
 }
 extern "C" __global__ void softmax_block(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale) {
+    grid_begin();
     softmax_impl<false>(dst, src, src_dt, mask, mask_dt, has_mask, scale);
 }
 
@@ -377,15 +379,18 @@ __device__ void softmax_vec_impl(Tensor dst, Tensor src, Tensor mask, int mask_d
 }
 
 extern "C" __global__ void softmax_vec_warp(Tensor dst, Tensor src, Tensor mask, int mask_dt, int has_mask, float scale) {
+    grid_begin();
     softmax_vec_impl<true, 8>(dst, src, mask, mask_dt, has_mask, scale);
 }
 extern "C" __global__ void softmax_vec_block(Tensor dst, Tensor src, Tensor mask, int mask_dt, int has_mask, float scale) {
+    grid_begin();
     softmax_vec_impl<false, 4>(dst, src, mask, mask_dt, has_mask, scale);
 }
 
 // Split rows: grid (chunks, rows); block (c, r) covers [c * chunk, (c + 1) * chunk) of row r.
 // Pass 1 writes each chunk's (max, sum) to part[r * chunks + c].
 extern "C" __global__ void softmax_split_partial(Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale, i64 chunk, float2* part) {
+    grid_begin();
     __shared__ float shm[32], shs[32];
     i64 r = blockIdx.y, n = src.ne[0];
     const char* x = rd_row_ptr(src, r);
@@ -399,6 +404,7 @@ extern "C" __global__ void softmax_split_partial(Tensor src, int src_dt, Tensor 
 
 // Pass 2: every block merges its row's partials, then writes its chunk.
 extern "C" __global__ void softmax_split_write(Tensor dst, Tensor src, int src_dt, Tensor mask, int mask_dt, int has_mask, float scale, i64 chunk, const float2* part) {
+    grid_begin();
     __shared__ float shm[32], shs[32];
     i64 r = blockIdx.y, n = src.ne[0];
     MaxSum t{-TS_INF, 0.0f};
@@ -477,11 +483,12 @@ __device__ void argmax_impl(Tensor dst, Tensor src, int src_dt) {
     }
 }
 
-extern "C" __global__ void argmax_warp(Tensor dst, Tensor src, int src_dt) { argmax_impl<true>(dst, src, src_dt); }
-extern "C" __global__ void argmax_block(Tensor dst, Tensor src, int src_dt) { argmax_impl<false>(dst, src, src_dt); }
+extern "C" __global__ void argmax_warp(Tensor dst, Tensor src, int src_dt) { grid_begin(); argmax_impl<true>(dst, src, src_dt); }
+extern "C" __global__ void argmax_block(Tensor dst, Tensor src, int src_dt) { grid_begin(); argmax_impl<false>(dst, src, src_dt); }
 
 // Split rows: grid (chunks, rows); pass 1 writes each chunk's best to part[r * chunks + c].
 extern "C" __global__ void argmax_split_partial(Tensor src, int src_dt, i64 chunk, int2* part) {
+    grid_begin();
     __shared__ float shv[32];
     __shared__ int shi[32];
     i64 r = blockIdx.y, n = src.ne[0];
@@ -492,6 +499,7 @@ extern "C" __global__ void argmax_split_partial(Tensor src, int src_dt, i64 chun
 
 // Pass 2: one warp per row merges the row's `chunks` partials.
 extern "C" __global__ void argmax_split_final(Tensor dst, i64 chunks, const int2* part) {
+    grid_begin();
     i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= rd_n_rows(dst)) return;
@@ -557,8 +565,8 @@ __device__ void topk_warp_impl(Tensor dst, Tensor src, int src_dt, int desc, int
     }
 }
 
-extern "C" __global__ void topk_warp8(Tensor dst, Tensor src, int src_dt, int desc, int k) { topk_warp_impl<8>(dst, src, src_dt, desc, k); }
-extern "C" __global__ void topk_warp16(Tensor dst, Tensor src, int src_dt, int desc, int k) { topk_warp_impl<16>(dst, src, src_dt, desc, k); }
+extern "C" __global__ void topk_warp8(Tensor dst, Tensor src, int src_dt, int desc, int k) { grid_begin(); topk_warp_impl<8>(dst, src, src_dt, desc, k); }
+extern "C" __global__ void topk_warp16(Tensor dst, Tensor src, int src_dt, int desc, int k) { grid_begin(); topk_warp_impl<16>(dst, src, src_dt, desc, k); }
 
 #define SORT_TILE 2048
 
@@ -567,6 +575,7 @@ extern "C" __global__ void topk_warp16(Tensor dst, Tensor src, int src_dt, int d
 // earlier stage at in[row * in_stride]. With `final` (one tile per row) the first k indices go to
 // dst; else the first min(cap, len) ranks go to runs[row * out_stride + tile * out_run ...].
 extern "C" __global__ void sort_tile(Tensor src, int src_dt, const u64* in, i64 in_n, i64 in_stride, int desc, int p, i64 cap, u64* runs, i64 out_stride, i64 out_run, Tensor dst, int k, int final) {
+    grid_begin();
     __shared__ u64 s[SORT_TILE];
     i64 r = blockIdx.x, n = in ? in_n : src.ne[0];
     i64 base = (i64)blockIdx.y * SORT_TILE;
@@ -616,6 +625,7 @@ __device__ __forceinline__ i64 run_len(i64 j, i64 s, i64 n, i64 cap) {
 // distinct). With `final`, the first k go to dst as indices.
 // Threads cover the first width = min(cap, s) places of each of the nruns = ceil(n / s) runs.
 extern "C" __global__ void merge_runs(const u64* in, u64* out, i64 rows, i64 n, i64 s, i64 cap, i64 nruns, i64 width, Tensor dst, int final) {
+    grid_begin();
     i64 per_row = nruns * width, total = rows * per_row;
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
         i64 r = e / per_row, rem = e - r * per_row;

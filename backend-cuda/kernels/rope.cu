@@ -23,6 +23,7 @@ __device__ __forceinline__ int rope_stream(int has_sections, int s0, int s1, int
 }
 
 extern "C" __global__ void rope_multi(Tensor dst, Tensor src, int src_dt, Tensor pos, int n_rot, float freq_base, int pairing, int has_sections, int s0, int s1, int s2, int s3, int heads_per_block) {
+    grid_begin();
     extern __shared__ float table[];  // n_rot / 2 cosines, then n_rot / 2 sines
     int half = n_rot >> 1;
     i64 t = blockIdx.x, n_tokens = src.ne[2];

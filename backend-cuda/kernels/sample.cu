@@ -330,6 +330,7 @@ __device__ __forceinline__ void smp_write(const Tensor& dst, i64 r, i64 id) { *(
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_stats(Tensor logits, Tensor settings, SmpStat* stats, u32* ccount, int* first_nan, u64 err,
                                         u32 op) {
+    grid_begin();
     const i64 r = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, n = logits.ne[0];
     if (c == 0 && threadIdx.x == 0) {
         ccount[r] = 0;
@@ -369,6 +370,7 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_stats(Tensor lo
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_hist(Tensor logits, Tensor settings, const SmpStat* stats,
                                                                       u32* hcount, u64* hmass, u64* ctotal) {
+    grid_begin();
     __shared__ u32 cnt[SMP_THREADS / 32][SMP_BINS];
     __shared__ u64 mass[SMP_THREADS / 32][SMP_BINS];
     const i64 r = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, n = logits.ne[0];
@@ -555,6 +557,7 @@ __device__ u64 smp_select(const float* x, i64 n, float mx, float t, int bin, u64
 extern "C" __global__ void __launch_bounds__(SMP_BIG_THREADS)
     sample_plan(Tensor dst, Tensor logits, Tensor settings, const SmpStat* stats, const u32* hcount, const u64* hmass,
                 const u64* ctotal, SmpPlan* plans, int* first_nan, i64 chunks) {
+    grid_begin();
     __shared__ u32 red_cnt[16][SMP_BINS];
     __shared__ u64 red_mass[16][SMP_BINS];
     __shared__ u64 cumc[SMP_BINS];
@@ -690,6 +693,7 @@ extern "C" __global__ void __launch_bounds__(SMP_BIG_THREADS)
 // ---- 4. candidates of the small rows ----
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_gather(Tensor logits, Tensor settings, const SmpPlan* plans, u32* ccount, u32* cand) {
+    grid_begin();
     const i64 r = blockIdx.y, c = blockIdx.x, n = logits.ne[0];
     const SmpPlan plan = plans[r];
     if (plan.mode != SMP_MODE_SMALL) return;
@@ -750,6 +754,7 @@ __device__ void smp_scan_in_place(u64* vals, int m) {
 
 extern "C" __global__ void __launch_bounds__(SMP_BIG_THREADS) sample_small(Tensor dst, Tensor logits, Tensor settings, const SmpPlan* plans, const u32* ccount,
                                         const u32* cand, const int* first_nan, u64 err, u32 op) {
+    grid_begin();
     __shared__ u64 keys[SMP_CAP];
     __shared__ u64 cum[SMP_CAP];
     __shared__ int sh_len;

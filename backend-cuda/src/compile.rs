@@ -402,9 +402,46 @@ fn store_in_cache(path: &Path, bytes: &[u8]) {
     let _ = tessera_files::write_atomic(path, bytes);
 }
 
+/// The kernels in `source` (a module or a generated program) whose body does not begin with
+/// `grid_begin();`: launched with overlap ([`crate::launch`]'s `Launch`), such a kernel could
+/// read its inputs before the kernel that writes them has finished.
+#[cfg(test)]
+pub(crate) fn kernels_without_grid_begin(source: &str) -> Vec<String> {
+    let mut missing = Vec::new();
+    for (at, _) in source.match_indices("__global__") {
+        let head = &source[at..];
+        let Some(open) = head.find('{') else { continue };
+        let name = head[..open]
+            .split('(')
+            .filter_map(|before| before.split_whitespace().last())
+            .find(|word| *word != "__launch_bounds__" && *word != "__global__")
+            .unwrap_or("?");
+        let body = head[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+        if !body.starts_with("grid_begin();") {
+            missing.push(name.to_string());
+        }
+    }
+    missing
+}
+
 #[cfg(test)]
 mod tests {
-    use super::store_in_cache;
+    use super::{Module, kernels_without_grid_begin, store_in_cache};
+
+    #[test]
+    fn every_kernel_begins_by_waiting_for_the_previous_grid() {
+        let mut kernels = 0;
+        for m in Module::ALL {
+            let src = m.source_from(None);
+            kernels += src.matches("__global__").count();
+            assert_eq!(kernels_without_grid_begin(&src), Vec::<String>::new(), "in {}.cu", m.name());
+        }
+        assert!(kernels > 90, "found {kernels} kernels");
+        // The checker itself finds a kernel that does not wait.
+        let bad = "extern \"C\" __global__ void ok(Tensor a) { grid_begin(); }\n\
+                   extern \"C\" __global__ void __launch_bounds__(256) late(Tensor a) {\n    int i = 0;\n    grid_begin();\n}";
+        assert_eq!(kernels_without_grid_begin(bad), ["late"]);
+    }
 
     #[test]
     fn the_cache_is_written_whole_and_leaves_no_temporary() {

@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, sys};
+use std::ffi::c_void;
+
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchConfig, sys};
+use smallvec::SmallVec;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, TensorMeta};
 
@@ -128,6 +131,76 @@ pub(crate) struct Cx<'a> {
     /// The kernels this step launched, in order (`"cublas"` for a cuBLAS call): what decides
     /// whether a captured graph may be applied to an executable one as an update.
     pub trace: &'a mut Vec<&'static str>,
+    /// Launch kernels with programmatic stream serialization ([`Launch`]).
+    pub overlap: bool,
+}
+
+impl<'a> Cx<'a> {
+    /// A launch of `f` on the task's stream; add the arguments, then [`Launch::launch`].
+    pub fn launch<'f>(&self, f: &'f CudaFunction) -> Launch<'f>
+    where
+        'a: 'f,
+    {
+        Launch { stream: self.stream, func: f, overlap: self.overlap, args: SmallVec::new() }
+    }
+}
+
+/// One kernel launch being put together: the addresses of its arguments, in the kernel's
+/// parameter order, then [`Launch::launch`].
+///
+/// With `overlap` (the default on sm_90 and later, [`crate::CudaOptions::overlap_launches`]) the
+/// launch carries programmatic stream serialization: the GPU may start the kernel while the one
+/// before it on the stream is still running, so launch latency and block scheduling hide behind
+/// the previous kernel's tail (also inside a captured graph, as programmatic edges). That is safe
+/// because every kernel begins with `grid_begin()` (kernels/common.cuh), which waits until the
+/// previous grid has completed and its writes are visible before anything else runs; a test
+/// checks every kernel source for it. cudarc's `LaunchArgs` cannot set launch attributes, hence
+/// this small builder over `cuLaunchKernelEx`.
+pub(crate) struct Launch<'a> {
+    stream: &'a CudaStream,
+    func: &'a CudaFunction,
+    overlap: bool,
+    args: SmallVec<[*mut c_void; 16]>,
+}
+
+impl<'a> Launch<'a> {
+    /// Adds the next argument; `value` must outlive the launch.
+    pub fn arg<T: DeviceRepr>(&mut self, value: &'a T) -> &mut Self {
+        self.args.push(value as *const T as *mut c_void);
+        self
+    }
+
+    /// Enqueues the kernel.
+    ///
+    /// # Safety
+    ///
+    /// The arguments must match the kernel's parameters in number, order and type, and the kernel
+    /// must stay within the memory its arguments describe.
+    pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            // SAFETY: an all-zero union is a valid value of every one of its plain-data fields.
+            value: unsafe { std::mem::zeroed() },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: self.overlap as u32,
+        };
+        // SAFETY: `config` and `attr` live across the call; the argument addresses point at
+        // values that outlive `self` (the caller's contract covers what they hold).
+        unsafe { sys::cuLaunchKernelEx(&config, self.func.cu_function(), self.args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+    }
 }
 
 impl Cx<'_> {

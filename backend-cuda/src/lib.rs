@@ -65,6 +65,10 @@ pub struct CudaOptions {
     /// Time every op with CUDA events and print the totals per op and shapes to stderr when the
     /// backend is dropped; steps then run eagerly (default off; `TESSERA_CUDA_PROFILE=1`).
     pub profile: bool,
+    /// Let each kernel start while the one before it is finishing (programmatic dependent launch,
+    /// sm_90 and later; every kernel waits for its predecessor's results before it reads
+    /// anything). Default on; `TESSERA_CUDA_OVERLAP=0` turns it off, to compare.
+    pub overlap_launches: bool,
 }
 
 impl Default for CudaOptions {
@@ -76,6 +80,7 @@ impl Default for CudaOptions {
             graph_capacity: 64,
             arch_specific: on("TESSERA_CUDA_ARCH_SPECIFIC"),
             profile: std::env::var("TESSERA_CUDA_PROFILE").is_ok_and(|v| v != "0"),
+            overlap_launches: on("TESSERA_CUDA_OVERLAP"),
         }
     }
 }
@@ -111,6 +116,8 @@ pub struct CudaBackend {
     counters: u64,
     graphs: Graphs,
     use_graphs: bool,
+    /// Whether launches overlap ([`CudaOptions::overlap_launches`] on a device that has it).
+    overlap: bool,
     staging: Option<Staging>,
     /// Per-op device times, when profiling ([`CudaOptions::profile`]).
     profile: Option<profile::Profile>,
@@ -139,6 +146,7 @@ impl CudaBackend {
         let mut pool = Pool::new(dev.stream.cu_stream());
         let errors = alloc_zeroed(&mut pool, std::mem::size_of::<ErrorRecord>(), "zeroing the error record")?;
         let counters = alloc_zeroed(&mut pool, launch::COUNTER_BYTES, "zeroing the block counters")?;
+        let overlap = opts.overlap_launches && dev.info.compute_capability.0 >= 9;
         Ok(CudaBackend {
             dev,
             pool,
@@ -151,6 +159,7 @@ impl CudaBackend {
             counters,
             graphs: Graphs::new(opts.graph_capacity),
             use_graphs: opts.graphs && !opts.profile,
+            overlap,
             staging: None,
             profile: opts.profile.then(profile::Profile::default),
             kept: Vec::new(),
@@ -526,7 +535,7 @@ impl CudaBackend {
     fn execute(&mut self, resolved: &[Resolved<'_, '_>], scratch: usize) -> Result<graphs::Ran, BackendError> {
         let scratch = self.ensure_scratch(scratch)?;
         let stream = self.stream();
-        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, errors, counters, profile, .. } = self;
+        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, overlap, errors, counters, profile, .. } = self;
         let mut alloc_workspace = || -> Result<u64, CudaError> { pool.alloc(launch::BLAS_WORKSPACE).map(|(p, _)| p) };
         let mut record = || -> Result<Vec<&'static str>, BackendError> {
             let mut trace = Vec::new();
@@ -540,6 +549,7 @@ impl CudaBackend {
                 blas,
                 alloc_workspace: &mut alloc_workspace,
                 trace: &mut trace,
+                overlap: *overlap,
             };
             let mut marks = Vec::new();
             for r in resolved {

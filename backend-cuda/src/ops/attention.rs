@@ -17,7 +17,6 @@
 //! the short sequences), 64 tokens of one sequence per tensor-core prefill tile. See
 //! [`RaggedPlan`] for which launches a batch gets.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, FlashAttnParams, Op, TensorMeta};
 
@@ -407,7 +406,7 @@ fn run_simt(
     let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
     let f = cx.function(kernel)?;
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (WARPS * 32, 1, 1), 0);
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&kdt).arg(&vdt).arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
     a.arg(&n_splits).arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);
@@ -441,7 +440,7 @@ fn combine(
         let f = cx.function(COMBINE)?;
         let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
         let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&part).arg(&out).arg(&offsets).arg(&kv_lens).arg(&seq_stride);
         a.arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
         // SAFETY: `fa_combine(part, out, offsets, kv_lens, seq_stride, n_splits, dv, n_tokens,
@@ -480,7 +479,7 @@ fn run_mma(
         (n_tokens.div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32)
     };
     let cfg = config(grid, (128, 1, 1), shared);
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&l_min).arg(&err).arg(&opcode);
     // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale,
@@ -520,7 +519,7 @@ fn run_dec(
     cx.allow_shared(kernel, shared)?;
     let f = cx.function(kernel)?;
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (DEC_WARPS * 32, 1, 1), shared);
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
     a.arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);

@@ -5,7 +5,6 @@
 //! packed, each finds its sequence (ragged: a binary search of the offsets on the device, so a
 //! captured CUDA graph replays with new offsets), padding outputs 0.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Op, TensorMeta};
 
@@ -72,7 +71,7 @@ fn ssm_conv(
     let [channels, n_t, n_seq, _] = out.ne.map(|n| n as usize);
     if d_conv > MAX_TILED_D_CONV || n_seq > 65535 || n_t.div_ceil(TILE_TT) > 65535 {
         let f = cx.function(CONV_DIRECT)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt);
         let cfg = config((blocks_for(out.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0);
         // SAFETY: `ssm_conv_direct(out, sx, sdt, kern, kdt)`: the shape rules give sx
@@ -86,7 +85,7 @@ fn ssm_conv(
     let grid = (channels.div_ceil(TILE_CH) as u32, n_t.div_ceil(TILE_TT) as u32, n_seq as u32);
     let time_fastest = i32::from(sx.nb[0].abs() <= sx.nb[1].abs());
     let f = cx.function(CONV_TILED)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt).arg(&time_fastest);
     // SAFETY: `ssm_conv_tiled(out, sx, sdt, kern, kdt, time_fastest)`: shapes as for the direct
     // kernel; the grid covers (C / 32, n_t / 64, n_seq) and every load and store is guarded by C,
@@ -120,7 +119,7 @@ fn update(
     let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));
     let (n_slots, n_tokens) = (state.ne[2], n_all as i64);
     let f = cx.function(CHECK_SLOTS)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&slots).arg(&offsets).arg(&n_tokens).arg(&n_slots).arg(&err).arg(&code);
     // SAFETY: `conv_check_slots(slots, offsets, n_tokens, n_slots, err, op)` reads the slots'
     // ne[0] i32 values and, unless `offsets` is null (dense), the offsets' ne[0] = n_seq + 1 (shape
@@ -130,7 +129,7 @@ fn update(
     let silu = i32::from(silu);
     let blocks = channels.div_ceil(THREADS as usize) as u32;
     let f = cx.function(UPDATE_OUT)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out).arg(&x).arg(&xdt).arg(&state).arg(&kern).arg(&kdt).arg(&slots).arg(&offsets).arg(&silu).arg(&err);
     let grid = (blocks, n_all.div_ceil(UPDATE_TOKENS) as u32, 1);
     // SAFETY: `conv_update_out(out, x, xdt, state, kern, kdt, slots, offsets, silu, err)`: the shape
@@ -144,7 +143,7 @@ fn update(
 
     let d_conv = kern.ne[0];
     let f = cx.function(UPDATE_STATE)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&x).arg(&xdt).arg(&state).arg(&slots).arg(&offsets).arg(&d_conv).arg(&err);
     // SAFETY: `conv_update_state(x, xdt, state, slots, offsets, d_conv, err)`: one thread per
     // (channel < C, sequence < n_seq) owns its slot's d_conv - 1 samples (the slots of sequences

@@ -4,7 +4,6 @@
 //! `DT_F32` for both, so the bit patterns move unchanged. Rows that are dense and 16-byte aligned
 //! take the 8-values-per-thread paths (16-byte loads and stores).
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, TensorMeta};
 
@@ -127,7 +126,7 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
             let f = cx.function(k)?;
             let blocks = blocks_for(n / 8, THREADS).min(65_536);
             let (d, s) = (dst.data, src.data);
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&d).arg(&s).arg(&n);
             // SAFETY: `copy_flat_{src}_{dst}(dst, src, n)`: both tensors are dense with n
             // elements of the kernel's dtypes (checked above) and 16-byte aligned.
@@ -139,7 +138,7 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
         let f = cx.function(COPY_FLAT)?;
         let blocks = blocks_for(if vec != 0 { n / 8 } else { n }, THREADS).min(65_536);
         let (d, s) = (dst.data, src.data);
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&d).arg(&dc).arg(&s).arg(&sc).arg(&n).arg(&vec);
         // SAFETY: `copy_flat(dst, dst_dt, src, src_dt, n, vec)`: both tensors are dense (checked
         // above) with n elements of plain dtypes, so [0, n) lies in each buffer; vec only when
@@ -158,7 +157,7 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
         let blocks = blocks_for(rows, ty).min(65_536);
         let f = cx.function(COPY_ROWS)?;
         let vec = i32::from(vec);
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&vec);
         // SAFETY: `copy_rows(dst, dst_dt, src, src_dt, vec)`: same shapes, dense rows of plain
         // dtypes; every address is an element of its tensor (checked in compute); vec only with
@@ -179,7 +178,7 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
     if let (true, Some(fast)) = (dst.ne == src.ne && tiles.1 <= 65_535 && tiles.0 <= 1 << 30, src_fast0) {
         let planes = (dst.ne[2] * dst.ne[3]).clamp(1, 65_535) as u32;
         let f = cx.function(COPY_TRANSPOSE)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&fast);
         // SAFETY: `copy_transpose(dst, dst_dt, src, src_dt, src_fast0)`: same shapes and plain
         // dtypes; each tile element is bounds-checked against ne0 and ne1, planes loop over
@@ -189,7 +188,7 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
             .map_err(|e| launch_error(COPY_TRANSPOSE, e));
     }
     let f = cx.function(COPY_GENERAL)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&dst).arg(&dc).arg(&src).arg(&sc);
     // SAFETY: `copy_general(dst, dst_dt, src, src_dt)`: equal element counts (shape rules), each
     // flat index unravelled against its own tensor's shape, plain dtypes.
@@ -212,7 +211,7 @@ fn get_rows(
     let rows = dst.ne[1] * dst.ne[2] * dst.ne[3];
     let f = cx.function(GET_ROWS)?;
     let (vec, err, op) = (i32::from(vec), cx.errors, op_code("get_rows"));
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&ids).arg(&vec).arg(&err).arg(&op);
     // SAFETY: `get_rows(dst, dst_dt, src, src_dt, ids, vec, err, op)`: ids is i32 of shape
     // [dst.ne1, dst.ne2, dst.ne3] (shape rules); a row id outside 0..src.ne1 is reported and the
@@ -237,7 +236,7 @@ fn set_rows(
     let (dc, sc) = (dt(ddt), dt(sdt));
     let (vec, err, op) = (i32::from(vec), cx.errors, op_code("set_rows"));
     let dedup = i32::from(ids.ne[0] <= SET_ROWS_DEDUP_MAX);
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&ids).arg(&vec).arg(&dedup).arg(&err).arg(&op);
     // SAFETY: `set_rows(dst, dst_dt, src, src_dt, ids, vec, dedup, err, op)`: ids is i32 of shape
     // [src.ne1, src.ne2, src.ne3] and dst has src's ne0, ne2, ne3 (shape rules); nothing is
@@ -265,7 +264,7 @@ fn concat(
     let code = move_codes(d, d).0;
     let dim = dim.min(3) as i32;
     let f = cx.function(CONCAT)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&dst).arg(&a_in).arg(&b_in).arg(&code).arg(&dim);
     // SAFETY: `concat(dst, a, b, dt, dim)`: a, b and dst share the plain dtype; dst.ne[dim] =
     // a.ne[dim] + b.ne[dim] and the other dims match (shape rules), so every read is in a or b.
@@ -277,7 +276,7 @@ fn concat(
 fn repeat(cx: &mut Cx<'_>, dst: TensorArg, src: TensorArg, d: DType) -> Result<(), BackendError> {
     let code = move_codes(d, d).0;
     let f = cx.function(REPEAT)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&dst).arg(&src).arg(&code);
     // SAFETY: `repeat(dst, src, dt)`: same plain dtype; src coordinates are taken modulo src.ne,
     // so every read is an element of src.

@@ -8,7 +8,6 @@
 //! `gdn_cw_prep` builds every 64-token chunk's W, U, masked Q K^T and decays in parallel, then
 //! `gdn_cw_scan*` runs the chunks in order over column blocks of the state, writing the outputs.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, Op, TensorMeta};
 
@@ -208,7 +207,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         let prep = if vec { CW_PREP_VEC } else { CW_PREP };
         cx.allow_shared(prep, CW_PREP_SHARED)?;
         let f = cx.function(prep)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&p.scale);
         a.arg(&h_k).arg(&grouped).arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table);
         a.arg(&err);
@@ -232,7 +231,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
 
         cx.allow_shared(CW_SCAN, CW_SCAN_SHARED)?;
         let f = cx.function(CW_SCAN)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&state).arg(&slots).arg(&h_k).arg(&grouped);
         a.arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table).arg(&err);
         let grid = ((CW_D / CW_COLS) as u32, h_v as u32, *n_long as u32);
@@ -258,7 +257,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let (qbuf, kq) = (kbuf + (4 * rows * ks) as u64, kbuf + (8 * rows * ks) as u64);
     let ks_len = ks as i32;
     let f = cx.function(PREP)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&p.scale).arg(&ks_len).arg(&kbuf).arg(&qbuf).arg(&kq);
     a.arg(&offsets).arg(&serial_max).arg(&out).arg(&err);
     let warps_per_block = THREADS as usize / 32;
@@ -292,7 +291,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     for &(kernel, len_min, len_max, blocks_z, list) in launches.iter().filter(|l| l.3 > 0) {
         let grid = ((s_v as usize).div_ceil(COLS) as u32, h_v as u32, blocks_z as u32);
         let f = cx.function(kernel)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&state).arg(&slots);
         a.arg(&h_k).arg(&grouped).arg(&kbuf).arg(&qbuf).arg(&kq).arg(&offsets);
         let shared = if kernel == GDN_TILED_N4_VEC {
@@ -333,7 +332,7 @@ fn check(
     (err, code): (u64, u32),
 ) -> Result<(), BackendError> {
     let f = cx.function(CHECK_SLOTS)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&slots).arg(&offsets).arg(&n_t).arg(&n_slots).arg(&serial_max).arg(&table).arg(&err).arg(&code);
     // SAFETY: `gdn_check_slots(slots, offsets, n_tokens, n_slots, serial_max, table, err, op)` reads
     // the slots' ne[0] = n_seq i32 values and (unless null) the offsets' n_seq + 1 through their

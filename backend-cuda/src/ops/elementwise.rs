@@ -1,6 +1,5 @@
 //! Unary, binary (with broadcasting), scale and swiglu: `kernels/elementwise.cu`.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{BinaryOp, DType, Op, TensorMeta, UnaryOp};
 
@@ -84,7 +83,7 @@ fn swiglu_launch(
     udt: i32,
 ) -> Result<(), BackendError> {
     let f = cx.function(SWIGLU)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out).arg(&odt).arg(&gate).arg(&gdt).arg(&up).arg(&udt);
     // SAFETY: gate and up have out's shape with their own strides and dtypes; each thread reads
     // element i of both before it writes element i of out.
@@ -103,13 +102,13 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let code = unary_code(*u);
             if vec4_f32(&[om, &task.inputs[0].meta], &[out, ins[0]]) {
                 let (f, n4, d, x) = (cx.function(UNARY_F32_VEC4)?, n / 4, out.data, ins[0].data);
-                let mut a = cx.stream.launch_builder(&f);
+                let mut a = cx.launch(&f);
                 a.arg(&d).arg(&x).arg(&n4).arg(&code);
                 // SAFETY: both are contiguous f32 of n = 4 * n4 elements, 16-byte aligned.
                 unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(UNARY_F32_VEC4, e))?;
             } else {
                 let (f, src, sdt) = (cx.function(UNARY)?, ins[0], idt(0));
-                let mut a = cx.stream.launch_builder(&f);
+                let mut a = cx.launch(&f);
                 a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&code);
                 // SAFETY: `unary(dst, dst_dt, src, src_dt, code)`; src has dst's shape (shape
                 // rules), every address is inside its buffer (checked in compute), dtypes plain.
@@ -126,7 +125,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             if repeats_flat && nb % 4 == 0 && vec4_f32(&[om, &task.inputs[0].meta, bm], &[out, ins[0], ins[1]]) {
                 let f = cx.function(BINARY_F32_VEC4)?;
                 let (n4, nb4, d, x, y) = (n / 4, nb / 4, out.data, ins[0].data, ins[1].data);
-                let mut a = cx.stream.launch_builder(&f);
+                let mut a = cx.launch(&f);
                 a.arg(&d).arg(&x).arg(&y).arg(&n4).arg(&nb4).arg(&code);
                 // SAFETY: contiguous f32, 16-byte aligned, n = 4 * n4 and nb = 4 * nb4 elements;
                 // b is a leading block of a's dims, so b[i % nb] is the broadcast element.
@@ -134,7 +133,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             } else {
                 let f = cx.function(BINARY)?;
                 let (x, y, xdt, ydt) = (ins[0], ins[1], idt(0), idt(1));
-                let mut a = cx.stream.launch_builder(&f);
+                let mut a = cx.launch(&f);
                 a.arg(&out).arg(&odt).arg(&x).arg(&xdt).arg(&y).arg(&ydt).arg(&code);
                 // SAFETY: a has dst's shape and b's dims divide it (shape rules); addresses checked.
                 unsafe { a.launch(rows) }.map_err(|e| launch_error(BINARY, e))?;
@@ -144,13 +143,13 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let (s, bias) = (p.scale, p.bias);
             if vec4_f32(&[om, &task.inputs[0].meta], &[out, ins[0]]) {
                 let (f, n4, d, x) = (cx.function(SCALE_F32_VEC4)?, n / 4, out.data, ins[0].data);
-                let mut a = cx.stream.launch_builder(&f);
+                let mut a = cx.launch(&f);
                 a.arg(&d).arg(&x).arg(&n4).arg(&s).arg(&bias);
                 // SAFETY: both contiguous f32 of 4 * n4 elements, 16-byte aligned.
                 unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(SCALE_F32_VEC4, e))?;
             } else {
                 let (f, src, sdt) = (cx.function(SCALE)?, ins[0], idt(0));
-                let mut a = cx.stream.launch_builder(&f);
+                let mut a = cx.launch(&f);
                 a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&s).arg(&bias);
                 // SAFETY: src has dst's shape; addresses checked.
                 unsafe { a.launch(rows) }.map_err(|e| launch_error(SCALE, e))?;

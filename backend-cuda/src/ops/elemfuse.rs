@@ -16,7 +16,7 @@
 
 use std::fmt::Write;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 use sha2::{Digest, Sha256};
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{BinaryOp, DType, ElemArg, ElemInstr, ElemProgram, Op, TensorMeta};
@@ -77,6 +77,7 @@ pub(crate) fn generate(p: &ElemProgram) -> Generated {
     // rows: dst f32; every input broadcast by i mod ne, any strides.
     let _ =
         writeln!(s, "extern \"C\" __global__ void elem_{t}_rows(Tensor dst, {}) {{", list(&|i| format!("Tensor x{i}")));
+    let _ = writeln!(s, "    grid_begin();");
     let _ = writeln!(s, "    FOR_EACH_ROW(dst) {{");
     let _ = writeln!(s, "        i64 i1, i2, i3;");
     let _ = writeln!(s, "        row_coords(dst, row, i1, i2, i3);");
@@ -96,6 +97,7 @@ pub(crate) fn generate(p: &ElemProgram) -> Generated {
     // vec4: x{i} repeats along the flat index every 4 * m{i} elements (m{i} == 0: one element).
     let params = list(&|i| format!("const float* x{i}, i64 m{i}"));
     let _ = writeln!(s, "extern \"C\" __global__ void elem_{t}_vec4(float4* dst, i64 n4, {params}) {{");
+    let _ = writeln!(s, "    grid_begin();");
     let _ = writeln!(
         s,
         "    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {{"
@@ -157,7 +159,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             cx.trace.push(name);
             let (d, n4) = (out.data, n / 4);
             let ptrs: Vec<u64> = ins.iter().map(|x| x.data).collect();
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&d).arg(&n4);
             for (ptr, m) in ptrs.iter().zip(&periods) {
                 a.arg(ptr).arg(m);
@@ -173,7 +175,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let (name, f) = entries[0].clone();
             cx.trace.push(name);
             let cfg: LaunchConfig = row_launch(out.ne);
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&out);
             for x in ins {
                 a.arg(x);
@@ -242,6 +244,9 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), 2 * ps.len(), "entry names are unique per program");
         assert_eq!(generate(&ps[0]).body, gens[0].body, "generation is deterministic");
+        for g in &gens {
+            assert_eq!(crate::compile::kernels_without_grid_begin(&g.body), Vec::<String>::new());
+        }
     }
 
     /// NVRTC compiles the generated sources (needs only libnvrtc; skipped when it is missing,

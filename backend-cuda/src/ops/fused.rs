@@ -3,7 +3,6 @@
 //! row of up to [`ROUTER_MAX`] logits, its probabilities computed as reduce.cu's softmax computes
 //! them (TAG(softmax-probs)).
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Op, TensorMeta};
 
@@ -83,7 +82,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let kernel = if router_vec(&logits) { SOFTMAX_TOP_K_VEC } else { SOFTMAX_TOP_K_GEN };
             let k = *k as i32;
             let f = cx.function(kernel)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&out).arg(&logits).arg(&k);
             // SAFETY: `softmax_top_k_*(dst, src, k)`; src f32 [n, rows, 1, 1] with n <= ROUTER_MAX
             // (supports), read at i < n of each row through its strides (the vec kernel only when
@@ -95,7 +94,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let kernel = if router_vec(&logits) { MOE_WEIGHTS_VEC } else { MOE_WEIGHTS_GEN };
             let (err, op) = (cx.errors, op_code("moe_weights"));
             let f = cx.function(kernel)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&out).arg(&logits).arg(&ids).arg(&err).arg(&op);
             // SAFETY: `moe_weights_*(dst, src, ids, err, op)`; src as for softmax_top_k; ids i32
             // [k, rows] (shape rules); every id is checked against 0..n before a logit is read
@@ -150,7 +149,7 @@ fn norm(
         (k.looped, 1024, blocks_for(rows, 1))
     };
     let f = cx.function(kernel)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&y).arg(&s).arg(&x).arg(&b).arg(&w).arg(&eps);
     // SAFETY: `*_{warp,block,loop}(y, s, x, b, w, eps)`; y, s and b have x's shape and dense rows
     // (shape rules; s is the output's plane 0, y its plane 1 or the output), every access is

@@ -38,7 +38,6 @@
 use std::sync::OnceLock;
 
 use cudarc::cublas::result as blas;
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, TensorMeta};
 
@@ -394,7 +393,7 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let parts: i32 = if rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K { MM_WARPS as i32 } else { 1 };
     let blocks = (a.ne[1] as u64 * parts as u64).div_ceil(MM_WARPS as u64);
     let grid = (blocks.min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&a).arg(&adt).arg(&bp).arg(&ldb).arg(&n).arg(&b2).arg(&b3).arg(&out).arg(&vec).arg(&parts);
     // SAFETY: `gemv_N(a, adt, bp, ldb, n, b2, b3, out, vec, parts)`: parts is 1 or MM_WARPS;
     // a's rows are dense of dtype adt (shape rules) and each batch maps to weight batch
@@ -487,7 +486,7 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
     let blocks = (a.ne[1] as u64).div_ceil(rows as u64).clamp(1, i32::MAX as u64) as u32;
     let grid = (blocks, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&a).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
     // SAFETY: `gemv_fast_N[_rR](a, adt, x, ldx, n, b2, b3, out)`: block x reads weight rows
     // min(R x + r, M - 1) of batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside a, dense of dtype adt
@@ -580,7 +579,7 @@ fn gemv1(
     let f = cx.function(kernel)?;
     let resident = cx.resident_blocks(kernel, &f, plan.threads, plan.shared)?;
     let grid = ((a.ne[1] as u64).min(resident).clamp(1, i32::MAX as u64) as u32, 1, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
     // SAFETY: `gemv1_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
@@ -633,7 +632,7 @@ fn gemv_words(
     let f = cx.function(kernel)?;
     let resident = cx.resident_blocks(kernel, &f, threads, 0)?;
     let grid = ((a.ne[1] as u64).div_ceil(GW_R).min(resident).max(1) as u32, 1, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&a).arg(&x).arg(&out);
     // SAFETY: `gemv_f16w` / `gemv_bf16w[_long](a, x, out)`: a is one [k, M] f16 / bf16 matrix of
     // 16-byte aligned rows of whole words, row_bytes / 16 <= words a thread * threads, threads <=
@@ -647,7 +646,7 @@ fn gemv_words(
 /// halves at `xq` (2 k bytes a row) and per-16-value scales at `xs`.
 fn quant_x(cx: &mut Cx<'_>, b: TensorArg, xq: u64, xs: u64) -> Result<(), BackendError> {
     let f = cx.function(QUANT_X)?;
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&b).arg(&xq).arg(&xs);
     // SAFETY: `quant_x(b, xq, xs)` reads b inside its span (k a multiple of 16: the weights are
     // q8_0 / nvfp4) and writes 2 k bytes a row at xq and k / 16 f32 a row at xs, for every row
@@ -669,7 +668,7 @@ fn pack_b(
     ldb: i64,
 ) -> Result<(), BackendError> {
     let f = cx.function(PACK_B)?;
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&b).arg(&f32_out).arg(&hi).arg(&lo).arg(&half_dt).arg(&ldb);
     // SAFETY: `pack_b(b, f32_out, hi, lo, half_dt, ldb)` reads b inside its span and writes row
     // r = flat row index of b at r * ldb (ldb >= k) into outputs sized for every row of b
@@ -814,7 +813,7 @@ fn dequant_rows(
 ) -> Result<(), BackendError> {
     let f = cx.function(DEQUANT_ROWS)?;
     let (adt, zero) = (dt(d), 0i64);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&a).arg(&adt).arg(&m0).arg(&zero).arg(&zero).arg(&hi).arg(&lo).arg(&ld);
     // SAFETY: `dequant_rows(a, adt, m0, a2 = 0, a3 = 0, hi, lo, ld)` reads rows m0 .. m0 + rows
     // (gridDim.y, <= 65535) of a, all below ne[1]; hi and lo hold `rows` rows of ld >= k bf16
@@ -868,7 +867,7 @@ fn mul_mat_id(
     let grid =
         ((w.ne[1] as u64).div_ceil(MM_WARPS as u64).min(i32::MAX as u64) as u32, n_expert.clamp(1, GRID_YZ) as u32, 1);
     let (offsets, list) = (g.offsets, g.list);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&w)
         .arg(&adt)
         .arg(&bp)
@@ -894,7 +893,7 @@ fn mul_mat_id(
     }
     let f = cx.function(MOE_GEMM)?;
     let grid = ((w.ne[1] as u64).div_ceil(MT_M).min(i32::MAX as u64) as u32, grid.1, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&w)
         .arg(&adt)
         .arg(&bp)
@@ -969,7 +968,7 @@ fn moe_decode(
     let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
     let grid = (blocks, ids.nelements().max(1) as u32, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&w);
     if let Some(up) = &up {
         args.arg(up);
@@ -1018,7 +1017,7 @@ fn moe_decode_sum(
     let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
     let grid = (blocks, ids.ne[1].max(1) as u32, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&w).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&rw).arg(&out).arg(&err).arg(&op);
     // SAFETY: `moe_decode_sum(as, adt, x, ldx, n_b, ids, w, out, err, op)`: token t =
     // blockIdx.y < T (at most GRID_YZ, checked) reads ids[u, t] for u < n_used and skips ids
@@ -1035,7 +1034,7 @@ fn moe_decode_sum(
 fn weighted_slot_sum(cx: &mut Cx<'_>, y: TensorArg, w: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     let f = cx.function(WEIGHTED_SLOT_SUM)?;
     let blocks = blocks_for(y.ne[0] * y.ne[2], 256);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&y).arg(&w).arg(&out);
     // SAFETY: y [M, n_used, T] f32 (written by mul_mat_id), w [1, n_used, T] and out [M, T]
     // f32 (shape rules); a grid-stride loop over the M T outputs.
@@ -1070,7 +1069,7 @@ fn gemv_fast_glu(
     let f = cx.function(kernel)?;
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
     let grid = (wg.ne[1].clamp(1, i32::MAX as i64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&wg).arg(&wu).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
     // SAFETY: as `gemv_fast_N` with one output row a block (`glu_gemv_fits` checked the gate
     // weights' layout), and the up weights have the gate's dtype, shape and strides, so each

@@ -7,7 +7,6 @@
 //! and `moe_mma_*` (each routed expert's rows read once for all its pairs, `mma.sync`). `matmul.rs`
 //! decides when these kernels take a product; this file owns their launch rules.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
@@ -148,7 +147,7 @@ fn pack_x(cx: &mut Cx<'_>, b: TensorArg, x: u64) -> Result<u64, BackendError> {
     let xs = x + values_bytes(b.nelements() as usize) as u64;
     let rows = b.nelements() / b.ne[0].max(1);
     let f = cx.function(PACK_X)?;
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&b).arg(&x).arg(&xs);
     // SAFETY: `mmq_pack_x(b, x, xs)` reads b inside its span (row_coords) and writes 2 bytes per
     // element of b at x and 4 per row at xs, which `packed_bytes` sized.
@@ -184,7 +183,7 @@ pub(super) fn mul_mat(
         let blocks = dp + (all_tiles - dp) * i64::from(splits);
         let packed = packed_size(b.nelements() as usize, b.ne[0] as usize);
         let (partial, count) = (x + packed as u64, cx.counters);
-        let mut args = cx.stream.launch_builder(&f);
+        let mut args = cx.launch(&f);
         args.arg(&a).arg(&x).arg(&xs).arg(&n).arg(&b2).arg(&b3).arg(&out);
         args.arg(&dp).arg(&splits).arg(&kper).arg(&partial).arg(&count);
         // SAFETY: `mmq_*(a, x, xs, n, b2, b3, out, dp, splits, kper, partial, count)`: a's rows are
@@ -246,7 +245,7 @@ pub(super) fn mul_mat_id(
         let per_expert = tiles(2 * n_pairs / w.ne[2].max(1), BN).clamp(1, tiles(n_pairs, BN).max(1));
         let grid = (per_expert as u32, tiles(w.ne[1], BM) as u32, w.ne[2] as u32);
         let n_b = b.ne[1];
-        let mut args = cx.stream.launch_builder(&f);
+        let mut args = cx.launch(&f);
         args.arg(&w).arg(&x).arg(&xs).arg(&n_b).arg(&n_used).arg(&offsets).arg(&list).arg(&min_pairs).arg(&out);
         // SAFETY: `mmq_*_id(as, x, xs, n_b, n_used, offsets, list, min_pairs, out)`: expert e =
         // blockIdx.z < n_expert reads its own rows of as (whole aligned k-tiles, `weights_fit`);
@@ -326,7 +325,7 @@ pub(super) fn moe_prep(
     let shared = if n_expert <= ME_SHARED_EXPERTS { n_expert as u32 * 4 } else { 0 };
     let err = cx.errors;
     let f = cx.function(MOE_PREP)?;
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&ids).arg(&n_expert).arg(&g.offsets).arg(&g.cursor).arg(&g.list).arg(&g.listed).arg(&max_pairs);
     args.arg(&b).arg(&xp).arg(&xs).arg(&err).arg(&op);
     // SAFETY: `moe_prep(ids, n_expert, offsets, cursor, list, listed, max_pairs, b, x, xs, err,
@@ -363,7 +362,7 @@ pub(super) fn moe_mma(
     let resident = cx.resident_blocks(kernel, &f, ME_WARPS * 32, shared)?;
     let items = w.ne[2].min(n_pairs).max(1) as u64 * tiles(w.ne[1], ME_ROWS).max(1) as u64;
     let blocks = items.div_ceil(u64::from(ME_WARPS)).min(resident).max(1) as u32;
-    let mut args = cx.stream.launch_builder(&f);
+    let mut args = cx.launch(&f);
     args.arg(&w).arg(&x).arg(&xs).arg(&n_used).arg(&n_b).arg(&g.list).arg(&g.listed).arg(&out);
     // SAFETY: `moe_mma_*(as, x, xs, n_used, n_b, list, listed, out)`: work item i < listed[0] *
     // ceil(N / ME_ROWS) reads rows of its listed expert e < n_expert only, in whole 16-byte pieces

@@ -1,7 +1,6 @@
 //! quantize (f32 -> q8_0 / nvfp4, byte-exact with `tessera_ops::quant`) and dequantize
 //! (`kernels/quant.cu`).
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, TensorMeta};
 
@@ -32,7 +31,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // One warp per block of 32 values.
             let blocks = out.nelements() / 32;
             let f = cx.function(QUANTIZE_Q8_0)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&out).arg(&src);
             // SAFETY: `quantize_q8_0(dst, src)`: src is f32 with dense rows and dst contiguous
             // q8_0 of the same shape, ne0 a multiple of 32 (shape rules); lane j of a warp reads
@@ -45,7 +44,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // One thread per 16-value sub-block.
             let subs = out.nelements() / 16;
             let f = cx.function(QUANTIZE_NVFP4)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&out).arg(&src);
             // SAFETY: `quantize_nvfp4(dst, src)`: src is f32 with dense rows and dst contiguous
             // nvfp4 of the same shape, ne0 a multiple of 64 (shape rules); each thread reads the
@@ -57,7 +56,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Op::Dequantize => {
             let code = dt(task.inputs[0].meta.dtype);
             let f = cx.function(DEQUANTIZE)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&out).arg(&src).arg(&code);
             // SAFETY: `dequantize(dst, src, dt)`: src has dense rows of whole q8_0 / nvfp4 blocks
             // and dst is f32 of the same shape (shape rules).

@@ -10,7 +10,6 @@
 //! [`SORT_TILE`], a tournament of tiles for small k of longer rows, else tiles then merge passes
 //! through scratch.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, SortOrder, TensorMeta};
 
@@ -209,7 +208,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let (warp, threads, blocks) = row_launch(n, rows);
             let k = if warp { SUM_ROWS_WARP } else { SUM_ROWS_BLOCK };
             let f = cx.function(k)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             let vec = vec_rows(&src, task.inputs[0].meta.dtype) as i32;
             a.arg(&out).arg(&src).arg(&sdt).arg(&vec);
             // SAFETY: `sum_rows_*(dst, src, src_dt, vec)`; dst is [1, ne1, ne2, ne3] of src's rows,
@@ -247,7 +246,7 @@ fn norm(
     if dense && n <= 256 {
         let (k, lanes) = if n <= 128 { (NORM_VEC_SUB8, 8) } else { (NORM_VEC_SUB16, 16) };
         let f = cx.function(k)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&src).arg(&eps).arg(&mode);
         let per_block = WARP_BLOCK_THREADS / lanes;
         // SAFETY: `norm_vec_sub*(dst, src, eps, mode)`; dense 16-byte aligned f32 rows with
@@ -260,7 +259,7 @@ fn norm(
     if let Some((warp, threads, blocks)) = vec_launch(n, rows).filter(|_| dense) {
         let k = if warp { NORM_VEC_WARP } else { NORM_VEC_BLOCK };
         let f = cx.function(k)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&src).arg(&eps).arg(&mode);
         // SAFETY: `norm_vec_*(dst, src, eps, mode)`; both are f32 rows with nb0 = 4, ne0 % 4 == 0
         // and 16-byte aligned rows (checked above), so the float4 accesses i < ne0 / 4 stay in
@@ -271,7 +270,7 @@ fn norm(
         let k = if warp { NORM_WARP } else { NORM_BLOCK };
         let sdt = dt(sdtype);
         let f = cx.function(k)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&src).arg(&sdt).arg(&eps).arg(&mode);
         // SAFETY: `norm_*(dst, src, src_dt, eps, mode)`; dst has src's shape (shape rules), every
         // access is i0 < ne0 of a row < ne1 * ne2 * ne3 through the tensors' strides.
@@ -296,7 +295,7 @@ fn softmax(
         let part = cx.scratch;
         for k in [SOFTMAX_SPLIT_PARTIAL, SOFTMAX_SPLIT_WRITE] {
             let f = cx.function(k)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             if k == SOFTMAX_SPLIT_WRITE {
                 a.arg(&out);
             }
@@ -320,7 +319,7 @@ fn softmax(
     if let Some((warp, threads, blocks)) = vec {
         let k = if warp { SOFTMAX_VEC_WARP } else { SOFTMAX_VEC_BLOCK };
         let f = cx.function(k)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&src).arg(&mask).arg(&mdt).arg(&has_mask).arg(&scale);
         // SAFETY: `softmax_vec_*(dst, src, mask, mask_dt, has_mask, scale)`; x, dst (and an f32
         // mask) are dense 16-byte aligned f32 rows, an f16 mask dense 8-byte aligned rows, ne0 %
@@ -333,7 +332,7 @@ fn softmax(
     let (warp, threads, blocks) = row_launch(n, rows);
     let k = if warp { SOFTMAX_WARP } else { SOFTMAX_BLOCK };
     let f = cx.function(k)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out).arg(&src).arg(&sdt).arg(&mask).arg(&mdt).arg(&has_mask).arg(&scale);
     // SAFETY: `softmax_*(dst, src, src_dt, mask, mask_dt, has_mask, scale)`; dst has src's shape,
     // the mask is read only when has_mask and then fits the rows as the shape rules require.
@@ -345,14 +344,14 @@ fn argmax(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32) -> Result<(
     if let Some(chunks) = split_chunks(src.ne) {
         let part = cx.scratch;
         let f = cx.function(ARGMAX_SPLIT_PARTIAL)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&src).arg(&sdt).arg(&SPLIT_CHUNK).arg(&part);
         // SAFETY: `argmax_split_partial(src, src_dt, chunk, part)`; grid (chunks, rows), part is
         // scratch of chunks * rows int2 (scratch_bytes).
         unsafe { a.launch(config((chunks as u32, rows as u32, 1), (SPLIT_THREADS, 1, 1), 0)) }
             .map_err(|e| launch_error(ARGMAX_SPLIT_PARTIAL, e))?;
         let f = cx.function(ARGMAX_SPLIT_FINAL)?;
-        let mut a = cx.stream.launch_builder(&f);
+        let mut a = cx.launch(&f);
         a.arg(&out).arg(&chunks).arg(&part);
         // SAFETY: `argmax_split_final(dst, chunks, part)`; one warp per dst row reads that row's
         // `chunks` partials written above.
@@ -364,7 +363,7 @@ fn argmax(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32) -> Result<(
     let (warp, threads, blocks) = row_launch(n, rows);
     let k = if warp { ARGMAX_WARP } else { ARGMAX_BLOCK };
     let f = cx.function(k)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out).arg(&src).arg(&sdt);
     // SAFETY: `argmax_*(dst, src, src_dt)`; dst is i32 [1, ne1, ne2, ne3] of src's rows.
     unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(k, e))
@@ -377,7 +376,7 @@ fn sort(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32, desc: i32, k:
         SortPlan::Warp(e) => {
             let kernel = if e == 8 { TOPK_WARP8 } else { TOPK_WARP16 };
             let f = cx.function(kernel)?;
-            let mut a = cx.stream.launch_builder(&f);
+            let mut a = cx.launch(&f);
             a.arg(&out).arg(&src).arg(&sdt).arg(&desc).arg(&k32);
             // SAFETY: `topk_warp*(dst, src, src_dt, desc, k)`; ne0 <= 32 * E and k <= 16 <= ne0
             // (sort_plan, shape rules); dst rows hold k indices.
@@ -416,7 +415,7 @@ fn sort(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32, desc: i32, k:
                 let last = 2 * s >= n;
                 let fin = last as i32;
                 let (input, output) = (buf[from], buf[1 - from]);
-                let mut a = cx.stream.launch_builder(&f);
+                let mut a = cx.launch(&f);
                 let (nruns, width) = (ceil_div(n, s), k.min(s));
                 a.arg(&input)
                     .arg(&output)
@@ -473,7 +472,7 @@ fn sort_tiles(
     let threads = (p as u32 / 2).clamp(32, 1024);
     let (k32, fin) = (k as i32, fin as i32);
     let f = cx.function(SORT_TILE_K)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&src).arg(&sdt).arg(&input).arg(&in_n).arg(&in_stride).arg(&desc).arg(&p).arg(&stage.cap);
     a.arg(&runs).arg(&out_stride).arg(&out_run).arg(&out).arg(&k32).arg(&fin);
     // SAFETY: `sort_tile(src, src_dt, in, in_n, in_stride, desc, p, cap, runs, out_stride,

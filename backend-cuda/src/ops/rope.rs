@@ -1,7 +1,6 @@
 //! rope_multi: rotary position embedding (`kernels/rope.cu`). One block per (token, group of
 //! heads) computes the token's angles once (in f64, like the CPU) and writes its heads.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, RopePairing, TensorMeta};
 
@@ -57,7 +56,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     };
     let hpb = heads_per_block as i32;
     let f = cx.function(ROPE_MULTI)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out).arg(&x).arg(&sdt).arg(&pos).arg(&n_rot).arg(&p.freq_base).arg(&pairing).arg(&has_sections);
     a.arg(&sec[0]).arg(&sec[1]).arg(&sec[2]).arg(&sec[3]).arg(&hpb);
     let shared = (p.n_rot * 4) as u32;

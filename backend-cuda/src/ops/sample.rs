@@ -6,7 +6,6 @@
 //! their sort-and-draw. Nothing waits for the host; bad settings and rows of NaN logits are
 //! reported through the device error record.
 
-use cudarc::driver::PushKernelArg;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, TensorMeta};
 
@@ -100,7 +99,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let grid = (chunks, rows as u32, 1);
 
     let f = cx.function(STATS)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(logits).arg(settings).arg(&stats).arg(&ccount).arg(&first_nan).arg(&err).arg(&op);
     // SAFETY: `sample_stats(logits, settings, stats, ccount, first_nan, err, op)`; grid (chunks,
     // rows) with chunks * CHUNK >= n; the shape rules give f32 logits [n, rows] with dense rows and
@@ -109,7 +108,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(STATS, e))?;
 
     let f = cx.function(HIST)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(logits).arg(settings).arg(&stats).arg(&hcount).arg(&hmass).arg(&ctotal);
     // SAFETY: `sample_hist(logits, settings, stats, hcount, hmass, ctotal)`; same grid; reads the
     // stats written above and writes rows * chunks * BINS counts and masses, or rows * chunks
@@ -117,7 +116,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(HIST, e))?;
 
     let f = cx.function(PLAN)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out)
         .arg(logits)
         .arg(settings)
@@ -135,7 +134,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     unsafe { a.launch(config((rows as u32, 1, 1), (ROW_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(PLAN, e))?;
 
     let f = cx.function(GATHER)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(logits).arg(settings).arg(&plans).arg(&ccount).arg(&cand);
     // SAFETY: `sample_gather(logits, settings, plans, ccount, cand)`; grid (chunks, rows); writes
     // at most CAP ids per row into cand (rows * CAP u32), counting in ccount (zeroed by
@@ -143,7 +142,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(GATHER, e))?;
 
     let f = cx.function(SMALL)?;
-    let mut a = cx.stream.launch_builder(&f);
+    let mut a = cx.launch(&f);
     a.arg(&out).arg(logits).arg(settings).arg(&plans).arg(&ccount).arg(&cand).arg(&first_nan).arg(&err).arg(&op);
     // SAFETY: `sample_small(dst, logits, settings, plans, ccount, cand, first_nan, err, op)`; one
     // block of ROW_THREADS per row (its scans assume CAP / 1024 items a thread); reads at most CAP
