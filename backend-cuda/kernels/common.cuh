@@ -37,14 +37,43 @@ struct Tensor {
     i64 nb[4];
 };
 
-// Every kernel's first statement (a test checks): with programmatic dependent launch
-// (`Launch` in src/launch.rs) a kernel may start while the one before it on the stream is still
-// running. Wait until that grid has completed and its writes are visible, then let the next
+// Every kernel's first statement, after at most some l2_prefetch_rows (a test checks): with
+// programmatic dependent launch (`Launch` in src/launch.rs) a kernel may start while the one
+// before it on the stream is still running. Wait until that grid has completed and its writes are visible, then let the next
 // kernel be scheduled, so its launch hides behind this one. No-ops without the launch attribute.
 __device__ __forceinline__ void grid_begin() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Bytes of a dense row of `ne0` elements of dtype `dt`.
+__device__ __forceinline__ i64 dense_row_bytes(int dt, i64 ne0) {
+    switch (dt) {
+        case DT_F16:
+        case DT_BF16: return 2 * ne0;
+        case DT_Q8_0: return ne0 / QK8_0 * Q8_0_BYTES;
+        case DT_NVFP4: return ne0 / QK_NVFP4 * NVFP4_BYTES;
+        default: return 4 * ne0;
+    }
+}
+
+// The one thing a kernel may do before grid_begin(): one thread has L2 fetch up to the first 32
+// KiB of rows [m0, m0 + rows) of `a` (matrix 0), the weight rows the block reads first, so they
+// stream in while the previous kernel finishes. Valid for any data, not only weights: a prefetch
+// only warms L2, which every write goes through, so it never makes a stale value visible; the
+// range is clipped to the rows that exist and rounded inwards to 16 bytes.
+__device__ __forceinline__ void l2_prefetch_rows(const Tensor& a, int dt, i64 m0, i64 rows) {
+#if __CUDA_ARCH__ >= 900
+    rows = min(rows, a.ne[1] - m0);
+    if (threadIdx.x == 0 && rows > 0) {
+        const i64 rb = dense_row_bytes(dt, a.ne[0]);
+        const i64 span = a.nb[1] == rb ? rows * rb : rb;
+        const u64 lo = ((u64)(a.data + m0 * a.nb[1]) + 15) & ~15ull;
+        const u64 hi = min((u64)(a.data + m0 * a.nb[1] + span), lo + 32768) & ~15ull;
+        if (hi > lo) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"((u32)(hi - lo)) : "memory");
+    }
 #endif
 }
 

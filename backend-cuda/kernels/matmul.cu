@@ -685,7 +685,8 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, Tensor a_up, int adt, c
 
 #define GF_ENTRY(NAME, NT, R)                                                                                                  \
     extern "C" __global__ void __launch_bounds__(GF_THREADS) NAME(Tensor a, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) { \
-        grid_begin();                                                                                                                             \
+        l2_prefetch_rows(a, adt, (i64)blockIdx.x * R, R);                                                                         \
+        grid_begin();                                                                                                             \
         gemv_fast_body<NT, R, false>(a, a, adt, x, ldx, n, b2, b3, out);                                                       \
     }
 GF_ENTRY(gemv_fast_1, 1, 1)
@@ -702,6 +703,8 @@ GF_ENTRY(gemv_fast_8_r4, 8, 4)
 // mul_mat_swiglu at 1-8 tokens: one gate row and its up row a block.
 #define GF_GLU_ENTRY(NAME, NT)                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GF_THREADS) NAME(Tensor a, Tensor a_up, int adt, const char* x, i64 ldx, i64 n, i64 b2, i64 b3, Tensor out) { \
+        l2_prefetch_rows(a, adt, blockIdx.x, 1);                                                                                                               \
+        l2_prefetch_rows(a_up, adt, blockIdx.x, 1);                                                                                                            \
         grid_begin();                                                                                                                                          \
         gemv_fast_body<NT, 2, true>(a, a_up, adt, x, ldx, n, b2, b3, out);                                                     \
     }
@@ -711,18 +714,22 @@ GF_GLU_ENTRY(gemv_fast_glu_4, 4)
 GF_GLU_ENTRY(gemv_fast_glu_8, 8)
 
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_1(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    l2_prefetch_rows(a, adt, (i64)blockIdx.x * (MM_WARPS / parts), MM_WARPS / parts);
     grid_begin();
     gemv_body<1>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_2(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    l2_prefetch_rows(a, adt, (i64)blockIdx.x * (MM_WARPS / parts), MM_WARPS / parts);
     grid_begin();
     gemv_body<2>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_4(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    l2_prefetch_rows(a, adt, (i64)blockIdx.x * (MM_WARPS / parts), MM_WARPS / parts);
     grid_begin();
     gemv_body<4>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(MM_WARPS * 32) gemv_8(Tensor a, int adt, const float* bp, i64 ldb, i64 n, i64 b2, i64 b3, Tensor out, int vec, int parts) {
+    l2_prefetch_rows(a, adt, (i64)blockIdx.x * (MM_WARPS / parts), MM_WARPS / parts);
     grid_begin();
     gemv_body<8>(a, adt, bp, ldb, n, b2, b3, out, vec, parts);
 }
@@ -1293,6 +1300,7 @@ __device__ __forceinline__ void gemv1_body(const Tensor& a, const Tensor& b, con
 #define G1_ENTRY(NAME, DT, S, P, THREADS)                                                              \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(Tensor a, Tensor b, Tensor out, int groups, \
                                                                 int rows_stage) {                        \
+        l2_prefetch_rows(a, DT, (i64)blockIdx.x * a.ne[1] / gridDim.x, a.ne[1] / gridDim.x + 1);         \
         grid_begin();                                                                                    \
         gemv1_body<DT, S, P>(a, b, out, groups, rows_stage);                                             \
     }
