@@ -8,13 +8,14 @@
 // The arithmetic is the CPU's: s = a + b, scale = 1 / sqrt(sum(s^2) / n + eps), y = (s * scale) *
 // w (* silu(z)).
 //
-// Router rows (softmax_top_k, moe_weights): one warp per row of n_expert <= 1024 logits. The
-// probabilities are computed exactly as reduce.cu's softmax kernels compute them for the same row
+// Router rows (softmax_top_k, moe_weights) of n_expert <= 1024 logits: one warp per row computes
+// the probabilities exactly as reduce.cu's softmax kernels do for the same row
 // (TAG(softmax-probs)): softmax_vec_warp for dense 16-byte aligned rows with n % 4 == 0
 // (ROUTER_VEC), softmax_warp otherwise (ROUTER_GEN), so the ids equal top_k(softmax(x)) run as two
 // kernels even where f32 rounding makes two probabilities equal. top_k then takes the k smallest
-// u64 ranks (reduce.cu's sort_rank, TAG(sort-rank)) with k rounds of a warp minimum; moe_weights
-// recomputes the probability of each routed expert from its logit and the row's (max, sum).
+// u64 ranks (reduce.cu's sort_rank, TAG(sort-rank)), each placed by counting the smaller ones over
+// the row's block; moe_weights recomputes the probability of each routed expert from its logit
+// and the row's (max, sum).
 
 #define FZ_ROWS_PER_WARP_BLOCK 8
 
@@ -86,22 +87,27 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
         float* sr = MODE == FZ_ADD ? (float*)(s.data + fz_row_off(s, i1, i2, i3)) : nullptr;
         float* yr = (float*)(y.data + fz_row_off(y, i1, i2, i3));
         const char* wr = w.data + fz_row_off(w, i1 % w.ne[1], i2 % w.ne[2], i3 % w.ne[3]);
-        float v[NV > 0 ? NV : 1];
+        float v[NV > 0 ? NV : 1], bv[NV > 0 ? NV : 1], wv[NV > 0 ? NV : 1];
         float acc = 0.0f;
         if (NV > 0) {
+            // Every load first (x, b and the weights), then the stores of s: a store between
+            // loads would hold the next loads back (s may alias them for all the compiler knows),
+            // one memory round trip per element instead of one for the row.
 #pragma unroll
             for (int j = 0; j < (NV > 0 ? NV : 1); j++) {
                 i64 i = g.lane + (i64)j * g.size;
-                float e = 0.0f;
-                if (i < n) {
-                    e = xr[i];
-                    if (MODE == FZ_ADD) {
-                        e += br[i];
-                        sr[i] = e;
-                    }
+                v[j] = i < n ? xr[i] : 0.0f;
+                bv[j] = MODE != FZ_NORM_MUL && i < n ? br[i] : 0.0f;
+                wv[j] = i < n ? *(const float*)(wr + (w_full ? i : i % w.ne[0]) * w.nb[0]) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < (NV > 0 ? NV : 1); j++) {
+                i64 i = g.lane + (i64)j * g.size;
+                if (MODE == FZ_ADD) {
+                    v[j] += bv[j];
+                    if (i < n) sr[i] = v[j];
                 }
-                v[j] = e;
-                acc += e * e;
+                acc += v[j] * v[j];
             }
         } else {
             for (i64 i = g.lane; i < n; i += g.size) {
@@ -119,7 +125,9 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
 #pragma unroll
             for (int j = 0; j < (NV > 0 ? NV : 1); j++) {
                 i64 i = g.lane + (i64)j * g.size;
-                if (i < n) yr[i] = fz_norm_out<MODE>(v[j], scale, wr, w, w_full, br, i);
+                float h = (v[j] * scale) * wv[j];
+                if (MODE == FZ_GATED) h *= fz_silu(bv[j]);
+                if (i < n) yr[i] = h;
             }
         } else {
             // s was written by this same thread above: program order makes it visible.
@@ -255,47 +263,36 @@ __device__ __forceinline__ u64 fz_warp_min_u64(u64 v) {
     return v;
 }
 
-// The smallest rank among this lane's valid slots not yet taken.
-template <bool VEC>
-__device__ __forceinline__ u64 fz_lane_min(const float* p, u32 taken, i64 n, int lane) {
-    u64 m = FZ_RANK_NONE;
-#pragma unroll
-    for (int q = 0; q < 32; q++) {
-        i64 i = fz_elem<VEC>(lane, q);
-        if (i < n && !((taken >> q) & 1u)) {
-            u64 rk = fz_rank_desc(p[q], i);
-            m = rk < m ? rk : m;
-        }
-    }
-    return m;
-}
-
 // dst i32 [k, rows]: per row the indices of the k largest probabilities, largest first, the
-// lower index first among equal ones (top_k's rule). 1 <= k <= n <= ROUTER_MAX (host).
+// lower index first among equal ones (top_k's rule). 1 <= k <= n <= ROUTER_MAX (host). One
+// block per row: warp 0 computes the probabilities (as the softmax kernels do) and leaves their
+// ranks in shared memory; then every thread places its elements by counting the smaller ranks
+// (ranks are distinct: they carry the index), so the selection takes n compares a thread
+// instead of k rounds of a warp minimum over the row (the latency of a decode step's router).
 template <bool VEC>
 __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k) {
+    __shared__ u64 ranks[ROUTER_MAX];
     const i64 rows = src.ne[1], n = src.ne[0];
     const int lane = threadIdx.x & 31;
-    const i64 step = (i64)gridDim.x * (blockDim.x >> 5);
-    for (i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += step) {
-        float p[32];
-        fz_router_row<VEC>(src.data + r * src.nb[1], src.nb[0], n, lane, p);
-        u32 taken = 0;
-        u64 mine = fz_lane_min<VEC>(p, taken, n, lane);
-        char* y = dst.data + r * dst.nb[1];
-        for (int t = 0; t < k; t++) {
-            u64 best = fz_warp_min_u64(mine);
-            if (mine == best) {
-                // Ranks are distinct (they carry the index): exactly one lane owns the winner.
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        if (threadIdx.x < 32) {
+            float p[32];
+            fz_router_row<VEC>(src.data + r * src.nb[1], src.nb[0], n, lane, p);
 #pragma unroll
-                for (int q = 0; q < 32; q++) {
-                    i64 i = fz_elem<VEC>(lane, q);
-                    if (i < n && !((taken >> q) & 1u) && fz_rank_desc(p[q], i) == best) taken |= 1u << q;
-                }
-                mine = fz_lane_min<VEC>(p, taken, n, lane);
+            for (int q = 0; q < 32; q++) {
+                const i64 i = fz_elem<VEC>(lane, q);
+                if (i < n) ranks[i] = fz_rank_desc(p[q], i);
             }
-            if (lane == 0) *(int*)(y + t * dst.nb[0]) = (int)(u32)best;
         }
+        __syncthreads();
+        char* y = dst.data + r * dst.nb[1];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const u64 mine = ranks[i];
+            int before = 0;
+            for (int j = 0; j < n; j++) before += ranks[j] < mine;
+            if (before < k) *(int*)(y + before * dst.nb[0]) = i;
+        }
+        __syncthreads();
     }
 }
 

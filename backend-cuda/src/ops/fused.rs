@@ -1,7 +1,7 @@
 //! Fused ops (`kernels/fused.cu`), one launch each: the norms (add_rms_norm_mul, rms_norm_mul,
-//! gated_rms_norm) a warp or a block per row, the router (softmax_top_k, moe_weights) a warp per
-//! row of up to [`ROUTER_MAX`] logits, its probabilities computed as reduce.cu's softmax computes
-//! them (TAG(softmax-probs)).
+//! gated_rms_norm) a warp or a block per row, the router (softmax_top_k a block per row,
+//! moe_weights a warp per row) over rows of up to [`ROUTER_MAX`] logits, its probabilities
+//! computed as reduce.cu's softmax computes them (TAG(softmax-probs)).
 
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Op, TensorMeta};
@@ -87,8 +87,11 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // SAFETY: `softmax_top_k_*(dst, src, k)`; src f32 [n, rows, 1, 1] with n <= ROUTER_MAX
             // (supports), read at i < n of each row through its strides (the vec kernel only when
             // router_vec holds: dense 16-byte aligned rows, n % 4 == 0); 1 <= k <= n (shape rules),
-            // so dst (i32 [k, rows]) gets k ids per row, each row written by one warp.
-            unsafe { a.launch(router_config(logits.ne[1])) }.map(drop).map_err(|e| launch_error(kernel, e))
+            // so dst (i32 [k, rows]) gets k ids per row, each row written by one block (at least
+            // a warp: warp 0 computes the probabilities).
+            let threads = (logits.ne[0].clamp(32, TOP_K_THREADS) as u32).next_multiple_of(32);
+            let grid = (logits.ne[1].clamp(1, 1 << 30) as u32, 1, 1);
+            unsafe { a.launch(config(grid, (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(kernel, e))
         }
         (Op::MoeWeights, &[logits, ids]) => {
             let kernel = if router_vec(&logits) { MOE_WEIGHTS_VEC } else { MOE_WEIGHTS_GEN };
@@ -105,6 +108,10 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         _ => Err(unsupported(task, "not a fused op with its inputs")),
     }
 }
+
+/// Most threads of a `softmax_top_k` block (one block a row; each thread places n / threads of
+/// its elements).
+const TOP_K_THREADS: i64 = 256;
 
 /// A router launch: a warp per row, 8 rows per block, over a grid-stride loop (any grid covers
 /// the rows).

@@ -141,6 +141,11 @@ const MM_WARPS: u32 = 4;
 /// many rows was slower).
 const SPLIT_ROWS: i64 = 8192;
 const SPLIT_K: i64 = 8192;
+/// Rows of at least `SPLIT_K_FEW` elements split over the block's warps too when there are at
+/// most this many (all batches): the MoE router (2048 x 256 f32) and the shared expert's gate
+/// (2048 x 1) are a handful of memory round trips a warp unsplit, the latency of a decode step.
+const SPLIT_FEW_ROWS: i64 = 512;
+const SPLIT_K_FEW: i64 = 1024;
 /// Most tokens a GEMV pass serves per weight read; above this cuBLAS takes the product.
 const GEMV_MAX_N: i64 = 8;
 /// Bytes of dequantized bf16 weights (hi + lo parts) one cuBLAS chunk may hold.
@@ -390,7 +395,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
     let vec = i32::from(rows_vectorizable(&a, d) && bp.is_multiple_of(16));
     let rows = a.ne[1] * b2 * b3;
-    let parts: i32 = if rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K { MM_WARPS as i32 } else { 1 };
+    let split = (rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K) || (rows <= SPLIT_FEW_ROWS && a.ne[0] >= SPLIT_K_FEW);
+    let parts: i32 = if split { MM_WARPS as i32 } else { 1 };
     let blocks = (a.ne[1] as u64 * parts as u64).div_ceil(MM_WARPS as u64);
     let grid = (blocks.min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
     let mut args = cx.launch(&f);
