@@ -38,13 +38,14 @@ struct Tensor {
 };
 
 // Every kernel's first statement, after at most some l2_prefetch_rows (a test checks): with
-// programmatic dependent launch (`Launch` in src/launch.rs) a kernel may start while the one
-// before it on the stream is still running. Wait until that grid has completed and its writes are visible, then let the next
-// kernel be scheduled, so its launch hides behind this one. No-ops without the launch attribute.
+// programmatic dependent launch (`Launch` in src/launch.rs) a kernel may be launched while the one
+// before it on the stream is finishing (once that one's blocks have all exited, before its
+// completion is flushed). Wait until that grid has completed and its writes are visible. No
+// kernel triggers its dependents earlier: their blocks would hold SM resources while they wait
+// (measured slower on prefill, docs/perf-log/engine.md). A no-op without the launch attribute.
 __device__ __forceinline__ void grid_begin() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

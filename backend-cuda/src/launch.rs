@@ -149,13 +149,15 @@ impl<'a> Cx<'a> {
 /// parameter order, then [`Launch::launch`].
 ///
 /// With `overlap` (the default on sm_90 and later, [`crate::CudaOptions::overlap_launches`]) the
-/// launch carries programmatic stream serialization: the GPU may start the kernel while the one
-/// before it on the stream is still running, so launch latency and block scheduling hide behind
-/// the previous kernel's tail (also inside a captured graph, as programmatic edges). That is safe
-/// because every kernel begins with `grid_begin()` (kernels/common.cuh), which waits until the
-/// previous grid has completed and its writes are visible before anything else runs; a test
-/// checks every kernel source for it. cudarc's `LaunchArgs` cannot set launch attributes, hence
-/// this small builder over `cuLaunchKernelEx`.
+/// launch carries programmatic stream serialization: the GPU may launch the kernel as soon as the
+/// blocks of the one before it on the stream have exited, without waiting for that grid's
+/// completion to be flushed, so launch latency hides behind the previous kernel's end (also inside
+/// a captured graph, as programmatic edges), and the dense GEMVs have L2 fetch their first weight
+/// rows meanwhile. That is safe because every kernel begins with `grid_begin()`
+/// (kernels/common.cuh), which waits until the previous grid has completed and its writes are
+/// visible before anything else runs (only L2 prefetches may come first); a test checks every
+/// kernel source for it. cudarc's `LaunchArgs` cannot set launch attributes, hence this small
+/// builder over `cuLaunchKernelEx`.
 pub(crate) struct Launch<'a> {
     stream: &'a CudaStream,
     func: &'a CudaFunction,
