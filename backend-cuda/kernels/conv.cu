@@ -82,8 +82,11 @@ extern "C" __global__ void ssm_conv_direct(Tensor out, Tensor sx, int sdt, Tenso
 // The state-slot check of `check_state_slots` (common.cuh), run as one block before any state is
 // written; for a ragged batch (`offsets.data` not null) its seq_offsets first, then the slots of
 // the sequences with tokens.
-extern "C" __global__ void conv_check_slots(Tensor slots, Tensor offsets, i64 n_tokens, i64 n_slots, u64 err, u32 op) {
-    grid_begin();
+// The slot (and ragged offsets) check of ssm_conv_update_inplace, run by block (0, 0) of
+// conv_update_out before its own work (a launch of its own cost a decode step more than the check):
+// the outputs only read the state, through in-range slots, and conv_update_state, which writes it,
+// runs after and does nothing once an error is recorded. Call with one whole block.
+__device__ void conv_check_slots(const Tensor& slots, const Tensor& offsets, i64 n_tokens, i64 n_slots, u64 err, u32 op) {
     if (offsets.data == nullptr) {
         check_state_slots(slots, n_slots, err, op);
     } else if (check_seq_offsets(offsets, n_tokens, err, op)) {
@@ -110,13 +113,15 @@ __device__ __forceinline__ float conv_x(const Tensor& x, int xdt, i64 c, i64 t, 
 #define UPD_MAXD 8
 extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Tensor x, int xdt, Tensor state,
                                                                   Tensor kern, int kdt, Tensor slots, Tensor offsets,
-                                                                  int silu, u64 err) {
+                                                                  int silu, u64 err, u32 op) {
     grid_begin();
+    const i64 n_all = out.ne[1] * out.ne[2];
+    if (blockIdx.x == 0 && blockIdx.y == 0) conv_check_slots(slots, offsets, n_all, state.ne[2], err, op);
     __shared__ long long tbegin[UPD_T];  // first token of each token's sequence, -1 for none
     __shared__ int tslot[UPD_T];
     __shared__ long long wpos[2];  // (t, outer) of packed token u0 - keep (t < 0 before the start)
     if (((volatile ErrorRecord*)err)->code != 0u) return;
-    const i64 channels = out.ne[0], n_t = out.ne[1], n_all = n_t * out.ne[2], n_seq = slots.ne[0];
+    const i64 channels = out.ne[0], n_t = out.ne[1], n_seq = slots.ne[0];
     const i64 d_conv = kern.ne[0], keep = d_conv - 1;
     const i64 u0 = (i64)blockIdx.y * UPD_T, tcount = min((i64)UPD_T, n_all - u0);
     if (threadIdx.x < UPD_T) {
@@ -173,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Te
         float acc = 0.0f;
         if (t < tcount && begin >= 0) {
             const i64 slot = tslot[t];
-            const bool slot_ok = slot >= 0 && slot < state.ne[2];  // always, after conv_check_slots
+            const bool slot_ok = slot >= 0 && slot < state.ne[2];  // unless the check fails
 #pragma unroll
             for (int i = 0; i < UPD_MAXD; i++) {
                 const i64 p = u - keep + i;

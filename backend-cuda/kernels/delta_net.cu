@@ -18,8 +18,9 @@
 // so the main kernels read key chunks as float4. A block of 4 warps owns 16 columns of one (value
 // head, sequence): `gdn_*` loads each token's inputs one token ahead in registers (decode and
 // general shapes); `gdn_tiled_n4_vec` (prefill, S_k = 128) stages 16-token tiles in shared memory
-// with cp.async, double buffered. Slots are validated by `gdn_check_slots` first; the main kernels
-// do nothing when an error is recorded.
+// with cp.async, double buffered. Slots are validated first (by `gdn_check_slots`, or by block 0 of
+// `gdn_prep` when the chunked kernels do not run); the main kernels do nothing when an error is
+// recorded.
 //
 // Ragged batches (a seq_offsets tensor; null `offsets.data` means dense) pack the tokens of all
 // sequences along the token dimension: block z of a kernel is sequence s, and reads its token range
@@ -57,9 +58,8 @@ __device__ __forceinline__ bool gdn_runs(i64 len, i64 len_min, i64 len_max) {
 // (tiled and chunked): table[0] = the number m of sequences longer than serial_max, table[1 + i]
 // the i-th of them (i < m), and table[1 + n_seq + i] its first chunk of 64 (CW_C) tokens in the
 // chunk buffers (i <= m; the last entry is the total).
-extern "C" __global__ void gdn_check_slots(Tensor slots, Tensor offsets, i64 n_tokens, i64 n_slots, i64 serial_max,
-                                           int* table, u64 err, u32 op) {
-    grid_begin();
+__device__ void gdn_check(const Tensor& slots, const Tensor& offsets, i64 n_tokens, i64 n_slots, i64 serial_max,
+                          int* table, u64 err, u32 op) {
     __shared__ int lens[RAGGED_STAGE];
     if (offsets.data == nullptr) {
         check_state_slots(slots, n_slots, err, op);
@@ -86,6 +86,11 @@ extern "C" __global__ void gdn_check_slots(Tensor slots, Tensor offsets, i64 n_t
     table[1 + n_seq + m] = chunks;
     table[0] = m;
 }
+extern "C" __global__ void gdn_check_slots(Tensor slots, Tensor offsets, i64 n_tokens, i64 n_slots, i64 serial_max,
+                                           int* table, u64 err, u32 op) {
+    grid_begin();
+    gdn_check(slots, offsets, n_tokens, n_slots, serial_max, table, err, op);
+}
 
 // Sums of a and b over the 8 lanes of a group (aligned groups: xor 4, 2, 1 stays inside).
 __device__ __forceinline__ void group_sum2(float& a, float& b) {
@@ -103,8 +108,14 @@ __device__ __forceinline__ void group_sum2(float& a, float& b) {
 // op's outputs of padding tokens (before seq_offsets[0] and from seq_offsets[n_seq] on; `out` is
 // contiguous [S_v, H_v, n_tokens, 1]) are zeroed here, grid-stride over just those rows.
 extern "C" __global__ void gdn_prep(Tensor q, int qdt, Tensor k, int kdt, float scale, int ks_len, float* kbuf,
-                                   float* qbuf, float* kq, Tensor offsets, i64 serial_max, Tensor out, u64 err) {
+                                   float* qbuf, float* kq, Tensor offsets, i64 serial_max, Tensor out, Tensor slots,
+                                   i64 n_slots, i64 list_min, int* table, int check, u64 err, u32 op) {
     grid_begin();
+    // `check`: block 0 runs gdn_check_slots' check first, its work list of the sequences longer
+    // than list_min included (the serial path without the chunked kernels, which need both before
+    // their first kernel): what it writes is read by the kernels after this one, and this kernel
+    // reads no slot and clamps the offsets.
+    if (check && blockIdx.x == 0) gdn_check(slots, offsets, k.ne[2], n_slots, list_min, table, err, op);
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 s_k = k.ne[0], h_k = k.ne[1], n_t = k.ne[2], n_outer = k.ne[3];
     const i64 rows = h_k * n_t * n_outer;

@@ -487,6 +487,13 @@ __device__ __forceinline__ int2 e2m1x8_i8(u32 q) {
 }
 
 // One unit's raw weight bytes as loaded.
+// Units of a weight row of k values for gf_load / gf_dot: 16 values of q8_0 / nvfp4 (against 16
+// int16 activations and their scale), 8 of f16 / bf16 or 4 of f32 (16 bytes, against f32
+// activations).
+__device__ __forceinline__ i64 gf_units(int dt, i64 k) {
+    return (dt == DT_Q8_0 || dt == DT_NVFP4) ? k / 16 : dt == DT_F32 ? k / 4 : k / 8;
+}
+
 struct GfRaw {
     uint4 w;
     u32 w4, sc;
@@ -552,6 +559,16 @@ __device__ __forceinline__ void gf_dot(const GfRaw* raw, int dt, i64 u, const ch
                 const int ih = dp4a(w[r][3], (int)h.w, dp4a(w[r][2], (int)h.z, dp4a(w[r][1], (int)h.y, dp4a(w[r][0], (int)h.x, 0))));
                 const int il = dp4a(w[r][3], (int)l.w, dp4a(w[r][2], (int)l.z, dp4a(w[r][1], (int)l.y, dp4a(w[r][0], (int)l.x, 0))));
                 acc[r][t] += (float)(ih * 256 + il) * (dw[r] * sx);
+            }
+        }
+    } else if (dt == DT_F32) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 x = ((const float4*)xt[t])[u];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float4 w = make_float4(__uint_as_float(raw[r].w.x), __uint_as_float(raw[r].w.y), __uint_as_float(raw[r].w.z), __uint_as_float(raw[r].w.w));
+                acc[r][t] += dot4(w, x);
             }
         }
     } else {
@@ -631,7 +648,7 @@ __device__ __forceinline__ void gemv_fast_body(Tensor a, Tensor a_up, int adt, c
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const i64 m0 = (i64)blockIdx.x * H, k = a.ne[0];
     const int rows = (int)min((i64)H, a.ne[1] - m0);
-    const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
+    const i64 nu = gf_units(adt, k);
     const float* xs = (const float*)(x + ((n * b2 * b3 * ldx + 255) & ~(i64)255));
     for (i64 batch = blockIdx.y; batch < b2 * b3; batch += gridDim.y) {
         const i64 i2 = batch % b2, i3 = batch / b2;
@@ -751,7 +768,7 @@ __device__ __forceinline__ void moe_decode_body(Tensor as, Tensor as_up, int adt
     const int lane = threadIdx.x & 31;
     const i64 m = (i64)blockIdx.x * (GF_THREADS / 32) + (threadIdx.x >> 5), k = as.ne[0];
     if (m >= as.ne[1]) return;
-    const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
+    const i64 nu = gf_units(adt, k);
     const i64 r = u % n_b + n_b * t;
     const float* xs = (const float*)(x + ((n_b * ids.ne[1] * ldx + 255) & ~(i64)255));
     const char* xt[1] = {x + r * ldx};
@@ -1422,7 +1439,7 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_sum(Tensor a
     const i64 n_used = ids.ne[0], t = blockIdx.y;
     const int lane = threadIdx.x & 31;
     const i64 m = (i64)blockIdx.x * (GF_THREADS / 32) + (threadIdx.x >> 5), k = as.ne[0];
-    const i64 nu = (adt == DT_Q8_0 || adt == DT_NVFP4) ? k / 16 : k / 8;
+    const i64 nu = gf_units(adt, k);
     const float* xs = (const float*)(x + ((n_b * ids.ne[1] * ldx + 255) & ~(i64)255));
     const i64 mr = min(m, as.ne[1] - 1);  // a warp past the last row checks ids, stores nothing
     float acc = 0.0f;

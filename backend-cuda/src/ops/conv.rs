@@ -14,7 +14,6 @@ use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, unsuppo
 
 const CONV_TILED: Kernel = Kernel::new(Module::Conv, "ssm_conv_tiled");
 const CONV_DIRECT: Kernel = Kernel::new(Module::Conv, "ssm_conv_direct");
-const CHECK_SLOTS: Kernel = Kernel::new(Module::Conv, "conv_check_slots");
 const UPDATE_OUT: Kernel = Kernel::new(Module::Conv, "conv_update_out");
 const UPDATE_STATE: Kernel = Kernel::new(Module::Conv, "conv_update_state");
 
@@ -117,28 +116,29 @@ fn update(
         });
     }
     let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));
-    let (n_slots, n_tokens) = (state.ne[2], n_all as i64);
-    let f = cx.function(CHECK_SLOTS)?;
-    let mut a = cx.launch(&f);
-    a.arg(&slots).arg(&offsets).arg(&n_tokens).arg(&n_slots).arg(&err).arg(&code);
-    // SAFETY: `conv_check_slots(slots, offsets, n_tokens, n_slots, err, op)` reads the slots'
-    // ne[0] i32 values and, unless `offsets` is null (dense), the offsets' ne[0] = n_seq + 1 (shape
-    // rules), through their strides, and writes only the error record.
-    unsafe { a.launch(config((1, 1, 1), (1024, 1, 1), 0)) }.map_err(|e| launch_error(CHECK_SLOTS, e))?;
-
     let silu = i32::from(silu);
     let blocks = channels.div_ceil(THREADS as usize) as u32;
     let f = cx.function(UPDATE_OUT)?;
     let mut a = cx.launch(&f);
-    a.arg(&out).arg(&x).arg(&xdt).arg(&state).arg(&kern).arg(&kdt).arg(&slots).arg(&offsets).arg(&silu).arg(&err);
+    a.arg(&out)
+        .arg(&x)
+        .arg(&xdt)
+        .arg(&state)
+        .arg(&kern)
+        .arg(&kdt)
+        .arg(&slots)
+        .arg(&offsets)
+        .arg(&silu)
+        .arg(&err)
+        .arg(&code);
     let grid = (blocks, n_all.div_ceil(UPDATE_TOKENS) as u32, 1);
-    // SAFETY: `conv_update_out(out, x, xdt, state, kern, kdt, slots, offsets, silu, err)`: the shape
-    // rules give x and out [C, n_t, n_outer] (n_all = n_t n_outer packed tokens), state
+    // SAFETY: `conv_update_out(out, x, xdt, state, kern, kdt, slots, offsets, silu, err, op)`: the
+    // shape rules give x and out [C, n_t, n_outer] (n_all = n_t n_outer packed tokens), state
     // [d_conv - 1, C, n_slots], kernel [d_conv, C], slots [n_seq] and offsets [n_seq + 1] (or
-    // null: dense); threads past C or n_all do nothing; offsets are clamped to 0..=n_all, so every
-    // x sample read is a token in 0..n_all, and state samples are read at 0..d_conv - 1 of slots
-    // checked to be in [0, n_slots) (the kernel returns once conv_check_slots recorded an error).
-    // It only reads the state.
+    // null: dense); block (0, 0) first checks the slots and offsets through their strides,
+    // writing only the error record; threads past C or n_all do nothing; offsets are clamped to
+    // 0..=n_all, so every x sample read is a token in 0..n_all, and state samples are read at
+    // 0..d_conv - 1 of slots in [0, n_slots) only. It only reads the state.
     unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(UPDATE_OUT, e))?;
 
     let d_conv = kern.ne[0];

@@ -198,7 +198,11 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let chunked_ok = cx.info.max_shared_per_block >= CW_SCAN_SHARED as usize && cx.scratch.is_multiple_of(256);
     let plan = Plan::new(p, qm, vm, n_seq, chunked_ok);
     let table = if plan.ragged { cx.scratch + plan.table as u64 } else { 0 };
-    check(cx, slots, offsets, (n_t, state.ne[3]), SHORT, table, (err, code))?;
+    // The chunked kernels need the check's work list before their first kernel; otherwise
+    // gdn_prep's first block runs the check (one launch fewer a decode step).
+    if plan.chunked.is_some() {
+        check(cx, slots, offsets, (n_t, state.ne[3]), SHORT, table, (err, code))?;
+    }
 
     if let Some((sc, n_chunks, n_long)) = &plan.chunked {
         let at = |off: usize| cx.scratch + off as u64;
@@ -259,10 +263,15 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let f = cx.function(PREP)?;
     let mut a = cx.launch(&f);
     a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&p.scale).arg(&ks_len).arg(&kbuf).arg(&qbuf).arg(&kq);
-    a.arg(&offsets).arg(&serial_max).arg(&out).arg(&err);
+    let (n_slots, check_here) = (state.ne[3], i32::from(plan.chunked.is_none()));
+    a.arg(&offsets).arg(&serial_max).arg(&out).arg(&slots).arg(&n_slots).arg(&SHORT).arg(&table).arg(&check_here);
+    a.arg(&err).arg(&code);
     let warps_per_block = THREADS as usize / 32;
     let cfg = config((rows.div_ceil(warps_per_block).clamp(1, 1 << 20) as u32, 1, 1), (THREADS, 1, 1), 0);
-    // SAFETY: `gdn_prep(q, qdt, k, kdt, scale, ks_len, kbuf, qbuf, kq, offsets, serial_max, out, err)`:
+    // SAFETY: `gdn_prep(q, qdt, k, kdt, scale, ks_len, kbuf, qbuf, kq, offsets, serial_max, out,
+    // slots, n_slots, list_min, table, check, err, op)`: with `check`, block 0 runs the slot check
+    // as `check` below describes it (reads the slots and offsets, writes the error record and the
+    // work list);
     // q and k are [S_k, H_k, n_t, n_outer] (shape rules), read within those extents; scratch holds
     // (scratch_bytes, Plan::prep) rows = H_k n_t n_outer rows of ks_len floats for kbuf and for
     // qbuf, then rows floats for kq; offsets (null dense) are read clamped to 0..=n_t; ragged, it

@@ -427,32 +427,36 @@ fn packed_already(b: &TensorArg) -> Option<i64> {
 /// (one token against one f16 / bf16 matrix takes `word_gemv` before this).
 fn fast_gemv_fits(a: &TensorArg, d: DType) -> bool {
     let rows = a.ne[1] * a.ne[2] * a.ne[3];
-    fast_rows(a, d) && (d.is_quantized() || (rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K))
+    // f32 weights keep gemv_N here (its split rows), the fused decode ops take their f32 units
+    d != DType::F32 && fast_rows(a, d) && (d.is_quantized() || (rows <= SPLIT_ROWS && a.ne[0] >= SPLIT_K))
 }
 
-/// Whether the fast GEMV units can read the weight rows: q8_0 / nvfp4 rows start 4-byte
-/// aligned, f16 / bf16 rows are whole 16-byte pieces (`rows_vectorizable`).
+/// Whether the fast GEMV units (`gf_load` / `gf_dot`) can read the weight rows: q8_0 / nvfp4 rows
+/// start 4-byte aligned, f16 / bf16 / f32 rows are whole 16-byte pieces (`rows_vectorizable`).
 fn fast_rows(a: &TensorArg, d: DType) -> bool {
     match d {
         DType::Q8_0 | DType::NvFp4 => a.data.is_multiple_of(4) && (1..4).all(|i| a.ne[i] <= 1 || a.nb[i] % 4 == 0),
-        DType::F16 | DType::BF16 => rows_vectorizable(a, d),
+        DType::F16 | DType::BF16 | DType::F32 => rows_vectorizable(a, d),
         _ => false,
     }
 }
 
-/// Activations for `gemv_fast_N` / `moe_decode` at the start of scratch: int16 halves by
-/// `quant_x` (quantized weights; their scales follow at the next 256-byte boundary) or packed f32
-/// rows. Returns the row stride in bytes.
-fn fast_activations(cx: &mut Cx<'_>, d: DType, b: TensorArg) -> Result<i64, BackendError> {
+/// Activations for `gemv_fast_N` / `moe_decode`: int16 halves by `quant_x` at the start of
+/// scratch (quantized weights; their scales follow at the next 256-byte boundary), else packed
+/// f32 rows, read in place when `b` already is such rows (no launch). Returns their address and
+/// row stride in bytes.
+fn fast_activations(cx: &mut Cx<'_>, d: DType, b: TensorArg) -> Result<(u64, i64), BackendError> {
     let k = b.ne[0];
     if d.is_quantized() {
         let (xq_bytes, _) = quant_x_bytes(b.nelements() as usize);
         quant_x(cx, b, cx.scratch, cx.scratch + xq_bytes as u64)?;
-        Ok(2 * k)
+        Ok((cx.scratch, 2 * k))
+    } else if let Some(ldb) = packed_already(&b) {
+        Ok((b.data, 4 * ldb))
     } else {
         let ldb = packed_len(k as usize) as i64;
         pack_b(cx, b, cx.scratch, 0, 0, 0, ldb)?;
-        Ok(4 * ldb)
+        Ok((cx.scratch, 4 * ldb))
     }
 }
 
@@ -480,7 +484,7 @@ fn gemv_fast_rows(n: i64, m: i64, sms: usize) -> usize {
 /// to 8 tokens a pass.
 fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     let n = b.ne[1];
-    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let (x, ldx) = fast_activations(cx, d, b)?;
     let rows = gemv_fast_rows(n, a.ne[1], cx.info.multiprocessors);
     let kernel = GEMV_FAST[rows.trailing_zeros() as usize][match n {
         ..=1 => 0,
@@ -968,7 +972,7 @@ fn moe_decode(
     out: TensorArg,
     op: u32,
 ) -> Result<(), BackendError> {
-    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let (x, ldx) = fast_activations(cx, d, b)?;
     let kernel = if up.is_some() { MOE_DECODE_GLU } else { MOE_DECODE };
     let f = cx.function(kernel)?;
     let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
@@ -1018,7 +1022,7 @@ fn moe_decode_sum(
     out: TensorArg,
     op: u32,
 ) -> Result<(), BackendError> {
-    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let (x, ldx) = fast_activations(cx, d, b)?;
     let f = cx.function(MOE_DECODE_SUM)?;
     let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
@@ -1049,9 +1053,10 @@ fn weighted_slot_sum(cx: &mut Cx<'_>, y: TensorArg, w: TensorArg, out: TensorArg
 }
 
 /// Whether `gemv_fast_glu_N` takes mul_mat_swiglu: at most `GEMV_MAX_N` tokens over q8_0 /
-/// nvfp4 gate and up weights of one layout the fast units can read.
+/// nvfp4 / f32 gate and up weights of one layout the fast units can read.
 fn glu_gemv_fits(wg: &TensorArg, wu: &TensorArg, d: DType, b: &TensorArg) -> bool {
-    b.ne[1] <= GEMV_MAX_N && d.is_quantized() && fast_rows(wg, d) && fast_rows(wu, d) && wg.nb == wu.nb
+    let dtype_ok = d.is_quantized() || d == DType::F32;
+    b.ne[1] <= GEMV_MAX_N && dtype_ok && fast_rows(wg, d) && fast_rows(wu, d) && wg.nb == wu.nb
 }
 
 /// mul_mat_swiglu for a few tokens: `gemv_fast_glu_N`, a block per gate row and its up row over
@@ -1065,7 +1070,7 @@ fn gemv_fast_glu(
     out: TensorArg,
 ) -> Result<(), BackendError> {
     let n = b.ne[1];
-    let (x, ldx) = (cx.scratch, fast_activations(cx, d, b)?);
+    let (x, ldx) = fast_activations(cx, d, b)?;
     let kernel = GEMV_FAST_GLU[match n {
         ..=1 => 0,
         2 => 1,
