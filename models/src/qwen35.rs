@@ -70,6 +70,10 @@ pub struct ModelOptions {
     /// beyond it. They share one activation arena per backend (steps run one at a time), so a
     /// graph held costs its small input buffers and, on a GPU, its captured CUDA graph.
     pub step_graphs: usize,
+    /// Stack the projections that read one input into one matrix at load ([`merge_projections`]):
+    /// one matmul a group instead of one a weight (default on; `TESSERA_MERGE_PROJECTIONS=0`
+    /// turns it off, to compare).
+    pub merge_projections: bool,
 }
 
 impl Default for ModelOptions {
@@ -83,6 +87,7 @@ impl Default for ModelOptions {
             n_slots: 4,
             kv_pad: 1,
             step_graphs: 64,
+            merge_projections: std::env::var("TESSERA_MERGE_PROJECTIONS").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -291,6 +296,106 @@ impl StepIo {
     }
 }
 
+/// The projections of a block that read the same input, in the order their rows are stacked, and
+/// the name the stacked matrix is registered under ([`merge_projections`]).
+fn projection_groups(config: &ModelConfig, il: usize) -> Vec<(Vec<String>, String)> {
+    let pre = format!("blk.{il}");
+    let w = |n: &str| format!("{pre}.{n}.weight");
+    match config.layer_kind(il) {
+        LayerKind::GatedDeltaNet => vec![
+            (vec![w("attn_qkv"), w("attn_gate"), w("ssm_beta"), w("ssm_alpha")], format!("{pre}.in_proj.merged")),
+            (vec![w("attn_qkv"), w("attn_gate")], format!("{pre}.in_proj_qkvz.merged")),
+            (vec![w("ssm_beta"), w("ssm_alpha")], format!("{pre}.in_proj_ba.merged")),
+        ],
+        LayerKind::FullAttention => {
+            vec![(vec![w("attn_q"), w("attn_k"), w("attn_v")], format!("{pre}.attn_qkv.merged"))]
+        }
+    }
+}
+
+/// Stacks, once at load, the projections of each block that read the same input into one resident
+/// matrix ([`ModelWeights::merge_rows`]: one dtype and row length; the names stay as windows of
+/// it), so a step runs one matmul a group: the DeltaNet block's qkv, z, beta and alpha (or the two
+/// pairs of them that stack), the attention block's q, k and v. vLLM's merged linear layers do the
+/// same; here the file is untouched and the graph reads each part through a view.
+pub fn merge_projections(
+    config: &ModelConfig,
+    weights: &mut ModelWeights,
+    backend: &mut dyn Backend,
+) -> Result<(), WeightsError> {
+    for il in 0..config.n_main_layers() {
+        // (a group whose parts are missing, already windows or do not stack is left alone)
+        for (parts, merged) in projection_groups(config, il) {
+            let names: Vec<&str> = parts.iter().map(String::as_str).collect();
+            weights.merge_rows(&names, &merged, backend)?;
+        }
+    }
+    Ok(())
+}
+
+/// The block index of a `blk.{i}` prefix.
+fn layer_index(pre: &str) -> R<usize> {
+    pre.strip_prefix("blk.")
+        .and_then(|i| i.parse().ok())
+        .ok_or_else(|| ModelError::BadBatch { why: format!("not a block prefix: {pre}") })
+}
+
+/// Rows `first .. first + rows` of a `[total, n]` matmul product: one projection of a group that
+/// may have run as one matmul over stacked weights.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    product: Tensor,
+    first: usize,
+    total: usize,
+}
+
+impl Rows {
+    /// The rows as `[inner.., n]` (`inner` one or two dimensions whose product is the part's
+    /// rows), a view: tokens `total` floats apart.
+    fn view(self, g: &mut Graph, inner: &[usize]) -> R<Tensor> {
+        let f = 4;
+        let n = self.product.ne()[1];
+        let step = self.total * f;
+        let (ne, nb) = match *inner {
+            [a] => ([a, n, 1, 1], [f, step, step * n, step * n]),
+            [a, b] => ([a, b, n, 1], [f, a * f, step, step * n]),
+            _ => {
+                return Err(ModelError::BadBatch { why: "a projection view takes one or two inner dimensions".into() });
+            }
+        };
+        Ok(g.view(self.product, ne, nb, self.first * f)?)
+    }
+}
+
+impl Builder<'_> {
+    /// The products of `x` with the weights `names` of one projection group: through the group's
+    /// stacked matrix when it was merged at load, else one matmul each.
+    fn project(&mut self, x: Tensor, names: &[String], merged: Option<&str>) -> R<Vec<Rows>> {
+        if let Some(m) = merged.filter(|m| self.w.contains(m)) {
+            let product = {
+                let w = self.p(m)?;
+                self.g.mul_mat(w, x)?
+            };
+            let total = product.ne()[0];
+            let mut first = 0;
+            let mut out = Vec::with_capacity(names.len());
+            for name in names {
+                let rows = self.w.get(name)?.meta.ne[1];
+                out.push(Rows { product, first, total });
+                first += rows;
+            }
+            return Ok(out);
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let w = self.p(name)?;
+            let product = self.g.mul_mat(w, x)?;
+            out.push(Rows { product, first: 0, total: product.ne()[0] });
+        }
+        Ok(out)
+    }
+}
+
 /// Leaves shared by every layer of a step graph (see [`StepInputs`]).
 #[derive(Debug, Clone, Copy)]
 struct Leaves {
@@ -355,6 +460,12 @@ impl Model {
         backend: &mut dyn Backend,
         opts: ModelOptions,
     ) -> R<Model> {
+        if opts.merge_projections
+            && let Err(e) = merge_projections(&config, &mut weights, backend)
+        {
+            weights.free(backend);
+            return Err(e.into());
+        }
         match Self::assemble(config, backend, opts) {
             Ok(mut m) => {
                 m.weights = weights;
@@ -844,27 +955,26 @@ impl Model {
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
         let n = x.ne()[1];
         let f = 4; // f32 activations
-        let wq = b.p(&format!("{pre}.attn_q.weight"))?;
-        let wk = b.p(&format!("{pre}.attn_k.weight"))?;
-        let wv = b.p(&format!("{pre}.attn_v.weight"))?;
+        let (names, merged) = projection_groups(c, layer_index(pre)?).swap_remove(0);
+        let [qg, k, v] = b.project(x, &names, Some(&merged))?[..] else { unreachable!("three projections") };
         let wo = b.p(&format!("{pre}.attn_output.weight"))?;
         let qn = b.p(&format!("{pre}.attn_q_norm.weight"))?;
         let kn = b.p(&format!("{pre}.attn_k_norm.weight"))?;
         let g = &mut b.g;
 
-        let qg = g.mul_mat(wq, x)?; // [2 hd nh, n]
-        let nb = [f, 2 * hd * f, 2 * hd * nh * f, 2 * hd * nh * n * f];
-        let q = g.view(qg, [hd, nh, n, 1], nb, 0)?;
-        let gate = g.view(qg, [hd, nh, n, 1], nb, hd * f)?;
+        // q and its gate interleaved per head in rows 0 .. 2 hd nh of the q projection
+        let step = qg.total * f;
+        let nb = [f, 2 * hd * f, step, step * n];
+        let q = g.view(qg.product, [hd, nh, n, 1], nb, qg.first * f)?;
+        let gate = g.view(qg.product, [hd, nh, n, 1], nb, (qg.first + hd) * f)?;
         let gate = g.cont(gate)?;
         let gate = g.reshape(gate, &[hd * nh, n])?;
         let q = g.rms_norm(q, c.rms_eps)?;
         let q = g.mul(q, qn)?;
-        let k = g.mul_mat(wk, x)?;
-        let k = g.reshape(k, &[hd, nkv, n])?;
+        let k = k.view(g, &[hd, nkv])?;
         let k = g.rms_norm(k, c.rms_eps)?;
         let k = g.mul(k, kn)?;
-        let v = g.mul_mat(wv, x)?; // [hd nkv, n]
+        let v = v.view(g, &[hd * nkv])?; // [hd nkv, n]
 
         let rope = RopeParams {
             n_rot: c.n_rot,
@@ -910,31 +1020,35 @@ impl Model {
         let ch = c.ssm_conv_dim();
         let n = x.ne()[1];
         let f = 4;
-        let w_qkv = b.p(&format!("{pre}.attn_qkv.weight"))?;
-        let w_gate = b.p(&format!("{pre}.attn_gate.weight"))?;
+        let il = layer_index(pre)?;
+        let groups = projection_groups(c, il);
+        let rows = if b.w.contains(&groups[0].1) {
+            b.project(x, &groups[0].0, Some(&groups[0].1))?
+        } else {
+            let mut rows = b.project(x, &groups[1].0, Some(&groups[1].1))?;
+            rows.extend(b.project(x, &groups[2].0, Some(&groups[2].1))?);
+            rows
+        };
+        let [qkv, z, beta, alpha] = rows[..] else { unreachable!("four projections") };
         let w_conv = b.p(&format!("{pre}.ssm_conv1d.weight"))?;
         let dt_bias = b.p(&format!("{pre}.ssm_dt.bias"))?;
         let ssm_a = b.p(&format!("{pre}.ssm_a"))?;
-        let w_beta = b.p(&format!("{pre}.ssm_beta.weight"))?;
-        let w_alpha = b.p(&format!("{pre}.ssm_alpha.weight"))?;
         let w_norm = b.p(&format!("{pre}.ssm_norm.weight"))?;
         let w_out = b.p(&format!("{pre}.ssm_out.weight"))?;
         let conv_state = b.state(&format!("{pre}.conv_state"), conv_store)?;
         let delta_state = b.state(&format!("{pre}.delta_state"), delta_store)?;
         let g = &mut b.g;
 
-        let qkv = g.mul_mat(w_qkv, x)?; // [ch, n]
-        let z = g.mul_mat(w_gate, x)?; // [hv sv, n]
-        let beta = g.mul_mat(w_beta, x)?;
+        let beta = beta.view(g, &[hv])?; // [hv, n]
         let beta = g.sigmoid(beta)?;
         let beta = g.reshape(beta, &[1, hv, n, 1])?;
-        let alpha = g.mul_mat(w_alpha, x)?; // [hv, n]
+        let alpha = alpha.view(g, &[hv])?; // [hv, n]
         let alpha = g.add(alpha, dt_bias)?;
         let alpha = g.softplus(alpha)?;
         let gdecay = g.mul(alpha, ssm_a)?;
         let gdecay = g.reshape(gdecay, &[1, hv, n, 1])?;
 
-        let qkv = g.reshape(qkv, &[ch, n, 1])?;
+        let qkv = qkv.view(g, &[ch])?; // [ch, n]
         let conv = g.ssm_conv_update_inplace_ragged(qkv, conv_state, w_conv, l.slots, l.seq_offsets, true)?; // [ch, n, 1]
         let nb = |d: usize| [f, d * f, ch * f, ch * n * f];
         let q = g.view(conv, [sk, hk, n, 1], nb(sk), 0)?;
@@ -949,7 +1063,7 @@ impl Model {
 
         let o = g.rms_norm(o, c.rms_eps)?;
         let o = g.mul(o, w_norm)?;
-        let z = g.reshape(z, &[sv, hv, n, 1])?;
+        let z = z.view(g, &[sv, hv])?; // [sv, hv, n]
         let z = g.silu(z)?;
         let o = g.mul(o, z)?;
         let o = g.reshape(o, &[hv * sv, n])?;

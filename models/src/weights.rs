@@ -25,7 +25,7 @@ pub enum WeightsError {
 }
 
 /// Every weight of [`ModelConfig::tensor_specs`], uploaded once into backend memory (one buffer
-/// per tensor), by llama.cpp name. Step graphs reference them as parameter leaves bound to this
+/// per tensor, or windows of one stacked matrix: [`ModelWeights::merge_rows`]), by llama.cpp name. Step graphs reference them as parameter leaves bound to this
 /// memory ([`ModelWeights::param`] + `Session::with_bindings`), so nothing is copied per step.
 ///
 /// The buffers belong to the backend they were loaded on; call [`ModelWeights::free`] to release
@@ -33,6 +33,8 @@ pub enum WeightsError {
 #[derive(Debug, Default)]
 pub struct ModelWeights {
     tensors: HashMap<String, TensorRef>,
+    /// The names that are windows of a stacked matrix.
+    windows: std::collections::HashSet<String>,
 }
 
 impl ModelWeights {
@@ -119,6 +121,11 @@ impl ModelWeights {
         self.tensors.contains_key(name)
     }
 
+    /// Whether `name` is a window of a stacked matrix ([`ModelWeights::merge_rows`]).
+    pub fn is_window(&self, name: &str) -> bool {
+        self.windows.contains(name)
+    }
+
     /// Loaded tensors.
     pub fn len(&self) -> usize {
         self.tensors.len()
@@ -136,10 +143,67 @@ impl ModelWeights {
         Ok((t, (t, place)))
     }
 
-    /// Frees every buffer on `backend` (the one the weights were loaded on).
+    /// Places the matrices `parts` (one dtype, one row length, 2-d) one after the other in a new
+    /// buffer, registered as `merged` (their rows stacked: `[K, M_1 + M_2 + ..]`), each part now a
+    /// window of it: one matmul then reads a shared input for all of them (projections of one
+    /// input, `qwen35::merge_projections`). Nothing changes (`Ok(false)`) when a part is missing,
+    /// already a window, or they do not stack; the parts' old buffers are freed once the copy is
+    /// made.
+    pub fn merge_rows(
+        &mut self,
+        parts: &[&str],
+        merged: &str,
+        backend: &mut dyn Backend,
+    ) -> Result<bool, WeightsError> {
+        let Some(places) = parts.iter().map(|p| self.tensors.get(*p).copied()).collect::<Option<Vec<_>>>() else {
+            return Ok(false);
+        };
+        let first = places[0].meta;
+        let stacks = places.iter().all(|p| {
+            p.meta.dtype == first.dtype
+                && p.meta.ne[0] == first.ne[0]
+                && p.meta.ne[2..] == [1, 1]
+                && p.meta.is_contiguous()
+        });
+        if !stacks || self.tensors.contains_key(merged) || parts.iter().any(|p| self.windows.contains(*p)) {
+            return Ok(false);
+        }
+        let rows: usize = places.iter().map(|p| p.meta.ne[1]).sum();
+        let meta = TensorMeta::contiguous("weight", first.dtype, [first.ne[0], rows, 1, 1])
+            .map_err(|e| WeightsError::Bad { name: merged.to_string(), why: e.to_string() })?;
+        let buffer = backend.alloc(meta.nbytes_contiguous())?;
+        let mut at = 0;
+        let mut windows = Vec::with_capacity(places.len());
+        for place in &places {
+            let n = place.meta.nbytes_contiguous();
+            let mut bytes = vec![0u8; n];
+            let copied =
+                backend.read(place.buffer, place.offset, &mut bytes).and_then(|()| backend.write(buffer, at, &bytes));
+            if let Err(e) = copied {
+                backend.free(buffer);
+                return Err(e.into());
+            }
+            windows.push(TensorRef { buffer, offset: at, meta: place.meta });
+            at += n;
+        }
+        for (name, (old, window)) in parts.iter().zip(places.iter().zip(windows)) {
+            backend.free(old.buffer);
+            self.tensors.insert(name.to_string(), window);
+            self.windows.insert(name.to_string());
+        }
+        self.tensors.insert(merged.to_string(), TensorRef { buffer, offset: 0, meta });
+        Ok(true)
+    }
+
+    /// Frees every buffer on `backend` (the one the weights were loaded on), once each (merged
+    /// tensors share one).
     pub fn free(&mut self, backend: &mut dyn Backend) {
-        for (_, t) in self.tensors.drain() {
-            backend.free(t.buffer);
+        self.windows.clear();
+        let mut buffers: Vec<_> = self.tensors.drain().map(|(_, t)| t.buffer).collect();
+        buffers.sort_unstable();
+        buffers.dedup();
+        for b in buffers {
+            backend.free(b);
         }
     }
 }

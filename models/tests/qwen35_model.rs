@@ -299,3 +299,45 @@ fn a_model_without_attention_layers_runs() {
     let next = m.step_greedy(&mut be, &[(0, &first)]).unwrap();
     assert_eq!((first.len(), next.len()), (1, 1));
 }
+
+#[test]
+fn projections_are_stacked_once_at_load_and_change_no_logit() {
+    use tessera_graph::Backend;
+    let buffers = |be: &CpuBackend| be.counters().into_iter().find(|(k, _)| *k == "buffers").map(|(_, v)| v).unwrap();
+    for p in PRESETS {
+        let f = file(p);
+        let mut be = CpuBackend::new();
+        let before = buffers(&be);
+        let mut m = Model::load(&f, &mut be, opts()).unwrap();
+        // block 0 is a DeltaNet block: qkv, z, beta and alpha stacked in that order
+        let w = &m.weights;
+        let stacked = w.get("blk.0.in_proj.merged").unwrap();
+        let parts =
+            ["attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"].map(|n| w.get(&format!("blk.0.{n}.weight")).unwrap());
+        let rows: usize = parts.iter().map(|t| t.meta.ne[1]).sum();
+        assert_eq!(stacked.meta.ne, [parts[0].meta.ne[0], rows, 1, 1], "{p}");
+        let mut at = 0;
+        for (name, part) in ["attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"].iter().zip(&parts) {
+            assert_eq!((part.buffer, part.offset), (stacked.buffer, at), "{p} {name}");
+            // the windows hold the file's values
+            let mut got = vec![0u8; part.meta.nbytes_contiguous()];
+            be.read(part.buffer, part.offset, &mut got).unwrap();
+            assert_eq!(got, f.tensor_data(&format!("blk.0.{name}.weight")).unwrap(), "{p} {name}");
+            at += part.meta.nbytes_contiguous();
+        }
+        // the attention block's q, k and v too (the last block of these presets is one)
+        let last = m.config.n_main_layers() - 1;
+        assert!(m.weights.contains(&format!("blk.{last}.attn_qkv.merged")), "{p}");
+        // the same logits as the weights used one by one, bit for bit (a row's dot product does
+        // not depend on the rows beside it)
+        let toks = tokens(9, 3);
+        let merged = m.step(&mut be, &[(0, &toks)], Logits::All).unwrap();
+        let (mut plain, mut be2) = load(p, ModelOptions { merge_projections: false, ..opts() });
+        assert!(!plain.weights.contains("blk.0.in_proj.merged"));
+        assert_eq!(merged, plain.step(&mut be2, &[(0, &toks)], Logits::All).unwrap(), "{p}");
+        // each buffer is freed once
+        m.free(&mut be);
+        assert_eq!(buffers(&be), before, "{p}");
+        plain.free(&mut be2);
+    }
+}
