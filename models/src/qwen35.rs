@@ -1051,11 +1051,13 @@ impl Model {
         let qkv = qkv.view(g, &[ch])?; // [ch, n]
         let conv = g.ssm_conv_update_inplace_ragged(qkv, conv_state, w_conv, l.slots, l.seq_offsets, true)?; // [ch, n, 1]
         let nb = |d: usize| [f, d * f, ch * f, ch * n * f];
-        let q = g.view(conv, [sk, hk, n, 1], nb(sk), 0)?;
-        let k = g.view(conv, [sk, hk, n, 1], nb(sk), hk * sk * f)?;
+        // q and k lie side by side in each token's conv output: one l2_norm over both heads' rows
+        let qk = g.view(conv, [sk, 2 * hk, n, 1], nb(sk), 0)?;
+        let qk = g.l2_norm(qk, c.rms_eps)?; // [sk, 2 hk, n] contiguous
+        let nb_qk = [f, sk * f, 2 * hk * sk * f, 2 * hk * sk * n * f];
+        let q = g.view(qk, [sk, hk, n, 1], nb_qk, 0)?;
+        let k = g.view(qk, [sk, hk, n, 1], nb_qk, hk * sk * f)?;
         let v = g.view(conv, [sv, hv, n, 1], nb(sv), 2 * hk * sk * f)?;
-        let q = g.l2_norm(q, c.rms_eps)?;
-        let k = g.l2_norm(k, c.rms_eps)?;
         let algo = if l.decode { DeltaNetAlgo::Serial } else { DeltaNetAlgo::Chunked { chunk: 64 } };
         let params =
             GatedDeltaNetParams { scale: 1.0 / (sk as f32).sqrt(), head_map: HeadMap::Tiled, algo, ragged: true };
