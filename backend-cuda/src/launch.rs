@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use std::ffi::c_void;
+use std::marker::PhantomData;
 
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchConfig, sys};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, sys};
 use smallvec::SmallVec;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, TensorMeta};
@@ -135,16 +136,6 @@ pub(crate) struct Cx<'a> {
     pub overlap: bool,
 }
 
-impl<'a> Cx<'a> {
-    /// A launch of `f` on the task's stream; add the arguments, then [`Launch::launch`].
-    pub fn launch<'f>(&self, f: &'f CudaFunction) -> Launch<'f>
-    where
-        'a: 'f,
-    {
-        Launch { stream: self.stream, func: f, overlap: self.overlap, args: SmallVec::new() }
-    }
-}
-
 /// One kernel launch being put together: the addresses of its arguments, in the kernel's
 /// parameter order, then [`Launch::launch`].
 ///
@@ -160,9 +151,12 @@ impl<'a> Cx<'a> {
 /// builder over `cuLaunchKernelEx`.
 pub(crate) struct Launch<'a> {
     stream: &'a CudaStream,
-    func: &'a CudaFunction,
+    kernel: Kernel,
+    func: CudaFunction,
     overlap: bool,
     args: SmallVec<[*mut c_void; 16]>,
+    /// The argument values are borrowed for 'a.
+    values: PhantomData<&'a ()>,
 }
 
 impl<'a> Launch<'a> {
@@ -172,13 +166,13 @@ impl<'a> Launch<'a> {
         self
     }
 
-    /// Enqueues the kernel.
+    /// Enqueues the kernel; an error names it.
     ///
     /// # Safety
     ///
     /// The arguments must match the kernel's parameters in number, order and type, and the kernel
     /// must stay within the memory its arguments describe.
-    pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
+    pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), BackendError> {
         let mut attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],
@@ -202,14 +196,24 @@ impl<'a> Launch<'a> {
         // values that outlive `self` (the caller's contract covers what they hold).
         unsafe { sys::cuLaunchKernelEx(&config, self.func.cu_function(), self.args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
+            .map_err(|e| launch_error(self.kernel, e))
     }
 }
 
-impl Cx<'_> {
-    /// The loaded function for `kernel` (compiling its module on first use).
-    pub fn function(&mut self, kernel: Kernel) -> Result<CudaFunction, BackendError> {
+impl<'a> Cx<'a> {
+    /// A launch of `kernel` on the task's stream (its module compiled on first use): add the
+    /// arguments, then [`Launch::launch`].
+    pub fn kernel(&mut self, kernel: Kernel) -> Result<Launch<'a>, BackendError> {
         self.trace.push(kernel.name);
-        Ok(self.kernels.get(kernel)?.clone())
+        let func = self.kernels.get(kernel)?.clone();
+        Ok(Launch {
+            stream: self.stream,
+            kernel,
+            func,
+            overlap: self.overlap,
+            args: SmallVec::new(),
+            values: PhantomData,
+        })
     }
 
     /// The cuBLAS handle, bound to the stream.
@@ -219,16 +223,19 @@ impl Cx<'_> {
         Ok(self.blas.handle(self.stream, alloc)?)
     }
 
-    /// How many blocks of `kernel` (loaded as `f`; `threads` a block, `shared` bytes of dynamic
-    /// shared memory) the whole GPU holds at once: what one-wave grids are sized by.
-    pub fn resident_blocks(
-        &self,
-        kernel: Kernel,
-        f: &CudaFunction,
-        threads: u32,
-        shared: u32,
-    ) -> Result<u64, BackendError> {
-        let per_sm = f
+    /// A launch of a generated kernel (an elementwise program's entry `name`, loaded as `func`).
+    pub fn generated(&mut self, name: &'static str, func: CudaFunction) -> Launch<'a> {
+        self.trace.push(name);
+        let kernel = Kernel::new(crate::compile::Module::Elementwise, name);
+        Launch { stream: self.stream, kernel, func, overlap: self.overlap, args: SmallVec::new(), values: PhantomData }
+    }
+
+    /// How many blocks of `kernel` (`threads` a block, `shared` bytes of dynamic shared memory)
+    /// the whole GPU holds at once: what one-wave grids are sized by.
+    pub fn resident_blocks(&mut self, kernel: Kernel, threads: u32, shared: u32) -> Result<u64, BackendError> {
+        let per_sm = self
+            .kernels
+            .get(kernel)?
             .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
             .map_err(|e| launch_error(kernel, e))?;
         Ok(per_sm.max(1) as u64 * self.info.multiprocessors.max(1) as u64)
@@ -236,7 +243,7 @@ impl Cx<'_> {
 
     /// Raises `kernel`'s dynamic shared memory limit to `bytes` (needed above 48 KiB).
     pub fn allow_shared(&mut self, kernel: Kernel, bytes: u32) -> Result<(), BackendError> {
-        let f = self.function(kernel)?;
+        let f = self.kernels.get(kernel)?;
         f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
             .map_err(|e| launch_error(kernel, e))
     }

@@ -21,7 +21,7 @@ use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, FlashAttnParams, Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, config, dt, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, config, dt, unsupported};
 
 const PARTIAL_ANY: Kernel = Kernel::new(Module::Attention, "fa_partial_any");
 const PARTIAL_F32: Kernel = Kernel::new(Module::Attention, "fa_partial_f32");
@@ -404,9 +404,8 @@ fn run_simt(
     let (hb, tb, h_blocks, t_blocks) = (pl.hb as i32, pl.tb as i32, pl.h_blocks as i32, pl.t_blocks as i32);
     let seq_stride = pl.seq_stride as i32;
     let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
-    let f = cx.function(kernel)?;
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (WARPS * 32, 1, 1), 0);
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(kernel)?;
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&kdt).arg(&vdt).arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
     a.arg(&n_splits).arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);
@@ -422,7 +421,7 @@ fn run_simt(
     // checked against n_cells before any K/V read; the vector kernels run only on 16-byte aligned
     // rows of one dtype with dims multiple of 8; with n_splits > 1 `part` holds splits * rows *
     // (d_v + 2) f32 (`scratch_bytes`).
-    unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { a.launch(cfg) }?;
     combine(cx, pl, q, offsets, kv_lens, out)
 }
 
@@ -437,17 +436,16 @@ fn combine(
 ) -> Result<(), BackendError> {
     if pl.splits > 1 {
         let (part, n_splits, seq_stride) = (cx.scratch, pl.splits as i32, pl.seq_stride as i32);
-        let f = cx.function(COMBINE)?;
         let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
         let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(COMBINE)?;
         a.arg(&part).arg(&out).arg(&offsets).arg(&kv_lens).arg(&seq_stride);
         a.arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
         // SAFETY: `fa_combine(part, out, offsets, kv_lens, seq_stride, n_splits, dv, n_tokens,
         // n_head)`: one block per output row; `part` holds n_splits * rows partials of d_v + 2
         // floats, all written above for the rows it merges (with a ragged batch tiled by sequence
         // it skips the rows of other launches, finding a row's sequence within offsets [n_seq + 1]).
-        unsafe { a.launch(cfg) }.map_err(|e| launch_error(COMBINE, e))?;
+        unsafe { a.launch(cfg) }?;
     }
     Ok(())
 }
@@ -470,7 +468,6 @@ fn run_mma(
     let (scale, softcap, l_min) = (p.scale, p.softcap, min_len as i32);
     let (err, opcode) = (cx.errors, crate::errors::op_code("flash_attn_ext"));
     cx.allow_shared(kernel, shared)?;
-    let f = cx.function(kernel)?;
     let n_tokens = q.ne[1] as usize;
     let grid = if p.ragged {
         let n_seq = (offsets.ne[0] as usize).saturating_sub(1);
@@ -479,7 +476,7 @@ fn run_mma(
         (n_tokens.div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32)
     };
     let cfg = config(grid, (128, 1, 1), shared);
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(kernel)?;
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&l_min).arg(&err).arg(&opcode);
     // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale,
@@ -491,7 +488,7 @@ fn run_mma(
     // tiles of `ragged_mma_tiles` (a bound on their count, plus a spare row) and write only their
     // sequence's rows (or padding rows); positions read stay below kv_lens[s] <= n_kv. Table
     // entries are checked before any K/V read.
-    unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { a.launch(cfg) }?;
     Ok(())
 }
 
@@ -517,9 +514,8 @@ fn run_dec(
     let seq_stride = pl.seq_stride as i32;
     let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
     cx.allow_shared(kernel, shared)?;
-    let f = cx.function(kernel)?;
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (DEC_WARPS * 32, 1, 1), shared);
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(kernel)?;
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
     a.arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);
@@ -534,7 +530,7 @@ fn run_dec(
     // positions below kv_lens[s] <= n_kv only; table entries are checked against n_cells before
     // any K/V read; with splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`
     // takes the largest plan).
-    unsafe { a.launch(cfg) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { a.launch(cfg) }?;
     combine(cx, pl, q, offsets, kv_lens, out)
 }
 

@@ -10,7 +10,7 @@ use tessera_ops::{Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 
 const CONV_TILED: Kernel = Kernel::new(Module::Conv, "ssm_conv_tiled");
 const CONV_DIRECT: Kernel = Kernel::new(Module::Conv, "ssm_conv_direct");
@@ -69,28 +69,26 @@ fn ssm_conv(
     let d_conv = kern.ne[0] as usize;
     let [channels, n_t, n_seq, _] = out.ne.map(|n| n as usize);
     if d_conv > MAX_TILED_D_CONV || n_seq > 65535 || n_t.div_ceil(TILE_TT) > 65535 {
-        let f = cx.function(CONV_DIRECT)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(CONV_DIRECT)?;
         a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt);
         let cfg = config((blocks_for(out.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0);
         // SAFETY: `ssm_conv_direct(out, sx, sdt, kern, kdt)`: the shape rules give sx
         // [d_conv - 1 + n_t, C, n_seq], kernel [d_conv, C] and out [C, n_t, n_seq]; the grid-stride
         // loop stays inside out, and t + i < d_conv - 1 + n_t.
-        unsafe { a.launch(cfg) }.map_err(|e| launch_error(CONV_DIRECT, e))?;
+        unsafe { a.launch(cfg) }?;
         return Ok(());
     }
     let w = (TILE_TT + d_conv - 1) | 1;
     let shared = (4 * (TILE_CH * w + TILE_CH * d_conv)) as u32;
     let grid = (channels.div_ceil(TILE_CH) as u32, n_t.div_ceil(TILE_TT) as u32, n_seq as u32);
     let time_fastest = i32::from(sx.nb[0].abs() <= sx.nb[1].abs());
-    let f = cx.function(CONV_TILED)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(CONV_TILED)?;
     a.arg(&out).arg(&sx).arg(&sdt).arg(&kern).arg(&kdt).arg(&time_fastest);
     // SAFETY: `ssm_conv_tiled(out, sx, sdt, kern, kdt, time_fastest)`: shapes as for the direct
     // kernel; the grid covers (C / 32, n_t / 64, n_seq) and every load and store is guarded by C,
     // n_t and the window's d_conv - 1 + n_t samples; d_conv <= 33 keeps the window within the 96
     // samples the kernel reads and shared memory (sized as the kernel lays it out) small.
-    unsafe { a.launch(config(grid, (TILE_THREADS, 1, 1), shared)) }.map_err(|e| launch_error(CONV_TILED, e))?;
+    unsafe { a.launch(config(grid, (TILE_THREADS, 1, 1), shared)) }?;
     Ok(())
 }
 
@@ -118,8 +116,7 @@ fn update(
     let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));
     let silu = i32::from(silu);
     let blocks = channels.div_ceil(THREADS as usize) as u32;
-    let f = cx.function(UPDATE_OUT)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(UPDATE_OUT)?;
     a.arg(&out)
         .arg(&x)
         .arg(&xdt)
@@ -139,18 +136,16 @@ fn update(
     // writing only the error record; threads past C or n_all do nothing; offsets are clamped to
     // 0..=n_all, so every x sample read is a token in 0..n_all, and state samples are read at
     // 0..d_conv - 1 of slots in [0, n_slots) only. It only reads the state.
-    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(UPDATE_OUT, e))?;
+    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }?;
 
     let d_conv = kern.ne[0];
-    let f = cx.function(UPDATE_STATE)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(UPDATE_STATE)?;
     a.arg(&x).arg(&xdt).arg(&state).arg(&slots).arg(&offsets).arg(&d_conv).arg(&err);
     // SAFETY: `conv_update_state(x, xdt, state, slots, offsets, d_conv, err)`: one thread per
     // (channel < C, sequence < n_seq) owns its slot's d_conv - 1 samples (the slots of sequences
     // with tokens are distinct and in range, or nothing runs; sequences without tokens return
     // before reading theirs); the window samples it reads are inside the state or x (offsets
     // clamped to 0..=n_all).
-    unsafe { a.launch(config((blocks, n_seq as u32, 1), (THREADS, 1, 1), 0)) }
-        .map_err(|e| launch_error(UPDATE_STATE, e))?;
+    unsafe { a.launch(config((blocks, n_seq as u32, 1), (THREADS, 1, 1), 0)) }?;
     Ok(())
 }

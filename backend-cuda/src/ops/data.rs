@@ -9,7 +9,7 @@ use tessera_ops::{DType, Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 
 const COPY_GENERAL: Kernel = Kernel::new(Module::Data, "copy_general");
 const COPY_FLAT: Kernel = Kernel::new(Module::Data, "copy_flat");
@@ -123,29 +123,23 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
         let slot = |code: i32| [DType::F32, DType::F16, DType::BF16].iter().position(|d| dt(*d) == code);
         if let (true, Some(si), Some(di)) = (aligned, slot(sc), slot(dc)) {
             let k = COPY_FLAT_TYPED[si][di];
-            let f = cx.function(k)?;
             let blocks = blocks_for(n / 8, THREADS).min(65_536);
             let (d, s) = (dst.data, src.data);
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(k)?;
             a.arg(&d).arg(&s).arg(&n);
             // SAFETY: `copy_flat_{src}_{dst}(dst, src, n)`: both tensors are dense with n
             // elements of the kernel's dtypes (checked above) and 16-byte aligned.
-            return unsafe { a.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }
-                .map(drop)
-                .map_err(|e| launch_error(k, e));
+            return unsafe { a.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) };
         }
         let vec = i32::from(aligned);
-        let f = cx.function(COPY_FLAT)?;
         let blocks = blocks_for(if vec != 0 { n / 8 } else { n }, THREADS).min(65_536);
         let (d, s) = (dst.data, src.data);
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(COPY_FLAT)?;
         a.arg(&d).arg(&dc).arg(&s).arg(&sc).arg(&n).arg(&vec);
         // SAFETY: `copy_flat(dst, dst_dt, src, src_dt, n, vec)`: both tensors are dense (checked
         // above) with n elements of plain dtypes, so [0, n) lies in each buffer; vec only when
         // both addresses are 16-byte aligned.
-        return unsafe { a.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }
-            .map(drop)
-            .map_err(|e| launch_error(COPY_FLAT, e));
+        return unsafe { a.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) };
     }
     if dst.ne == src.ne && dst.nb[0] == ddt.block_bytes() as i64 && src.nb[0] == sdt.block_bytes() as i64 {
         let vec = dst.ne[0] % 8 == 0 && rows_aligned(&dst, ddt) && rows_aligned(&src, sdt);
@@ -155,16 +149,13 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
         let ty = (THREADS / tx).max(1);
         let rows = dst.ne[1] * dst.ne[2] * dst.ne[3];
         let blocks = blocks_for(rows, ty).min(65_536);
-        let f = cx.function(COPY_ROWS)?;
         let vec = i32::from(vec);
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(COPY_ROWS)?;
         a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&vec);
         // SAFETY: `copy_rows(dst, dst_dt, src, src_dt, vec)`: same shapes, dense rows of plain
         // dtypes; every address is an element of its tensor (checked in compute); vec only with
         // ne0 % 8 == 0 and 16-byte aligned rows.
-        return unsafe { a.launch(config((blocks, 1, 1), (tx, ty, 1), 0)) }
-            .map(drop)
-            .map_err(|e| launch_error(COPY_ROWS, e));
+        return unsafe { a.launch(config((blocks, 1, 1), (tx, ty, 1), 0)) };
     }
     let (se, de) = (sdt.block_bytes() as i64, ddt.block_bytes() as i64);
     let src_fast0 = if src.nb[0] == se && dst.nb[1] == de && dst.nb[0] != de {
@@ -177,24 +168,18 @@ fn copy(cx: &mut Cx<'_>, dst: TensorArg, ddt: DType, src: TensorArg, sdt: DType)
     let tiles = ((dst.ne[0] + 31) / 32, (dst.ne[1] + 31) / 32);
     if let (true, Some(fast)) = (dst.ne == src.ne && tiles.1 <= 65_535 && tiles.0 <= 1 << 30, src_fast0) {
         let planes = (dst.ne[2] * dst.ne[3]).clamp(1, 65_535) as u32;
-        let f = cx.function(COPY_TRANSPOSE)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(COPY_TRANSPOSE)?;
         a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&fast);
         // SAFETY: `copy_transpose(dst, dst_dt, src, src_dt, src_fast0)`: same shapes and plain
         // dtypes; each tile element is bounds-checked against ne0 and ne1, planes loop over
         // ne2 * ne3; 32 x 8 threads match the 32 x 33 shared tile.
-        return unsafe { a.launch(config((tiles.0 as u32, tiles.1 as u32, planes), (32, 8, 1), 0)) }
-            .map(drop)
-            .map_err(|e| launch_error(COPY_TRANSPOSE, e));
+        return unsafe { a.launch(config((tiles.0 as u32, tiles.1 as u32, planes), (32, 8, 1), 0)) };
     }
-    let f = cx.function(COPY_GENERAL)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(COPY_GENERAL)?;
     a.arg(&dst).arg(&dc).arg(&src).arg(&sc);
     // SAFETY: `copy_general(dst, dst_dt, src, src_dt)`: equal element counts (shape rules), each
     // flat index unravelled against its own tensor's shape, plain dtypes.
     unsafe { a.launch(config((blocks_for(n, THREADS), 1, 1), (THREADS, 1, 1), 0)) }
-        .map(drop)
-        .map_err(|e| launch_error(COPY_GENERAL, e))
 }
 
 fn get_rows(
@@ -209,17 +194,14 @@ fn get_rows(
     let dst_ok = dst.ne[0] % 8 == 0 && rows_aligned(&dst, ddt);
     let vec = dst_ok && (sdt == DType::Q8_0 || rows_aligned(&src, sdt));
     let rows = dst.ne[1] * dst.ne[2] * dst.ne[3];
-    let f = cx.function(GET_ROWS)?;
     let (vec, err, op) = (i32::from(vec), cx.errors, op_code("get_rows"));
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(GET_ROWS)?;
     a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&ids).arg(&vec).arg(&err).arg(&op);
     // SAFETY: `get_rows(dst, dst_dt, src, src_dt, ids, vec, err, op)`: ids is i32 of shape
     // [dst.ne1, dst.ne2, dst.ne3] (shape rules); a row id outside 0..src.ne1 is reported and the
     // row skipped; src rows are dense (whole blocks when quantized); vec only with ne0 % 8 == 0
     // and 16-byte aligned plain rows (q8_0 sources are read with 2-byte loads).
     unsafe { a.launch(config((blocks_for(rows, 1).min(1 << 20), 1, 1), (row_threads(dst.ne[0], vec != 0), 1, 1), 0)) }
-        .map(drop)
-        .map_err(|e| launch_error(GET_ROWS, e))
 }
 
 fn set_rows(
@@ -232,11 +214,10 @@ fn set_rows(
 ) -> Result<(), BackendError> {
     let vec = dst.ne[0] % 8 == 0 && rows_aligned(&dst, ddt) && rows_aligned(&src, sdt);
     let rows = src.ne[1] * src.ne[2] * src.ne[3];
-    let f = cx.function(SET_ROWS)?;
     let (dc, sc) = (dt(ddt), dt(sdt));
     let (vec, err, op) = (i32::from(vec), cx.errors, op_code("set_rows"));
     let dedup = i32::from(ids.ne[0] <= SET_ROWS_DEDUP_MAX);
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(SET_ROWS)?;
     a.arg(&dst).arg(&dc).arg(&src).arg(&sc).arg(&ids).arg(&vec).arg(&dedup).arg(&err).arg(&op);
     // SAFETY: `set_rows(dst, dst_dt, src, src_dt, ids, vec, dedup, err, op)`: ids is i32 of shape
     // [src.ne1, src.ne2, src.ne3] and dst has src's ne0, ne2, ne3 (shape rules); nothing is
@@ -249,8 +230,6 @@ fn set_rows(
             0,
         ))
     }
-    .map(drop)
-    .map_err(|e| launch_error(SET_ROWS, e))
 }
 
 fn concat(
@@ -263,26 +242,20 @@ fn concat(
 ) -> Result<(), BackendError> {
     let code = move_codes(d, d).0;
     let dim = dim.min(3) as i32;
-    let f = cx.function(CONCAT)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(CONCAT)?;
     a.arg(&dst).arg(&a_in).arg(&b_in).arg(&code).arg(&dim);
     // SAFETY: `concat(dst, a, b, dt, dim)`: a, b and dst share the plain dtype; dst.ne[dim] =
     // a.ne[dim] + b.ne[dim] and the other dims match (shape rules), so every read is in a or b.
     unsafe { a.launch(config((blocks_for(dst.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0)) }
-        .map(drop)
-        .map_err(|e| launch_error(CONCAT, e))
 }
 
 fn repeat(cx: &mut Cx<'_>, dst: TensorArg, src: TensorArg, d: DType) -> Result<(), BackendError> {
     let code = move_codes(d, d).0;
-    let f = cx.function(REPEAT)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(REPEAT)?;
     a.arg(&dst).arg(&src).arg(&code);
     // SAFETY: `repeat(dst, src, dt)`: same plain dtype; src coordinates are taken modulo src.ne,
     // so every read is an element of src.
     unsafe { a.launch(config((blocks_for(dst.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0)) }
-        .map(drop)
-        .map_err(|e| launch_error(REPEAT, e))
 }
 
 #[cfg(test)]

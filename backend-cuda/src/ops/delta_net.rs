@@ -13,7 +13,7 @@ use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, Op, TensorM
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, TensorArg, config, dt, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, config, dt, unsupported};
 
 const CHECK_SLOTS: Kernel = Kernel::new(Module::DeltaNet, "gdn_check_slots");
 const PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_prep");
@@ -210,8 +210,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         let vec = [0, 1, 2].iter().all(|&i| f32_rows(&ins[i], &task.inputs[i].meta));
         let prep = if vec { CW_PREP_VEC } else { CW_PREP };
         cx.allow_shared(prep, CW_PREP_SHARED)?;
-        let f = cx.function(prep)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(prep)?;
         a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&p.scale);
         a.arg(&h_k).arg(&grouped).arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table);
         a.arg(&err);
@@ -231,11 +230,10 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         // return) in the ChunkScratch buffers, sized for n_chunks (scratch_bytes) and 256-byte
         // aligned (checked above); the work list is gdn_check_slots' (in the scratch, after the
         // buffers), null dense; the dynamic shared memory is CW_PREP_SHARED, allowed above.
-        unsafe { a.launch(config(grid, (256, 1, 1), CW_PREP_SHARED)) }.map_err(|e| launch_error(prep, e))?;
+        unsafe { a.launch(config(grid, (256, 1, 1), CW_PREP_SHARED)) }?;
 
         cx.allow_shared(CW_SCAN, CW_SCAN_SHARED)?;
-        let f = cx.function(CW_SCAN)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(CW_SCAN)?;
         a.arg(&out).arg(&state).arg(&slots).arg(&h_k).arg(&grouped);
         a.arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table).arg(&err);
         let grid = ((CW_D / CW_COLS) as u32, h_v as u32, *n_long as u32);
@@ -247,7 +245,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         // chunk buffers are those gdn_cw_prep filled for every chunk of the block's sequence,
         // 16-byte aligned for its cp.async copies; the dynamic shared memory is CW_SCAN_SHARED,
         // allowed just above.
-        unsafe { a.launch(config(grid, (512, 1, 1), CW_SCAN_SHARED)) }.map_err(|e| launch_error(CW_SCAN, e))?;
+        unsafe { a.launch(config(grid, (512, 1, 1), CW_SCAN_SHARED)) }?;
         if !plan.ragged {
             return Ok(());
         }
@@ -260,8 +258,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let kbuf = cx.scratch + plan.prep as u64;
     let (qbuf, kq) = (kbuf + (4 * rows * ks) as u64, kbuf + (8 * rows * ks) as u64);
     let ks_len = ks as i32;
-    let f = cx.function(PREP)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(PREP)?;
     a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&p.scale).arg(&ks_len).arg(&kbuf).arg(&qbuf).arg(&kq);
     let (n_slots, check_here) = (state.ne[3], i32::from(plan.chunked.is_none()));
     a.arg(&offsets).arg(&serial_max).arg(&out).arg(&slots).arg(&n_slots).arg(&SHORT).arg(&table).arg(&check_here);
@@ -277,7 +274,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     // qbuf, then rows floats for kq; offsets (null dense) are read clamped to 0..=n_t; ragged, it
     // zeroes the rows of padding tokens of `out`, the op's contiguous f32 [S_v, H_v, n_t, 1]
     // output (grid-stride, within its n_t rows).
-    unsafe { a.launch(cfg) }.map_err(|e| launch_error(PREP, e))?;
+    unsafe { a.launch(cfg) }?;
 
     let aligned = state.data.is_multiple_of(16) && state.nb[0] == 4 && state.nb[1..].iter().all(|b| b % 16 == 0);
     // Prefill of the model head size: tiles of 16 tokens staged in shared memory (double
@@ -299,8 +296,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     };
     for &(kernel, len_min, len_max, blocks_z, list) in launches.iter().filter(|l| l.3 > 0) {
         let grid = ((s_v as usize).div_ceil(COLS) as u32, h_v as u32, blocks_z as u32);
-        let f = cx.function(kernel)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(kernel)?;
         a.arg(&out).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&state).arg(&slots);
         a.arg(&h_k).arg(&grouped).arg(&kbuf).arg(&qbuf).arg(&kq).arg(&offsets);
         let shared = if kernel == GDN_TILED_N4_VEC {
@@ -323,7 +319,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         // S_k = 128. The tiled kernel stages 64 / NC tokens per buffer from 16-byte aligned prep
         // buffers (checked above) into two buffers of the shared memory given here; its work
         // list is gdn_check_slots' (in the scratch), null dense.
-        unsafe { a.launch(config(grid, (THREADS, 1, 1), shared)) }.map_err(|e| launch_error(kernel, e))?;
+        unsafe { a.launch(config(grid, (THREADS, 1, 1), shared)) }?;
     }
     Ok(())
 }
@@ -340,14 +336,13 @@ fn check(
     table: u64,
     (err, code): (u64, u32),
 ) -> Result<(), BackendError> {
-    let f = cx.function(CHECK_SLOTS)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(CHECK_SLOTS)?;
     a.arg(&slots).arg(&offsets).arg(&n_t).arg(&n_slots).arg(&serial_max).arg(&table).arg(&err).arg(&code);
     // SAFETY: `gdn_check_slots(slots, offsets, n_tokens, n_slots, serial_max, table, err, op)` reads
     // the slots' ne[0] = n_seq i32 values and (unless null) the offsets' n_seq + 1 through their
     // strides, and writes the error record and, when `table` is not null, the 2 n_seq + 2 i32 of
     // the work list that Plan::table reserves in the scratch.
-    unsafe { a.launch(config((1, 1, 1), (1024, 1, 1), 0)) }.map_err(|e| launch_error(CHECK_SLOTS, e))?;
+    unsafe { a.launch(config((1, 1, 1), (1024, 1, 1), 0)) }?;
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use tessera_ops::{BinaryOp, DType, Op, TensorMeta, UnaryOp};
 use crate::compile::{Kernel, Module};
 use cudarc::driver::LaunchConfig;
 
-use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error};
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt};
 
 const UNARY: Kernel = Kernel::new(Module::Elementwise, "unary");
 const UNARY_F32_VEC4: Kernel = Kernel::new(Module::Elementwise, "unary_f32_vec4");
@@ -82,12 +82,11 @@ fn swiglu_launch(
     up: TensorArg,
     udt: i32,
 ) -> Result<(), BackendError> {
-    let f = cx.function(SWIGLU)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(SWIGLU)?;
     a.arg(&out).arg(&odt).arg(&gate).arg(&gdt).arg(&up).arg(&udt);
     // SAFETY: gate and up have out's shape with their own strides and dtypes; each thread reads
     // element i of both before it writes element i of out.
-    unsafe { a.launch(row_launch(out.ne)) }.map_err(|e| launch_error(SWIGLU, e))?;
+    unsafe { a.launch(row_launch(out.ne)) }?;
     Ok(())
 }
 
@@ -101,18 +100,18 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Op::Unary(u) => {
             let code = unary_code(*u);
             if vec4_f32(&[om, &task.inputs[0].meta], &[out, ins[0]]) {
-                let (f, n4, d, x) = (cx.function(UNARY_F32_VEC4)?, n / 4, out.data, ins[0].data);
-                let mut a = cx.launch(&f);
+                let (n4, d, x) = (n / 4, out.data, ins[0].data);
+                let mut a = cx.kernel(UNARY_F32_VEC4)?;
                 a.arg(&d).arg(&x).arg(&n4).arg(&code);
                 // SAFETY: both are contiguous f32 of n = 4 * n4 elements, 16-byte aligned.
-                unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(UNARY_F32_VEC4, e))?;
+                unsafe { a.launch(flat_launch(n4)) }?;
             } else {
-                let (f, src, sdt) = (cx.function(UNARY)?, ins[0], idt(0));
-                let mut a = cx.launch(&f);
+                let (src, sdt) = (ins[0], idt(0));
+                let mut a = cx.kernel(UNARY)?;
                 a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&code);
                 // SAFETY: `unary(dst, dst_dt, src, src_dt, code)`; src has dst's shape (shape
                 // rules), every address is inside its buffer (checked in compute), dtypes plain.
-                unsafe { a.launch(rows) }.map_err(|e| launch_error(UNARY, e))?;
+                unsafe { a.launch(rows) }?;
             }
         }
         Op::Binary(b) => {
@@ -123,36 +122,34 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let repeats_flat = bm.ne[k.min(3)..].iter().all(|&d| d == 1) || k == 4;
             let nb = ins[1].nelements();
             if repeats_flat && nb % 4 == 0 && vec4_f32(&[om, &task.inputs[0].meta, bm], &[out, ins[0], ins[1]]) {
-                let f = cx.function(BINARY_F32_VEC4)?;
                 let (n4, nb4, d, x, y) = (n / 4, nb / 4, out.data, ins[0].data, ins[1].data);
-                let mut a = cx.launch(&f);
+                let mut a = cx.kernel(BINARY_F32_VEC4)?;
                 a.arg(&d).arg(&x).arg(&y).arg(&n4).arg(&nb4).arg(&code);
                 // SAFETY: contiguous f32, 16-byte aligned, n = 4 * n4 and nb = 4 * nb4 elements;
                 // b is a leading block of a's dims, so b[i % nb] is the broadcast element.
-                unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(BINARY_F32_VEC4, e))?;
+                unsafe { a.launch(flat_launch(n4)) }?;
             } else {
-                let f = cx.function(BINARY)?;
                 let (x, y, xdt, ydt) = (ins[0], ins[1], idt(0), idt(1));
-                let mut a = cx.launch(&f);
+                let mut a = cx.kernel(BINARY)?;
                 a.arg(&out).arg(&odt).arg(&x).arg(&xdt).arg(&y).arg(&ydt).arg(&code);
                 // SAFETY: a has dst's shape and b's dims divide it (shape rules); addresses checked.
-                unsafe { a.launch(rows) }.map_err(|e| launch_error(BINARY, e))?;
+                unsafe { a.launch(rows) }?;
             }
         }
         Op::Scale(p) => {
             let (s, bias) = (p.scale, p.bias);
             if vec4_f32(&[om, &task.inputs[0].meta], &[out, ins[0]]) {
-                let (f, n4, d, x) = (cx.function(SCALE_F32_VEC4)?, n / 4, out.data, ins[0].data);
-                let mut a = cx.launch(&f);
+                let (n4, d, x) = (n / 4, out.data, ins[0].data);
+                let mut a = cx.kernel(SCALE_F32_VEC4)?;
                 a.arg(&d).arg(&x).arg(&n4).arg(&s).arg(&bias);
                 // SAFETY: both contiguous f32 of 4 * n4 elements, 16-byte aligned.
-                unsafe { a.launch(flat_launch(n4)) }.map_err(|e| launch_error(SCALE_F32_VEC4, e))?;
+                unsafe { a.launch(flat_launch(n4)) }?;
             } else {
-                let (f, src, sdt) = (cx.function(SCALE)?, ins[0], idt(0));
-                let mut a = cx.launch(&f);
+                let (src, sdt) = (ins[0], idt(0));
+                let mut a = cx.kernel(SCALE)?;
                 a.arg(&out).arg(&odt).arg(&src).arg(&sdt).arg(&s).arg(&bias);
                 // SAFETY: src has dst's shape; addresses checked.
-                unsafe { a.launch(rows) }.map_err(|e| launch_error(SCALE, e))?;
+                unsafe { a.launch(rows) }?;
             }
         }
         Op::Swiglu => {

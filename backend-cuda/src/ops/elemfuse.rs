@@ -23,7 +23,6 @@ use tessera_ops::{BinaryOp, DType, ElemArg, ElemInstr, ElemProgram, Op, TensorMe
 
 use super::elementwise::{binary_code, row_launch, unary_code};
 use crate::compile::{Generated, Module};
-use crate::errors::NAME;
 use crate::launch::{Cx, TensorArg, blocks_for, config, unsupported};
 
 /// The label of generated modules in errors and cache file names.
@@ -140,10 +139,6 @@ fn vec4_period(m: &TensorMeta, x: &TensorArg, out: &TensorMeta) -> Option<i64> {
     (m.is_contiguous() && leading && n.is_multiple_of(4) && x.data.is_multiple_of(16)).then_some((n / 4) as i64)
 }
 
-fn launch_failed(name: &str, e: impl std::fmt::Display) -> BackendError {
-    BackendError::Device { backend: NAME.into(), detail: format!("launching generated {LABEL}::{name}: {e}") }
-}
-
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let Op::Elementwise(p) = task.op else { return Err(unsupported(task, "not an elementwise program")) };
     if ins.len() != p.n_inputs() {
@@ -156,10 +151,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     match periods {
         Some(periods) if n % 4 == 0 && out.data.is_multiple_of(16) && om.is_contiguous() => {
             let (name, f) = entries[1].clone();
-            cx.trace.push(name);
             let (d, n4) = (out.data, n / 4);
             let ptrs: Vec<u64> = ins.iter().map(|x| x.data).collect();
-            let mut a = cx.launch(&f);
+            let mut a = cx.generated(name, f);
             a.arg(&d).arg(&n4);
             for (ptr, m) in ptrs.iter().zip(&periods) {
                 a.arg(ptr).arg(m);
@@ -169,13 +163,12 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // contiguous f32 of 4 * n4 elements, 16-byte aligned; each input is contiguous f32
             // whose 4 * m elements (a multiple of 4, 16-byte aligned) repeat along the flat index
             // (its shape a leading block of the output's), or one element (m = 0).
-            unsafe { a.launch(cfg) }.map_err(|e| launch_failed(name, e))?;
+            unsafe { a.launch(cfg) }?;
         }
         _ => {
             let (name, f) = entries[0].clone();
-            cx.trace.push(name);
             let cfg: LaunchConfig = row_launch(out.ne);
-            let mut a = cx.launch(&f);
+            let mut a = cx.generated(name, f);
             a.arg(&out);
             for x in ins {
                 a.arg(x);
@@ -183,7 +176,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // SAFETY: `elem_*_rows(dst, x0, ..)` as generated for this program: dst is the
             // contiguous f32 output; every input is f32 whose dims divide the output's (shape
             // rules), read at `i mod ne` inside its span (addresses checked in compute).
-            unsafe { a.launch(cfg) }.map_err(|e| launch_failed(name, e))?;
+            unsafe { a.launch(cfg) }?;
         }
     }
     Ok(())

@@ -8,7 +8,7 @@ use tessera_ops::{Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, TensorArg, blocks_for, config, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, blocks_for, config, unsupported};
 
 /// One norm op's kernels: `_warp` (rows up to [`WARP_ROW_MAX`]), `_block` (up to
 /// [`BLOCK_ROW_MAX`]), `_loop` (longer).
@@ -81,8 +81,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         (Op::SoftmaxTopK { k }, &[logits]) => {
             let kernel = if router_vec(&logits) { SOFTMAX_TOP_K_VEC } else { SOFTMAX_TOP_K_GEN };
             let k = *k as i32;
-            let f = cx.function(kernel)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(kernel)?;
             a.arg(&out).arg(&logits).arg(&k);
             // SAFETY: `softmax_top_k_*(dst, src, k)`; src f32 [n, rows, 1, 1] with n <= ROUTER_MAX
             // (supports), read at i < n of each row through its strides (the vec kernel only when
@@ -91,19 +90,18 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // a warp: warp 0 computes the probabilities).
             let threads = (logits.ne[0].clamp(32, TOP_K_THREADS) as u32).next_multiple_of(32);
             let grid = (logits.ne[1].clamp(1, 1 << 30) as u32, 1, 1);
-            unsafe { a.launch(config(grid, (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(kernel, e))
+            unsafe { a.launch(config(grid, (threads, 1, 1), 0)) }
         }
         (Op::MoeWeights, &[logits, ids]) => {
             let kernel = if router_vec(&logits) { MOE_WEIGHTS_VEC } else { MOE_WEIGHTS_GEN };
             let (err, op) = (cx.errors, op_code("moe_weights"));
-            let f = cx.function(kernel)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(kernel)?;
             a.arg(&out).arg(&logits).arg(&ids).arg(&err).arg(&op);
             // SAFETY: `moe_weights_*(dst, src, ids, err, op)`; src as for softmax_top_k; ids i32
             // [k, rows] (shape rules); every id is checked against 0..n before a logit is read
             // at it, a bad one reported to the error record and its row left unwritten; dst f32
             // [1, k, rows] gets k weights per row.
-            unsafe { a.launch(router_config(logits.ne[1])) }.map(drop).map_err(|e| launch_error(kernel, e))
+            unsafe { a.launch(router_config(logits.ne[1])) }
         }
         _ => Err(unsupported(task, "not a fused op with its inputs")),
     }
@@ -155,8 +153,7 @@ fn norm(
     } else {
         (k.looped, 1024, blocks_for(rows, 1))
     };
-    let f = cx.function(kernel)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(kernel)?;
     a.arg(&y).arg(&s).arg(&x).arg(&b).arg(&w).arg(&eps);
     // SAFETY: `*_{warp,block,loop}(y, s, x, b, w, eps)`; y, s and b have x's shape and dense rows
     // (shape rules; s is the output's plane 0, y its plane 1 or the output), every access is
@@ -164,5 +161,5 @@ fn norm(
     // (shape rules) and is read at (i mod w.ne0, row coordinates mod w's); the warp kernel covers
     // n <= 32 * NV, the block kernel n <= NV * threads (threads <= 1024, a multiple of 32 for
     // block_sum), the loop kernel any n.
-    unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(kernel, e))
+    unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
 }

@@ -44,7 +44,7 @@ use tessera_ops::{DType, Op, TensorMeta};
 use super::mmq;
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, dt, launch_error, sys_blas, unsupported};
+use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, dt, sys_blas, unsupported};
 
 const PACK_B: Kernel = Kernel::new(Module::Matmul, "pack_b");
 const DEQUANT_ROWS: Kernel = Kernel::new(Module::Matmul, "dequant_rows");
@@ -391,7 +391,6 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
         3..=4 => 2,
         _ => 3,
     }];
-    let f = cx.function(kernel)?;
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
     let vec = i32::from(rows_vectorizable(&a, d) && bp.is_multiple_of(16));
     let rows = a.ne[1] * b2 * b3;
@@ -399,13 +398,13 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let parts: i32 = if split { MM_WARPS as i32 } else { 1 };
     let blocks = (a.ne[1] as u64 * parts as u64).div_ceil(MM_WARPS as u64);
     let grid = (blocks.min(i32::MAX as u64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(kernel)?;
     args.arg(&a).arg(&adt).arg(&bp).arg(&ldb).arg(&n).arg(&b2).arg(&b3).arg(&out).arg(&vec).arg(&parts);
     // SAFETY: `gemv_N(a, adt, bp, ldb, n, b2, b3, out, vec, parts)`: parts is 1 or MM_WARPS;
     // a's rows are dense of dtype adt (shape rules) and each batch maps to weight batch
     // (i2 / (b2 / a2), i3 / (b3 / a3)) inside a; bp holds b2 * b3 * n packed rows of ldb >= k f32 (scratch_bytes); out is [m, n, b2, b3]
     // f32; `vec` only when every row start is 16-byte aligned and rows are whole 16-byte pieces.
-    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -492,11 +491,10 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
         3..=4 => 2,
         _ => 3,
     }];
-    let f = cx.function(kernel)?;
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
     let blocks = (a.ne[1] as u64).div_ceil(rows as u64).clamp(1, i32::MAX as u64) as u32;
     let grid = (blocks, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(kernel)?;
     args.arg(&a).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
     // SAFETY: `gemv_fast_N[_rR](a, adt, x, ldx, n, b2, b3, out)`: block x reads weight rows
     // min(R x + r, M - 1) of batch (i2 / (b2 / a2), i3 / (b3 / a3)) inside a, dense of dtype adt
@@ -505,7 +503,7 @@ fn gemv_fast(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorA
     // bf16, `fast_gemv_fits`), and writes rows < M only; x holds b2 * b3 * n rows of ldx bytes
     // (int16 halves, 2 k, with k / 16 scales each from the next 256-byte boundary after them; or
     // packed f32 rows of packed_len(k)) in scratch (scratch_bytes); out is [M, n, b2, b3] f32.
-    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -586,10 +584,9 @@ fn gemv1(
     let kernel =
         if plan.producer { GEMV1_NVFP4_PRODUCER } else { GEMV1[usize::from(d == DType::NvFp4)][plan.stages - 3] };
     cx.allow_shared(kernel, plan.shared)?;
-    let f = cx.function(kernel)?;
-    let resident = cx.resident_blocks(kernel, &f, plan.threads, plan.shared)?;
+    let resident = cx.resident_blocks(kernel, plan.threads, plan.shared)?;
     let grid = ((a.ne[1] as u64).min(resident).clamp(1, i32::MAX as u64) as u32, 1, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(kernel)?;
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
     // SAFETY: `gemv1_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
@@ -601,7 +598,7 @@ fn gemv1(
     // activations (k / 64 * G1_XSTRIDE bytes) if larger, and is within the device limit (raised
     // above); b is one f32 row of k values read through its strides; out is [M, 1, 1, 1] f32,
     // written at rows < M.
-    unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }?;
     Ok(())
 }
 
@@ -639,30 +636,28 @@ fn gemv_words(
 ) -> Result<(), BackendError> {
     let x = cx.scratch;
     pack_b(cx, b, x, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
-    let f = cx.function(kernel)?;
-    let resident = cx.resident_blocks(kernel, &f, threads, 0)?;
+    let resident = cx.resident_blocks(kernel, threads, 0)?;
     let grid = ((a.ne[1] as u64).div_ceil(GW_R).min(resident).max(1) as u32, 1, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(kernel)?;
     args.arg(&a).arg(&x).arg(&out);
     // SAFETY: `gemv_f16w` / `gemv_bf16w[_long](a, x, out)`: a is one [k, M] f16 / bf16 matrix of
     // 16-byte aligned rows of whole words, row_bytes / 16 <= words a thread * threads, threads <=
     // the kernel's launch bound (`word_gemv`); x holds one `pack_b` f32 row of k values in scratch
     // (scratch_bytes). Row reads are clamped to row M - 1; out is [M, 1, 1, 1] f32.
-    unsafe { args.launch(config(grid, (threads, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { args.launch(config(grid, (threads, 1, 1), 0)) }?;
     Ok(())
 }
 
 /// Quantizes the f32 activations `b` (any strides, k a multiple of 16) to `quant_x`'s int16
 /// halves at `xq` (2 k bytes a row) and per-16-value scales at `xs`.
 fn quant_x(cx: &mut Cx<'_>, b: TensorArg, xq: u64, xs: u64) -> Result<(), BackendError> {
-    let f = cx.function(QUANT_X)?;
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(QUANT_X)?;
     args.arg(&b).arg(&xq).arg(&xs);
     // SAFETY: `quant_x(b, xq, xs)` reads b inside its span (k a multiple of 16: the weights are
     // q8_0 / nvfp4) and writes 2 k bytes a row at xq and k / 16 f32 a row at xs, for every row
     // of b (scratch_bytes sizes both).
     let blocks = blocks_for(b.nelements() / 16, THREADS);
-    unsafe { args.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(QUANT_X, e))?;
+    unsafe { args.launch(config((blocks, 1, 1), (THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -677,14 +672,12 @@ fn pack_b(
     half_dt: i32,
     ldb: i64,
 ) -> Result<(), BackendError> {
-    let f = cx.function(PACK_B)?;
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(PACK_B)?;
     args.arg(&b).arg(&f32_out).arg(&hi).arg(&lo).arg(&half_dt).arg(&ldb);
     // SAFETY: `pack_b(b, f32_out, hi, lo, half_dt, ldb)` reads b inside its span and writes row
     // r = flat row index of b at r * ldb (ldb >= k) into outputs sized for every row of b
     // (scratch_bytes).
-    unsafe { args.launch(config((blocks_for(b.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0)) }
-        .map_err(|e| launch_error(PACK_B, e))?;
+    unsafe { args.launch(config((blocks_for(b.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -821,15 +814,14 @@ fn dequant_rows(
     lo: u64,
     ld: i64,
 ) -> Result<(), BackendError> {
-    let f = cx.function(DEQUANT_ROWS)?;
     let (adt, zero) = (dt(d), 0i64);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(DEQUANT_ROWS)?;
     args.arg(&a).arg(&adt).arg(&m0).arg(&zero).arg(&zero).arg(&hi).arg(&lo).arg(&ld);
     // SAFETY: `dequant_rows(a, adt, m0, a2 = 0, a3 = 0, hi, lo, ld)` reads rows m0 .. m0 + rows
     // (gridDim.y, <= 65535) of a, all below ne[1]; hi and lo hold `rows` rows of ld >= k bf16
     // (scratch_bytes sizes one chunk).
     let grid = (blocks_for(a.ne[0], THREADS).min(64), rows as u32, 1);
-    unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(DEQUANT_ROWS, e))?;
+    unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -871,13 +863,12 @@ fn mul_mat_id(
     let bp = cx.scratch + groups as u64;
     let ldb = packed_len(b.ne[0] as usize) as i64;
     pack_b(cx, b, bp, 0, 0, 0, ldb)?;
-    let f = cx.function(MOE_GEMV)?;
     let (adt, n_b) = (dt(d), b.ne[1]);
     let vec = i32::from(rows_vectorizable(&w, d) && bp.is_multiple_of(16));
     let grid =
         ((w.ne[1] as u64).div_ceil(MM_WARPS as u64).min(i32::MAX as u64) as u32, n_expert.clamp(1, GRID_YZ) as u32, 1);
     let (offsets, list) = (g.offsets, g.list);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(MOE_GEMV)?;
     args.arg(&w)
         .arg(&adt)
         .arg(&bp)
@@ -893,7 +884,7 @@ fn mul_mat_id(
     // blockIdx.y < n_expert (the rules keep n_expert small) reads its dense rows of as; the list
     // holds valid pairs s = u + n_used * t only, so b row (u mod n_b) + n_b * t is one of the
     // packed rows and out[:, u, t] is inside out [m, n_used, T].
-    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMV, e))?;
+    unsafe { args.launch(config(grid, (MM_WARPS * 32, 1, 1), 0)) }?;
 
     if mmq::weights_fit(&w, d)
         && let Some(done) =
@@ -901,9 +892,8 @@ fn mul_mat_id(
     {
         return done;
     }
-    let f = cx.function(MOE_GEMM)?;
     let grid = ((w.ne[1] as u64).div_ceil(MT_M).min(i32::MAX as u64) as u32, grid.1, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(MOE_GEMM)?;
     args.arg(&w)
         .arg(&adt)
         .arg(&bp)
@@ -916,7 +906,7 @@ fn mul_mat_id(
         .arg(&MOE_GEMV_MAX);
     // SAFETY: `moe_gemm(as, adt, bp, ldb, n_b, n_used, offsets, list, out, gemv_max)`: as moe_gemv (the
     // experts with many pairs); weight rows and k beyond the tensor are masked to zero.
-    unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_GEMM, e))?;
+    unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -974,11 +964,10 @@ fn moe_decode(
 ) -> Result<(), BackendError> {
     let (x, ldx) = fast_activations(cx, d, b)?;
     let kernel = if up.is_some() { MOE_DECODE_GLU } else { MOE_DECODE };
-    let f = cx.function(kernel)?;
     let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
     let grid = (blocks, ids.nelements().max(1) as u32, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(kernel)?;
     args.arg(&w);
     if let Some(up) = &up {
         args.arg(up);
@@ -993,7 +982,7 @@ fn moe_decode(
     // would; activation row (u mod n_b) + n_b t is one of b's n_b * T rows of ldx bytes in
     // scratch (scales after them as `quant_x` writes them; scratch_bytes sizes both); out[m, u,
     // t] lies in out [M, n_used, T].
-    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -1023,11 +1012,10 @@ fn moe_decode_sum(
     op: u32,
 ) -> Result<(), BackendError> {
     let (x, ldx) = fast_activations(cx, d, b)?;
-    let f = cx.function(MOE_DECODE_SUM)?;
     let (adt, n_b, err) = (dt(d), b.ne[1], cx.errors);
     let blocks = (w.ne[1] as u64).div_ceil(GF_THREADS as u64 / 32).min(i32::MAX as u64) as u32;
     let grid = (blocks, ids.ne[1].max(1) as u32, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(MOE_DECODE_SUM)?;
     args.arg(&w).arg(&adt).arg(&x).arg(&ldx).arg(&n_b).arg(&ids).arg(&rw).arg(&out).arg(&err).arg(&op);
     // SAFETY: `moe_decode_sum(as, adt, x, ldx, n_b, ids, w, out, err, op)`: token t =
     // blockIdx.y < T (at most GRID_YZ, checked) reads ids[u, t] for u < n_used and skips ids
@@ -1036,19 +1024,18 @@ fn moe_decode_sum(
     // activation row (u mod n_b) + n_b t is one of b's n_b * T rows of ldx bytes in scratch
     // (scales after them as `quant_x` writes them); w [1, n_used, T] and out [M, T] f32 (shape
     // rules).
-    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(MOE_DECODE_SUM, e))?;
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 
 /// out[m, t] = sum_u w[0, u, t] y[m, u, t] over mul_mat_id's output `y` in scratch.
 fn weighted_slot_sum(cx: &mut Cx<'_>, y: TensorArg, w: TensorArg, out: TensorArg) -> Result<(), BackendError> {
-    let f = cx.function(WEIGHTED_SLOT_SUM)?;
     let blocks = blocks_for(y.ne[0] * y.ne[2], 256);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(WEIGHTED_SLOT_SUM)?;
     args.arg(&y).arg(&w).arg(&out);
     // SAFETY: y [M, n_used, T] f32 (written by mul_mat_id), w [1, n_used, T] and out [M, T]
     // f32 (shape rules); a grid-stride loop over the M T outputs.
-    unsafe { args.launch(config((blocks, 1, 1), (256, 1, 1), 0)) }.map_err(|e| launch_error(WEIGHTED_SLOT_SUM, e))?;
+    unsafe { args.launch(config((blocks, 1, 1), (256, 1, 1), 0)) }?;
     Ok(())
 }
 
@@ -1077,15 +1064,14 @@ fn gemv_fast_glu(
         3..=4 => 2,
         _ => 3,
     }];
-    let f = cx.function(kernel)?;
     let (adt, b2, b3) = (dt(d), b.ne[2], b.ne[3]);
     let grid = (wg.ne[1].clamp(1, i32::MAX as i64) as u32, (b2 * b3).clamp(1, GRID_YZ) as u32, 1);
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(kernel)?;
     args.arg(&wg).arg(&wu).arg(&adt).arg(&x).arg(&ldx).arg(&n).arg(&b2).arg(&b3).arg(&out);
     // SAFETY: as `gemv_fast_N` with one output row a block (`glu_gemv_fits` checked the gate
     // weights' layout), and the up weights have the gate's dtype, shape and strides, so each
     // row read in `wu` lies where the same row of `wg` would.
-    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(kernel, e))?;
+    unsafe { args.launch(config(grid, (GF_THREADS, 1, 1), 0)) }?;
     Ok(())
 }
 

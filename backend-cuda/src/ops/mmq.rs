@@ -11,7 +11,7 @@ use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, launch_error};
+use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config};
 
 const PACK_X: Kernel = Kernel::new(Module::Mmq, "mmq_pack_x");
 /// `[weights q8_0, nvfp4][4 ring slots, 5]`.
@@ -146,13 +146,11 @@ fn values_bytes(n: usize) -> usize {
 fn pack_x(cx: &mut Cx<'_>, b: TensorArg, x: u64) -> Result<u64, BackendError> {
     let xs = x + values_bytes(b.nelements() as usize) as u64;
     let rows = b.nelements() / b.ne[0].max(1);
-    let f = cx.function(PACK_X)?;
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(PACK_X)?;
     args.arg(&b).arg(&x).arg(&xs);
     // SAFETY: `mmq_pack_x(b, x, xs)` reads b inside its span (row_coords) and writes 2 bytes per
     // element of b at x and 4 per row at xs, which `packed_bytes` sized.
-    unsafe { args.launch(config((blocks_for(rows, THREADS / 32), 1, 1), (THREADS, 1, 1), 0)) }
-        .map_err(|e| launch_error(PACK_X, e))?;
+    unsafe { args.launch(config((blocks_for(rows, THREADS / 32), 1, 1), (THREADS, 1, 1), 0)) }?;
     Ok(xs)
 }
 
@@ -177,13 +175,12 @@ pub(super) fn mul_mat(
     let run = |cx: &mut Cx<'_>| {
         let xs = pack_x(cx, b, x)?;
         cx.allow_shared(kernel, shared)?;
-        let f = cx.function(kernel)?;
-        let resident = cx.resident_blocks(kernel, &f, THREADS, shared)? as i64;
+        let resident = cx.resident_blocks(kernel, THREADS, shared)? as i64;
         let (dp, splits, kper) = split_plan(all_tiles, a.ne[0] / BK, resident);
         let blocks = dp + (all_tiles - dp) * i64::from(splits);
         let packed = packed_size(b.nelements() as usize, b.ne[0] as usize);
         let (partial, count) = (x + packed as u64, cx.counters);
-        let mut args = cx.launch(&f);
+        let mut args = cx.kernel(kernel)?;
         args.arg(&a).arg(&x).arg(&xs).arg(&n).arg(&b2).arg(&b3).arg(&out);
         args.arg(&dp).arg(&splits).arg(&kper).arg(&partial).arg(&count);
         // SAFETY: `mmq_*(a, x, xs, n, b2, b3, out, dp, splits, kper, partial, count)`: a's rows are
@@ -195,8 +192,7 @@ pub(super) fn mul_mat(
         // zeroed) into at most MAX_SPLIT_BLOCKS blocks of kper >= 1 k-tiles inside K
         // (`split_plan`), whose sums fit the scratch after the packed activations
         // (`mul_mat_scratch_bytes`); `shared` bytes were allowed above.
-        unsafe { args.launch(config((blocks as u32, 1, 1), (THREADS, 1, 1), shared)) }
-            .map_err(|e| launch_error(kernel, e))?;
+        unsafe { args.launch(config((blocks as u32, 1, 1), (THREADS, 1, 1), shared)) }?;
         Ok(())
     };
     Some(run(cx))
@@ -237,7 +233,6 @@ pub(super) fn mul_mat_id(
             None => pack_x(cx, b, x)?,
         };
         cx.allow_shared(kernel, shared)?;
-        let f = cx.function(kernel)?;
         // Column blocks per expert for twice the average pairs (the kernel loops over any more):
         // with many experts most have one tile's worth, and empty blocks still cost a launch slot
         // (H200, 512 tokens top-8, nvfp4: 256 experts 463 -> 404 us, 64 experts 151 -> 121 us
@@ -245,13 +240,13 @@ pub(super) fn mul_mat_id(
         let per_expert = tiles(2 * n_pairs / w.ne[2].max(1), BN).clamp(1, tiles(n_pairs, BN).max(1));
         let grid = (per_expert as u32, tiles(w.ne[1], BM) as u32, w.ne[2] as u32);
         let n_b = b.ne[1];
-        let mut args = cx.launch(&f);
+        let mut args = cx.kernel(kernel)?;
         args.arg(&w).arg(&x).arg(&xs).arg(&n_b).arg(&n_used).arg(&offsets).arg(&list).arg(&min_pairs).arg(&out);
         // SAFETY: `mmq_*_id(as, x, xs, n_b, n_used, offsets, list, min_pairs, out)`: expert e =
         // blockIdx.z < n_expert reads its own rows of as (whole aligned k-tiles, `weights_fit`);
         // offsets has n_expert + 1 entries and list the valid pairs s = u + n_used t only, so the
         // packed row (u mod n_b) + n_b t exists in x, xs and out[:, u, t] lies in out.
-        unsafe { args.launch(config(grid, (THREADS, 1, 1), shared)) }.map_err(|e| launch_error(kernel, e))?;
+        unsafe { args.launch(config(grid, (THREADS, 1, 1), shared)) }?;
         Ok(())
     };
     Some(run(cx))
@@ -324,8 +319,7 @@ pub(super) fn moe_prep(
     };
     let shared = if n_expert <= ME_SHARED_EXPERTS { n_expert as u32 * 4 } else { 0 };
     let err = cx.errors;
-    let f = cx.function(MOE_PREP)?;
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(MOE_PREP)?;
     args.arg(&ids).arg(&n_expert).arg(&g.offsets).arg(&g.cursor).arg(&g.list).arg(&g.listed).arg(&max_pairs);
     args.arg(&b).arg(&xp).arg(&xs).arg(&err).arg(&op);
     // SAFETY: `moe_prep(ids, n_expert, offsets, cursor, list, listed, max_pairs, b, x, xs, err,
@@ -334,8 +328,7 @@ pub(super) fn moe_prep(
     // else `cursor`), n_used * T list entries and n_expert + 1 listed entries, all inside the
     // regions of `MoeGroups::at` that scratch_bytes sized; ids outside [0, n_expert) are
     // reported, not used. The other blocks (none without x) pack b's rows at x, xs as `pack_x`.
-    unsafe { args.launch(config((pack_blocks + 1, 1, 1), (PREP_THREADS, 1, 1), shared)) }
-        .map_err(|e| launch_error(MOE_PREP, e))?;
+    unsafe { args.launch(config((pack_blocks + 1, 1, 1), (PREP_THREADS, 1, 1), shared)) }?;
     Ok(xs)
 }
 
@@ -358,11 +351,10 @@ pub(super) fn moe_mma(
     let kernel = MOE_MMA[usize::from(d == DType::NvFp4)];
     let shared = moe_shared_bytes(d) as u32;
     cx.allow_shared(kernel, shared)?;
-    let f = cx.function(kernel)?;
-    let resident = cx.resident_blocks(kernel, &f, ME_WARPS * 32, shared)?;
+    let resident = cx.resident_blocks(kernel, ME_WARPS * 32, shared)?;
     let items = w.ne[2].min(n_pairs).max(1) as u64 * tiles(w.ne[1], ME_ROWS).max(1) as u64;
     let blocks = items.div_ceil(u64::from(ME_WARPS)).min(resident).max(1) as u32;
-    let mut args = cx.launch(&f);
+    let mut args = cx.kernel(kernel)?;
     args.arg(&w).arg(&x).arg(&xs).arg(&n_used).arg(&n_b).arg(&g.list).arg(&g.listed).arg(&out);
     // SAFETY: `moe_mma_*(as, x, xs, n_used, n_b, list, listed, out)`: work item i < listed[0] *
     // ceil(N / ME_ROWS) reads rows of its listed expert e < n_expert only, in whole 16-byte pieces
@@ -370,8 +362,7 @@ pub(super) fn moe_mma(
     // zero-filled instead; its pairs list[first .. first + count) are valid pairs s = u + n_used t
     // (`moe_prep`), so the packed row (u mod n_b) + n_b t exists in x, xs (`packed_bytes(b)`) and
     // out[:, u, t] lies in out [N, n_used, T]; `shared` bytes (each warp's ring) were allowed above.
-    unsafe { args.launch(config((blocks, 1, 1), (ME_WARPS * 32, 1, 1), shared)) }
-        .map_err(|e| launch_error(kernel, e))?;
+    unsafe { args.launch(config((blocks, 1, 1), (ME_WARPS * 32, 1, 1), shared)) }?;
     Ok(())
 }
 

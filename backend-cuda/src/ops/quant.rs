@@ -5,7 +5,7 @@ use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 
 const QUANTIZE_Q8_0: Kernel = Kernel::new(Module::Quant, "quantize_q8_0");
 const QUANTIZE_NVFP4: Kernel = Kernel::new(Module::Quant, "quantize_nvfp4");
@@ -30,39 +30,30 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Op::Quantize(DType::Q8_0) => {
             // One warp per block of 32 values.
             let blocks = out.nelements() / 32;
-            let f = cx.function(QUANTIZE_Q8_0)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(QUANTIZE_Q8_0)?;
             a.arg(&out).arg(&src);
             // SAFETY: `quantize_q8_0(dst, src)`: src is f32 with dense rows and dst contiguous
             // q8_0 of the same shape, ne0 a multiple of 32 (shape rules); lane j of a warp reads
             // value j of its block, whole warps per thread block.
             unsafe { a.launch(config((blocks_for(blocks * 32, THREADS).min(1 << 20), 1, 1), (THREADS, 1, 1), 0)) }
-                .map(drop)
-                .map_err(|e| launch_error(QUANTIZE_Q8_0, e))
         }
         Op::Quantize(DType::NvFp4) => {
             // One thread per 16-value sub-block.
             let subs = out.nelements() / 16;
-            let f = cx.function(QUANTIZE_NVFP4)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(QUANTIZE_NVFP4)?;
             a.arg(&out).arg(&src);
             // SAFETY: `quantize_nvfp4(dst, src)`: src is f32 with dense rows and dst contiguous
             // nvfp4 of the same shape, ne0 a multiple of 64 (shape rules); each thread reads the
             // 16 values of its sub-block and writes its scale byte and 8 code bytes.
             unsafe { a.launch(config((blocks_for(subs, THREADS), 1, 1), (THREADS, 1, 1), 0)) }
-                .map(drop)
-                .map_err(|e| launch_error(QUANTIZE_NVFP4, e))
         }
         Op::Dequantize => {
             let code = dt(task.inputs[0].meta.dtype);
-            let f = cx.function(DEQUANTIZE)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(DEQUANTIZE)?;
             a.arg(&out).arg(&src).arg(&code);
             // SAFETY: `dequantize(dst, src, dt)`: src has dense rows of whole q8_0 / nvfp4 blocks
             // and dst is f32 of the same shape (shape rules).
             unsafe { a.launch(config((blocks_for(out.nelements(), THREADS), 1, 1), (THREADS, 1, 1), 0)) }
-                .map(drop)
-                .map_err(|e| launch_error(DEQUANTIZE, e))
         }
         _ => Err(unsupported(task, "not a quantize / dequantize op")),
     }

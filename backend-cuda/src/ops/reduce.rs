@@ -14,7 +14,7 @@ use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, SortOrder, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, blocks_for, config, dt, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 
 const NORM_WARP: Kernel = Kernel::new(Module::Reduce, "norm_warp");
 const NORM_BLOCK: Kernel = Kernel::new(Module::Reduce, "norm_block");
@@ -207,14 +207,13 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Op::SumRows => {
             let (warp, threads, blocks) = row_launch(n, rows);
             let k = if warp { SUM_ROWS_WARP } else { SUM_ROWS_BLOCK };
-            let f = cx.function(k)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(k)?;
             let vec = vec_rows(&src, task.inputs[0].meta.dtype) as i32;
             a.arg(&out).arg(&src).arg(&sdt).arg(&vec);
             // SAFETY: `sum_rows_*(dst, src, src_dt, vec)`; dst is [1, ne1, ne2, ne3] of src's rows,
             // the kernel reads i0 < ne0 of each row (as float4 only when vec_rows holds) and
             // writes element 0 of each dst row.
-            unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(k, e))
+            unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
         }
         Op::Softmax(p) => {
             let (mask, mdt, has_mask) = match ins.get(1) {
@@ -245,36 +244,31 @@ fn norm(
     // Rows of up to 64 f32x4: 8 or 16 lanes per row, 4 f32x4 per lane (`norm_vec_sub*`).
     if dense && n <= 256 {
         let (k, lanes) = if n <= 128 { (NORM_VEC_SUB8, 8) } else { (NORM_VEC_SUB16, 16) };
-        let f = cx.function(k)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(k)?;
         a.arg(&out).arg(&src).arg(&eps).arg(&mode);
         let per_block = WARP_BLOCK_THREADS / lanes;
         // SAFETY: `norm_vec_sub*(dst, src, eps, mode)`; dense 16-byte aligned f32 rows with
         // ne0 % 4 == 0 (vec_rows) and ne0 / 4 <= 4 * lanes, so the float4 accesses stay in each
         // row; lanes of rows >= ne1 * ne2 * ne3 touch no memory.
-        return unsafe { a.launch(config((blocks_for(rows, per_block), 1, 1), (WARP_BLOCK_THREADS, 1, 1), 0)) }
-            .map(drop)
-            .map_err(|e| launch_error(k, e));
+        return unsafe { a.launch(config((blocks_for(rows, per_block), 1, 1), (WARP_BLOCK_THREADS, 1, 1), 0)) };
     }
     if let Some((warp, threads, blocks)) = vec_launch(n, rows).filter(|_| dense) {
         let k = if warp { NORM_VEC_WARP } else { NORM_VEC_BLOCK };
-        let f = cx.function(k)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(k)?;
         a.arg(&out).arg(&src).arg(&eps).arg(&mode);
         // SAFETY: `norm_vec_*(dst, src, eps, mode)`; both are f32 rows with nb0 = 4, ne0 % 4 == 0
         // and 16-byte aligned rows (checked above), so the float4 accesses i < ne0 / 4 stay in
         // each row; ne0 / 4 <= NV * group size (vec_launch), so the registers cover the row.
-        unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(k, e))
+        unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
     } else {
         let (warp, threads, blocks) = row_launch(n, rows);
         let k = if warp { NORM_WARP } else { NORM_BLOCK };
         let sdt = dt(sdtype);
-        let f = cx.function(k)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(k)?;
         a.arg(&out).arg(&src).arg(&sdt).arg(&eps).arg(&mode);
         // SAFETY: `norm_*(dst, src, src_dt, eps, mode)`; dst has src's shape (shape rules), every
         // access is i0 < ne0 of a row < ne1 * ne2 * ne3 through the tensors' strides.
-        unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(k, e))
+        unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
     }
 }
 
@@ -294,8 +288,7 @@ fn softmax(
         let cfg = config((chunks as u32, rows as u32, 1), (SPLIT_THREADS, 1, 1), 0);
         let part = cx.scratch;
         for k in [SOFTMAX_SPLIT_PARTIAL, SOFTMAX_SPLIT_WRITE] {
-            let f = cx.function(k)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(k)?;
             if k == SOFTMAX_SPLIT_WRITE {
                 a.arg(&out);
             }
@@ -305,7 +298,7 @@ fn softmax(
             // chunk >= ne0 and rows <= SPLIT_MAX_ROWS; `part` is scratch of chunks * rows float2
             // (scratch_bytes). The mask (when present) has ne0 columns and >= ne1 rows and its
             // dims 2, 3 divide src's (shape rules).
-            unsafe { a.launch(cfg) }.map_err(|e| launch_error(k, e))?;
+            unsafe { a.launch(cfg) }?;
         }
         return Ok(());
     }
@@ -318,55 +311,45 @@ fn softmax(
         .filter(|_| sdt == dt(DType::F32) && vec_rows(&src, DType::F32) && vec_rows(&out, DType::F32) && mask_ok);
     if let Some((warp, threads, blocks)) = vec {
         let k = if warp { SOFTMAX_VEC_WARP } else { SOFTMAX_VEC_BLOCK };
-        let f = cx.function(k)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(k)?;
         a.arg(&out).arg(&src).arg(&mask).arg(&mdt).arg(&has_mask).arg(&scale);
         // SAFETY: `softmax_vec_*(dst, src, mask, mask_dt, has_mask, scale)`; x, dst (and an f32
         // mask) are dense 16-byte aligned f32 rows, an f16 mask dense 8-byte aligned rows, ne0 %
         // 4 == 0 (checked above); the registers cover the row (vec_launch); the mask fits the
         // rows as the shape rules require.
-        return unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
-            .map(drop)
-            .map_err(|e| launch_error(k, e));
+        return unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) };
     }
     let (warp, threads, blocks) = row_launch(n, rows);
     let k = if warp { SOFTMAX_WARP } else { SOFTMAX_BLOCK };
-    let f = cx.function(k)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(k)?;
     a.arg(&out).arg(&src).arg(&sdt).arg(&mask).arg(&mdt).arg(&has_mask).arg(&scale);
     // SAFETY: `softmax_*(dst, src, src_dt, mask, mask_dt, has_mask, scale)`; dst has src's shape,
     // the mask is read only when has_mask and then fits the rows as the shape rules require.
-    unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(k, e))
+    unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
 }
 
 fn argmax(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32) -> Result<(), BackendError> {
     let (n, rows) = (src.ne[0], rows_of(src.ne));
     if let Some(chunks) = split_chunks(src.ne) {
         let part = cx.scratch;
-        let f = cx.function(ARGMAX_SPLIT_PARTIAL)?;
-        let mut a = cx.launch(&f);
+        let mut a = cx.kernel(ARGMAX_SPLIT_PARTIAL)?;
         a.arg(&src).arg(&sdt).arg(&SPLIT_CHUNK).arg(&part);
         // SAFETY: `argmax_split_partial(src, src_dt, chunk, part)`; grid (chunks, rows), part is
         // scratch of chunks * rows int2 (scratch_bytes).
-        unsafe { a.launch(config((chunks as u32, rows as u32, 1), (SPLIT_THREADS, 1, 1), 0)) }
-            .map_err(|e| launch_error(ARGMAX_SPLIT_PARTIAL, e))?;
-        let f = cx.function(ARGMAX_SPLIT_FINAL)?;
-        let mut a = cx.launch(&f);
+        unsafe { a.launch(config((chunks as u32, rows as u32, 1), (SPLIT_THREADS, 1, 1), 0)) }?;
+        let mut a = cx.kernel(ARGMAX_SPLIT_FINAL)?;
         a.arg(&out).arg(&chunks).arg(&part);
         // SAFETY: `argmax_split_final(dst, chunks, part)`; one warp per dst row reads that row's
         // `chunks` partials written above.
         let blocks = blocks_for(rows, ROWS_PER_WARP_BLOCK as u32);
-        return unsafe { a.launch(config((blocks, 1, 1), (WARP_BLOCK_THREADS, 1, 1), 0)) }
-            .map(drop)
-            .map_err(|e| launch_error(ARGMAX_SPLIT_FINAL, e));
+        return unsafe { a.launch(config((blocks, 1, 1), (WARP_BLOCK_THREADS, 1, 1), 0)) };
     }
     let (warp, threads, blocks) = row_launch(n, rows);
     let k = if warp { ARGMAX_WARP } else { ARGMAX_BLOCK };
-    let f = cx.function(k)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(k)?;
     a.arg(&out).arg(&src).arg(&sdt);
     // SAFETY: `argmax_*(dst, src, src_dt)`; dst is i32 [1, ne1, ne2, ne3] of src's rows.
-    unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }.map(drop).map_err(|e| launch_error(k, e))
+    unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
 }
 
 fn sort(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32, desc: i32, k: i64) -> Result<(), BackendError> {
@@ -375,15 +358,12 @@ fn sort(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32, desc: i32, k:
     match sort_plan(n, k) {
         SortPlan::Warp(e) => {
             let kernel = if e == 8 { TOPK_WARP8 } else { TOPK_WARP16 };
-            let f = cx.function(kernel)?;
-            let mut a = cx.launch(&f);
+            let mut a = cx.kernel(kernel)?;
             a.arg(&out).arg(&src).arg(&sdt).arg(&desc).arg(&k32);
             // SAFETY: `topk_warp*(dst, src, src_dt, desc, k)`; ne0 <= 32 * E and k <= 16 <= ne0
             // (sort_plan, shape rules); dst rows hold k indices.
             let blocks = blocks_for(rows, ROWS_PER_WARP_BLOCK as u32);
             unsafe { a.launch(config((blocks, 1, 1), (WARP_BLOCK_THREADS, 1, 1), 0)) }
-                .map(drop)
-                .map_err(|e| launch_error(kernel, e))
         }
         SortPlan::Tile(_) => {
             let stage = Stage { input: (0, n, n), output: (0, 0, 0), cap: k };
@@ -409,13 +389,12 @@ fn sort(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32, desc: i32, k:
             let buf = [cx.scratch, cx.scratch + (rows * n * 8) as u64];
             let stage = Stage { input: (0, n, n), output: (buf[0], n, SORT_TILE), cap: k };
             sort_tiles(cx, out, src, sdt, desc, k, stage, false)?;
-            let f = cx.function(MERGE_RUNS)?;
             let (mut s, mut from) = (SORT_TILE, 0usize);
             while s < n {
                 let last = 2 * s >= n;
                 let fin = last as i32;
                 let (input, output) = (buf[from], buf[1 - from]);
-                let mut a = cx.launch(&f);
+                let mut a = cx.kernel(MERGE_RUNS)?;
                 let (nruns, width) = (ceil_div(n, s), k.min(s));
                 a.arg(&input)
                     .arg(&output)
@@ -431,8 +410,7 @@ fn sort(cx: &mut Cx<'_>, out: TensorArg, src: TensorArg, sdt: i32, desc: i32, k:
                 // cover nruns * width places per row and skip those past their run; both buffers are
                 // rows * n u64 of scratch (scratch_bytes); runs of stride s truncated to cap = k
                 // were written by the previous pass, and places < cap < n stay in the row.
-                unsafe { a.launch(config((blocks_for(rows * nruns * width, 256), 1, 1), (256, 1, 1), 0)) }
-                    .map_err(|e| launch_error(MERGE_RUNS, e))?;
+                unsafe { a.launch(config((blocks_for(rows * nruns * width, 256), 1, 1), (256, 1, 1), 0)) }?;
                 s *= 2;
                 from = 1 - from;
             }
@@ -471,8 +449,7 @@ fn sort_tiles(
     let p = if tiles > 1 { SORT_TILE as i32 } else { pow2(n) as i32 };
     let threads = (p as u32 / 2).clamp(32, 1024);
     let (k32, fin) = (k as i32, fin as i32);
-    let f = cx.function(SORT_TILE_K)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(SORT_TILE_K)?;
     a.arg(&src).arg(&sdt).arg(&input).arg(&in_n).arg(&in_stride).arg(&desc).arg(&p).arg(&stage.cap);
     a.arg(&runs).arg(&out_stride).arg(&out_run).arg(&out).arg(&k32).arg(&fin);
     // SAFETY: `sort_tile(src, src_dt, in, in_n, in_stride, desc, p, cap, runs, out_stride,
@@ -482,6 +459,4 @@ fn sort_tiles(
     // go to each dst row, else each tile writes min(cap, len) <= out_run ranks at tile * out_run
     // of a row of out_stride (the callers size them so, within scratch_bytes).
     unsafe { a.launch(config((rows as u32, tiles, 1), (threads, 1, 1), 0)) }
-        .map(drop)
-        .map_err(|e| launch_error(SORT_TILE_K, e))
 }

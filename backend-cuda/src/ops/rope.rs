@@ -5,7 +5,7 @@ use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, RopePairing, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, config, dt, launch_error, unsupported};
+use crate::launch::{Cx, TensorArg, config, dt, unsupported};
 
 const ROPE_MULTI: Kernel = Kernel::new(Module::Rope, "rope_multi");
 
@@ -55,8 +55,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         None => (0i32, [0; 4]),
     };
     let hpb = heads_per_block as i32;
-    let f = cx.function(ROPE_MULTI)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(ROPE_MULTI)?;
     a.arg(&out).arg(&x).arg(&sdt).arg(&pos).arg(&n_rot).arg(&p.freq_base).arg(&pairing).arg(&has_sections);
     a.arg(&sec[0]).arg(&sec[1]).arg(&sec[2]).arg(&sec[3]).arg(&hpb);
     let shared = (p.n_rot * 4) as u32;
@@ -65,6 +64,4 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     // x's shape; positions hold streams * n_tokens i32 (shape rules), read at stream * n_tokens +
     // t; n_rot <= head_dim and the shared table is n_rot f32s (<= 32 KiB, supports).
     unsafe { a.launch(config((n_tokens as u32, groups, 1), (THREADS, 1, 1), shared)) }
-        .map(drop)
-        .map_err(|e| launch_error(ROPE_MULTI, e))
 }

@@ -11,7 +11,7 @@ use tessera_ops::{DType, Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, GRID_YZ, TensorArg, config, launch_error, unsupported};
+use crate::launch::{Cx, GRID_YZ, TensorArg, config, unsupported};
 
 const STATS: Kernel = Kernel::new(Module::Sample, "sample_stats");
 const HIST: Kernel = Kernel::new(Module::Sample, "sample_hist");
@@ -98,25 +98,22 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let (err, op) = (cx.errors, op_code("sample"));
     let grid = (chunks, rows as u32, 1);
 
-    let f = cx.function(STATS)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(STATS)?;
     a.arg(logits).arg(settings).arg(&stats).arg(&ccount).arg(&first_nan).arg(&err).arg(&op);
     // SAFETY: `sample_stats(logits, settings, stats, ccount, first_nan, err, op)`; grid (chunks,
     // rows) with chunks * CHUNK >= n; the shape rules give f32 logits [n, rows] with dense rows and
     // f32 settings [4, rows]; stats holds rows * chunks SmpStat, ccount rows u32, first_nan one
     // int (Layout, within scratch_bytes).
-    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(STATS, e))?;
+    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }?;
 
-    let f = cx.function(HIST)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(HIST)?;
     a.arg(logits).arg(settings).arg(&stats).arg(&hcount).arg(&hmass).arg(&ctotal);
     // SAFETY: `sample_hist(logits, settings, stats, hcount, hmass, ctotal)`; same grid; reads the
     // stats written above and writes rows * chunks * BINS counts and masses, or rows * chunks
     // chunk masses (Layout).
-    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(HIST, e))?;
+    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }?;
 
-    let f = cx.function(PLAN)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(PLAN)?;
     a.arg(&out)
         .arg(logits)
         .arg(settings)
@@ -131,22 +128,20 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     // chunks)`;
     // one block of ROW_THREADS (1024, which its bin merge assumes) per row; dst is i32 [1, rows];
     // every index it writes is a row's element below n (or 0).
-    unsafe { a.launch(config((rows as u32, 1, 1), (ROW_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(PLAN, e))?;
+    unsafe { a.launch(config((rows as u32, 1, 1), (ROW_THREADS, 1, 1), 0)) }?;
 
-    let f = cx.function(GATHER)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(GATHER)?;
     a.arg(logits).arg(settings).arg(&plans).arg(&ccount).arg(&cand);
     // SAFETY: `sample_gather(logits, settings, plans, ccount, cand)`; grid (chunks, rows); writes
     // at most CAP ids per row into cand (rows * CAP u32), counting in ccount (zeroed by
     // sample_stats).
-    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }.map_err(|e| launch_error(GATHER, e))?;
+    unsafe { a.launch(config(grid, (THREADS, 1, 1), 0)) }?;
 
-    let f = cx.function(SMALL)?;
-    let mut a = cx.launch(&f);
+    let mut a = cx.kernel(SMALL)?;
     a.arg(&out).arg(logits).arg(settings).arg(&plans).arg(&ccount).arg(&cand).arg(&first_nan).arg(&err).arg(&op);
     // SAFETY: `sample_small(dst, logits, settings, plans, ccount, cand, first_nan, err, op)`; one
     // block of ROW_THREADS per row (its scans assume CAP / 1024 items a thread); reads at most CAP
     // candidate ids per row, each below n.
-    unsafe { a.launch(config((rows as u32, 1, 1), (ROW_THREADS, 1, 1), 0)) }.map_err(|e| launch_error(SMALL, e))?;
+    unsafe { a.launch(config((rows as u32, 1, 1), (ROW_THREADS, 1, 1), 0)) }?;
     Ok(())
 }
