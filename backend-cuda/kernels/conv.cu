@@ -116,7 +116,10 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Te
                                                                   int silu, u64 err, u32 op) {
     grid_begin();
     const i64 n_all = out.ne[1] * out.ne[2];
-    if (blockIdx.x == 0 && blockIdx.y == 0) conv_check_slots(slots, offsets, n_all, state.ne[2], err, op);
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+        conv_check_slots(slots, offsets, n_all, state.ne[2], err, op);
+        __syncthreads();  // thread 0 may just have recorded an error: the whole block sees it below
+    }
     __shared__ long long tbegin[UPD_T];  // first token of each token's sequence, -1 for none
     __shared__ int tslot[UPD_T];
     __shared__ long long wpos[2];  // (t, outer) of packed token u0 - keep (t < 0 before the start)

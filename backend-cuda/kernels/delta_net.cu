@@ -115,7 +115,10 @@ extern "C" __global__ void gdn_prep(Tensor q, int qdt, Tensor k, int kdt, float 
     // than list_min included (the serial path without the chunked kernels, which need both before
     // their first kernel): what it writes is read by the kernels after this one, and this kernel
     // reads no slot and clamps the offsets.
-    if (check && blockIdx.x == 0) gdn_check(slots, offsets, k.ne[2], n_slots, list_min, table, err, op);
+    if (check && blockIdx.x == 0) {
+        gdn_check(slots, offsets, k.ne[2], n_slots, list_min, table, err, op);
+        __syncthreads();  // thread 0 may just have recorded an error: the whole block sees it below
+    }
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 s_k = k.ne[0], h_k = k.ne[1], n_t = k.ne[2], n_outer = k.ne[3];
     const i64 rows = h_k * n_t * n_outer;
