@@ -204,16 +204,14 @@ impl<'a> Cx<'a> {
     /// A launch of `kernel` on the task's stream (its module compiled on first use): add the
     /// arguments, then [`Launch::launch`].
     pub fn kernel(&mut self, kernel: Kernel) -> Result<Launch<'a>, BackendError> {
-        self.trace.push(kernel.name);
         let func = self.kernels.get(kernel)?.clone();
-        Ok(Launch {
-            stream: self.stream,
-            kernel,
-            func,
-            overlap: self.overlap,
-            args: SmallVec::new(),
-            values: PhantomData,
-        })
+        Ok(self.launch_of(kernel, func))
+    }
+
+    /// A launch of `func`, recorded in the step's trace as `kernel`.
+    fn launch_of(&mut self, kernel: Kernel, func: CudaFunction) -> Launch<'a> {
+        self.trace.push(kernel.name);
+        Launch { stream: self.stream, kernel, func, overlap: self.overlap, args: SmallVec::new(), values: PhantomData }
     }
 
     /// The cuBLAS handle, bound to the stream.
@@ -225,9 +223,7 @@ impl<'a> Cx<'a> {
 
     /// A launch of a generated kernel (an elementwise program's entry `name`, loaded as `func`).
     pub fn generated(&mut self, name: &'static str, func: CudaFunction) -> Launch<'a> {
-        self.trace.push(name);
-        let kernel = Kernel::new(crate::compile::Module::Elementwise, name);
-        Launch { stream: self.stream, kernel, func, overlap: self.overlap, args: SmallVec::new(), values: PhantomData }
+        self.launch_of(Kernel::new(crate::compile::Module::Elementwise, name), func)
     }
 
     /// How many blocks of `kernel` (`threads` a block, `shared` bytes of dynamic shared memory)

@@ -333,13 +333,6 @@ pub fn merge_projections(
     Ok(())
 }
 
-/// The block index of a `blk.{i}` prefix.
-fn layer_index(pre: &str) -> R<usize> {
-    pre.strip_prefix("blk.")
-        .and_then(|i| i.parse().ok())
-        .ok_or_else(|| ModelError::BadBatch { why: format!("not a block prefix: {pre}") })
-}
-
 /// Rows `first .. first + rows` of a `[total, n]` matmul product: one projection of a group that
 /// may have run as one matmul over stacked weights.
 #[derive(Debug, Clone, Copy)]
@@ -350,20 +343,18 @@ struct Rows {
 }
 
 impl Rows {
-    /// The rows as `[inner.., n]` (`inner` one or two dimensions whose product is the part's
-    /// rows), a view: tokens `total` floats apart.
-    fn view(self, g: &mut Graph, inner: &[usize]) -> R<Tensor> {
-        let f = 4;
-        let n = self.product.ne()[1];
+    /// The rows as `[rows, n]`, a view: tokens `total` floats apart.
+    fn rows(self, g: &mut Graph, rows: usize) -> R<Tensor> {
+        let (f, n) = (4, self.product.ne()[1]);
         let step = self.total * f;
-        let (ne, nb) = match *inner {
-            [a] => ([a, n, 1, 1], [f, step, step * n, step * n]),
-            [a, b] => ([a, b, n, 1], [f, a * f, step, step * n]),
-            _ => {
-                return Err(ModelError::BadBatch { why: "a projection view takes one or two inner dimensions".into() });
-            }
-        };
-        Ok(g.view(self.product, ne, nb, self.first * f)?)
+        Ok(g.view(self.product, [rows, n, 1, 1], [f, step, step * n, step * n], self.first * f)?)
+    }
+
+    /// The rows as `[a, b, n]` (`a b` rows), a view: tokens `total` floats apart.
+    fn heads(self, g: &mut Graph, a: usize, b: usize) -> R<Tensor> {
+        let (f, n) = (4, self.product.ne()[1]);
+        let step = self.total * f;
+        Ok(g.view(self.product, [a, b, n, 1], [f, a * f, step, step * n], self.first * f)?)
     }
 }
 
@@ -915,8 +906,8 @@ impl Model {
             let h = b.g.rms_norm(x, c.rms_eps)?;
             let h = b.g.mul(h, norm_w)?;
             let mixed = match self.layers[il] {
-                LayerCache::Attn { k, v } => self.attention(&mut b, &pre, h, &leaves, (k, v))?,
-                LayerCache::Recurrent { conv, delta } => self.delta_net(&mut b, &pre, h, &leaves, (conv, delta))?,
+                LayerCache::Attn { k, v } => self.attention(&mut b, il, h, &leaves, (k, v))?,
+                LayerCache::Recurrent { conv, delta } => self.delta_net(&mut b, il, h, &leaves, (conv, delta))?,
             };
             x = b.g.add(x, mixed)?;
             let post_w = b.p(&format!("{pre}.post_attention_norm.weight"))?;
@@ -946,7 +937,7 @@ impl Model {
     fn attention(
         &self,
         b: &mut Builder<'_>,
-        pre: &str,
+        il: usize,
         x: Tensor,
         l: &Leaves,
         (k_store, v_store): (TensorRef, TensorRef),
@@ -955,7 +946,8 @@ impl Model {
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
         let n = x.ne()[1];
         let f = 4; // f32 activations
-        let (names, merged) = projection_groups(c, layer_index(pre)?).swap_remove(0);
+        let pre = &format!("blk.{il}");
+        let (names, merged) = projection_groups(c, il).swap_remove(0);
         let [qg, k, v] = b.project(x, &names, Some(&merged))?[..] else { unreachable!("three projections") };
         let wo = b.p(&format!("{pre}.attn_output.weight"))?;
         let qn = b.p(&format!("{pre}.attn_q_norm.weight"))?;
@@ -971,10 +963,10 @@ impl Model {
         let gate = g.reshape(gate, &[hd * nh, n])?;
         let q = g.rms_norm(q, c.rms_eps)?;
         let q = g.mul(q, qn)?;
-        let k = k.view(g, &[hd, nkv])?;
+        let k = k.heads(g, hd, nkv)?;
         let k = g.rms_norm(k, c.rms_eps)?;
         let k = g.mul(k, kn)?;
-        let v = v.view(g, &[hd * nkv])?; // [hd nkv, n]
+        let v = v.rows(g, hd * nkv)?;
 
         let rope = RopeParams {
             n_rot: c.n_rot,
@@ -1010,7 +1002,7 @@ impl Model {
     fn delta_net(
         &self,
         b: &mut Builder<'_>,
-        pre: &str,
+        il: usize,
         x: Tensor,
         l: &Leaves,
         (conv_store, delta_store): (TensorRef, TensorRef),
@@ -1020,7 +1012,7 @@ impl Model {
         let ch = c.ssm_conv_dim();
         let n = x.ne()[1];
         let f = 4;
-        let il = layer_index(pre)?;
+        let pre = &format!("blk.{il}");
         let groups = projection_groups(c, il);
         let rows = if b.w.contains(&groups[0].1) {
             b.project(x, &groups[0].0, Some(&groups[0].1))?
@@ -1039,16 +1031,16 @@ impl Model {
         let delta_state = b.state(&format!("{pre}.delta_state"), delta_store)?;
         let g = &mut b.g;
 
-        let beta = beta.view(g, &[hv])?; // [hv, n]
+        let beta = beta.rows(g, hv)?;
         let beta = g.sigmoid(beta)?;
         let beta = g.reshape(beta, &[1, hv, n, 1])?;
-        let alpha = alpha.view(g, &[hv])?; // [hv, n]
+        let alpha = alpha.rows(g, hv)?;
         let alpha = g.add(alpha, dt_bias)?;
         let alpha = g.softplus(alpha)?;
         let gdecay = g.mul(alpha, ssm_a)?;
         let gdecay = g.reshape(gdecay, &[1, hv, n, 1])?;
 
-        let qkv = qkv.view(g, &[ch])?; // [ch, n]
+        let qkv = qkv.rows(g, ch)?;
         let conv = g.ssm_conv_update_inplace_ragged(qkv, conv_state, w_conv, l.slots, l.seq_offsets, true)?; // [ch, n, 1]
         let nb = |d: usize| [f, d * f, ch * f, ch * n * f];
         // q and k lie side by side in each token's conv output: one l2_norm over both heads' rows
@@ -1065,7 +1057,7 @@ impl Model {
 
         let o = g.rms_norm(o, c.rms_eps)?;
         let o = g.mul(o, w_norm)?;
-        let z = z.view(g, &[sv, hv])?; // [sv, hv, n]
+        let z = z.heads(g, sv, hv)?;
         let z = g.silu(z)?;
         let o = g.mul(o, z)?;
         let o = g.reshape(o, &[hv * sv, n])?;

@@ -121,11 +121,6 @@ impl ModelWeights {
         self.tensors.contains_key(name)
     }
 
-    /// Whether `name` is a window of a stacked matrix ([`ModelWeights::merge_rows`]).
-    pub fn is_window(&self, name: &str) -> bool {
-        self.windows.contains(name)
-    }
-
     /// Loaded tensors.
     pub fn len(&self) -> usize {
         self.tensors.len()
