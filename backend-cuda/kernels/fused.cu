@@ -60,13 +60,17 @@ __device__ __forceinline__ float fz_group_sum(float v, float* sh) {
     return WARP ? warp_sum(v) : block_sum(v, sh);
 }
 
-// Element i of a row of the result, from the row's value e (x, or s = a + b), its scale and the
-// weight row (w_full: w's rows are n long, so no modulo).
+// Element i of a row's weight w (w_full: w's rows are n long, so no modulo).
+__device__ __forceinline__ float fz_weight(const char* wr, const Tensor& w, bool w_full, i64 i) {
+    return *(const float*)(wr + (w_full ? i : i % w.ne[0]) * w.nb[0]);
+}
+
+// An element of the result from the row's value e (x, or s = a + b), its scale, the weight and
+// (GATED) the gate z.
 template <int MODE>
-__device__ __forceinline__ float fz_norm_out(float e, float scale, const char* wr, const Tensor& w, bool w_full, const float* br, i64 i) {
-    i64 iw = w_full ? i : i % w.ne[0];
-    float h = (e * scale) * *(const float*)(wr + iw * w.nb[0]);
-    if (MODE == FZ_GATED) h *= fz_silu(br[i]);
+__device__ __forceinline__ float fz_norm_value(float e, float scale, float wt, float gate) {
+    float h = (e * scale) * wt;
+    if (MODE == FZ_GATED) h *= fz_silu(gate);
     return h;
 }
 
@@ -98,7 +102,7 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
                 i64 i = g.lane + (i64)j * g.size;
                 v[j] = i < n ? xr[i] : 0.0f;
                 bv[j] = MODE != FZ_NORM_MUL && i < n ? br[i] : 0.0f;
-                wv[j] = i < n ? *(const float*)(wr + (w_full ? i : i % w.ne[0]) * w.nb[0]) : 0.0f;
+                wv[j] = i < n ? fz_weight(wr, w, w_full, i) : 0.0f;
             }
 #pragma unroll
             for (int j = 0; j < (NV > 0 ? NV : 1); j++) {
@@ -125,15 +129,13 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
 #pragma unroll
             for (int j = 0; j < (NV > 0 ? NV : 1); j++) {
                 i64 i = g.lane + (i64)j * g.size;
-                float h = (v[j] * scale) * wv[j];
-                if (MODE == FZ_GATED) h *= fz_silu(bv[j]);
-                if (i < n) yr[i] = h;
+                if (i < n) yr[i] = fz_norm_value<MODE>(v[j], scale, wv[j], bv[j]);
             }
         } else {
             // s was written by this same thread above: program order makes it visible.
             for (i64 i = g.lane; i < n; i += g.size) {
                 float e = MODE == FZ_ADD ? sr[i] : xr[i];
-                yr[i] = fz_norm_out<MODE>(e, scale, wr, w, w_full, br, i);
+                yr[i] = fz_norm_value<MODE>(e, scale, fz_weight(wr, w, w_full, i), MODE == FZ_GATED ? br[i] : 0.0f);
             }
         }
     }
