@@ -265,14 +265,14 @@ __device__ __forceinline__ u64 fz_warp_min_u64(u64 v) {
     return v;
 }
 
-// dst i32 [k, rows]: per row the indices of the k largest probabilities, largest first, the
-// lower index first among equal ones (top_k's rule). 1 <= k <= n <= ROUTER_MAX (host). One
+// dst i32 [k + m, rows]: per row the indices of the k largest probabilities, largest first, the
+// lower index first among equal ones (top_k's rule), then the row's m ids of tail (m = 0: none). 1 <= k <= n <= ROUTER_MAX (host). One
 // block per row: warp 0 computes the probabilities (as the softmax kernels do) and leaves their
 // ranks in shared memory; then every thread places its elements by counting the smaller ranks
 // (ranks are distinct: they carry the index), so the selection takes n compares a thread
 // instead of k rounds of a warp minimum over the row (the latency of a decode step's router).
 template <bool VEC>
-__device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k) {
+__device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail) {
     __shared__ u64 ranks[ROUTER_MAX];
     const i64 rows = src.ne[1], n = src.ne[0];
     const int lane = threadIdx.x & 31;
@@ -294,12 +294,15 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k) {
             for (int j = 0; j < n; j++) before += ranks[j] < mine;
             if (before < k) *(int*)(y + before * dst.nb[0]) = i;
         }
+        for (i64 i = threadIdx.x; i < tail.ne[0]; i += blockDim.x) {
+            *(int*)(y + (k + i) * dst.nb[0]) = *(const int*)(tail.data + i * tail.nb[0] + r * tail.nb[1]);
+        }
         __syncthreads();
     }
 }
 
-extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k) { grid_begin(); fz_softmax_top_k<true>(dst, src, k); }
-extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k) { grid_begin(); fz_softmax_top_k<false>(dst, src, k); }
+extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k, Tensor tail) { grid_begin(); fz_softmax_top_k<true>(dst, src, k, tail); }
+extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k, Tensor tail) { grid_begin(); fz_softmax_top_k<false>(dst, src, k, tail); }
 
 // ---- moe_weights ----
 
@@ -321,10 +324,11 @@ __device__ void fz_report_first_bad(const Tensor& ids, i64 limit, u64 err, u32 o
     }
 }
 
-// dst f32 [1, k, rows]: w[s, r] = p[ids[s, r]] / sum_s p[ids[s, r]] with p the row's softmax
-// probabilities. A row with an id outside 0..n is not written; the first bad id is reported.
+// dst f32 [1, k (+ 1), rows]: w[s, r] = p[ids[s, r]] / sum_s p[ids[s, r]] with p the row's softmax
+// probabilities, then sigmoid(gate[r]) when the gate has a row (gate.ne[0] == 1; 0: none). A row
+// with an id outside 0..n is not written; the first bad id is reported.
 template <bool VEC>
-__device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+__device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, Tensor gate, u64 err, u32 op) {
     const i64 rows = src.ne[1], n = src.ne[0], k = ids.ne[0];
     const int lane = threadIdx.x & 31;
     const i64 step = (i64)gridDim.x * (blockDim.x >> 5);
@@ -352,14 +356,15 @@ __device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, u64 err, u32 
             int id = *(const int*)(idr + s * ids.nb[0]);
             *(float*)(y + s * dst.nb[1]) = fz_prob(*(const float*)(x + id * src.nb[0]), t) / total;
         }
+        if (gate.ne[0] > 0 && lane == 0) *(float*)(y + k * dst.nb[1]) = sigmoid_f(*(const float*)(gate.data + r * gate.nb[1]));
     }
 }
 
-extern "C" __global__ void moe_weights_vec(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+extern "C" __global__ void moe_weights_vec(Tensor dst, Tensor src, Tensor ids, Tensor gate, u64 err, u32 op) {
     grid_begin();
-    fz_moe_weights<true>(dst, src, ids, err, op);
+    fz_moe_weights<true>(dst, src, ids, gate, err, op);
 }
-extern "C" __global__ void moe_weights_gen(Tensor dst, Tensor src, Tensor ids, u64 err, u32 op) {
+extern "C" __global__ void moe_weights_gen(Tensor dst, Tensor src, Tensor ids, Tensor gate, u64 err, u32 op) {
     grid_begin();
-    fz_moe_weights<false>(dst, src, ids, err, op);
+    fz_moe_weights<false>(dst, src, ids, gate, err, op);
 }

@@ -230,6 +230,19 @@ impl Graph {
         self.op(Op::SoftmaxTopK { k }, &[logits])
     }
 
+    /// [`Graph::softmax_top_k`] with the ids of `tail` (i32 `[m, n]`) appended to each token's:
+    /// `concat(top_k(softmax(logits), k), tail, 0)`, i32 `[k + m, n]` (a shared expert routed as
+    /// one more slot).
+    pub fn softmax_top_k_then(&mut self, logits: Tensor, k: usize, tail: Tensor) -> R {
+        self.op(Op::SoftmaxTopK { k }, &[logits, tail])
+    }
+
+    /// [`Graph::moe_weights`] with `sigmoid(gate)` (`gate` f32 `[1, n]`) appended to each token's
+    /// weights: f32 `[1, k + 1, n]` (a shared expert's gated weight).
+    pub fn moe_weights_gated(&mut self, logits: Tensor, ids: Tensor, gate: Tensor) -> R {
+        self.op(Op::MoeWeights, &[logits, ids, gate])
+    }
+
     /// The routing weights: `logits` f32 `[n_expert, n]`, `ids` i32 `[k, n]` -> f32 `[1, k, n]`,
     /// `softmax(logits)` at the ids divided by their sum per token.
     pub fn moe_weights(&mut self, logits: Tensor, ids: Tensor) -> R {

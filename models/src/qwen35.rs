@@ -74,6 +74,11 @@ pub struct ModelOptions {
     /// one matmul a group instead of one a weight (default on; `TESSERA_MERGE_PROJECTIONS=0`
     /// turns it off, to compare).
     pub merge_projections: bool,
+    /// Route the shared expert of a MoE block as one more slot of the routed experts
+    /// ([`route_shared_experts`]): its weights stacked onto the routed experts' at load, its gate
+    /// logit a row of the router's (default on; `TESSERA_ROUTE_SHARED_EXPERT=0` turns it off, to
+    /// compare).
+    pub route_shared_expert: bool,
 }
 
 impl Default for ModelOptions {
@@ -88,6 +93,7 @@ impl Default for ModelOptions {
             kv_pad: 1,
             step_graphs: 64,
             merge_projections: std::env::var("TESSERA_MERGE_PROJECTIONS").map_or(true, |v| v != "0"),
+            route_shared_expert: std::env::var("TESSERA_ROUTE_SHARED_EXPERT").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -228,6 +234,8 @@ struct Builder<'m> {
     g: Graph,
     binds: Vec<(Tensor, TensorRef)>,
     w: &'m ModelWeights,
+    /// The shared expert's id for every token, `[1, n]` (built once a step, at its first use).
+    shared_expert_ids: Option<Tensor>,
 }
 
 impl Builder<'_> {
@@ -333,6 +341,55 @@ pub fn merge_projections(
     Ok(())
 }
 
+/// The constant i32 `[1, 1]` holding the shared expert's index among the stacked experts
+/// (`n_expert`), which [`route_shared_experts`] places.
+const SHARED_EXPERT_ID: &str = "moe.shared_expert_id";
+
+/// The stacked gate, up and down experts of block `il` when its shared expert is routed: routed
+/// experts `0..n_expert`, the shared expert last.
+fn stacked_experts(il: usize) -> [String; 3] {
+    ["gate", "up", "down"].map(|p| format!("blk.{il}.ffn_{p}_exps.merged"))
+}
+
+/// The router's rows stacked with the shared expert's gate row.
+fn stacked_router(il: usize) -> String {
+    format!("blk.{il}.ffn_gate_inp.merged")
+}
+
+/// Makes each MoE block's shared expert one more routed expert, once at load: its gate, up and
+/// down matrices stacked after the routed experts' (index `n_expert`;
+/// [`ModelWeights::stack`]) and its gate row after the router's rows. A step then runs the
+/// shared expert inside the routed experts' kernels, weighted by `sigmoid` of its gate logit,
+/// instead of three matmuls, the gate's and a weighting of its own (`ffn`). A block whose shared
+/// expert has another width or dtype than its routed experts is left alone.
+pub fn route_shared_experts(
+    config: &ModelConfig,
+    weights: &mut ModelWeights,
+    backend: &mut dyn Backend,
+) -> Result<(), WeightsError> {
+    let Ffn::Moe { n_expert, .. } = config.ffn else { return Ok(()) };
+    let mut any = false;
+    for il in 0..config.n_main_layers() {
+        let w = |n: &str| format!("blk.{il}.ffn_{n}.weight");
+        let parts = ["gate", "up", "down"].map(|p| [w(&format!("{p}_exps")), w(&format!("{p}_shexp"))]);
+        let fits = parts.iter().all(|[exps, shexp]| {
+            let (Ok(e), Ok(s)) = (weights.get(exps), weights.get(shexp)) else { return false };
+            e.meta.dtype == s.meta.dtype && e.meta.ne[..2] == s.meta.ne[..2] && s.meta.ne[2..] == [1, 1]
+        });
+        if !fits {
+            continue;
+        }
+        for ([exps, shexp], merged) in parts.iter().zip(stacked_experts(il)) {
+            any |= weights.stack(&[exps, shexp], &merged, 2, backend)?;
+        }
+        weights.merge_rows(&[&w("gate_inp"), &w("gate_inp_shexp")], &stacked_router(il), backend)?;
+    }
+    if any {
+        weights.insert_i32(SHARED_EXPERT_ID, [1, 1, 1, 1], &[n_expert as i32], backend)?;
+    }
+    Ok(())
+}
+
 /// Rows `first .. first + rows` of a `[total, n]` matmul product: one projection of a group that
 /// may have run as one matmul over stacked weights.
 #[derive(Debug, Clone, Copy)]
@@ -359,6 +416,18 @@ impl Rows {
 }
 
 impl Builder<'_> {
+    /// The shared expert's index for each of `n` tokens, i32 `[1, n]`: the constant repeated,
+    /// once a step graph.
+    fn shared_expert_ids(&mut self, n: usize) -> R<Tensor> {
+        if let Some(t) = self.shared_expert_ids {
+            return Ok(t);
+        }
+        let id = self.p(SHARED_EXPERT_ID)?;
+        let t = self.g.repeat(id, &[1, n])?;
+        self.shared_expert_ids = Some(t);
+        Ok(t)
+    }
+
     /// The products of `x` with the weights `names` of one projection group: through the group's
     /// stacked matrix when it was merged at load, else one matmul each.
     fn project(&mut self, x: Tensor, names: &[String], merged: Option<&str>) -> R<Vec<Rows>> {
@@ -451,9 +520,16 @@ impl Model {
         backend: &mut dyn Backend,
         opts: ModelOptions,
     ) -> R<Model> {
-        if opts.merge_projections
-            && let Err(e) = merge_projections(&config, &mut weights, backend)
-        {
+        let merged = (|| {
+            if opts.merge_projections {
+                merge_projections(&config, &mut weights, backend)?;
+            }
+            if opts.route_shared_expert {
+                route_shared_experts(&config, &mut weights, backend)?;
+            }
+            Ok::<(), WeightsError>(())
+        })();
+        if let Err(e) = merged {
             weights.free(backend);
             return Err(e.into());
         }
@@ -885,7 +961,7 @@ impl Model {
             return Err(ModelError::BadBatch { why: "sampling steps keep only the last logits".into() });
         }
         let c = &self.config;
-        let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights };
+        let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights, shared_expert_ids: None };
         let tokens = b.g.input("tokens", DType::I32, [n, 1, 1, 1])?;
         let leaves = Leaves {
             positions: b.g.input("positions", DType::I32, [4 * n, 1, 1, 1])?,
@@ -913,7 +989,7 @@ impl Model {
             let post_w = b.p(&format!("{pre}.post_attention_norm.weight"))?;
             let h = b.g.rms_norm(x, c.rms_eps)?;
             let h = b.g.mul(h, post_w)?;
-            let f = self.ffn(&mut b, &pre, h)?;
+            let f = self.ffn(&mut b, il, h)?;
             x = b.g.add(x, f)?;
         }
         let out_w = b.p("output_norm.weight")?;
@@ -1065,7 +1141,8 @@ impl Model {
     }
 
     /// Dense SwiGLU or routed experts plus the gated shared expert (notes §5.1).
-    fn ffn(&self, b: &mut Builder<'_>, pre: &str, x: Tensor) -> R<Tensor> {
+    fn ffn(&self, b: &mut Builder<'_>, il: usize, x: Tensor) -> R<Tensor> {
+        let pre = &format!("blk.{il}");
         match self.config.ffn {
             Ffn::Dense { .. } => {
                 let wg = b.p(&format!("{pre}.ffn_gate.weight"))?;
@@ -1077,7 +1154,11 @@ impl Model {
                 let a = g.swiglu(gt, up)?;
                 Ok(g.mul_mat(wd, a)?)
             }
-            Ffn::Moe { n_expert, n_expert_used, .. } => {
+            Ffn::Moe { n_expert_used, .. } => {
+                let stacked = stacked_experts(il);
+                if stacked.iter().all(|m| b.w.contains(m)) && b.w.contains(SHARED_EXPERT_ID) {
+                    return self.moe_shared_routed(b, il, x, &stacked);
+                }
                 let e = self.config.n_embd;
                 let n = x.ne()[1];
                 let k = n_expert_used;
@@ -1094,24 +1175,8 @@ impl Model {
                 let logits = g.mul_mat(w_inp, x)?; // [n_expert, n]
                 let probs = g.softmax(logits, 1.0, None)?;
                 let sel = g.top_k(probs, k)?; // i32 [k, n]
-                let p3 = g.reshape(probs, &[1, n_expert, n])?;
-                let w = g.get_rows(p3, sel)?; // [1, k, n]
-                let w = g.reshape(w, &[k, n])?;
-                let wsum = g.sum_rows(w)?; // [1, n]
-                let w = g.div(w, wsum)?;
-                let w = g.reshape(w, &[1, k, n])?;
-
-                let cur = g.reshape(x, &[e, 1, n])?;
-                let gt = g.mul_mat_id(w_ge, cur, sel)?; // [n_ff, k, n]
-                let up = g.mul_mat_id(w_ue, cur, sel)?;
-                let a = g.swiglu(gt, up)?;
-                let ex = g.mul_mat_id(w_de, a, sel)?; // [e, k, n]
-                let ex = g.mul(ex, w)?;
-                // the weighted experts summed over the slots in one reduction (k - 1 adds of
-                // slot views were k - 1 launches a layer)
-                let slots_first = g.transpose(ex)?; // [k, e, n]
-                let moe = g.sum_rows(slots_first)?; // [1, e, n]
-                let moe = g.reshape(moe, &[e, n])?;
+                let w = routing_weights(g, probs, sel, k)?;
+                let moe = routed_experts(g, [w_ge, w_ue, w_de], x, sel, w)?;
 
                 let sg = g.mul_mat(w_sg, x)?;
                 let su = g.mul_mat(w_su, x)?;
@@ -1120,8 +1185,65 @@ impl Model {
                 let gate = g.mul_mat(w_sh_inp, x)?; // [1, n]
                 let gate = g.sigmoid(gate)?;
                 let sh = g.mul(sh, gate)?;
+                debug_assert_eq!(moe.ne(), [e, n, 1, 1]);
                 Ok(g.add(moe, sh)?)
             }
         }
     }
+
+    /// The MoE block with its shared expert routed as slot `k` of every token
+    /// ([`route_shared_experts`]): the router's logits and the shared gate's in one matmul, the
+    /// routed ids with the shared expert's appended, the routed weights with `sigmoid` of the
+    /// shared gate appended, and the experts' matmuls over `k + 1` slots.
+    fn moe_shared_routed(&self, b: &mut Builder<'_>, il: usize, x: Tensor, stacked: &[String; 3]) -> R<Tensor> {
+        let Ffn::Moe { n_expert, n_expert_used: k, .. } = self.config.ffn else {
+            return Err(ModelError::BadBatch { why: "a MoE block in a dense model".into() });
+        };
+        let n = x.ne()[1];
+        let router = [format!("blk.{il}.ffn_gate_inp.weight"), format!("blk.{il}.ffn_gate_inp_shexp.weight")];
+        let rows = b.project(x, &router, Some(&stacked_router(il)))?;
+        let experts = [b.p(&stacked[0])?, b.p(&stacked[1])?, b.p(&stacked[2])?];
+        let shared = b.shared_expert_ids(n)?;
+        let g = &mut b.g;
+        let logits = rows[0].rows(g, n_expert)?; // [n_expert, n]
+        let gate = rows[1].rows(g, 1)?; // [1, n]
+        let probs = g.softmax(logits, 1.0, None)?;
+        let sel = g.top_k(probs, k)?;
+        let ids = g.concat(sel, shared, 0)?; // i32 [k + 1, n]
+        let routed = g.view(ids, [k, n, 1, 1], [4, 4 * (k + 1), 4 * (k + 1) * n, 4 * (k + 1) * n], 0)?;
+        let w = routing_weights(g, probs, routed, k)?;
+        let gate = g.sigmoid(gate)?;
+        let gate = g.reshape(gate, &[1, 1, n])?;
+        let w = g.concat(w, gate, 1)?; // [1, k + 1, n]
+        routed_experts(g, experts, x, ids, w)
+    }
+}
+
+/// The routing weights of the experts `sel` (`[k, n]`): `probs` at them, renormalised over the
+/// `k` slots, `[1, k, n]`.
+fn routing_weights(g: &mut Graph, probs: Tensor, sel: Tensor, k: usize) -> R<Tensor> {
+    let [n_expert, n, ..] = probs.ne();
+    let p3 = g.reshape(probs, &[1, n_expert, n])?;
+    let w = g.get_rows(p3, sel)?; // [1, k, n]
+    let w = g.reshape(w, &[k, n])?;
+    let wsum = g.sum_rows(w)?; // [1, n]
+    let w = g.div(w, wsum)?;
+    Ok(g.reshape(w, &[1, k, n])?)
+}
+
+/// `sum_u w[u] * down_u(swiglu(gate_u(x), up_u(x)))` over the slots `u` of `ids` (`[slots, n]`),
+/// the experts' `[gate, up, down]` stacks indexed by the ids: `[n_embd, n]`.
+fn routed_experts(g: &mut Graph, [w_ge, w_ue, w_de]: [Tensor; 3], x: Tensor, ids: Tensor, w: Tensor) -> R<Tensor> {
+    let [e, n, ..] = x.ne();
+    let cur = g.reshape(x, &[e, 1, n])?;
+    let gt = g.mul_mat_id(w_ge, cur, ids)?; // [n_ff, slots, n]
+    let up = g.mul_mat_id(w_ue, cur, ids)?;
+    let a = g.swiglu(gt, up)?;
+    let ex = g.mul_mat_id(w_de, a, ids)?; // [e, slots, n]
+    let ex = g.mul(ex, w)?;
+    // the weighted experts summed over the slots in one reduction (k - 1 adds of slot views
+    // were k - 1 launches a layer)
+    let slots_first = g.transpose(ex)?; // [slots, e, n]
+    let moe = g.sum_rows(slots_first)?; // [1, e, n]
+    Ok(g.reshape(moe, &[e, n])?)
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use tessera_graph::{Backend, BackendError, Graph, GraphError, Tensor, TensorMeta, TensorRef};
+use tessera_graph::{Backend, BackendError, DType, Graph, GraphError, Tensor, TensorMeta, TensorRef};
 
 use crate::config::{ConfigError, ModelConfig, TensorSpec, merged_gate_up};
 use crate::gguf::{GgufError, GgufFile};
@@ -150,21 +150,36 @@ impl ModelWeights {
         merged: &str,
         backend: &mut dyn Backend,
     ) -> Result<bool, WeightsError> {
+        self.stack(parts, merged, 1, backend)
+    }
+
+    /// [`ModelWeights::merge_rows`] along dimension `axis`: the parts agree on every dimension
+    /// below it and have none above it (a `[K, M]` matrix stacks onto `[K, M, E]` experts along
+    /// axis 2 as one more expert), so stacking is placing their bytes one after the other.
+    pub fn stack(
+        &mut self,
+        parts: &[&str],
+        merged: &str,
+        axis: usize,
+        backend: &mut dyn Backend,
+    ) -> Result<bool, WeightsError> {
         let Some(places) = parts.iter().map(|p| self.tensors.get(*p).copied()).collect::<Option<Vec<_>>>() else {
             return Ok(false);
         };
         let first = places[0].meta;
-        let stacks = places.iter().all(|p| {
-            p.meta.dtype == first.dtype
-                && p.meta.ne[0] == first.ne[0]
-                && p.meta.ne[2..] == [1, 1]
-                && p.meta.is_contiguous()
-        });
+        let stacks = axis < 4
+            && places.iter().all(|p| {
+                p.meta.dtype == first.dtype
+                    && p.meta.ne[..axis] == first.ne[..axis]
+                    && p.meta.ne[axis + 1..].iter().all(|&n| n == 1)
+                    && p.meta.is_contiguous()
+            });
         if !stacks || self.tensors.contains_key(merged) || parts.iter().any(|p| self.windows.contains(*p)) {
             return Ok(false);
         }
-        let rows: usize = places.iter().map(|p| p.meta.ne[1]).sum();
-        let meta = TensorMeta::contiguous("weight", first.dtype, [first.ne[0], rows, 1, 1])
+        let mut ne = first.ne;
+        ne[axis] = places.iter().map(|p| p.meta.ne[axis]).sum();
+        let meta = TensorMeta::contiguous("weight", first.dtype, ne)
             .map_err(|e| WeightsError::Bad { name: merged.to_string(), why: e.to_string() })?;
         let buffer = backend.alloc(meta.nbytes_contiguous())?;
         let mut at = 0;
@@ -188,6 +203,29 @@ impl ModelWeights {
         }
         self.tensors.insert(merged.to_string(), TensorRef { buffer, offset: 0, meta });
         Ok(true)
+    }
+
+    /// Places a constant i32 tensor `name` of shape `ne` made at load (not read from the file).
+    pub fn insert_i32(
+        &mut self,
+        name: &str,
+        ne: [usize; 4],
+        values: &[i32],
+        backend: &mut dyn Backend,
+    ) -> Result<(), WeightsError> {
+        let bad = |why: String| WeightsError::Bad { name: name.to_string(), why };
+        let meta = TensorMeta::contiguous("weight", DType::I32, ne).map_err(|e| bad(e.to_string()))?;
+        if meta.nelements() != values.len() {
+            return Err(bad(format!("{} values for shape {ne:?}", values.len())));
+        }
+        let buffer = backend.alloc(meta.nbytes_contiguous())?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        if let Err(e) = backend.write(buffer, 0, &bytes) {
+            backend.free(buffer);
+            return Err(e.into());
+        }
+        self.tensors.insert(name.to_string(), TensorRef { buffer, offset: 0, meta });
+        Ok(())
     }
 
     /// Frees every buffer on `backend` (the one the weights were loaded on), once each (merged

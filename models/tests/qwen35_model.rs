@@ -19,7 +19,15 @@ fn file(preset: &str) -> GgufFile {
 }
 
 fn opts() -> ModelOptions {
-    ModelOptions { kv_blocks: 32, block_size: 4, max_context: 64, kv_dtype: DType::F32, ..ModelOptions::default() }
+    ModelOptions {
+        kv_blocks: 32,
+        block_size: 4,
+        max_context: 64,
+        kv_dtype: DType::F32,
+        merge_projections: true,
+        route_shared_expert: true,
+        ..ModelOptions::default()
+    }
 }
 
 fn load(preset: &str, opts: ModelOptions) -> (Model, CpuBackend) {
@@ -340,4 +348,36 @@ fn projections_are_stacked_once_at_load_and_change_no_logit() {
         assert_eq!(buffers(&be), before, "{p}");
         plain.free(&mut be2);
     }
+}
+
+#[test]
+fn the_shared_expert_is_routed_as_one_more_slot_and_changes_no_logit_beyond_rounding() {
+    use tessera_graph::Backend;
+    let f = file("tiny-moe");
+    let (mut m, mut be) = load("tiny-moe", opts());
+    let w = &m.weights;
+    // experts 0..8 routed, 8 the shared one; the router's 8 rows and the shared gate's
+    for (p, shexp) in ["gate", "up", "down"].iter().map(|p| (p, format!("blk.0.ffn_{p}_shexp.weight"))) {
+        let stacked = w.get(&format!("blk.0.ffn_{p}_exps.merged")).unwrap();
+        let exps = w.get(&format!("blk.0.ffn_{p}_exps.weight")).unwrap();
+        let shared = w.get(&shexp).unwrap();
+        assert_eq!(stacked.meta.ne, [exps.meta.ne[0], exps.meta.ne[1], 9, 1], "{p}");
+        assert_eq!((shared.buffer, shared.offset), (stacked.buffer, exps.meta.nbytes_contiguous()), "{p}");
+        let mut got = vec![0u8; shared.meta.nbytes_contiguous()];
+        be.read(shared.buffer, shared.offset, &mut got).unwrap();
+        assert_eq!(got, f.tensor_data(&shexp).unwrap(), "{p}: the window holds the file's values");
+    }
+    assert_eq!(w.get("blk.0.ffn_gate_inp.merged").unwrap().meta.ne, [64, 9, 1, 1]);
+    // the same logits as the shared expert run on its own, within f32 rounding (its output is
+    // summed with the routed experts' in another order)
+    let toks = tokens(9, 5);
+    let routed = m.step(&mut be, &[(0, &toks)], Logits::All).unwrap().remove(0);
+    let (mut own, mut be2) = load("tiny-moe", ModelOptions { route_shared_expert: false, ..opts() });
+    assert!(!own.weights.contains("blk.0.ffn_gate_exps.merged"));
+    let want = own.step(&mut be2, &[(0, &toks)], Logits::All).unwrap().remove(0);
+    let num: f64 = routed.iter().zip(&want).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let den: f64 = want.iter().map(|&y| (y as f64).powi(2)).sum();
+    assert!(num / den < 1e-10, "nmse {:e}", num / den);
+    m.free(&mut be);
+    own.free(&mut be2);
 }

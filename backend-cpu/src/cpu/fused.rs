@@ -9,12 +9,12 @@
 //! gate-and-up projections run the mul_mat (mul_mat_id) kernel twice into scratch and swiglu's
 //! kernel from there.
 
-use tessera_ops::{BinaryOp, DType, KernelError, TensorMeta};
+use tessera_ops::{BinaryOp, DType, KernelError, TensorMeta, UnaryOp};
 
 use super::math::{map_in_place, silu, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
 use super::sum::{sum, sum_squares};
-use super::{elementwise, matmul, reduce};
+use super::{data, elementwise, matmul, reduce};
 
 /// Per-task scratch rows: the output (when it cannot be written in place), the weight, the gate.
 #[derive(Default)]
@@ -122,24 +122,62 @@ fn probabilities(op: &'static str, logits: Src<'_>) -> Result<(Vec<f32>, TensorM
 }
 
 /// `top_k(softmax(logits), k)`: the softmax kernel, then top_k's selection on its f32 values (so
-/// the ids are the composition's even where rounding makes two probabilities equal).
-pub(super) fn softmax_top_k(k: usize, logits: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
+/// the ids are the composition's even where rounding makes two probabilities equal). With `tail`,
+/// `concat(.., tail, 0)`: the ids selected into scratch, then concat's kernel.
+pub(super) fn softmax_top_k(
+    k: usize,
+    logits: Src<'_>,
+    tail: Option<Src<'_>>,
+    dst: &mut Dst<'_>,
+) -> Result<(), KernelError> {
     let op = "softmax_top_k";
     let (probs, meta) = probabilities(op, logits)?;
     let probs = Src::new(bytemuck::cast_slice(&probs), meta)
         .ok_or_else(|| KernelError::Unsupported { op, why: "probabilities do not fit".into() })?;
-    reduce::top_k(k, probs, dst)
+    let Some(tail) = tail else { return reduce::top_k(k, probs, dst) };
+    let top_meta = scratch_meta(op, DType::I32, [k, meta.ne[1], 1, 1])?;
+    let mut top = vec![0i32; top_meta.nelements()];
+    reduce::top_k(k, probs, &mut Dst::new(bytemuck::cast_slice_mut(&mut top), top_meta)?)?;
+    data::concat(src(op, bytemuck::cast_slice(&top), top_meta)?, tail, 0, dst)
 }
 
 /// The routing weights: per token `t`, `p[ids[j, t], t] / Σ_j p[ids[j, t], t]` with `p` the
 /// softmax kernel's probabilities, summed by sum_rows' `sum` and divided as div does. Every id is
-/// checked before anything is written; the first bad one (logical order) is the error.
+/// checked before anything is written; the first bad one (logical order) is the error. With a
+/// `gate`, `concat(.., reshape(sigmoid(gate), [1, 1, n]), 1)`: the weights and the sigmoid into
+/// scratch, then concat's kernel.
 pub(super) fn moe_weights(
     logits: Src<'_>,
     ids: Src<'_>,
+    gate: Option<Src<'_>>,
     out: &mut [u8],
     out_meta: &TensorMeta,
 ) -> Result<(), KernelError> {
+    let op = "moe_weights";
+    let Some(gate) = gate else { return routing_weights(logits, ids, out, out_meta) };
+    let [_, k, n, _] = out_meta.ne;
+    let w_meta = scratch_meta(op, DType::F32, [1, k - 1, n, 1])?;
+    let mut w = vec![0f32; w_meta.nelements()];
+    routing_weights(logits, ids, bytemuck::cast_slice_mut(&mut w), &w_meta)?;
+    // sigmoid(gate) [1, n], read back as [1, 1, n] (the same bytes)
+    let mut g = vec![0f32; n];
+    let g_rows = scratch_meta(op, DType::F32, [1, n, 1, 1])?;
+    elementwise::unary(UnaryOp::Sigmoid, gate, &mut Dst::new(bytemuck::cast_slice_mut(&mut g), g_rows)?);
+    let g_meta = scratch_meta(op, DType::F32, [1, 1, n, 1])?;
+    let (w, g) = (src(op, bytemuck::cast_slice(&w), w_meta)?, src(op, bytemuck::cast_slice(&g), g_meta)?);
+    data::concat(w, g, 1, &mut Dst::new(out, *out_meta)?)
+}
+
+fn scratch_meta(op: &'static str, dtype: DType, ne: [usize; 4]) -> Result<TensorMeta, KernelError> {
+    TensorMeta::contiguous(op, dtype, ne).map_err(|err| KernelError::Unsupported { op, why: err.to_string() })
+}
+
+fn src<'a>(op: &'static str, bytes: &'a [u8], meta: TensorMeta) -> Result<Src<'a>, KernelError> {
+    Src::new(bytes, meta).ok_or_else(|| KernelError::Unsupported { op, why: "scratch does not fit".into() })
+}
+
+/// [`moe_weights`] without a gate.
+fn routing_weights(logits: Src<'_>, ids: Src<'_>, out: &mut [u8], out_meta: &TensorMeta) -> Result<(), KernelError> {
     let op = "moe_weights";
     let [n_expert, n, _, _] = logits.ne();
     let k = ids.ne()[0];

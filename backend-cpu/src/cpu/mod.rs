@@ -413,7 +413,7 @@ fn dispatch(
         Op::AddRmsNormMul(p) => {
             return fused::add_rms_norm_mul(p.eps, input(0)?, input(1)?, input(2)?, out, out_meta);
         }
-        Op::MoeWeights => return fused::moe_weights(input(0)?, input(1)?, out, out_meta),
+        Op::MoeWeights => return fused::moe_weights(input(0)?, input(1)?, optional(2), out, out_meta),
         Op::MulMatIdWeightedSum => {
             return fused::mul_mat_id_weighted_sum(input(0)?, input(1)?, input(2)?, input(3)?, out, out_meta);
         }
@@ -437,7 +437,7 @@ fn dispatch(
         Op::Sample => sample::sample(input(0)?, input(1)?, &mut dst),
         Op::RmsNormMul(p) => fused::rms_norm_mul(p.eps, input(0)?, input(1)?, &mut dst),
         Op::GatedRmsNorm(p) => fused::gated_rms_norm(p.eps, input(0)?, input(1)?, input(2)?, &mut dst),
-        Op::SoftmaxTopK { k } => fused::softmax_top_k(*k, input(0)?, &mut dst),
+        Op::SoftmaxTopK { k } => fused::softmax_top_k(*k, input(0)?, optional(1), &mut dst),
         Op::MulMatSwiglu => fused::mul_mat_swiglu(input(0)?, input(1)?, input(2)?, &mut dst),
         Op::MulMatIdSwiglu => fused::mul_mat_id_swiglu(input(0)?, input(1)?, input(2)?, input(3)?, &mut dst),
         Op::Elementwise(p) => {

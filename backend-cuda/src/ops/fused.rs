@@ -54,7 +54,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
         Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) => true,
         Op::SoftmaxTopK { .. } => inputs.first().is_some_and(|l| l.ne[0] <= ROUTER_MAX),
         Op::MoeWeights => match inputs {
-            [logits, ids] => logits.ne[0] <= ROUTER_MAX && ids.nelements() < (1 << 31),
+            [logits, ids, ..] => logits.ne[0] <= ROUTER_MAX && ids.nelements() < (1 << 31),
             _ => false,
         },
         _ => false,
@@ -78,34 +78,41 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             };
             norm(cx, &ADD_RMS_NORM_MUL, plane(1), plane(0), a, b, w, p.eps)
         }
-        (Op::SoftmaxTopK { k }, &[logits]) => {
+        (Op::SoftmaxTopK { k }, &[logits, ref tail @ ..]) => {
             let kernel = if router_vec(&logits) { SOFTMAX_TOP_K_VEC } else { SOFTMAX_TOP_K_GEN };
             let k = *k as i32;
+            let tail = tail.first().copied().unwrap_or(NO_ROWS);
             let mut a = cx.kernel(kernel)?;
-            a.arg(&out).arg(&logits).arg(&k);
-            // SAFETY: `softmax_top_k_*(dst, src, k)`; src f32 [n, rows, 1, 1] with n <= ROUTER_MAX
-            // (supports), read at i < n of each row through its strides (the vec kernel only when
-            // router_vec holds: dense 16-byte aligned rows, n % 4 == 0); 1 <= k <= n (shape rules),
-            // so dst (i32 [k, rows]) gets k ids per row, each row written by one block (at least
-            // a warp: warp 0 computes the probabilities).
+            a.arg(&out).arg(&logits).arg(&k).arg(&tail);
+            // SAFETY: `softmax_top_k_*(dst, src, k, tail)`; src f32 [n, rows, 1, 1] with n <=
+            // ROUTER_MAX (supports), read at i < n of each row through its strides (the vec kernel
+            // only when router_vec holds: dense 16-byte aligned rows, n % 4 == 0); 1 <= k <= n and
+            // tail i32 [m, rows] or no rows (shape rules), so dst (i32 [k + m, rows]) gets k ids
+            // then the m of tail per row, each row written by one block (at least a warp: warp 0
+            // computes the probabilities).
             let threads = (logits.ne[0].clamp(32, TOP_K_THREADS) as u32).next_multiple_of(32);
             let grid = (logits.ne[1].clamp(1, 1 << 30) as u32, 1, 1);
             unsafe { a.launch(config(grid, (threads, 1, 1), 0)) }
         }
-        (Op::MoeWeights, &[logits, ids]) => {
+        (Op::MoeWeights, &[logits, ids, ref gate @ ..]) => {
             let kernel = if router_vec(&logits) { MOE_WEIGHTS_VEC } else { MOE_WEIGHTS_GEN };
             let (err, op) = (cx.errors, op_code("moe_weights"));
+            let gate = gate.first().copied().unwrap_or(NO_ROWS);
             let mut a = cx.kernel(kernel)?;
-            a.arg(&out).arg(&logits).arg(&ids).arg(&err).arg(&op);
-            // SAFETY: `moe_weights_*(dst, src, ids, err, op)`; src as for softmax_top_k; ids i32
-            // [k, rows] (shape rules); every id is checked against 0..n before a logit is read
-            // at it, a bad one reported to the error record and its row left unwritten; dst f32
-            // [1, k, rows] gets k weights per row.
+            a.arg(&out).arg(&logits).arg(&ids).arg(&gate).arg(&err).arg(&op);
+            // SAFETY: `moe_weights_*(dst, src, ids, gate, err, op)`; src as for softmax_top_k; ids
+            // i32 [k, rows] and gate f32 [1, rows] or no rows (shape rules); every id is checked
+            // against 0..n before a logit is read at it, a bad one reported to the error record
+            // and its row left unwritten; dst f32 [1, k (+ 1 with a gate), rows] gets k weights
+            // (and the gate's sigmoid) per row.
             unsafe { a.launch(router_config(logits.ne[1])) }
         }
         _ => Err(unsupported(task, "not a fused op with its inputs")),
     }
 }
+
+/// An absent optional input of the router kernels: no rows (`ne[0] == 0`), never read.
+const NO_ROWS: TensorArg = TensorArg { data: 0, ne: [0, 1, 1, 1], nb: [4, 4, 4, 4] };
 
 /// Most threads of a `softmax_top_k` block (one block a row; each thread places n / threads of
 /// its elements).

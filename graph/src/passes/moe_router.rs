@@ -9,10 +9,19 @@
 //! w     = reshape(w, [1, k, n])
 //! ```
 //!
+//! A shared expert routed as one more slot (qwen35's `ffn` when its weights were stacked with the
+//! routed experts') extends both ends, and both fusions take the extension along:
+//!
+//! ```text
+//! ids = concat(top_k(probs, k), tail, 0)               softmax_top_k(logits, tail)
+//! w   = get_rows(.., view(ids, the first k rows)) ..
+//! w   = concat(w, reshape(sigmoid(gate), [1, 1, n]), 1)    moe_weights(logits, ids, gate)
+//! ```
+//!
 //! `softmax_top_k` runs first: afterwards the softmax is read only by the weights' chain, which
 //! `moe_weights` then swallows whole.
 
-use tessera_ops::{BinaryOp, Op, SoftmaxParams};
+use tessera_ops::{BinaryOp, DType, Op, SoftmaxParams, UnaryOp};
 
 use super::Pass;
 use super::pattern::Matcher;
@@ -44,16 +53,29 @@ impl Pass for SoftmaxTopK {
                 let logits = plain_softmax(&m, probs)?;
                 // The softmax stays if something else reads it (else it is dropped as dead); the
                 // fused op recomputes it, so no in-place write may come between the two.
+                let (nodes, inputs, last) = match appended(&m, top) {
+                    Some((concat, tail)) => (vec![top, concat], vec![logits, tail], concat),
+                    None => (vec![top], vec![logits], top),
+                };
                 Some(Fusion {
-                    nodes: vec![top],
+                    nodes,
                     op: Op::SoftmaxTopK { k: *k },
-                    inputs: vec![logits],
-                    outputs: vec![(top, FusedOutput::Whole)],
+                    inputs,
+                    outputs: vec![(last, FusedOutput::Whole)],
                     recomputes: vec![probs],
                 })
             })
             .collect()
     }
+}
+
+/// `concat(top, tail, 0)` as the only reader of `top`, with an i32 `tail` of `top`'s tokens: the
+/// concat and the tail.
+fn appended(m: &Matcher<'_>, top: NodeId) -> Option<(NodeId, NodeId)> {
+    let (concat, _) = m.sole_user_op(top, |o| *o == Op::Concat { dim: 0 })?;
+    let tail = m.input(concat, 1)?;
+    let (t, x) = (m.meta(tail), m.meta(top));
+    (m.input(concat, 0)? == top && t.dtype == DType::I32 && t.ne[1..] == x.ne[1..]).then_some((concat, tail))
 }
 
 /// See the module doc.
@@ -102,6 +124,13 @@ fn weights_chain(m: &Matcher<'_>, get: NodeId) -> Option<Fusion> {
         return None;
     }
     let mut nodes = vec![get, r1, sum, div, r2];
+    let mut inputs = vec![logits, ids];
+    let mut last = r2;
+    if let Some((concat, gate, chain)) = gated(m, r2) {
+        nodes.extend(chain);
+        inputs.push(gate);
+        last = concat;
+    }
     // The probabilities go too when nothing else reads them.
     if m.only_reader(p3) == Some(get) {
         nodes.push(p3);
@@ -111,11 +140,27 @@ fn weights_chain(m: &Matcher<'_>, get: NodeId) -> Option<Fusion> {
     }
     // What stays outside (read by others) the fused op still recomputes from the logits.
     let recomputes = [probs, p3].into_iter().filter(|n| !nodes.contains(n)).collect();
-    Some(Fusion {
-        nodes,
-        op: Op::MoeWeights,
-        inputs: vec![logits, ids],
-        outputs: vec![(r2, FusedOutput::Whole)],
-        recomputes,
-    })
+    Some(Fusion { nodes, op: Op::MoeWeights, inputs, outputs: vec![(last, FusedOutput::Whole)], recomputes })
+}
+
+/// `concat(w, reshape(sigmoid(gate), [1, 1, n]), 1)` as the only reader of the weights `w`
+/// `[1, k, n]`, with `gate` f32 `[1, n]` and the sigmoid and reshape read once: the concat, the
+/// gate and the nodes from the sigmoid to the concat.
+fn gated(m: &Matcher<'_>, w: NodeId) -> Option<(NodeId, NodeId, [NodeId; 3])> {
+    let concat = m.only_reader(w)?;
+    if !matches!(m.op(concat)?, Op::Concat { dim: 1 }) || m.input(concat, 0)? != w {
+        return None;
+    }
+    let shaped = m.input(concat, 1)?;
+    let sig = m.input(shaped, 0)?;
+    let gate = m.input(sig, 0)?;
+    let n = m.meta(w).ne[2];
+    let ok = matches!(m.op(shaped)?, Op::Reshape { .. })
+        && m.only_reader(shaped) == Some(concat)
+        && m.meta(shaped).ne == [1, 1, n, 1]
+        && m.op(sig)? == &Op::Unary(UnaryOp::Sigmoid)
+        && m.sole_user(sig) == Some(shaped)
+        && m.meta(gate).dtype == DType::F32
+        && m.meta(gate).ne == [1, n, 1, 1];
+    ok.then_some((concat, gate, [sig, shaped, concat]))
 }

@@ -23,12 +23,27 @@ pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> 
             let gate = step(op, Op::Unary(UnaryOp::Silu), &[f32s(&inputs[2])])?;
             step(op, Op::Binary(BinaryOp::Mul), &[(h, DType::F32), (gate, DType::F32)])?
         }
-        // top_k(softmax(logits), k)
+        // top_k(softmax(logits), k), then concat(.., tail, 0) when ids are appended
         Op::SoftmaxTopK { k } => {
             let probs = step(op, softmax(), &[f32s(&inputs[0])])?;
-            step(op, Op::TopK { k: *k }, &[(probs, DType::F32)])?
+            let top = step(op, Op::TopK { k: *k }, &[(probs, DType::F32)])?;
+            match inputs.get(1) {
+                Some(tail) => step(op, Op::Concat { dim: 0 }, &[(top, DType::I32), (tail.clone(), DType::I32)])?,
+                None => top,
+            }
         }
-        Op::MoeWeights => moe_weights(op, &inputs[0], &inputs[1])?,
+        // the weights, then concat(.., reshape(sigmoid(gate), [1, 1, n]), 1) when gated
+        Op::MoeWeights => {
+            let w = moe_weights(op, &inputs[0], &inputs[1])?;
+            match inputs.get(2) {
+                Some(gate) => {
+                    let g = step(op, Op::Unary(UnaryOp::Sigmoid), &[f32s(gate)])?;
+                    let g = RefTensor::new([1, 1, g.ne[1], 1], g.data);
+                    step(op, Op::Concat { dim: 1 }, &[(w, DType::F32), (g, DType::F32)])?
+                }
+                None => w,
+            }
+        }
         // swiglu(mul_mat(wg, x), mul_mat(wu, x)), the weights as their values
         Op::MulMatSwiglu => {
             let gate = step(op, Op::MulMat, &[f32s(&inputs[0]), f32s(&inputs[2])])?;

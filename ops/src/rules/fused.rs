@@ -9,7 +9,7 @@
 //! two weights of one dtype and shape. A pass that meets anything else leaves the subgraph
 //! unfused.
 
-use super::{can_repeat, contiguous, expect_arity, expect_dtype};
+use super::{can_repeat, contiguous, expect_arity, expect_arity_in, expect_dtype};
 use crate::{DType, Op, OpError, RmsNormParams, TensorMeta};
 
 pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
@@ -65,7 +65,7 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             contiguous(op, DType::F32, x.ne)
         }
         Op::SoftmaxTopK { k } => {
-            expect_arity(op, inputs, 1)?;
+            expect_arity_in(op, inputs, 1..=2, "1 or 2")?;
             let logits = inputs[0];
             expect_logits(op, logits)?;
             if *k == 0 || *k > logits.ne[0] {
@@ -74,10 +74,27 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
                     why: format!("k = {k} must be in 1..={} (n_expert, ne[0] of logits {:?})", logits.ne[0], logits.ne),
                 });
             }
-            contiguous(op, DType::I32, [*k, logits.ne[1], 1, 1])
+            // The optional tail: rows of ids appended after each token's k (a shared expert).
+            let tail = match inputs.get(1) {
+                Some(tail) => {
+                    expect_dtype(op, 1, tail, DType::I32, "i32 ids to append")?;
+                    if tail.ne[1] != logits.ne[1] || tail.ne[2] != 1 || tail.ne[3] != 1 {
+                        return Err(OpError::ShapeMismatch {
+                            op: name,
+                            lhs: logits.ne,
+                            rhs: tail.ne,
+                            why: "the appended ids must be [m, n_tokens, 1, 1] for logits [n_expert, n_tokens, 1, 1]"
+                                .into(),
+                        });
+                    }
+                    tail.ne[0]
+                }
+                None => 0,
+            };
+            contiguous(op, DType::I32, [*k + tail, logits.ne[1], 1, 1])
         }
         Op::MoeWeights => {
-            expect_arity(op, inputs, 2)?;
+            expect_arity_in(op, inputs, 2..=3, "2 or 3")?;
             let (logits, ids) = (inputs[0], inputs[1]);
             expect_logits(op, logits)?;
             expect_dtype(op, 1, ids, DType::I32, "i32 expert ids")?;
@@ -89,7 +106,23 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
                     why: "ids must be [k, n_tokens, 1, 1] for logits [n_expert, n_tokens, 1, 1]".into(),
                 });
             }
-            contiguous(op, DType::F32, [1, ids.ne[0], ids.ne[1], 1])
+            // The optional gate: one logit a token whose sigmoid is appended after the k weights.
+            let gated = match inputs.get(2) {
+                Some(gate) => {
+                    expect_dtype(op, 2, gate, DType::F32, "f32 gate logits")?;
+                    if gate.ne != [1, logits.ne[1], 1, 1] {
+                        return Err(OpError::ShapeMismatch {
+                            op: name,
+                            lhs: logits.ne,
+                            rhs: gate.ne,
+                            why: "the gate must be [1, n_tokens, 1, 1] for logits [n_expert, n_tokens, 1, 1]".into(),
+                        });
+                    }
+                    1
+                }
+                None => 0,
+            };
+            contiguous(op, DType::F32, [1, ids.ne[0] + gated, ids.ne[1], 1])
         }
         Op::MulMatSwiglu => {
             expect_arity(op, inputs, 3)?;
@@ -211,6 +244,7 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
         Op::RmsNormMul(_) => n_in.saturating_mul(4),
         Op::GatedRmsNorm(_) => n_in.saturating_mul(12),
         Op::SoftmaxTopK { .. } => n_in.saturating_mul(13),
+        // (the gate's sigmoid, when there is one, counted as a weight)
         Op::MoeWeights => n_in.saturating_mul(5).saturating_add((out.nelements() as u64).saturating_mul(2)),
         // the product's 2 K per expert output, then 2 to weigh and sum it
         Op::MulMatIdWeightedSum => {

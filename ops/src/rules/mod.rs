@@ -145,6 +145,20 @@ pub(crate) fn expect_arity(op: &Op, inputs: &[&TensorMeta], n: usize) -> Result<
 
 const ARITY_NAMES: [&str; 5] = ["0", "1", "2", "3", "4"];
 
+/// Arity for ops with optional trailing inputs: `n` the counts accepted, `expected` them in
+/// words ("1 or 2").
+pub(crate) fn expect_arity_in(
+    op: &Op,
+    inputs: &[&TensorMeta],
+    n: std::ops::RangeInclusive<usize>,
+    expected: &'static str,
+) -> Result<(), OpError> {
+    if !n.contains(&inputs.len()) {
+        return Err(OpError::Arity { op: op.name(), expected, got: inputs.len() });
+    }
+    Ok(())
+}
+
 /// A plain float type. Block-quantized tensors are refused too: they are weights, read only by the
 /// ops that take them explicitly (get_rows, mul_mat, mul_mat_id, dequantize).
 pub(crate) fn expect_float(op: &Op, input: usize, m: &TensorMeta) -> Result<(), OpError> {

@@ -205,6 +205,24 @@ fn softmax_top_k(out: &mut Vec<Case>) {
     // Strided logits: rows apart (misaligned), and a transposed view (nb0 != 4).
     out.push(top_k_case([256, 3, 1, 1], 8, Layout::WINDOW, Init::Distinct));
     out.push(top_k_case([40, 6, 1, 1], 4, Layout::TRANSPOSED, Init::Distinct));
+    // Ids appended (a shared expert as slot k): one row, several, after strided logits.
+    for (ne, k, m, layout) in [
+        ([256, 1, 1, 1], 8, 1, Layout::Contiguous),
+        ([256, 7, 1, 1], 8, 1, Layout::WINDOW),
+        ([33, 5, 1, 1], 5, 3, Layout::Contiguous),
+    ] {
+        out.push(Case::new(
+            "softmax_top_k",
+            format_args!("ne={},k={k},tail={m}", sh(ne)),
+            vec![
+                In::new("logits", F32, ne).layout(layout).init(Init::Distinct),
+                In::new("tail", I32, [m, ne[1], 1, 1])
+                    .layout(layout)
+                    .init(Init::Ids { rows: ne[0] + 1, unique: false }),
+            ],
+            move |g, x| g.softmax_top_k_then(x[0], k, x[1]),
+        ));
+    }
     // Probabilities tied by f32 rounding at the cut, in both CUDA layouts.
     for (ne, layout) in [([256, 4, 1, 1], Layout::Contiguous), ([256, 3, 1, 1], Layout::WINDOW)] {
         out.push(ties_case(ne, 8, layout));
@@ -310,9 +328,28 @@ fn moe_weights(out: &mut Vec<Case>) {
     // Strided logits and ids.
     out.push(moe_case([256, 3, 1, 1], 8, true, Layout::WINDOW, Layout::TRANSPOSED));
     out.push(moe_case([40, 6, 1, 1], 4, false, Layout::TRANSPOSED, Layout::WINDOW));
-    // The model's chain: ids from softmax_top_k, then the weights of the same logits.
+    // A gate's sigmoid appended (a shared expert as slot k), the gate contiguous and strided.
+    for (ne, k, layout) in [
+        ([256, 1, 1, 1], 8, Layout::Contiguous),
+        ([256, 7, 1, 1], 8, Layout::WINDOW),
+        ([7, 3, 1, 1], 7, Layout::Contiguous),
+    ] {
+        out.push(Case::new(
+            "moe_weights",
+            format_args!("ne={},k={k},gated", sh(ne)),
+            vec![
+                In::new("logits", F32, ne).init(Init::Uniform { lo: -4.0, hi: 4.0 }),
+                In::new("ids", I32, [k, ne[1], 1, 1]).init(Init::Ids { rows: ne[0], unique: true }),
+                In::new("gate", F32, [1, ne[1], 1, 1]).layout(layout).init(Init::Uniform { lo: -8.0, hi: 8.0 }),
+            ],
+            |g, x| g.moe_weights_gated(x[0], x[1], x[2]),
+        ));
+    }
+    // The model's chain: ids from softmax_top_k, then the weights of the same logits; and with
+    // the shared expert routed (stacked logits, its id appended, its gate's weight appended).
     for n in [1, 5] {
         out.push(router_chain_case(256, 8, n));
+        out.push(shared_router_case(256, 8, n));
     }
     // A bad expert id: the run fails like the judge's, naming the first one.
     out.push(
@@ -350,6 +387,31 @@ fn router_chain_case(n_expert: usize, k: usize, n: usize) -> Case {
         format_args!("router,n_expert={n_expert},k={k},n_tokens={n}"),
         vec![In::new("logits", F32, [n_expert, n, 1, 1]).init(Init::Distinct)],
         move |g, x| route(g, x[0], k),
+    )
+}
+
+/// The router of qwen35's `moe_shared_routed` after the passes: logits `[n_expert + 1, n]` (the
+/// shared gate's last), the ids with the shared expert's appended and the weights with the
+/// gate's: both compared.
+fn shared_router_case(n_expert: usize, k: usize, n: usize) -> Case {
+    Case::new(
+        "moe_weights",
+        format_args!("router,n_expert={n_expert},k={k},n_tokens={n},shared"),
+        vec![
+            In::new("logits", F32, [n_expert + 1, n, 1, 1]).init(Init::Distinct),
+            In::new("shared", I32, [1, n, 1, 1]).init(Init::Ids { rows: n_expert + 1, unique: false }),
+        ],
+        move |g, x| {
+            let row = 4 * (n_expert + 1);
+            let logits = g.view(x[0], [n_expert, n, 1, 1], [4, row, row * n, row * n], 0)?;
+            let gate = g.view(x[0], [1, n, 1, 1], [4, row, row * n, row * n], 4 * n_expert)?;
+            let ids = g.softmax_top_k_then(logits, k, x[1])?;
+            let slot = 4 * (k + 1);
+            let routed = g.view(ids, [k, n, 1, 1], [4, slot, slot * n, slot * n], 0)?;
+            let w = g.moe_weights_gated(logits, routed, gate)?;
+            g.mark_output(ids)?;
+            Ok(w)
+        },
     )
 }
 

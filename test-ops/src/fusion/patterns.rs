@@ -559,6 +559,26 @@ fn softmax_top_k() -> Vec<FusionCase> {
         out.push(plain(STK, format_args!("logits={name}"), inputs, 1, move |g, x| stk(g, x[0], k)));
     }
 
+    // The ids with a shared expert's appended (the concat goes into the fused op), from a view of
+    // stacked router logits.
+    for (e, n, k) in SHARED_ROUTERS {
+        out.push(plain(
+            STK,
+            format_args!("shared_slot,e={e},n={n},k={k}"),
+            shared_router_inputs(e, n),
+            1,
+            move |g, x| shared_router(g, x, k),
+        ));
+    }
+    // The top k read besides the concat: the concat stays.
+    out.push(plain(STK, "top_also_read", shared_router_inputs(8, 3), 1, move |g, x| {
+        let p = g.softmax(x[0], 1.0, None)?;
+        let top = g.top_k(p, 2)?;
+        let ids = g.concat(top, x[1], 0)?;
+        g.mark_output(top)?;
+        Ok(ids)
+    }));
+
     // Near-misses.
     out.push(plain(STK, "miss=scaled_softmax", vec![logits(ne)], 0, move |g, x| {
         let p = g.softmax(x[0], 0.5, None)?;
@@ -620,6 +640,35 @@ fn given_ids(g: &mut Graph, logits: Tensor, ids: Tensor) -> R {
     weights_of(g, p, ids)
 }
 
+/// The router with a shared expert routed as slot `k` (qwen35's `moe_shared_routed`): logits
+/// `[e + 1, n]` whose last row is the shared gate's, `tail` i32 `[1, n]` the shared expert's id;
+/// the ids `[k + 1, n]` (an output) and the weights `[1, k + 1, n]`, the gate's sigmoid last.
+fn shared_router(g: &mut Graph, x: &[Tensor], k: usize) -> R {
+    let [e1, n, ..] = x[0].ne();
+    let e = e1 - 1;
+    let row = 4 * e1;
+    let logits = g.view(x[0], [e, n, 1, 1], [4, row, row * n, row * n], 0)?;
+    let gate = g.view(x[0], [1, n, 1, 1], [4, row, row * n, row * n], 4 * e)?;
+    let p = g.softmax(logits, 1.0, None)?;
+    let top = g.top_k(p, k)?;
+    let ids = g.concat(top, x[1], 0)?;
+    g.mark_output(ids)?;
+    let slot = 4 * (k + 1);
+    let routed = g.view(ids, [k, n, 1, 1], [4, slot, slot * n, slot * n], 0)?;
+    let w = weights_of(g, p, routed)?;
+    let gate = g.sigmoid(gate)?;
+    let gate = g.reshape(gate, &[1, 1, n])?;
+    g.concat(w, gate, 1)
+}
+
+/// Inputs of [`shared_router`]: `e` routed experts' logits and the gate's, the shared id `e`.
+fn shared_router_inputs(e: usize, n: usize) -> Vec<In> {
+    vec![logits([e + 1, n, 1, 1]), In::new("tail", I32, [1, n, 1, 1]).init(Init::Ids { rows: e + 1, unique: false })]
+}
+
+/// The shapes [`shared_router`] is checked at: tiny-moe's, the 35B-A3B's, odd ones.
+const SHARED_ROUTERS: [(usize, usize, usize); 5] = [(8, 1, 2), (8, 6, 2), (256, 1, 8), (256, 7, 8), (33, 5, 5)];
+
 fn ids_input(e: usize, k: usize, n: usize, unique: bool) -> In {
     In::new("ids", I32, [k, n, 1, 1]).init(Init::Ids { rows: e, unique })
 }
@@ -653,6 +702,27 @@ fn moe_weights() -> Vec<FusionCase> {
     out.push(plain(MOE, "weighted_experts", experts, 1, move |g, x| {
         let w = router(g, x[0], k)?;
         g.mul(x[1], w)
+    }));
+
+    // A shared expert's gate appended (the sigmoid, reshape and concat go into the fused op).
+    for (e, n, k) in SHARED_ROUTERS {
+        out.push(plain(
+            MOE,
+            format_args!("shared_slot,e={e},n={n},k={k}"),
+            shared_router_inputs(e, n),
+            1,
+            move |g, x| shared_router(g, x, k),
+        ));
+    }
+    // The gate's sigmoid read again: it stays, and so does the concat (the weights still fuse).
+    out.push(plain(MOE, "gate_sigmoid_read_again", vec![logits([9, 3, 1, 1])], 1, move |g, x| {
+        let routed = g.view(x[0], [8, 3, 1, 1], [4, 36, 108, 108], 0)?;
+        let w = router(g, routed, 2)?;
+        let gate = g.view(x[0], [1, 3, 1, 1], [4, 36, 108, 108], 32)?;
+        let gate = g.sigmoid(gate)?;
+        g.mark_output(gate)?;
+        let gate = g.reshape(gate, &[1, 1, 3])?;
+        g.concat(w, gate, 1)
     }));
 
     // Near-misses.
