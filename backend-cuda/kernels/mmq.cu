@@ -462,7 +462,7 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* x
 
 // mul_mat_id: out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs s = u + n_used t of
 // expert e = blockIdx.z, listed at list[offsets[e] .. offsets[e + 1]] (by `moe_prep`),
-// for experts with more than min_pairs pairs (the others are matmul.cu's). x, xs hold the packed
+// for experts with more than min_pairs pairs (the others are moe.cu's). x, xs hold the packed
 // rows of b. Grid: (column blocks, M / MQ_BM rounded up, n_expert); column block x takes the
 // expert's column tiles x, x + gridDim.x, ..., so a grid sized for a typical expert covers any.
 template <int QT, int S>
@@ -521,7 +521,7 @@ MQ_ENTRY(mmq_nvfp4_s5, DT_NVFP4, 5)
 // (counts, a block-wide prefix sum, then the pair lists, in no particular order; counts in shared
 // memory when they fit), checking every id, and lists the experts with 1 ..= max_pairs pairs in
 // increasing order (`MeExpert`); the other blocks pack the activations as `mmq_pack_x` does
-// (none when x is null: matmul.cu's kernels read f32 rows).
+// (none when x is null: moe.cu's kernels read f32 rows).
 //
 // `moe_mma_*`: a work item is ME_ROWS = 32 weight rows (two m16 tiles) of one listed expert. The
 // grid is one wave of blocks whose warps take the items round-robin, each warp on its own: it

@@ -1,9 +1,11 @@
 //! Kernel sources, NVRTC compilation and the on-disk cache.
 //!
-//! Each op family is one `.cu` file in `backend-cuda/kernels/` (a [`Module`]), compiled as a whole
-//! with `common.cuh` prepended, to a CUBIN for the device's architecture, the first time one of its
-//! kernels is launched. The CUBIN is cached on disk under a SHA-256 of the source, the options,
-//! the architecture and the NVRTC version, so a second process loads it without compiling.
+//! Each op family (mul_mat / mul_mat_id: each of its kernel families) is one `.cu` file in
+//! `backend-cuda/kernels/` (a [`Module`]), compiled as a whole with `common.cuh` prepended (and
+//! the headers it shares with other modules, [`Module::headers`]: the matmul modules'
+//! `matmul.cuh`), to a CUBIN for the device's architecture, the first time one of its kernels is
+//! launched. The CUBIN is cached on disk under a SHA-256 of the source, the options, the
+//! architecture and the NVRTC version, so a second process loads it without compiling.
 //! A compile error carries NVRTC's log and names the kernel that needed the module.
 //!
 //! Generated modules ([`Generated`]: one per `elementwise` program, made by
@@ -26,8 +28,9 @@ use tessera_ops::ElemProgram;
 use crate::CudaError;
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
+const MATMUL: &str = include_str!("../kernels/matmul.cuh");
 
-/// One kernel source file: an op family.
+/// One kernel source file: an op family, or one kernel family of mul_mat / mul_mat_id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Module {
     Elementwise,
@@ -35,7 +38,14 @@ pub enum Module {
     Reduce,
     Rope,
     Quant,
-    Matmul,
+    /// The matmul paths' packing and dequantizing (`pack_b`, `dequant_rows`).
+    Pack,
+    /// mul_mat at 1-8 tokens a pass: the warp and fast GEMVs.
+    Gemv,
+    /// mul_mat of one token against one matrix: the ring and word GEMVs.
+    GemvOne,
+    /// mul_mat_id off the tensor cores: the decode, grouped and weighted-sum kernels.
+    Moe,
     Mmq,
     Attention,
     Conv,
@@ -46,13 +56,16 @@ pub enum Module {
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 12] = [
+    pub const ALL: [Module; 15] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
         Module::Rope,
         Module::Quant,
-        Module::Matmul,
+        Module::Pack,
+        Module::Gemv,
+        Module::GemvOne,
+        Module::Moe,
         Module::Mmq,
         Module::Attention,
         Module::Conv,
@@ -78,7 +91,10 @@ impl Module {
             Module::Reduce => "reduce",
             Module::Rope => "rope",
             Module::Quant => "quant",
-            Module::Matmul => "matmul",
+            Module::Pack => "pack",
+            Module::Gemv => "gemv",
+            Module::GemvOne => "gemv_one",
+            Module::Moe => "moe",
             Module::Mmq => "mmq",
             Module::Attention => "attention",
             Module::Conv => "conv",
@@ -95,7 +111,10 @@ impl Module {
             Module::Reduce => include_str!("../kernels/reduce.cu"),
             Module::Rope => include_str!("../kernels/rope.cu"),
             Module::Quant => include_str!("../kernels/quant.cu"),
-            Module::Matmul => include_str!("../kernels/matmul.cu"),
+            Module::Pack => include_str!("../kernels/pack.cu"),
+            Module::Gemv => include_str!("../kernels/gemv.cu"),
+            Module::GemvOne => include_str!("../kernels/gemv_one.cu"),
+            Module::Moe => include_str!("../kernels/moe.cu"),
             Module::Mmq => include_str!("../kernels/mmq.cu"),
             Module::Attention => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
@@ -105,24 +124,37 @@ impl Module {
         }
     }
 
-    /// The full translation unit NVRTC compiles: `common.cuh`, then the family's file (with a
-    /// `#line` so NVRTC's messages name the right file and line); files in
-    /// `$TESSERA_KERNEL_DIR` replace the built-in ones ([`Module::source_from`]).
+    /// The headers compiled between `common.cuh` and the module's file, by file name and built-in
+    /// text: device code that several modules share (NVRTC is given no include files, so a
+    /// module's translation unit is its headers' text and its own).
+    pub const fn headers(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Module::Pack | Module::Gemv | Module::Moe => &[("matmul.cuh", MATMUL)],
+            _ => &[],
+        }
+    }
+
+    /// The full translation unit NVRTC compiles: `common.cuh`, the module's [`Module::headers`],
+    /// then the family's file (each after a `#line` so NVRTC's messages name the right file and
+    /// line); files in `$TESSERA_KERNEL_DIR` replace the built-in ones ([`Module::source_from`]).
     pub fn source(self) -> String {
         self.source_from(std::env::var_os("TESSERA_KERNEL_DIR").map(PathBuf::from).as_deref())
     }
 
-    /// [`Module::source`] with the files of `dir` that can be read (`common.cuh`, `<name>.cu`) in
-    /// place of the copies built into the binary: kernel changes can be tried on a GPU machine
-    /// without a Rust toolchain. The cache key hashes this text, so such CUBINs never stand in
-    /// for the built-in ones.
+    /// [`Module::source`] with the files of `dir` that can be read (`common.cuh`, the headers,
+    /// `<name>.cu`) in place of the copies built into the binary: kernel changes can be tried on
+    /// a GPU machine without a Rust toolchain. The cache key hashes this text, so such CUBINs
+    /// never stand in for the built-in ones.
     pub fn source_from(self, dir: Option<&Path>) -> String {
         let read = |file: &str, builtin: &'static str| -> Cow<'static, str> {
             dir.and_then(|d| std::fs::read_to_string(d.join(file)).ok()).map_or(Cow::Borrowed(builtin), Cow::Owned)
         };
-        let common = read("common.cuh", COMMON);
+        let mut source = format!("#line 1 \"common.cuh\"\n{}\n", read("common.cuh", COMMON));
+        for &(file, builtin) in self.headers() {
+            source += &format!("#line 1 \"{file}\"\n{}\n", read(file, builtin));
+        }
         let body = read(&format!("{}.cu", self.name()), self.body());
-        format!("#line 1 \"common.cuh\"\n{common}\n#line 1 \"{}.cu\"\n{body}", self.name())
+        source + &format!("#line 1 \"{}.cu\"\n{body}", self.name())
     }
 }
 

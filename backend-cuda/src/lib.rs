@@ -595,7 +595,7 @@ mod tests {
         assert_eq!(target(Module::Mmq, "sm_90", false), "sm_90");
         assert_eq!(target(Module::Mmq, "sm_80", true), "sm_80");
         assert_eq!(target(Module::Mmq, "sm_100", true), "sm_100");
-        assert_eq!(target(Module::Matmul, "sm_90", true), "sm_90");
+        assert_eq!(target(Module::Gemv, "sm_90", true), "sm_90");
     }
 
     #[test]
@@ -609,6 +609,13 @@ mod tests {
         assert!(!rope.contains("extern \"C\" __global__"));
         // files the folder lacks come from the binary
         assert_eq!(Module::Data.source_from(Some(&dir)), Module::Data.source_from(None));
+        // a shared header replaces the built-in one in every module that has it
+        std::fs::write(dir.join("matmul.cuh"), "// a header change\n").unwrap();
+        for m in [Module::Pack, Module::Gemv, Module::Moe] {
+            let src = m.source_from(Some(&dir));
+            assert!(src.contains("// a header change") && !src.contains("float weight_value("), "{}", m.name());
+        }
+        assert_eq!(Module::GemvOne.source_from(Some(&dir)), Module::GemvOne.source_from(None));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -618,6 +625,9 @@ mod tests {
             let src = m.source();
             assert!(src.contains("struct Tensor"), "{} lacks common.cuh", m.name());
             assert!(src.contains("extern \"C\" __global__"), "kernels/{}.cu defines no kernel", m.name());
+            for (file, _) in m.headers() {
+                assert!(src.contains(&format!("#line 1 \"{file}\"")), "{} lacks {file}", m.name());
+            }
         }
     }
 }

@@ -4,8 +4,8 @@
 //! (`mmq_pack_x`) into f16 rows scaled by powers of two, which keeps results within the f32 bound
 //! of the CPU oracle (the file comment of mmq.cu has the error budget). mul_mat_id with few pairs
 //! an expert takes `moe_prep` (the pairs grouped by expert and the activations packed, one launch)
-//! and `moe_mma_*` (each routed expert's rows read once for all its pairs, `mma.sync`). `matmul.rs`
-//! decides when these kernels take a product; this file owns their launch rules.
+//! and `moe_mma_*` (each routed expert's rows read once for all its pairs, `mma.sync`). `matmul/`
+//! (`mod.rs` for mul_mat, `moe.rs` for mul_mat_id) decides when these kernels take a product; this file owns their launch rules.
 
 use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};

@@ -21,8 +21,10 @@ use tessera_ops::{Op, TensorMeta};
 use crate::compile::Module as Family;
 use crate::launch::{Cx, TensorArg, unsupported};
 
-/// The kernel module (`kernels/<family>.cu`) whose wrappers run `op`; `None` for views. (`mmq.cu`,
-/// the quantized tensor-core GEMM, serves mul_mat / mul_mat_id under `matmul.rs`.)
+/// The kernel module (`kernels/<family>.cu`) whose wrappers run `op`; `None` for views. The matmul
+/// ops name `gemv` (mul_mat) or `moe` (mul_mat_id), but every matmul module (`pack`, `gemv`,
+/// `gemv_one`, `moe`, and `mmq`, the quantized tensor-core GEMM) serves them under `matmul/`, whose
+/// dispatch picks the path.
 fn family(op: &Op) -> Option<Family> {
     Some(match op {
         Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Family::Elementwise,
@@ -38,7 +40,8 @@ fn family(op: &Op) -> Option<Family> {
         | Op::Argsort(_) => Family::Reduce,
         Op::RopeMulti(_) => Family::Rope,
         Op::Quantize(_) | Op::Dequantize => Family::Quant,
-        Op::MulMat | Op::MulMatId => Family::Matmul,
+        Op::MulMat => Family::Gemv,
+        Op::MulMatId => Family::Moe,
         Op::FlashAttnExt(_) => Family::Attention,
         Op::SsmConv | Op::SsmConvUpdate { .. } => Family::Conv,
         Op::GatedDeltaNet(_) => Family::DeltaNet,
@@ -48,7 +51,8 @@ fn family(op: &Op) -> Option<Family> {
         }
         // Generated per program (ops/elemfuse.rs), not a module of kernels/.
         Op::Elementwise(_) => return None,
-        Op::MulMatSwiglu | Op::MulMatIdSwiglu | Op::MulMatIdWeightedSum => Family::Matmul,
+        Op::MulMatSwiglu => Family::Gemv,
+        Op::MulMatIdSwiglu | Op::MulMatIdWeightedSum => Family::Moe,
         Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => return None,
     })
 }
@@ -65,7 +69,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
         Some(Family::Reduce) => reduce::supports(op, inputs),
         Some(Family::Rope) => rope::supports(op, inputs),
         Some(Family::Quant) => quant::supports(op, inputs),
-        Some(Family::Matmul | Family::Mmq) => matmul::supports(op, inputs),
+        Some(Family::Pack | Family::Gemv | Family::GemvOne | Family::Moe | Family::Mmq) => matmul::supports(op, inputs),
         Some(Family::Attention) => attention::supports(op, inputs),
         Some(Family::Conv) => conv::supports(op, inputs),
         Some(Family::DeltaNet) => delta_net::supports(op, inputs),
@@ -79,7 +83,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
 /// time, so the step gets the largest of them).
 pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     match family(task.op) {
-        Some(Family::Matmul) => matmul::scratch_bytes(task),
+        Some(Family::Gemv | Family::Moe) => matmul::scratch_bytes(task),
         Some(Family::Attention) => attention::scratch_bytes(task),
         Some(Family::DeltaNet) => delta_net::scratch_bytes(task),
         Some(Family::Reduce) => reduce::scratch_bytes(task),
@@ -99,7 +103,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         Some(Family::Reduce) => reduce::run(cx, task, ins, out),
         Some(Family::Rope) => rope::run(cx, task, ins, out),
         Some(Family::Quant) => quant::run(cx, task, ins, out),
-        Some(Family::Matmul | Family::Mmq) => matmul::run(cx, task, ins, out),
+        Some(Family::Pack | Family::Gemv | Family::GemvOne | Family::Moe | Family::Mmq) => {
+            matmul::run(cx, task, ins, out)
+        }
         Some(Family::Attention) => attention::run(cx, task, ins, out),
         Some(Family::Conv) => conv::run(cx, task, ins, out),
         Some(Family::DeltaNet) => delta_net::run(cx, task, ins, out),

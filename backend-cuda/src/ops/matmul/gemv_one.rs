@@ -1,0 +1,284 @@
+//! mul_mat of one token against one weight matrix (`kernels/gemv_one.cu`), a decode step's
+//! projections: the product is one pass over the weights, so these kernels hold the activations
+//! in registers and keep the weight stream near the copy bandwidth. q8_0 / nvfp4 take the ring
+//! GEMV `gemv_ring_*` (`gemv_ring_plan` sizes its shared-memory stages and thread groups for the
+//! device), f16 / bf16 the word GEMVs `gemv_f16w` / `gemv_bf16w[_long]`.
+
+use tessera_graph::BackendError;
+use tessera_ops::DType;
+
+use super::pack::{pack_b, packed_len};
+use super::rows_vectorizable;
+use crate::compile::{Kernel, Module};
+use crate::launch::{Cx, TensorArg, config};
+
+/// `gemv_ring_*` entry points: `[q8_0, nvfp4][3 stages, 4]`, and nvfp4's with a producer warp.
+const GEMV_RING: [[Kernel; 2]; 2] = [
+    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_s4")],
+    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s4")],
+];
+const GEMV_RING_NVFP4_PRODUCER: Kernel = Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_producer_s4");
+const GEMV_F16W: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w");
+const GEMV_BF16W: Kernel = Kernel::new(Module::GemvOne, "gemv_bf16w");
+const GEMV_F16W_LONG: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w_long");
+const GEMV_BF16W_LONG: Kernel = Kernel::new(Module::GemvOne, "gemv_bf16w_long");
+
+/// 16-byte words of a weight row per `gemv_f16w` / `gemv_bf16w` thread (gemv_one.cu).
+const GH_WORDS: u64 = 2;
+
+/// Words per thread and most threads of `gemv_f16w_long` / `gemv_bf16w_long`: 5 and
+/// `GH_LONG_THREADS` in gemv_one.cu.
+const GH_LONG_WORDS: u64 = 5;
+const GH_LONG_THREADS: u64 = 448;
+
+/// Most threads of a `gemv_f16w` / `gemv_bf16w` block: `GW_MAX_THREADS` in gemv_one.cu.
+const GW_MAX_THREADS: u64 = 512;
+
+/// Weight rows a `gemv_f16w` block takes per step: `GW_R` in gemv_one.cu.
+const GW_R: u64 = 4;
+
+/// `gemv_ring_*` (gemv_one.cu): most threads a block (`GR_MAX_THREADS`, nvfp4's
+/// `GR_MAX_THREADS_NVFP4`), staged f32 activation bytes per 64-value unit (`GR_XSTRIDE`).
+/// TAG(gemv-ring-consts)
+const GR_MAX_THREADS: usize = 576;
+const GR_MAX_THREADS_NVFP4: usize = 640;
+const GR_XSTRIDE: usize = 272;
+
+/// Bytes of weight rows a `gemv_ring_*` stage aims at: nvfp4 gets two rows a thread a stage
+/// (smaller stages were markedly slower for it; larger ones lost the gain of fewer stages in flight
+/// on an H100, their first stage arriving later: docs/perf-log/kernels-matmul.md).
+const GR_STAGE_BYTES: usize = 48 << 10;
+
+/// Peak DRAM bandwidth (bytes/s) from which `gemv_ring_*` keeps 3 stages in flight instead of 2:
+/// on an H100 (3.35 TB/s) 2 in flight beat 3 and 4, on an H200 (4.8 TB/s) 3 beat or tied 2
+/// (docs/perf-log/kernels-matmul.md).
+const GR_DEEP_BANDWIDTH: u64 = 4_000_000_000_000;
+
+/// Static shared memory of `gemv_ring_*` (its stage barriers), kept out of the dynamic budget.
+const GR_STATIC_SHARED: usize = 64;
+
+/// Shared-memory stages of the `gemv_ring_*` ring on a device of peak DRAM bandwidth `bandwidth`.
+pub(super) fn gemv_ring_stages(bandwidth: u64) -> usize {
+    if bandwidth >= GR_DEEP_BANDWIDTH { 4 } else { 3 }
+}
+
+/// How `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` run one product: ring stages
+/// (`gemv_ring_stages`), threads a block, thread groups (each takes every row of a stage once),
+/// rows a stage, whether a warp of its own copies and adds up (`producer`), dynamic shared memory
+/// bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RingPlan {
+    stages: usize,
+    threads: u32,
+    groups: i32,
+    rows_stage: i32,
+    producer: bool,
+    shared: u32,
+}
+
+/// The `gemv_ring_*` plan when one takes the product: one token against one q8_0 / nvfp4 matrix
+/// of contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256 == 0 (rows of
+/// whole 16-byte pieces), at most `GR_MAX_THREADS` (nvfp4: `GR_MAX_THREADS_NVFP4`) 64-value units
+/// a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer groups, until
+/// they do). Groups: as many as those threads hold; rows a stage: about `GR_STAGE_BYTES`, a
+/// multiple of groups. With bulk copies (`bulk`, sm_90+) and 3 stages in flight (`stages` 4, the
+/// H200) nvfp4 takes a producer warp where the threads have a warp to spare beside the groups:
+/// long rows. Taking a group for it, giving one to q8_0, or one with 2 stages in flight (the H100)
+/// were slower (docs/perf-log/kernels-matmul.md).
+pub(super) fn gemv_ring_plan(
+    a: &TensorArg,
+    d: DType,
+    b: &TensorArg,
+    max_shared: usize,
+    stages: usize,
+    bulk: bool,
+) -> Option<RingPlan> {
+    let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
+    let (unit_bytes, max_threads) = match d {
+        DType::Q8_0 => (2 * d.block_bytes(), GR_MAX_THREADS),
+        DType::NvFp4 => (d.block_bytes(), GR_MAX_THREADS_NVFP4),
+        _ => return None,
+    };
+    let k = usize::try_from(a.ne[0]).ok()?;
+    let nu = k / 64;
+    let row_bytes = nu * unit_bytes;
+    let contiguous = a.nb[1] == row_bytes as i64 && a.data.is_multiple_of(16);
+    if !single || !contiguous || k % 256 != 0 || nu == 0 || nu > max_threads {
+        return None;
+    }
+    let producer =
+        bulk && stages == 4 && d == DType::NvFp4 && (max_threads / nu * nu).next_multiple_of(32) + 32 <= max_threads;
+    for groups in (1..=max_threads / nu).rev() {
+        for per_group in (1..=(GR_STAGE_BYTES / (groups * row_bytes)).max(1)).rev() {
+            let rows_stage = groups * per_group;
+            let stage = rows_stage * row_bytes;
+            let partials = if producer { stages + 1 } else { 2 } * (rows_stage | 1) * nu * 4;
+            let shared = (stages - 1) * stage + (stage + partials).max(nu * GR_XSTRIDE);
+            if shared + GR_STATIC_SHARED <= max_shared {
+                return Some(RingPlan {
+                    stages,
+                    threads: ((groups * nu).next_multiple_of(32) + if producer { 32 } else { 0 }) as u32,
+                    groups: groups as i32,
+                    rows_stage: rows_stage as i32,
+                    producer,
+                    shared: u32::try_from(shared).ok()?,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The ring GEMV `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (activations quantized in the kernel;
+/// no scratch), one block per multiprocessor (as many as fit), each over an even share of the
+/// rows.
+pub(super) fn gemv_ring(
+    cx: &mut Cx<'_>,
+    a: TensorArg,
+    d: DType,
+    b: TensorArg,
+    out: TensorArg,
+    plan: RingPlan,
+) -> Result<(), BackendError> {
+    let kernel = if plan.producer {
+        GEMV_RING_NVFP4_PRODUCER
+    } else {
+        GEMV_RING[usize::from(d == DType::NvFp4)][plan.stages - 3]
+    };
+    cx.allow_shared(kernel, plan.shared)?;
+    let resident = cx.resident_blocks(kernel, plan.threads, plan.shared)?;
+    let grid = ((a.ne[1] as u64).min(resident).clamp(1, i32::MAX as u64) as u32, 1, 1);
+    let mut args = cx.kernel(kernel)?;
+    args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
+    // SAFETY: `gemv_ring_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
+    // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
+    // threads <= GR_MAX_THREADS or GR_MAX_THREADS_NVFP4, the entry point's launch bound, with a
+    // whole warp beyond the groups' threads for the producer entry points (taken on sm_90+ only)
+    // (`gemv_ring_plan`); block i copies (and on sm_90+ prefetches into L2) whole 16-byte pieces
+    // of its rows [i M / grid, (i + 1) M / grid) only; `shared` holds plan.stages stages of rows_stage
+    // rows plus 2 (producer: stages + 1) x (rows_stage | 1) x k / 64 f32 partials, or the staged
+    // activations (k / 64 * GR_XSTRIDE bytes) if larger, and is within the device limit (raised
+    // above); b is one f32 row of k values read through its strides; out is [M, 1, 1, 1] f32,
+    // written at rows < M.
+    unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }?;
+    Ok(())
+}
+
+/// The word GEMV kernel and its threads, when one takes the product: one token, one f16 / bf16
+/// weight matrix whose rows are 16-byte aligned whole words. `gemv_f16w` / `gemv_bf16w`:
+/// `GH_WORDS` words a thread, at most `GW_MAX_THREADS` threads; longer rows `gemv_f16w_long` /
+/// `gemv_bf16w_long` (`GH_LONG_WORDS` words, at most `GH_LONG_THREADS` threads). Threads are
+/// rounded up to whole warps.
+pub(super) fn word_gemv(a: &TensorArg, d: DType, b: &TensorArg) -> Option<(Kernel, u32)> {
+    let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
+    if !single || !rows_vectorizable(a, d) {
+        return None;
+    }
+    let words = d.row_bytes(a.ne[0] as usize)? as u64 / 16;
+    let (kernel, threads) = match d {
+        DType::F16 | DType::BF16 if words.div_ceil(GH_WORDS) <= GW_MAX_THREADS => {
+            (if d == DType::F16 { GEMV_F16W } else { GEMV_BF16W }, words.div_ceil(GH_WORDS))
+        }
+        DType::F16 | DType::BF16 if words.div_ceil(GH_LONG_WORDS).next_multiple_of(32) <= GH_LONG_THREADS => {
+            (if d == DType::F16 { GEMV_F16W_LONG } else { GEMV_BF16W_LONG }, words.div_ceil(GH_LONG_WORDS))
+        }
+        _ => return None,
+    };
+    Some((kernel, threads.next_multiple_of(32) as u32))
+}
+
+/// The decode GEMV over whole words: `gemv_f16w` / `gemv_bf16w[_long]` after `pack_b`, on a grid
+/// of the blocks that fit the GPU at once.
+pub(super) fn gemv_words(
+    cx: &mut Cx<'_>,
+    a: TensorArg,
+    b: TensorArg,
+    out: TensorArg,
+    (kernel, threads): (Kernel, u32),
+) -> Result<(), BackendError> {
+    let x = cx.scratch;
+    pack_b(cx, b, x, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
+    let resident = cx.resident_blocks(kernel, threads, 0)?;
+    let grid = ((a.ne[1] as u64).div_ceil(GW_R).min(resident).max(1) as u32, 1, 1);
+    let mut args = cx.kernel(kernel)?;
+    args.arg(&a).arg(&x).arg(&out);
+    // SAFETY: `gemv_f16w` / `gemv_bf16w[_long](a, x, out)`: a is one [k, M] f16 / bf16 matrix of
+    // 16-byte aligned rows of whole words, row_bytes / 16 <= words a thread * threads, threads <=
+    // the kernel's launch bound (`word_gemv`); x holds one `pack_b` f32 row of k values in scratch
+    // (scratch_bytes). Row reads are clamped to row M - 1; out is [M, 1, 1, 1] f32.
+    unsafe { args.launch(config(grid, (threads, 1, 1), 0)) }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn its_kernels_are_entry_points_of_gemv_one_cu() {
+        let words = [GEMV_F16W, GEMV_BF16W, GEMV_F16W_LONG, GEMV_BF16W_LONG, GEMV_RING_NVFP4_PRODUCER];
+        for &k in GEMV_RING.iter().flatten().chain(&words) {
+            assert!(super::super::defined_in_its_module(k), "{k:?}");
+        }
+    }
+
+    /// One contiguous [k, m] matrix of `d` at a 16-byte aligned address.
+    fn weights(d: DType, k: usize, m: usize) -> TensorArg {
+        let row = (k / d.block_size() * d.block_bytes()) as i64;
+        TensorArg { data: 1 << 20, ne: [k as i64, m as i64, 1, 1], nb: [1, row, row * m as i64, row * m as i64] }
+    }
+
+    /// One f32 activation row of k values.
+    fn activations(k: usize) -> TensorArg {
+        TensorArg { data: 1 << 30, ne: [k as i64, 1, 1, 1], nb: [4, 4 * k as i64, 4 * k as i64, 4 * k as i64] }
+    }
+
+    #[test]
+    fn gemv_ring_keeps_two_stages_in_flight_below_4_tb_s() {
+        // the peaks an H100 SXM and an H200 report (memory clock x bus width), and none
+        assert_eq!(gemv_ring_stages(3_352_320_000_000), 3);
+        assert_eq!(gemv_ring_stages(4_812_800_000_000), 4);
+        assert_eq!(gemv_ring_stages(0), 3);
+    }
+
+    #[test]
+    fn gemv_ring_plans_of_the_model_shapes_fit_and_give_nvfp4_two_rows_a_stage() {
+        // (ring stages, opt-in shared memory, bulk copies): Hopper with either ring, Ampere (A100)
+        // with 3
+        for (stages, max_shared, bulk) in [(3, 232_448, true), (4, 232_448, true), (3, 166_912, false)] {
+            for d in [DType::Q8_0, DType::NvFp4] {
+                for (k, m) in [(5120, 17408), (17408, 5120), (2048, 6144)] {
+                    let plan = gemv_ring_plan(&weights(d, k, m), d, &activations(k), max_shared, stages, bulk)
+                        .unwrap_or_else(|| panic!("no plan for {d:?} k={k} stages={stages}"));
+                    let (groups, rows_stage) = (plan.groups as usize, plan.rows_stage as usize);
+                    assert_eq!(plan.stages, stages);
+                    assert!(plan.shared as usize + GR_STATIC_SHARED <= max_shared, "{plan:?}");
+                    let max = if d == DType::NvFp4 { GR_MAX_THREADS_NVFP4 } else { GR_MAX_THREADS };
+                    let producer_warp = if plan.producer { 32 } else { 0 };
+                    assert!(groups * k / 64 + producer_warp <= plan.threads as usize && plan.threads as usize <= max);
+                    assert_eq!(plan.threads % 32, 0);
+                    // a producer warp only for nvfp4 with bulk copies and the ring of 4, and only
+                    // where it costs no group: the long rows of 272 units (2 groups, 544 + 32
+                    // threads)
+                    let producer = bulk && stages == 4 && d == DType::NvFp4 && k == 17408;
+                    assert_eq!(plan.producer, producer, "{d:?} k={k} stages={stages}: {plan:?}");
+                    assert_eq!(rows_stage % groups, 0, "{plan:?}");
+                    if d == DType::NvFp4 && max_shared > 200_000 {
+                        assert_eq!(rows_stage, 2 * groups, "{d:?} k={k}: {plan:?}");
+                    }
+                    if k == 5120 {
+                        // nvfp4's 640 threads hold 8 groups of 80 units, q8_0's 576 hold 7
+                        assert_eq!(groups, if d == DType::NvFp4 { 8 } else { 7 }, "{d:?}: {plan:?}");
+                    }
+                }
+            }
+        }
+        // not one token, or rows that are not contiguous: no plan
+        let mut two = activations(5120);
+        two.ne[1] = 2;
+        assert!(gemv_ring_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &two, 232_448, 3, true).is_none());
+        let mut strided = weights(DType::Q8_0, 5120, 64);
+        strided.nb[1] += 16;
+        assert!(gemv_ring_plan(&strided, DType::Q8_0, &activations(5120), 232_448, 3, true).is_none());
+    }
+}

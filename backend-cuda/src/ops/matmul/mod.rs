@@ -1,0 +1,241 @@
+//! mul_mat and mul_mat_id (and their fused forms) on CUDA: the choice among the paths and the
+//! launch wrappers of the matmul kernel modules, one file per module as in `kernels/`:
+//! - `pack.rs` (`pack.cu`): activations packed to f32 / f16 / bf16 rows, quantized weights
+//!   dequantized to bf16, in scratch;
+//! - `gemv.rs` (`gemv.cu`): 1-8 tokens a pass, the warp GEMV (any weights) and the fast GEMV;
+//! - `gemv_one.rs` (`gemv_one.cu`): one token against one matrix, the ring and word GEMVs;
+//! - `moe.rs` (`moe.cu`): mul_mat_id's paths, its own kernels and `mmq.rs`'s tensor-core ones;
+//! - `blas.rs`: the GEMM through cuBLAS.
+//!
+//! `kernels/matmul.cuh` holds the device code that `pack.cu`, `gemv.cu` and `moe.cu` share.
+//!
+//! Paths (f32 accumulation throughout):
+//! - **GEMV** (`n <= GEMV_MAX_N`, and the general path for anything cuBLAS cannot take): the
+//!   activations are packed into f32 scratch rows, then one warp per weight row reads the row
+//!   once for up to 8 tokens (`gemv_warp_{1,2,4,8}`), any weight dtype and outer strides.
+//!   Aligned q8_0 / nvfp4 weights (and few long f16 / bf16 rows) take `gemv_fast_{1,2,4,8}`
+//!   instead: one block per 1, 2 or 4 weight rows (`gemv_fast_rows`: with several tokens each
+//!   activation load serves several rows) reading 16-value units straight from global memory;
+//!   quantized weights against activations quantized once per call to int16 (two int8 halves,
+//!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
+//!   0) takes the ring GEMV `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (`gemv_ring_plan`): rows
+//!   streamed through a ring of shared-memory stages (bulk copies on sm_90+), a thread per
+//!   64-value unit of the row with its activations quantized in the kernel and kept in
+//!   registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
+//!   takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a
+//!   thread. Both come closer to the copy bandwidth at one token than the GEMVs before them
+//!   (docs/perf-log/kernels-matmul.md).
+//! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes, else cuBLAS (`blas.rs`). f32
+//!   weights go through `gemm_ex` in place; f16 / bf16 weights through `gemm_ex` in place with the
+//!   activations converted to the weights' type; q8_0 / nvfp4 weights are dequantized in row
+//!   chunks to bf16 (nvfp4 values are exact in bf16; q8_0 values are split into hi + lo bf16
+//!   parts) and multiplied by hi + lo bf16 activations, so the result keeps f32-level accuracy
+//!   (the quantized cases take the f32 bound).
+//! - **mul_mat_id** (`moe.rs`): up to `MOE_DECODE_TOKENS` tokens, `moe_decode` runs a warp per
+//!   weight row over the routed (slot, token) pairs only, with `gemv_fast`'s units (for q8_0 /
+//!   nvfp4 experts only where it beats `moe_mma_*`: long rows, a few tokens, `moe_decode_wins`).
+//!   Beyond, `mmq::moe_prep` groups the (slot, token) pairs by expert on the device (no host
+//!   sync). q8_0 / nvfp4 experts that `mmq::moe_fits` then take `moe_mma_*` (mmq.cu): each routed
+//!   expert's rows are read once and multiplied by all its pairs on tensor cores; when experts
+//!   average more than `MOE_TILED_AVG` pairs, those with more than `MOE_MMA_MAX` go to the tiled
+//!   `mmq_*_id` instead. Other experts: `moe_gemv` runs the rows of experts with few pairs over
+//!   them 8 at a time (the last few through a dot just wide enough), and `mmq_*_id` or `moe_gemm`
+//!   (shared-memory tiles) the experts with many. `TESSERA_MOE_PATH=decode|mma|grouped` (read
+//!   once a process) forces one of these where it can take the shapes, to measure them against
+//!   each other.
+
+mod blas;
+mod gemv;
+mod gemv_one;
+mod moe;
+mod pack;
+
+use tessera_graph::{BackendError, Task};
+use tessera_ops::{DType, Op, TensorMeta};
+
+use self::blas::{blas_fits, blas_scratch, mul_mat_blas};
+use self::gemv::{fast_gemv_fits, fast_rows, gemv_fast, gemv_fast_glu, gemv_warp, glu_gemv_fits, quant_x_bytes};
+use self::gemv_one::{gemv_ring, gemv_ring_plan, gemv_ring_stages, gemv_words, word_gemv};
+use self::moe::{
+    moe_decode, moe_decode_sum, moe_decode_taken, moe_mma_fits, moe_scratch, mul_mat_id, weighted_decode_taken,
+    weighted_slot_sum,
+};
+use self::pack::packed_f32_bytes;
+use super::mmq;
+use crate::errors::op_code;
+use crate::launch::{Cx, TensorArg, unsupported};
+
+/// Threads a block of the grid-stride kernels (`pack_b`, `quant_x`, `dequant_rows`) and of
+/// `moe_gemm`.
+const THREADS: u32 = 256;
+
+/// Warps (weight rows) per block of the warp GEMVs (`gemv_warp_N`, `moe_gemv`): TAG(mm-warps),
+/// `MM_WARPS` in matmul.cuh.
+const MM_WARPS: u32 = 4;
+
+/// Threads per block of the fast GEMVs (`gemv_fast_N`: one weight row or a few; `moe_decode*`:
+/// a warp a row): `GF_THREADS` in matmul.cuh.
+const GF_THREADS: u32 = 128;
+
+/// Most tokens a GEMV pass serves per weight read; above this cuBLAS takes the product.
+const GEMV_MAX_N: i64 = 8;
+
+/// Alignment of every scratch region.
+const ALIGN: usize = 256;
+
+/// Weights f32 / f16 / bf16 / q8_0 / nvfp4 and f32 activations, as the shape rules allow.
+pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
+    // the gate-and-up ops take their activations after the up weights
+    let x = if matches!(op, Op::MulMatSwiglu | Op::MulMatIdSwiglu) { 2 } else { 1 };
+    inputs.get(x).is_some_and(|b| b.dtype == DType::F32)
+        && inputs
+            .first()
+            .is_some_and(|a| matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::NvFp4))
+}
+
+fn align(bytes: usize) -> usize {
+    bytes.next_multiple_of(ALIGN)
+}
+
+pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
+    let m = |i: usize| task.inputs.get(i).map(|t| t.meta);
+    match (task.op, m(0), m(1), m(2), m(3)) {
+        (Op::MulMat, Some(a), Some(b), _, _) => mul_mat_scratch(&a, &b),
+        (Op::MulMatId, Some(w), Some(b), Some(ids), _) => moe_scratch(&w, &b, &ids),
+        (Op::MulMatSwiglu | Op::MulMatIdSwiglu, ..) => {
+            glu_up_at(task).map_or(0, |at| at + task.output.meta.nbytes_contiguous())
+        }
+        (Op::MulMatIdWeightedSum, Some(w), Some(b), Some(ids), _) => {
+            align(moe_scratch(&w, &b, &ids)) + 4 * w.ne[1] * ids.nelements()
+        }
+        _ => 0,
+    }
+}
+
+fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
+    let (xq, xs) = quant_x_bytes(b.nelements());
+    let gemv = packed_f32_bytes(b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
+    if (b.ne[1] as i64) > GEMV_MAX_N { gemv.max(blas_scratch(a, b)).max(mmq::mul_mat_scratch_bytes(b)) } else { gemv }
+}
+
+/// Where a gate-and-up op that runs as its two products and swiglu keeps the up product in
+/// scratch: after what one product needs.
+fn glu_up_at(task: &Task<'_>) -> Option<usize> {
+    let m = |i: usize| task.inputs.get(i).map(|t| t.meta);
+    match (task.op, m(0), m(2), m(3)) {
+        (Op::MulMatSwiglu, Some(a), Some(b), _) => Some(align(mul_mat_scratch(&a, &b))),
+        (Op::MulMatIdSwiglu, Some(w), Some(b), Some(ids)) => Some(align(moe_scratch(&w, &b, &ids))),
+        _ => None,
+    }
+}
+
+pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
+    let dtype = task.inputs.first().map(|t| t.meta.dtype);
+    match (task.op, ins, dtype) {
+        (Op::MulMat, [a, b], Some(d)) => mul_mat(cx, *a, d, *b, out),
+        (Op::MulMatId, [w, b, ids], Some(d)) => mul_mat_id(cx, *w, d, *b, *ids, out, op_code("mul_mat_id")),
+        (Op::MulMatSwiglu, [wg, wu, b], Some(d)) => {
+            if glu_gemv_fits(wg, wu, d, b) {
+                return gemv_fast_glu(cx, *wg, *wu, d, *b, out);
+            }
+            let up = glu_up(cx, task, out)?;
+            mul_mat(cx, *wg, d, *b, out)?;
+            mul_mat(cx, *wu, d, *b, up)?;
+            super::elementwise::swiglu_f32(cx, out, up, out)
+        }
+        (Op::MulMatIdSwiglu, [wg, wu, b, ids], Some(d)) => {
+            if moe_decode_taken(wg, d, ids, moe_mma_fits(cx, wg, d, ids)) && fast_rows(wu, d) && wg.nb == wu.nb {
+                return moe_decode(cx, *wg, Some(*wu), d, *b, *ids, out, op_code("mul_mat_id_swiglu"));
+            }
+            let up = glu_up(cx, task, out)?;
+            let op = op_code("mul_mat_id_swiglu");
+            mul_mat_id(cx, *wg, d, *b, *ids, out, op)?;
+            mul_mat_id(cx, *wu, d, *b, *ids, up, op)?;
+            super::elementwise::swiglu_f32(cx, out, up, out)
+        }
+        (Op::MulMatIdWeightedSum, [w, b, ids, rw], Some(d)) => {
+            let op = op_code("mul_mat_id_weighted_sum");
+            if weighted_decode_taken(w, d, ids) {
+                return moe_decode_sum(cx, *w, d, *b, *ids, *rw, out, op);
+            }
+            // mul_mat_id into scratch after what it needs, then the weighted sum over the slots
+            let at = align(moe_scratch(&task.inputs[0].meta, &task.inputs[1].meta, &task.inputs[2].meta));
+            let ne = [w.ne[1], ids.ne[0], ids.ne[1], 1];
+            let nb = [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]];
+            let y = TensorArg { data: cx.scratch + at as u64, ne, nb };
+            mul_mat_id(cx, *w, d, *b, *ids, y, op)?;
+            weighted_slot_sum(cx, y, *rw, out)
+        }
+        _ => Err(unsupported(task, "not a matmul op with its inputs")),
+    }
+}
+
+/// Whether weight rows may be read in 16-byte pieces: every row start 16-byte aligned and the
+/// row length a multiple of 16 bytes.
+fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
+    let row_bytes = d.row_bytes(a.ne[0] as usize).unwrap_or(1);
+    let strides_ok = (1..4).all(|i| a.ne[i] <= 1 || a.nb[i] % 16 == 0);
+    a.data.is_multiple_of(16) && row_bytes.is_multiple_of(16) && strides_ok
+}
+
+fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    let n = b.ne[1];
+    let x = cx.scratch;
+    if n > GEMV_MAX_N
+        && mmq::weights_fit(&a, d)
+        && let Some(done) = mmq::mul_mat(cx, a, d, b, out, x)
+    {
+        return done;
+    }
+    if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
+        return mul_mat_blas(cx, a, d, b, out);
+    }
+    let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
+    let bulk = cx.info.compute_capability.0 >= 9;
+    if let Some(plan) = gemv_ring_plan(&a, d, &b, cx.info.max_shared_per_block, stages, bulk) {
+        return gemv_ring(cx, a, d, b, out, plan);
+    }
+    if let Some(kernel) = word_gemv(&a, d, &b) {
+        return gemv_words(cx, a, b, out, kernel);
+    }
+    if fast_gemv_fits(&a, d) {
+        return gemv_fast(cx, a, d, b, out);
+    }
+    gemv_warp(cx, a, d, b, out)
+}
+
+/// The up product's place in scratch for a gate-and-up op run as two products and swiglu:
+/// contiguous f32 of the output's shape after what one product needs (`glu_up_at`).
+fn glu_up(cx: &Cx<'_>, task: &Task<'_>, out: TensorArg) -> Result<TensorArg, BackendError> {
+    let at = glu_up_at(task).ok_or_else(|| unsupported(task, "not a gate-and-up op with its inputs"))?;
+    let ne = out.ne;
+    let nb = [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]];
+    Ok(TensorArg { data: cx.scratch + at as u64, ne, nb })
+}
+
+/// Whether `kernel` is an entry point of its module's source, defined there directly or through
+/// an `..._ENTRY(name, ...)` macro (for the tests: a kernel that names the wrong module fails only
+/// when it is launched, on a GPU).
+#[cfg(test)]
+fn defined_in_its_module(kernel: crate::compile::Kernel) -> bool {
+    let (direct, by_macro) = (format!(" {}(", kernel.name), format!("_ENTRY({},", kernel.name));
+    kernel.module.source_from(None).lines().any(|line| {
+        let line = line.trim_start();
+        (line.starts_with("extern \"C\" __global__") && line.contains(&direct)) || line.contains(&by_macro)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::compile::{Kernel, Module};
+
+    #[test]
+    fn the_entry_point_check_finds_a_kernel_in_the_wrong_module() {
+        assert!(super::defined_in_its_module(Kernel::new(Module::Pack, "pack_b")));
+        assert!(super::defined_in_its_module(Kernel::new(Module::Gemv, "gemv_fast_8_r4")));
+        assert!(!super::defined_in_its_module(Kernel::new(Module::Gemv, "pack_b")));
+        // device functions, named in calls and comments: not entry points
+        assert!(!super::defined_in_its_module(Kernel::new(Module::Gemv, "warp_dot")));
+        assert!(!super::defined_in_its_module(Kernel::new(Module::Moe, "moe_gemv_pairs")));
+    }
+}
