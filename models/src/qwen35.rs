@@ -74,11 +74,12 @@ pub struct ModelOptions {
     /// one matmul a group instead of one a weight (default on; `TESSERA_MERGE_PROJECTIONS=0`
     /// turns it off, to compare).
     pub merge_projections: bool,
-    /// Route the shared expert of a MoE block as one more slot of the routed experts
-    /// ([`route_shared_experts`]): its weights stacked onto the routed experts' at load, its gate
-    /// logit a row of the router's (default on; `TESSERA_ROUTE_SHARED_EXPERT=0` turns it off, to
-    /// compare).
-    pub route_shared_expert: bool,
+    /// Steps of at most this many tokens run a MoE block's shared expert as one more slot of the
+    /// routed experts ([`route_shared_experts`]: its weights stacked onto theirs at load, its gate
+    /// logit a row of the router's); longer steps run it on its own, where the dense matmul beats
+    /// one more expert in the grouped one. 0: never, and nothing is stacked (default 64;
+    /// `TESSERA_ROUTE_SHARED_EXPERT=N` sets it, to compare).
+    pub route_shared_expert: usize,
 }
 
 impl Default for ModelOptions {
@@ -93,10 +94,18 @@ impl Default for ModelOptions {
             kv_pad: 1,
             step_graphs: 64,
             merge_projections: std::env::var("TESSERA_MERGE_PROJECTIONS").map_or(true, |v| v != "0"),
-            route_shared_expert: std::env::var("TESSERA_ROUTE_SHARED_EXPERT").map_or(true, |v| v != "0"),
+            route_shared_expert: std::env::var("TESSERA_ROUTE_SHARED_EXPERT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(SHARED_EXPERT_ROUTED_TOKENS),
         }
     }
 }
+
+/// Default of [`ModelOptions::route_shared_expert`]: decode and short steps (the routed shared
+/// expert won 3-14% at 1-32 sequences and lost 13% at a 512-token prefill on an H100;
+/// docs/perf-log/fusion.md).
+pub const SHARED_EXPERT_ROUTED_TOKENS: usize = 64;
 
 /// Which logits [`Model::step`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +135,8 @@ pub struct Model {
     layers: Vec<LayerCache>,
     /// [`ModelOptions::kv_pad`].
     kv_pad: usize,
+    /// [`ModelOptions::route_shared_expert`].
+    route_shared_expert: usize,
     /// Planned step graphs by shape, replayed when a step of the same shape comes again.
     steps: StepCache,
     /// Where the last [`Model::step`]'s time went.
@@ -524,7 +535,7 @@ impl Model {
             if opts.merge_projections {
                 merge_projections(&config, &mut weights, backend)?;
             }
-            if opts.route_shared_expert {
+            if opts.route_shared_expert > 0 {
                 route_shared_experts(&config, &mut weights, backend)?;
             }
             Ok::<(), WeightsError>(())
@@ -575,6 +586,7 @@ impl Model {
             recurrent,
             layers: Vec::new(),
             kv_pad: opts.kv_pad.max(1),
+            route_shared_expert: opts.route_shared_expert,
             steps,
             last_times: StepTimes::default(),
             passes: tessera_graph::passes::standard(),
@@ -1156,7 +1168,8 @@ impl Model {
             }
             Ffn::Moe { n_expert_used, .. } => {
                 let stacked = stacked_experts(il);
-                if stacked.iter().all(|m| b.w.contains(m)) && b.w.contains(SHARED_EXPERT_ID) {
+                let short = x.ne()[1] <= self.route_shared_expert;
+                if short && stacked.iter().all(|m| b.w.contains(m)) && b.w.contains(SHARED_EXPERT_ID) {
                     return self.moe_shared_routed(b, il, x, &stacked);
                 }
                 let e = self.config.n_embd;

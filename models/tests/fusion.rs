@@ -23,7 +23,7 @@ fn opts() -> ModelOptions {
         max_context: 64,
         kv_dtype: DType::F32,
         merge_projections: true,
-        route_shared_expert: true,
+        route_shared_expert: 64,
         ..ModelOptions::default()
     }
 }

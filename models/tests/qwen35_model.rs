@@ -25,7 +25,7 @@ fn opts() -> ModelOptions {
         max_context: 64,
         kv_dtype: DType::F32,
         merge_projections: true,
-        route_shared_expert: true,
+        route_shared_expert: 64,
         ..ModelOptions::default()
     }
 }
@@ -372,12 +372,18 @@ fn the_shared_expert_is_routed_as_one_more_slot_and_changes_no_logit_beyond_roun
     // summed with the routed experts' in another order)
     let toks = tokens(9, 5);
     let routed = m.step(&mut be, &[(0, &toks)], Logits::All).unwrap().remove(0);
-    let (mut own, mut be2) = load("tiny-moe", ModelOptions { route_shared_expert: false, ..opts() });
+    let (mut own, mut be2) = load("tiny-moe", ModelOptions { route_shared_expert: 0, ..opts() });
     assert!(!own.weights.contains("blk.0.ffn_gate_exps.merged"));
     let want = own.step(&mut be2, &[(0, &toks)], Logits::All).unwrap().remove(0);
     let num: f64 = routed.iter().zip(&want).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
     let den: f64 = want.iter().map(|&y| (y as f64).powi(2)).sum();
     assert!(num / den < 1e-10, "nmse {:e}", num / den);
+    // a step longer than the limit runs the shared expert on its own, over the stacked weights'
+    // windows: the unrouted logits bit for bit
+    let (mut long, mut be3) = load("tiny-moe", ModelOptions { route_shared_expert: 4, ..opts() });
+    assert!(long.weights.contains("blk.0.ffn_gate_exps.merged"));
+    assert_eq!(long.step(&mut be3, &[(0, &toks)], Logits::All).unwrap().remove(0), want);
     m.free(&mut be);
     own.free(&mut be2);
+    long.free(&mut be3);
 }
