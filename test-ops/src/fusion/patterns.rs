@@ -561,15 +561,7 @@ fn softmax_top_k() -> Vec<FusionCase> {
 
     // The ids with a shared expert's appended (the concat goes into the fused op), from a view of
     // stacked router logits.
-    for (e, n, k) in SHARED_ROUTERS {
-        out.push(plain(
-            STK,
-            format_args!("shared_slot,e={e},n={n},k={k}"),
-            shared_router_inputs(e, n),
-            1,
-            move |g, x| shared_router(g, x, k),
-        ));
-    }
+    out.extend(shared_slot_cases(STK));
     // The top k read besides the concat: the concat stays.
     out.push(plain(STK, "top_also_read", shared_router_inputs(8, 3), 1, move |g, x| {
         let p = g.softmax(x[0], 1.0, None)?;
@@ -669,6 +661,17 @@ fn shared_router_inputs(e: usize, n: usize) -> Vec<In> {
 /// The shapes [`shared_router`] is checked at: tiny-moe's, the 35B-A3B's, odd ones.
 const SHARED_ROUTERS: [(usize, usize, usize); 5] = [(8, 1, 2), (8, 6, 2), (256, 1, 8), (256, 7, 8), (33, 5, 5)];
 
+/// [`shared_router`] at [`SHARED_ROUTERS`], each one fusion of `pass`.
+fn shared_slot_cases(pass: &'static str) -> Vec<FusionCase> {
+    SHARED_ROUTERS
+        .into_iter()
+        .map(|(e, n, k)| {
+            let params = format_args!("shared_slot,e={e},n={n},k={k}");
+            plain(pass, params, shared_router_inputs(e, n), 1, move |g, x| shared_router(g, x, k))
+        })
+        .collect()
+}
+
 fn ids_input(e: usize, k: usize, n: usize, unique: bool) -> In {
     In::new("ids", I32, [k, n, 1, 1]).init(Init::Ids { rows: e, unique })
 }
@@ -705,15 +708,7 @@ fn moe_weights() -> Vec<FusionCase> {
     }));
 
     // A shared expert's gate appended (the sigmoid, reshape and concat go into the fused op).
-    for (e, n, k) in SHARED_ROUTERS {
-        out.push(plain(
-            MOE,
-            format_args!("shared_slot,e={e},n={n},k={k}"),
-            shared_router_inputs(e, n),
-            1,
-            move |g, x| shared_router(g, x, k),
-        ));
-    }
+    out.extend(shared_slot_cases(MOE));
     // The gate's sigmoid read again: it stays, and so does the concat (the weights still fuse).
     out.push(plain(MOE, "gate_sigmoid_read_again", vec![logits([9, 3, 1, 1])], 1, move |g, x| {
         let routed = g.view(x[0], [8, 3, 1, 1], [4, 36, 108, 108], 0)?;
