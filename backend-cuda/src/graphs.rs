@@ -36,6 +36,9 @@ pub struct GraphStats {
     pub eager: u64,
     /// Captures the driver refused (the step then ran eagerly).
     pub capture_failures: u64,
+    /// Kernels (and cuBLAS calls) the steps ran: each eager step its launches, each graph launch
+    /// the launches its graph was captured from. Divided by the steps, a step's launch count.
+    pub kernels: u64,
 }
 
 /// What identifies a step: see the module docs.
@@ -125,6 +128,7 @@ impl Graphs {
         let hash = self.by_id.get(&id)?;
         let e = self.entries.get(hash)?.iter().find(|e| e.id == id && e.epoch == epoch)?;
         self.stats.replays += 1;
+        self.stats.kernels += e.trace.len() as u64;
         // SAFETY: a live executable graph and our stream.
         Some(driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(e.exec, stream) }))
     }
@@ -144,6 +148,7 @@ impl Graphs {
         if let Some(i) = bucket.iter().position(|e| e.key.same(&key)) {
             self.stats.replays += 1;
             let e = &bucket[i];
+            self.stats.kernels += e.trace.len() as u64;
             // SAFETY: a live executable graph and our stream.
             driver("cuGraphLaunch", unsafe { sys::cuGraphLaunch(e.exec, stream) })?;
             return Ok(Some((e.id, e.epoch)));
@@ -171,8 +176,11 @@ impl Graphs {
         if ended != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
             self.stats.capture_failures += 1;
             self.stats.eager += 1;
-            return record().map(|_| None);
+            let trace = record()?;
+            self.stats.kernels += trace.len() as u64;
+            return Ok(None);
         }
+        self.stats.kernels += trace.len() as u64;
         struct Owned(sys::CUgraph);
         impl Drop for Owned {
             fn drop(&mut self) {

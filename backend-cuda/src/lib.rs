@@ -380,6 +380,7 @@ impl Backend for CudaBackend {
             ("graph_replays", s.graphs.replays),
             ("eager_steps", s.graphs.eager),
             ("capture_failures", s.graphs.capture_failures),
+            ("kernel_launches", s.graphs.kernels),
             ("pool_allocs", s.pool.allocs),
             ("pool_reuses", s.pool.reuses),
             ("pool_device_allocs", s.pool.device_allocs),
@@ -568,7 +569,9 @@ impl CudaBackend {
         };
         if !*use_graphs {
             graphs.stats.eager += 1;
-            return record().map(|_| None);
+            let trace = record()?;
+            graphs.stats.kernels += trace.len() as u64;
+            return Ok(None);
         }
         let mut key = StepKey { ops: Vec::with_capacity(resolved.len()), metas: Vec::new(), addrs: Vec::new() };
         for r in resolved {

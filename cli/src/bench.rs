@@ -156,6 +156,9 @@ fn load(
     fusion::apply(&mut model, &args.fusion)?;
     if args.fusion.report && !args.json {
         fusion::print(&fusion::summary(&model, backend.as_ref(), kv_pad)?);
+        if let Some(counts) = fusion::launches(&mut model, backend.as_mut())? {
+            fusion::print_launches(counts);
+        }
     }
     Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.ubatch }).map_err(|e| e.to_string())
 }

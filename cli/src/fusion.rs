@@ -41,6 +41,44 @@ pub fn summary(
     Ok((model.passes().iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect(), s))
 }
 
+/// Kernel launches of a one-sequence decode step (3-token prompt, then one token, greedy) with
+/// every pass off and with the passes as set, where the backend counts them (its
+/// `kernel_launches` counter, the CUDA backend); `None` elsewhere. The step graphs are built
+/// again for each, and the sequence used is removed afterwards.
+pub fn launches(model: &mut Model, backend: &mut dyn Backend) -> Result<Option<[u64; 2]>, String> {
+    let count = |b: &dyn Backend| b.counters().into_iter().find(|(k, _)| *k == "kernel_launches").map(|(_, v)| v);
+    if count(backend).is_none() {
+        return Ok(None);
+    }
+    let set = model.passes();
+    let mut out = [0; 2];
+    for (i, on) in [false, true].into_iter().enumerate() {
+        for &(name, was) in &set {
+            model.passes_mut().set_enabled(name, on && was).map_err(|e| e.to_string())?;
+        }
+        model.drop_step_graphs(&mut [&mut *backend]);
+        let err = |e: tessera_models::qwen35::ModelError| format!("fusion report: {e}");
+        model.add_sequence(PROBE).map_err(err)?;
+        let ran = model.step_greedy(backend, &[(PROBE, &[1, 2, 3])]).and_then(|_| {
+            let before = count(backend).unwrap_or(0);
+            model.step_greedy(backend, &[(PROBE, &[4])])?;
+            Ok(count(backend).unwrap_or(0) - before)
+        });
+        model.remove_sequence(PROBE).map_err(err)?;
+        out[i] = ran.map_err(err)?;
+    }
+    Ok(Some(out))
+}
+
+/// The sequence id [`launches`] runs its steps as (removed afterwards).
+const PROBE: u32 = 0;
+
+/// Prints the kernel launches of [`launches`].
+pub fn print_launches([off, on]: [u64; 2]) {
+    let change = 100.0 * (on as f64 / off.max(1) as f64 - 1.0);
+    outln!("decode step (1 sequence): {off} kernel launches without the passes, {on} with them ({change:+.1}%)");
+}
+
 /// Prints a [`summary`].
 pub fn print((on, s): &(Vec<&'static str>, FusionSummary)) {
     outln!("fusion passes on: {}", if on.is_empty() { "none".to_string() } else { on.join(", ") });

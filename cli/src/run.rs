@@ -99,6 +99,7 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     let mut model = Model::load(&gguf, backend.as_mut(), opts).map_err(|e| format!("{}: {e}", file.display()))?;
     fusion::apply(&mut model, &args.fusion)?;
     let fusion_summary = args.fusion.report.then(|| fusion::summary(&model, backend.as_ref(), kv_pad)).transpose()?;
+    let launches = if args.fusion.report { fusion::launches(&mut model, backend.as_mut())? } else { None };
     let mut engine = Engine::new(model, backend, EngineConfig { max_tokens_per_step: args.max_tokens_per_step })
         .map_err(|e| e.to_string())?;
     engine.record_logits(args.dump_logits.is_some());
@@ -111,6 +112,9 @@ pub fn run(file: &Path, args: &RunArgs) -> Result<(), String> {
     print_memory(&engine.memory());
     if let Some(s) = &fusion_summary {
         fusion::print(s);
+    }
+    if let Some(counts) = launches {
+        fusion::print_launches(counts);
     }
     let mut ids = Vec::with_capacity(prompts.len());
     for p in prompts {

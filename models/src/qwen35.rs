@@ -927,6 +927,15 @@ impl Model {
         &mut self.passes
     }
 
+    /// Frees the planned step graphs (not the arenas they share): the next step of each bucket is
+    /// built again, with the passes as they are now.
+    pub fn drop_step_graphs(&mut self, backends: &mut [&mut dyn Backend]) {
+        for (_, mut sg) in self.steps.graphs.drain() {
+            sg.exe.free(backends);
+            self.steps.stats.evicted += 1;
+        }
+    }
+
     /// The fusion passes' names, in order, with whether each is on.
     pub fn passes(&self) -> Vec<(&'static str, bool)> {
         self.passes.passes()

@@ -233,3 +233,32 @@ fn ops_the_gpu_refuses_run_on_the_cpu_with_the_same_results() {
     }
     assert_eq!(cpu.allocated(), 0, "the fallback's buffers were freed");
 }
+
+/// The backend's `kernel_launches` counter counts what a step runs, replayed or not: a decode step
+/// replayed from its CUDA graph counts what the eager step counts, and the fusion passes cut it.
+#[test]
+fn kernel_launches_count_a_step_replayed_or_eager_and_fall_with_the_passes() {
+    let f = file("tiny-moe", DType::F32);
+    let launches = |graphs: bool, passes: bool| -> Option<Vec<u64>> {
+        let mut cuda = gpu(graphs)?;
+        let mut m = Model::load(&f, &mut cuda, ModelOptions { kv_pad: 64, ..opts() }).unwrap();
+        m.passes_mut().set_all(passes);
+        let count = |b: &CudaBackend| b.counters().into_iter().find(|(k, _)| *k == "kernel_launches").unwrap().1;
+        m.step(&mut cuda, &[(0, &tokens(5, 2))], Logits::Last).unwrap();
+        let mut per_step = Vec::new();
+        for t in 0..3u32 {
+            let before = count(&cuda);
+            m.step(&mut cuda, &[(0, &[t + 1])], Logits::Last).unwrap();
+            per_step.push(count(&cuda) - before);
+        }
+        m.free(&mut cuda);
+        Some(per_step)
+    };
+    let Some(replayed) = launches(true, true) else { return };
+    let eager = launches(false, true).unwrap();
+    let unfused = launches(false, false).unwrap();
+    eprintln!("kernel launches a decode step: {replayed:?} replayed, {eager:?} eager, {unfused:?} without the passes");
+    assert!(eager.iter().all(|&n| n > 0 && n == eager[0]), "{eager:?}");
+    assert_eq!(replayed, eager);
+    assert!(unfused[0] > eager[0], "{unfused:?} vs {eager:?}");
+}
