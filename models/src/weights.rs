@@ -240,3 +240,65 @@ impl ModelWeights {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tessera_cpu::CpuBackend;
+    use tessera_graph::{Backend, DType, TensorMeta, TensorRef};
+
+    use super::ModelWeights;
+
+    /// Places an f32 tensor of shape `ne` holding `first, first + 1, ..`.
+    fn put(w: &mut ModelWeights, be: &mut CpuBackend, name: &str, ne: [usize; 4], first: f32) {
+        let meta = TensorMeta::contiguous("weight", DType::F32, ne).unwrap();
+        let buffer = be.alloc(meta.nbytes_contiguous()).unwrap();
+        let bytes: Vec<u8> = (0..meta.nelements()).flat_map(|i| (first + i as f32).to_le_bytes()).collect();
+        be.write(buffer, 0, &bytes).unwrap();
+        w.insert(name.to_string(), TensorRef { buffer, offset: 0, meta });
+    }
+
+    fn values(w: &ModelWeights, be: &mut CpuBackend, name: &str) -> Vec<f32> {
+        let t = w.get(name).unwrap();
+        let mut bytes = vec![0u8; t.meta.nbytes_contiguous()];
+        be.read(t.buffer, t.offset, &mut bytes).unwrap();
+        bytes.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+
+    #[test]
+    fn a_matrix_stacks_onto_experts_as_one_more_and_both_become_windows() {
+        let mut be = CpuBackend::new();
+        let mut w = ModelWeights::default();
+        put(&mut w, &mut be, "exps", [2, 3, 4, 1], 0.0);
+        put(&mut w, &mut be, "one", [2, 3, 1, 1], 100.0);
+        assert!(w.stack(&["exps", "one"], "all", 2, &mut be).unwrap());
+        let all = w.get("all").unwrap();
+        assert_eq!(all.meta.ne, [2, 3, 5, 1]);
+        let want: Vec<f32> = (0..24).map(|i| i as f32).chain((0..6).map(|i| 100.0 + i as f32)).collect();
+        assert_eq!(values(&w, &mut be, "all"), want);
+        assert_eq!(values(&w, &mut be, "one"), want[24..]);
+        assert_eq!(w.get("one").unwrap().offset, 24 * 4);
+        // windows do not stack again, and neither does a taken name
+        put(&mut w, &mut be, "other", [2, 3, 1, 1], 0.0);
+        assert!(!w.stack(&["one", "other"], "again", 2, &mut be).unwrap());
+        assert!(!w.stack(&["other"], "all", 2, &mut be).unwrap());
+        w.free(&mut be);
+    }
+
+    #[test]
+    fn parts_that_do_not_stack_are_left_alone() {
+        let mut be = CpuBackend::new();
+        let mut w = ModelWeights::default();
+        put(&mut w, &mut be, "exps", [2, 3, 4, 1], 0.0);
+        put(&mut w, &mut be, "wide", [2, 4, 1, 1], 0.0); // another row count below the axis
+        put(&mut w, &mut be, "rows", [2, 3, 1, 1], 0.0);
+        assert!(!w.stack(&["exps", "wide"], "m", 2, &mut be).unwrap());
+        assert!(!w.stack(&["exps", "rows"], "m", 1, &mut be).unwrap()); // exps has a dimension above axis 1
+        assert!(!w.stack(&["exps", "missing"], "m", 2, &mut be).unwrap());
+        assert!(!w.contains("m"));
+        assert_eq!(values(&w, &mut be, "rows"), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert!(w.insert_i32("ids", [1, 2, 1, 1], &[7], &mut be).is_err(), "one value for two elements");
+        w.insert_i32("id", [1, 1, 1, 1], &[7], &mut be).unwrap();
+        assert_eq!(w.get("id").unwrap().meta.dtype, DType::I32);
+        w.free(&mut be);
+    }
+}
