@@ -134,6 +134,9 @@ pub(crate) struct Cx<'a> {
     pub trace: &'a mut Vec<&'static str>,
     /// Launch kernels with programmatic stream serialization ([`Launch`]).
     pub overlap: bool,
+    /// The constant pair lists a dense mul_mat of a few tokens hands `moe_mma_*` as one expert
+    /// (`ops::mmq::DensePairs`).
+    pub dense_pairs: u64,
 }
 
 /// One kernel launch being put together: the addresses of its arguments, in the kernel's

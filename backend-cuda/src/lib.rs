@@ -114,6 +114,8 @@ pub struct CudaBackend {
     /// Zeroed device counters (`COUNTER_BYTES`) that a kernel's blocks coordinate through (mmq's
     /// split tiles); every kernel leaves them zeroed.
     counters: u64,
+    /// [`Cx::dense_pairs`]: written once here, read by every step.
+    dense_pairs: u64,
     graphs: Graphs,
     use_graphs: bool,
     /// Whether launches overlap ([`CudaOptions::overlap_launches`] on a device that has it).
@@ -146,6 +148,11 @@ impl CudaBackend {
         let mut pool = Pool::new(dev.stream.cu_stream());
         let errors = alloc_zeroed(&mut pool, std::mem::size_of::<ErrorRecord>(), "zeroing the error record")?;
         let counters = alloc_zeroed(&mut pool, launch::COUNTER_BYTES, "zeroing the block counters")?;
+        let table = ops::mmq::DensePairs::table();
+        let (dense_pairs, _) = pool.alloc(table.len())?;
+        // SAFETY: a fresh block of at least table.len() bytes; synchronous copy from host memory.
+        unsafe { result::memcpy_htod_sync(dense_pairs, &table) }
+            .map_err(CudaError::driver("writing the pair lists"))?;
         let overlap = opts.overlap_launches && dev.info.compute_capability.0 >= 9;
         Ok(CudaBackend {
             dev,
@@ -157,6 +164,7 @@ impl CudaBackend {
             scratch: None,
             errors,
             counters,
+            dense_pairs,
             graphs: Graphs::new(opts.graph_capacity),
             use_graphs: opts.graphs && !opts.profile,
             overlap,
@@ -273,6 +281,8 @@ impl Drop for CudaBackend {
         let _ = unsafe { result::free_sync(self.errors) };
         // SAFETY: as above.
         let _ = unsafe { result::free_sync(self.counters) };
+        // SAFETY: as above.
+        let _ = unsafe { result::free_sync(self.dense_pairs) };
         self.pool.release_all();
         // The staging events and pinned chunks go while the context is alive: `dev`, declared
         // first, may hold its last reference (compute-sanitizer saw cuEventDestroy fail with
@@ -536,7 +546,20 @@ impl CudaBackend {
     fn execute(&mut self, resolved: &[Resolved<'_, '_>], scratch: usize) -> Result<graphs::Ran, BackendError> {
         let scratch = self.ensure_scratch(scratch)?;
         let stream = self.stream();
-        let CudaBackend { dev, kernels, blas, pool, graphs, use_graphs, overlap, errors, counters, profile, .. } = self;
+        let CudaBackend {
+            dev,
+            kernels,
+            blas,
+            pool,
+            graphs,
+            use_graphs,
+            overlap,
+            errors,
+            counters,
+            dense_pairs,
+            profile,
+            ..
+        } = self;
         let mut alloc_workspace = || -> Result<u64, CudaError> { pool.alloc(launch::BLAS_WORKSPACE).map(|(p, _)| p) };
         let mut record = || -> Result<Vec<&'static str>, BackendError> {
             let mut trace = Vec::new();
@@ -551,6 +574,7 @@ impl CudaBackend {
                 alloc_workspace: &mut alloc_workspace,
                 trace: &mut trace,
                 overlap: *overlap,
+                dense_pairs: *dense_pairs,
             };
             let mut marks = Vec::new();
             for r in resolved {

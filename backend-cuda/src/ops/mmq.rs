@@ -297,6 +297,83 @@ pub(super) fn moe_fits(cx: &Cx<'_>, w: &TensorArg, d: DType, n_pairs: i64) -> bo
         && items <= i64::from(i32::MAX)
 }
 
+/// The pair lists of a dense mul_mat of 1 ..= `DensePairs::MAX` tokens run by `moe_mma_*` as one
+/// expert with one slot: pair t is token t. Constant, so the backend writes them once
+/// ([`DensePairs::table`]) and a step reads them in place (no grouping launch).
+pub(crate) struct DensePairs;
+
+impl DensePairs {
+    pub const MAX: usize = 8;
+    /// Offset of the listed-expert entries for n tokens (two `MeExpert`s: the count, then expert
+    /// 0 with its n pairs from list entry 0).
+    fn listed_at(n: usize) -> usize {
+        256 + (n - 1) * 32
+    }
+
+    /// The bytes: the list 0 .. MAX (i32), then for each n its two listed entries.
+    pub fn table() -> Vec<u8> {
+        let mut t = vec![0u8; Self::listed_at(Self::MAX + 1)];
+        for i in 0..Self::MAX {
+            t[4 * i..4 * i + 4].copy_from_slice(&(i as i32).to_le_bytes());
+        }
+        for n in 1..=Self::MAX {
+            let at = Self::listed_at(n);
+            let entries: [i32; 8] = [1, 0, 0, 0, 0, 0, n as i32, 0];
+            for (j, v) in entries.iter().enumerate() {
+                t[at + 4 * j..at + 4 * j + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        t
+    }
+
+    /// The groups of n tokens in the table at `base`.
+    pub(super) fn groups(base: u64, n: usize) -> MoeGroups {
+        MoeGroups { offsets: 0, cursor: 0, list: base, listed: base + Self::listed_at(n) as u64 }
+    }
+}
+
+/// Dense `out = a^T b` for 2 ..= `DensePairs::MAX` tokens on `moe_mma_*`'s tensor cores, `a` as one
+/// expert (whole 32-row items streamed through shared memory, each row's bytes read once for all
+/// the tokens); `None` where it does not fit or has too few rows to fill the device.
+pub(super) fn dense_mma(
+    cx: &mut Cx<'_>,
+    a: TensorArg,
+    d: DType,
+    b: TensorArg,
+    out: TensorArg,
+    min_items_per_sm: i64,
+) -> Option<Result<(), BackendError>> {
+    let n = b.ne[1];
+    let items = tiles(a.ne[1], ME_ROWS);
+    let contiguous_out = out.nb[0] == 4 && out.nb[1] == 4 * out.ne[0];
+    let single = a.ne[2] * a.ne[3] * b.ne[2] * b.ne[3] == 1;
+    if !(2..=DensePairs::MAX as i64).contains(&n)
+        || !single
+        || !contiguous_out
+        || items < min_items_per_sm * cx.info.multiprocessors as i64
+        || !moe_fits(cx, &a, d, n)
+        || b.ne[0] % 64 != 0
+    {
+        return None;
+    }
+    let run = |cx: &mut Cx<'_>| {
+        let x = cx.scratch;
+        let xs = pack_x(cx, b, x)?;
+        let g = DensePairs::groups(cx.dense_pairs, n as usize);
+        // out [M, n] as [M, 1 slot, n tokens]; b [K, n] as n tokens of one shared row
+        let out3 = TensorArg {
+            data: out.data,
+            ne: [out.ne[0], 1, n, 1],
+            nb: [4, 4 * out.ne[0], 4 * out.ne[0], 4 * out.ne[0] * n],
+        };
+        moe_mma(cx, a, d, 1, 1, n, &g, x, xs, out3)
+    };
+    Some(run(cx))
+}
+
+/// `dense_mma`'s default least 32-row items a multiprocessor.
+pub(super) const DENSE_MMA_MIN_ITEMS_PER_SM: i64 = 2;
+
 /// Groups the pairs of `ids` [n_used, T] by expert into `g` (every id checked; a bad one is
 /// reported and its pair dropped), listing for `moe_mma_*` the experts with 1 ..= `max_pairs`
 /// pairs; with `x`, also packs `b` there as `mmq_pack_x` does (scratch of `packed_bytes(b)`, K a
@@ -385,6 +462,19 @@ mod tests {
         assert_eq!(split_plan(136, 1, 132), (136, 1, 1));
         // every split block gets k-tiles: 5 k-tiles over up to 16 splits -> 5 blocks of 1
         assert_eq!(split_plan(4, 5, 132), (0, 5, 1));
+    }
+
+    #[test]
+    fn the_dense_pair_lists_name_one_expert_with_n_pairs() {
+        let t = DensePairs::table();
+        let int = |at: usize| i32::from_le_bytes(t[at..at + 4].try_into().unwrap());
+        assert_eq!((0..8).map(|i| int(4 * i)).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
+        for n in 1..=DensePairs::MAX {
+            let g = DensePairs::groups(1 << 20, n);
+            let at = (g.listed - (1 << 20)) as usize;
+            assert_eq!(at % 16, 0);
+            assert_eq!([int(at), int(at + 16), int(at + 20), int(at + 24)], [1, 0, 0, n as i32]);
+        }
     }
 
     #[test]

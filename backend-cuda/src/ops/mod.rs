@@ -9,7 +9,7 @@ mod elementwise;
 mod elemfuse;
 mod fused;
 mod matmul;
-mod mmq;
+pub(crate) mod mmq;
 mod quant;
 mod reduce;
 mod rope;

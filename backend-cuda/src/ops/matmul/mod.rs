@@ -116,8 +116,26 @@ fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
     let (xq, xs) = quant_x_bytes(b.nelements());
     let gemv = packed_f32_bytes(b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
     let n = b.ne[1] as i64;
-    let gemm = if n >= dense_gemm_from() { mmq::mul_mat_scratch_bytes(b) } else { 0 };
+    // (mmq's packed activations also serve `dense_mma` at 2-8 tokens)
+    let gemm = if n >= dense_gemm_from() {
+        mmq::mul_mat_scratch_bytes(b)
+    } else if a.dtype.is_quantized() {
+        mmq::packed_bytes(b)
+    } else {
+        0
+    };
     if n > GEMV_MAX_N { gemv.max(blas_scratch(a, b)).max(gemm) } else { gemv.max(gemm) }
+}
+
+/// The 32-row items a multiprocessor `mmq::dense_mma` needs to take 2-8 tokens over quantized
+/// weights (fewer leave the device waiting on a few warps' streams): default
+/// `mmq::DENSE_MMA_MIN_ITEMS_PER_SM`; `TESSERA_DENSE_MMA=N`, read once a process, sets it, 0
+/// turns the path off.
+fn dense_mma_min_items() -> i64 {
+    static MIN: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("TESSERA_DENSE_MMA").ok().and_then(|v| v.parse().ok()).unwrap_or(mmq::DENSE_MMA_MIN_ITEMS_PER_SM)
+    })
 }
 
 /// Tokens from which a quantized mul_mat takes `mmq`'s tensor-core GEMM rather than a GEMV
@@ -200,6 +218,12 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     }
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
+    }
+    if n >= 2
+        && dense_mma_min_items() > 0
+        && let Some(done) = mmq::dense_mma(cx, a, d, b, out, dense_mma_min_items())
+    {
+        return done;
     }
     let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
     let bulk = cx.info.compute_capability.0 >= 9;
