@@ -341,7 +341,7 @@ pub(super) fn dense_mma(
     d: DType,
     b: TensorArg,
     out: TensorArg,
-    min_items_per_sm: i64,
+    min_items: i64,
 ) -> Option<Result<(), BackendError>> {
     let n = b.ne[1];
     let items = tiles(a.ne[1], ME_ROWS);
@@ -350,7 +350,7 @@ pub(super) fn dense_mma(
     if !(2..=DensePairs::MAX as i64).contains(&n)
         || !single
         || !contiguous_out
-        || items < min_items_per_sm * cx.info.multiprocessors as i64
+        || items < min_items
         || !moe_fits(cx, &a, d, n)
         || b.ne[0] % 64 != 0
     {
