@@ -371,8 +371,10 @@ pub(super) fn dense_mma(
     Some(run(cx))
 }
 
-/// `dense_mma`'s default least 32-row items a multiprocessor.
-pub(super) const DENSE_MMA_MIN_ITEMS_PER_SM: i64 = 2;
+/// `dense_mma`'s default least 32-row items a multiprocessor: output heads (a 248k-row vocabulary
+/// at 8 tokens), where the GEMV's integer dot products, not the weight read, bound it. Around
+/// 2-4 items a multiprocessor the GEMV is as fast or faster (docs/perf-log/kernels-matmul.md).
+pub(super) const DENSE_MMA_MIN_ITEMS_PER_SM: i64 = 16;
 
 /// Groups the pairs of `ids` [n_used, T] by expert into `g` (every id checked; a bad one is
 /// reported and its pair dropped), listing for `moe_mma_*` the experts with 1 ..= `max_pairs`
