@@ -332,9 +332,9 @@ impl DensePairs {
     }
 }
 
-/// Dense `out = a^T b` for 2 ..= `DensePairs::MAX` tokens on `moe_mma_*`'s tensor cores, `a` as one
-/// expert (whole 32-row items streamed through shared memory, each row's bytes read once for all
-/// the tokens); `None` where it does not fit or has too few rows to fill the device.
+/// Dense `out = a^T b` for `min_tokens ..= DensePairs::MAX` tokens on `moe_mma_*`'s tensor cores,
+/// `a` as one expert (whole 32-row items streamed through shared memory, each row's bytes read once
+/// for all the tokens); `None` where it does not fit or has fewer than `min_items` items.
 pub(super) fn dense_mma(
     cx: &mut Cx<'_>,
     a: TensorArg,
@@ -342,12 +342,13 @@ pub(super) fn dense_mma(
     b: TensorArg,
     out: TensorArg,
     min_items: i64,
+    min_tokens: i64,
 ) -> Option<Result<(), BackendError>> {
     let n = b.ne[1];
     let items = tiles(a.ne[1], ME_ROWS);
     let contiguous_out = out.nb[0] == 4 && out.nb[1] == 4 * out.ne[0];
     let single = a.ne[2] * a.ne[3] * b.ne[2] * b.ne[3] == 1;
-    if !(2..=DensePairs::MAX as i64).contains(&n)
+    if !(min_tokens.max(1)..=DensePairs::MAX as i64).contains(&n)
         || !single
         || !contiguous_out
         || items < min_items
@@ -371,10 +372,13 @@ pub(super) fn dense_mma(
     Some(run(cx))
 }
 
-/// `dense_mma`'s default least 32-row items a multiprocessor: output heads (a 248k-row vocabulary
-/// at 8 tokens), where the GEMV's integer dot products, not the weight read, bound it. Around
-/// 2-4 items a multiprocessor the GEMV is as fast or faster (docs/perf-log/kernels-matmul.md).
-pub(super) const DENSE_MMA_MIN_ITEMS_PER_SM: i64 = 16;
+/// `dense_mma`'s default least 32-row items a multiprocessor (fewer leave the device waiting on a
+/// few warps' streams).
+pub(super) const DENSE_MMA_MIN_ITEMS_PER_SM: i64 = 2;
+/// `dense_mma`'s fewest tokens: from 5 the GEMV's integer dot products, which grow with the tokens,
+/// bound it more than the weight read; at 2-4 the GEMV was as fast or faster
+/// (docs/perf-log/kernels-matmul.md).
+pub(super) const DENSE_MMA_MIN_TOKENS: i64 = 5;
 
 /// Groups the pairs of `ids` [n_used, T] by expert into `g` (every id checked; a bad one is
 /// reported and its pair dropped), listing for `moe_mma_*` the experts with 1 ..= `max_pairs`

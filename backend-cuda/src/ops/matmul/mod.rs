@@ -127,14 +127,18 @@ fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
     if n > GEMV_MAX_N { gemv.max(blas_scratch(a, b)).max(gemm) } else { gemv.max(gemm) }
 }
 
-/// The least 32-row items (of weight rows) with which `mmq::dense_mma` takes 2-8 tokens over
-/// quantized weights, on `sms` multiprocessors: `mmq::DENSE_MMA_MIN_ITEMS_PER_SM` each (fewer
-/// leave the device waiting on a few warps' streams); `TESSERA_DENSE_MMA=N`, read once a
-/// process, sets N items in all (1: every shape, to test it), 0 turns the path off.
-fn dense_mma_min_items(sms: usize) -> i64 {
+/// When `mmq::dense_mma` takes a quantized mul_mat of a few tokens, on `sms` multiprocessors: (the
+/// least 32-row items of weight rows, the fewest tokens). Default
+/// `mmq::DENSE_MMA_MIN_ITEMS_PER_SM` items each and `mmq::DENSE_MMA_MIN_TOKENS` tokens;
+/// `TESSERA_DENSE_MMA=N`, read once a process, sets N items in all and 2 tokens (1: every shape,
+/// to test it), 0 turns the path off.
+fn dense_mma_limits(sms: usize) -> (i64, i64) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     let set = *SET.get_or_init(|| std::env::var("TESSERA_DENSE_MMA").ok().and_then(|v| v.parse().ok()));
-    set.unwrap_or(mmq::DENSE_MMA_MIN_ITEMS_PER_SM * sms as i64)
+    match set {
+        Some(items) => (items, 2),
+        None => (mmq::DENSE_MMA_MIN_ITEMS_PER_SM * sms as i64, mmq::DENSE_MMA_MIN_TOKENS),
+    }
 }
 
 /// Tokens from which a quantized mul_mat takes `mmq`'s tensor-core GEMM rather than a GEMV
@@ -218,10 +222,10 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
     }
-    let min_items = dense_mma_min_items(cx.info.multiprocessors);
-    if n >= 2
+    let (min_items, min_tokens) = dense_mma_limits(cx.info.multiprocessors);
+    if n >= min_tokens
         && min_items > 0
-        && let Some(done) = mmq::dense_mma(cx, a, d, b, out, min_items)
+        && let Some(done) = mmq::dense_mma(cx, a, d, b, out, min_items, min_tokens)
     {
         return done;
     }
