@@ -24,7 +24,10 @@
 //!   registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
 //!   takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a
 //!   thread. Both come closer to the copy bandwidth at one token than the GEMVs before them
-//!   (docs/perf-log/kernels-matmul.md).
+//!   (docs/perf-log/kernels-matmul.md). 5-8 tokens against contiguous q8_0 / nvfp4 matrices of
+//!   at least 2 32-row items a multiprocessor take `mmq::dense_mma` instead: the matrix as one
+//!   expert of `moe_mma_*` (rows streamed through shared memory, tensor cores), where `gemv_fast`'s
+//!   dp4a work, growing with the tokens, would bound the step (`dense_mma_limits`).
 //! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes, else cuBLAS (`blas.rs`). f32
 //!   weights go through `gemm_ex` in place; f16 / bf16 weights through `gemm_ex` in place with the
 //!   activations converted to the weights' type; q8_0 / nvfp4 weights are dequantized in row
