@@ -174,6 +174,76 @@ pub struct GatedDeltaNetParams {
     pub ragged: bool,
 }
 
+/// The family an op belongs to: which file of `rules/` holds its shape rules, and which module of
+/// the reference and of each backend runs it. [`Op::family`] is the one place that decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Copies, casts, gathers and scatters: get_rows, set_rows, cpy, cast, cont, concat, repeat.
+    Data,
+    /// Zero-copy views (view, reshape, permute, transpose): resolved by the executor, never run.
+    View,
+    /// One elementwise op: unary, binary, scale, swiglu.
+    Elementwise,
+    /// Row reductions and norms over `ne[0]`: rms_norm, l2_norm, sum_rows, softmax, argmax, top_k,
+    /// argsort.
+    Reduce,
+    /// mul_mat and mul_mat_id.
+    Matmul,
+    /// quantize and dequantize.
+    Quant,
+    /// rope_multi.
+    Rope,
+    /// flash_attn_ext.
+    Attention,
+    /// The causal convolutions: ssm_conv and ssm_conv_update_inplace.
+    Conv,
+    /// gated_delta_net.
+    DeltaNet,
+    /// sample.
+    Sample,
+    /// Fused ops defined by the subgraph they replace (norms, router, matmul + GLU / weighted sum).
+    Fused,
+    /// A fused elementwise program (`Op::Elementwise`).
+    ElemFuse,
+}
+
+impl Family {
+    pub const ALL: [Family; 13] = [
+        Family::Data,
+        Family::View,
+        Family::Elementwise,
+        Family::Reduce,
+        Family::Matmul,
+        Family::Quant,
+        Family::Rope,
+        Family::Attention,
+        Family::Conv,
+        Family::DeltaNet,
+        Family::Sample,
+        Family::Fused,
+        Family::ElemFuse,
+    ];
+
+    /// Lower-case name: also the name of the family's file in `rules/` (and `reference/`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Family::Data => "data",
+            Family::View => "view",
+            Family::Elementwise => "elementwise",
+            Family::Reduce => "reduce",
+            Family::Matmul => "matmul",
+            Family::Quant => "quant",
+            Family::Rope => "rope",
+            Family::Attention => "attention",
+            Family::Conv => "conv",
+            Family::DeltaNet => "delta_net",
+            Family::Sample => "sample",
+            Family::Fused => "fused",
+            Family::ElemFuse => "elemfuse",
+        }
+    }
+}
+
 /// One operation in a graph. Inputs are positional; each variant documents them.
 /// Semantics, shapes and tolerances of every op are in `docs/OPS.md`.
 ///
@@ -413,6 +483,41 @@ impl Op {
             Op::MulMatIdSwiglu => "mul_mat_id_swiglu",
             Op::MulMatIdWeightedSum => "mul_mat_id_weighted_sum",
             Op::Elementwise(_) => "elementwise",
+        }
+    }
+
+    /// The op's family: the one op -> family map that the shape rules, the reference and the
+    /// backends dispatch on (no `_` arm, so a new op must choose its family here).
+    pub fn family(&self) -> Family {
+        match self {
+            Op::GetRows | Op::SetRows | Op::Cpy | Op::Cast(_) | Op::Cont | Op::Concat { .. } | Op::Repeat { .. } => {
+                Family::Data
+            }
+            Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => Family::View,
+            Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Family::Elementwise,
+            Op::RmsNorm(_)
+            | Op::L2Norm { .. }
+            | Op::SumRows
+            | Op::Softmax(_)
+            | Op::Argmax
+            | Op::TopK { .. }
+            | Op::Argsort(_) => Family::Reduce,
+            Op::MulMat | Op::MulMatId => Family::Matmul,
+            Op::Quantize(_) | Op::Dequantize => Family::Quant,
+            Op::RopeMulti(_) => Family::Rope,
+            Op::FlashAttnExt(_) => Family::Attention,
+            Op::SsmConv | Op::SsmConvUpdate { .. } => Family::Conv,
+            Op::GatedDeltaNet(_) => Family::DeltaNet,
+            Op::Sample => Family::Sample,
+            Op::AddRmsNormMul(_)
+            | Op::RmsNormMul(_)
+            | Op::GatedRmsNorm(_)
+            | Op::SoftmaxTopK { .. }
+            | Op::MoeWeights
+            | Op::MulMatSwiglu
+            | Op::MulMatIdSwiglu
+            | Op::MulMatIdWeightedSum => Family::Fused,
+            Op::Elementwise(_) => Family::ElemFuse,
         }
     }
 

@@ -417,6 +417,7 @@ fn dispatch(
         Op::MulMatIdWeightedSum => {
             return fused::mul_mat_id_weighted_sum(input(0)?, input(1)?, input(2)?, input(3)?, out, out_meta);
         }
+        // The rest write through a `Dst` (the exhaustive match below).
         _ => {}
     }
     let mut dst = Dst::new(out, *out_meta)?;
@@ -498,7 +499,14 @@ fn dispatch(
             reduce::argmax(input(0)?, &mut dst);
             Ok(())
         }
-        _ => Err(KernelError::Unsupported { op: op.name(), why: "not computed by a row kernel".into() }),
+        // Returned above: they address their output's bytes themselves.
+        Op::MulMat | Op::MulMatId | Op::AddRmsNormMul(_) | Op::MoeWeights | Op::MulMatIdWeightedSum => {
+            unreachable!("{op} is computed before the row kernels")
+        }
+        // `check_task` refuses views: the executor resolves them.
+        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => {
+            Err(KernelError::Unsupported { op: op.name(), why: "not computed by a row kernel".into() })
+        }
     }
 }
 

@@ -4,13 +4,10 @@
 //! so the definition of the fused op is literally that composition. Intermediates stay in f64.
 
 use super::{RefTensor, compute};
-use crate::{ElemInstr, ElemProgram, KernelError, Op, TensorMeta};
+use crate::{ElemInstr, KernelError, Op, TensorMeta};
 
-pub(super) fn compute_program(
-    p: &ElemProgram,
-    inputs: &[RefTensor],
-    out: &TensorMeta,
-) -> Result<RefTensor, KernelError> {
+pub(super) fn compute_program(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
+    let Op::Elementwise(p) = op else { unreachable!("reference elemfuse::compute_program called for {op}") };
     let tiled: Vec<RefTensor> = inputs.iter().map(|x| tile(x, out.ne)).collect();
     let mut failed = None;
     let y = p.eval(&tiled, |ins, args| {

@@ -18,7 +18,7 @@ mod sample;
 #[cfg(test)]
 mod testutil;
 
-use crate::{KernelError, Op, TensorMeta};
+use crate::{Family, KernelError, Op, TensorMeta};
 
 pub use sample::sample_accepts;
 
@@ -76,38 +76,26 @@ impl RefTensor {
 /// the session never hands an unvalidated task to a backend). Data-dependent problems (ids out of
 /// range) are errors, not panics.
 pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
-    match op {
-        Op::GetRows | Op::SetRows | Op::Cpy | Op::Cast(_) | Op::Cont | Op::Concat { .. } | Op::Repeat { .. } => {
-            data::compute(op, inputs, out)
-        }
-        Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Ok(elementwise::compute(op, inputs, out)),
-        Op::RmsNorm(_)
-        | Op::L2Norm { .. }
-        | Op::SumRows
-        | Op::Softmax(_)
-        | Op::Argmax
-        | Op::TopK { .. }
-        | Op::Argsort(_) => Ok(reduce::compute(op, inputs, out)),
-        Op::MulMat | Op::MulMatId => matmul::compute(op, inputs, out),
-        Op::Quantize(_) | Op::Dequantize => Ok(quant::compute(op, inputs, out)),
-        Op::RopeMulti(_) => rope::compute(op, inputs, out),
-        Op::FlashAttnExt(_) => attention::compute(op, inputs, out),
-        Op::SsmConv => conv::compute(op, inputs, out),
-        Op::Sample => sample::compute(inputs, out),
-        Op::AddRmsNormMul(_)
-        | Op::RmsNormMul(_)
-        | Op::GatedRmsNorm(_)
-        | Op::SoftmaxTopK { .. }
-        | Op::MoeWeights
-        | Op::MulMatSwiglu
-        | Op::MulMatIdSwiglu
-        | Op::MulMatIdWeightedSum => fused::compute_fused(op, inputs, out),
-        Op::Elementwise(p) => elemfuse::compute_program(p, inputs, out),
-        Op::SsmConvUpdate { .. } | Op::GatedDeltaNet(_) => Err(KernelError::Unsupported {
-            op: op.name(),
-            why: "it updates an input in place: use reference::compute_updating".into(),
-        }),
-        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => Err(KernelError::Unsupported {
+    let updating = || KernelError::Unsupported {
+        op: op.name(),
+        why: "it updates an input in place: use reference::compute_updating".into(),
+    };
+    match op.family() {
+        Family::Data => data::compute(op, inputs, out),
+        Family::Elementwise => Ok(elementwise::compute(op, inputs, out)),
+        Family::Reduce => Ok(reduce::compute(op, inputs, out)),
+        Family::Matmul => matmul::compute(op, inputs, out),
+        Family::Quant => Ok(quant::compute(op, inputs, out)),
+        Family::Rope => rope::compute(op, inputs, out),
+        Family::Attention => attention::compute(op, inputs, out),
+        // ssm_conv_update_inplace and gated_delta_net update their state in place.
+        Family::Conv if op.updates_input().is_some() => Err(updating()),
+        Family::Conv => conv::compute(op, inputs, out),
+        Family::DeltaNet => Err(updating()),
+        Family::Sample => sample::compute(inputs, out),
+        Family::Fused => fused::compute_fused(op, inputs, out),
+        Family::ElemFuse => elemfuse::compute_program(op, inputs, out),
+        Family::View => Err(KernelError::Unsupported {
             op: op.name(),
             why: "views are resolved by the executor, not computed".into(),
         }),

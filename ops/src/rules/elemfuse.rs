@@ -11,7 +11,8 @@ use crate::{DType, ElemInstr, ElemProgram, Op, OpError, TensorMeta};
 
 const ARITY: [&str; 7] = ["0", "1", "2", "3", "4", "5", "6"];
 
-pub(super) fn infer(op: &Op, p: &ElemProgram, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
+pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
+    let Op::Elementwise(p) = op else { unreachable!("elemfuse::infer called for {op}") };
     let n = p.n_inputs();
     if inputs.len() != n {
         return Err(OpError::Arity { op: op.name(), expected: ARITY[n.min(6)], got: inputs.len() });

@@ -255,7 +255,7 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
         Op::MulMatSwiglu | Op::MulMatIdSwiglu => {
             (4 * inputs[0].ne[0] as u64 + 6).saturating_mul(out.nelements() as u64)
         }
-        _ => 0,
+        _ => unreachable!("fused::flops called for {op}"),
     }
 }
 

@@ -15,7 +15,7 @@ mod rope;
 mod sample;
 mod view;
 
-use crate::{DType, Op, OpError, TensorMeta};
+use crate::{DType, Family, Op, OpError, TensorMeta};
 
 /// What an op costs to run once: arithmetic and the memory traffic it cannot avoid.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,35 +30,20 @@ pub struct Cost {
 /// inputs. Views get the strides of the window they describe; every other op gets a contiguous
 /// output, except in-place ops whose output is the tensor they write.
 pub fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
-    match op {
-        Op::GetRows | Op::SetRows | Op::Cpy | Op::Cast(_) | Op::Cont | Op::Concat { .. } | Op::Repeat { .. } => {
-            data::infer(op, inputs)
-        }
-        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => view::infer(op, inputs),
-        Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => elementwise::infer(op, inputs),
-        Op::RmsNorm(_)
-        | Op::L2Norm { .. }
-        | Op::SumRows
-        | Op::Softmax(_)
-        | Op::Argmax
-        | Op::TopK { .. }
-        | Op::Argsort(_) => reduce::infer(op, inputs),
-        Op::MulMat | Op::MulMatId => matmul::infer(op, inputs),
-        Op::Quantize(_) | Op::Dequantize => quant::infer(op, inputs),
-        Op::RopeMulti(_) => rope::infer(op, inputs),
-        Op::FlashAttnExt(_) => attention::infer(op, inputs),
-        Op::SsmConv | Op::SsmConvUpdate { .. } => conv::infer(op, inputs),
-        Op::GatedDeltaNet(_) => delta_net::infer(op, inputs),
-        Op::Sample => sample::infer(op, inputs),
-        Op::AddRmsNormMul(_)
-        | Op::RmsNormMul(_)
-        | Op::GatedRmsNorm(_)
-        | Op::SoftmaxTopK { .. }
-        | Op::MoeWeights
-        | Op::MulMatSwiglu
-        | Op::MulMatIdSwiglu
-        | Op::MulMatIdWeightedSum => fused::infer(op, inputs),
-        Op::Elementwise(p) => elemfuse::infer(op, p, inputs),
+    match op.family() {
+        Family::Data => data::infer(op, inputs),
+        Family::View => view::infer(op, inputs),
+        Family::Elementwise => elementwise::infer(op, inputs),
+        Family::Reduce => reduce::infer(op, inputs),
+        Family::Matmul => matmul::infer(op, inputs),
+        Family::Quant => quant::infer(op, inputs),
+        Family::Rope => rope::infer(op, inputs),
+        Family::Attention => attention::infer(op, inputs),
+        Family::Conv => conv::infer(op, inputs),
+        Family::DeltaNet => delta_net::infer(op, inputs),
+        Family::Sample => sample::infer(op, inputs),
+        Family::Fused => fused::infer(op, inputs),
+        Family::ElemFuse => elemfuse::infer(op, inputs),
     }
 }
 
@@ -103,7 +88,18 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::MulMatIdSwiglu
         | Op::MulMatIdWeightedSum => fused::flops(op, inputs, out),
         Op::Elementwise(p) => elemfuse::flops(p, out),
-        _ => 0,
+        // Data movement does no arithmetic; views returned above.
+        Op::GetRows
+        | Op::SetRows
+        | Op::Cpy
+        | Op::Cast(_)
+        | Op::Cont
+        | Op::Concat { .. }
+        | Op::Repeat { .. }
+        | Op::View(_)
+        | Op::Reshape { .. }
+        | Op::Permute { .. }
+        | Op::Transpose => 0,
     };
     match op {
         // Only the gathered rows of the source are read.
@@ -129,7 +125,39 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         // The conv/recurrent state of the named slots is read and written, not all slots.
         Op::SsmConvUpdate { .. } => bytes = conv::update_bytes(inputs, out),
         Op::GatedDeltaNet(_) => bytes = delta_net::bytes(inputs, out),
-        _ => {}
+        // Every input read once and the output written once (the default above).
+        Op::Cast(_)
+        | Op::Cont
+        | Op::Concat { .. }
+        | Op::Repeat { .. }
+        | Op::View(_)
+        | Op::Reshape { .. }
+        | Op::Permute { .. }
+        | Op::Transpose
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Scale(_)
+        | Op::Swiglu
+        | Op::RmsNorm(_)
+        | Op::L2Norm { .. }
+        | Op::SumRows
+        | Op::Softmax(_)
+        | Op::Argmax
+        | Op::TopK { .. }
+        | Op::Argsort(_)
+        | Op::MulMat
+        | Op::Quantize(_)
+        | Op::Dequantize
+        | Op::RopeMulti(_)
+        | Op::SsmConv
+        | Op::Sample
+        | Op::AddRmsNormMul(_)
+        | Op::RmsNormMul(_)
+        | Op::GatedRmsNorm(_)
+        | Op::SoftmaxTopK { .. }
+        | Op::MoeWeights
+        | Op::MulMatSwiglu
+        | Op::Elementwise(_) => {}
     }
     Cost { flops, bytes }
 }
@@ -196,4 +224,127 @@ pub(crate) fn contiguous(op: &Op, dtype: DType, ne: [usize; 4]) -> Result<Tensor
 /// ggml's repeat rule: `small` can be tiled to `big` when each dimension divides.
 pub(crate) fn can_repeat(small: &[usize; 4], big: &[usize; 4]) -> bool {
     small.iter().zip(big).all(|(s, b)| b % s == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams, GatedDeltaNetParams,
+        HeadMap, Op, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp,
+        ViewParams,
+    };
+
+    /// One op of every variant.
+    fn every_variant() -> Vec<Op> {
+        let norm = RmsNormParams { eps: 1e-6 };
+        let rope = RopeParams { n_rot: 4, freq_base: 1e4, pairing: RopePairing::Neox, sections: None };
+        let attn = FlashAttnParams { scale: 1.0, softcap: 0.0, mask: false, paged: false, ragged: false };
+        let dn =
+            GatedDeltaNetParams { scale: 1.0, head_map: HeadMap::Tiled, algo: DeltaNetAlgo::Serial, ragged: false };
+        let program = ElemProgram::new(2, vec![ElemInstr::Binary(BinaryOp::Add, ElemArg::Input(0), ElemArg::Input(1))]);
+        vec![
+            Op::GetRows,
+            Op::SetRows,
+            Op::Cpy,
+            Op::Cast(DType::F16),
+            Op::Cont,
+            Op::Concat { dim: 0 },
+            Op::Repeat { ne: [1; 4] },
+            Op::View(ViewParams { ne: [1; 4], nb: [4; 4], offset: 0 }),
+            Op::Reshape { ne: [1; 4] },
+            Op::Permute { axes: [0, 1, 2, 3] },
+            Op::Transpose,
+            Op::Unary(UnaryOp::Exp),
+            Op::Binary(BinaryOp::Add),
+            Op::Scale(ScaleParams { scale: 2.0, bias: 0.0 }),
+            Op::Swiglu,
+            Op::RmsNorm(norm),
+            Op::SumRows,
+            Op::Softmax(SoftmaxParams { scale: 1.0 }),
+            Op::Argmax,
+            Op::L2Norm { eps: 1e-6 },
+            Op::TopK { k: 1 },
+            Op::Argsort(SortOrder::Ascending),
+            Op::Quantize(DType::Q8_0),
+            Op::Dequantize,
+            Op::RopeMulti(rope),
+            Op::FlashAttnExt(attn),
+            Op::SsmConv,
+            Op::SsmConvUpdate { silu: true, ragged: false },
+            Op::GatedDeltaNet(dn),
+            Op::MulMatId,
+            Op::MulMat,
+            Op::Sample,
+            Op::AddRmsNormMul(norm),
+            Op::RmsNormMul(norm),
+            Op::GatedRmsNorm(norm),
+            Op::SoftmaxTopK { k: 1 },
+            Op::MoeWeights,
+            Op::MulMatSwiglu,
+            Op::MulMatIdSwiglu,
+            Op::MulMatIdWeightedSum,
+            Op::Elementwise(program.unwrap()),
+        ]
+    }
+
+    /// The source of each family's shape rules.
+    fn rules_source(f: Family) -> &'static str {
+        match f {
+            Family::Data => include_str!("data.rs"),
+            Family::View => include_str!("view.rs"),
+            Family::Elementwise => include_str!("elementwise.rs"),
+            Family::Reduce => include_str!("reduce.rs"),
+            Family::Matmul => include_str!("matmul.rs"),
+            Family::Quant => include_str!("quant.rs"),
+            Family::Rope => include_str!("rope.rs"),
+            Family::Attention => include_str!("attention.rs"),
+            Family::Conv => include_str!("conv.rs"),
+            Family::DeltaNet => include_str!("delta_net.rs"),
+            Family::Sample => include_str!("sample.rs"),
+            Family::Fused => include_str!("fused.rs"),
+            Family::ElemFuse => include_str!("elemfuse.rs"),
+        }
+    }
+
+    /// Whether `src` names `Op::<variant>` (not `UnaryOp::..`, not a longer variant name).
+    fn mentions(src: &str, variant: &str) -> bool {
+        let word = |c: char| c.is_alphanumeric() || c == '_';
+        let pat = format!("Op::{variant}");
+        src.match_indices(&pat).any(|(at, _)| !src[..at].ends_with(word) && !src[at + pat.len()..].starts_with(word))
+    }
+
+    #[test]
+    fn each_op_has_its_shape_rules_in_its_familys_file_only() {
+        for op in every_variant() {
+            let debug = format!("{op:?}");
+            let variant: String = debug.chars().take_while(|c| c.is_alphanumeric()).collect();
+            for f in Family::ALL {
+                let expected = f == op.family();
+                assert_eq!(
+                    mentions(rules_source(f), &variant),
+                    expected,
+                    "Op::{variant} (family {:?}) in rules/{}.rs",
+                    op.family(),
+                    f.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn family_of_representative_ops() {
+        assert_eq!(Op::GetRows.family(), Family::Data);
+        assert_eq!(Op::Transpose.family(), Family::View);
+        assert_eq!(Op::Binary(BinaryOp::Mul).family(), Family::Elementwise);
+        assert_eq!(Op::RmsNorm(RmsNormParams { eps: 1e-6 }).family(), Family::Reduce);
+        assert_eq!(Op::MulMatId.family(), Family::Matmul);
+        assert_eq!(Op::SsmConvUpdate { silu: false, ragged: true }.family(), Family::Conv);
+        assert_eq!(Op::MulMatIdWeightedSum.family(), Family::Fused);
+        // Every family has an op and a distinct name.
+        let ops = every_variant();
+        for f in Family::ALL {
+            assert!(ops.iter().any(|op| op.family() == f), "no op of {f:?}");
+            assert_eq!(Family::ALL.iter().filter(|g| g.name() == f.name()).count(), 1);
+        }
+    }
 }
