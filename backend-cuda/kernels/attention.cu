@@ -763,12 +763,11 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 // FD_S - 1 chunks ahead of the one computed; S = Q K^T (16 x 16) and O += P V (16 x D) run on the
 // tensor cores (Q and P rounded to the K/V type, f32 accumulators), the softmax on the S fragments
 // in f32. The chunk's table entries and mask values are loaded into registers a chunk ahead, so
-// that no global-memory latency sits on a warp's chunk-to-chunk path (this took the 32-sequence
-// decode from 203 us to 146 us on an H200). At the end the warps' states merge in shared memory;
-// with one split the block writes the output rows, else (max, sum, acc[D]) partials for
-// `fa_combine`. Dynamic shared memory: FD_W * FD_S * 2 * 16 * (D + FT_PAD) + 16 * (D + FT_PAD)
-// halves. FD_S = 3 measured the same as 2 (146-148 us); FD_W = 2 with two blocks per SM was slower
-// (160 us).
+// that no global-memory latency sits on a warp's chunk-to-chunk path. At the end the warps'
+// states merge in shared memory; with one split the block writes the output rows, else (max,
+// sum, acc[D]) partials for `fa_combine`. Dynamic shared memory: FD_W * FD_S * 2 * 16 * (D +
+// FT_PAD) + 16 * (D + FT_PAD) halves. (The measurements behind FD_S and FD_W:
+// docs/perf-log/attention-ragged.md.)
 //
 // Ragged: one token per tile (tb = 1; see `fa_ragged_token` for the two tilings), whose rows all
 // see its first `vis` positions, so the split simply ends there: a decode batch of n sequences

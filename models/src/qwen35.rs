@@ -102,9 +102,9 @@ impl Default for ModelOptions {
     }
 }
 
-/// Default of [`ModelOptions::route_shared_expert`]: decode and short steps (the routed shared
-/// expert won 3-14% at 1-32 sequences and lost 13% at a 512-token prefill on an H100;
-/// docs/perf-log/fusion.md).
+/// Default of [`ModelOptions::route_shared_expert`]: decode and short steps, where one more slot
+/// in the routed experts' kernels beats the shared expert's own launches; a long prefill runs the
+/// dense matmuls faster (docs/perf-log/fusion.md).
 pub const SHARED_EXPERT_ROUTED_TOKENS: usize = 64;
 
 /// Which logits [`Model::step`] returns.

@@ -235,8 +235,7 @@ pub(super) fn mul_mat_id(
         cx.allow_shared(kernel, shared)?;
         // Column blocks per expert for twice the average pairs (the kernel loops over any more):
         // with many experts most have one tile's worth, and empty blocks still cost a launch slot
-        // (H200, 512 tokens top-8, nvfp4: 256 experts 463 -> 404 us, 64 experts 151 -> 121 us
-        // against a block per possible tile of all pairs).
+        // (docs/perf-log/kernels-mmid.md).
         let per_expert = tiles(2 * n_pairs / w.ne[2].max(1), BN).clamp(1, tiles(n_pairs, BN).max(1));
         let grid = (per_expert as u32, tiles(w.ne[1], BM) as u32, w.ne[2] as u32);
         let n_b = b.ne[1];
