@@ -401,8 +401,8 @@ pub fn route_shared_experts(
     Ok(())
 }
 
-/// Rows `first .. first + rows` of a `[total, n]` matmul product: one projection of a group that
-/// may have run as one matmul over stacked weights.
+/// Rows `first .. first + rows` of a `[total, n]` tensor of 4-byte elements: one projection of a
+/// group that may have run as one matmul over stacked weights (or the routed slots of the ids).
 #[derive(Debug, Clone, Copy)]
 struct Rows {
     product: Tensor,
@@ -1175,15 +1175,12 @@ impl Model {
                 let a = g.swiglu(gt, up)?;
                 Ok(g.mul_mat(wd, a)?)
             }
-            Ffn::Moe { n_expert_used, .. } => {
+            Ffn::Moe { n_expert, n_expert_used: k, .. } => {
                 let stacked = stacked_experts(il);
                 let short = x.ne()[1] <= self.route_shared_expert;
                 if short && stacked.iter().all(|m| b.w.contains(m)) && b.w.contains(SHARED_EXPERT_ID) {
-                    return self.moe_shared_routed(b, il, x, &stacked);
+                    return moe_shared_routed(b, il, x, &stacked, n_expert, k);
                 }
-                let e = self.config.n_embd;
-                let n = x.ne()[1];
-                let k = n_expert_used;
                 let w_inp = b.p(&format!("{pre}.ffn_gate_inp.weight"))?;
                 let w_ge = b.p(&format!("{pre}.ffn_gate_exps.weight"))?;
                 let w_ue = b.p(&format!("{pre}.ffn_up_exps.weight"))?;
@@ -1207,38 +1204,41 @@ impl Model {
                 let gate = g.mul_mat(w_sh_inp, x)?; // [1, n]
                 let gate = g.sigmoid(gate)?;
                 let sh = g.mul(sh, gate)?;
-                debug_assert_eq!(moe.ne(), [e, n, 1, 1]);
                 Ok(g.add(moe, sh)?)
             }
         }
     }
+}
 
-    /// The MoE block with its shared expert routed as slot `k` of every token
-    /// ([`route_shared_experts`]): the router's logits and the shared gate's in one matmul, the
-    /// routed ids with the shared expert's appended, the routed weights with `sigmoid` of the
-    /// shared gate appended, and the experts' matmuls over `k + 1` slots.
-    fn moe_shared_routed(&self, b: &mut Builder<'_>, il: usize, x: Tensor, stacked: &[String; 3]) -> R<Tensor> {
-        let Ffn::Moe { n_expert, n_expert_used: k, .. } = self.config.ffn else {
-            return Err(ModelError::BadBatch { why: "a MoE block in a dense model".into() });
-        };
-        let n = x.ne()[1];
-        let router = [format!("blk.{il}.ffn_gate_inp.weight"), format!("blk.{il}.ffn_gate_inp_shexp.weight")];
-        let rows = b.project(x, &router, Some(&stacked_router(il)))?;
-        let experts = [b.p(&stacked[0])?, b.p(&stacked[1])?, b.p(&stacked[2])?];
-        let shared = b.shared_expert_ids(n)?;
-        let g = &mut b.g;
-        let logits = rows[0].rows(g, n_expert)?; // [n_expert, n]
-        let gate = rows[1].rows(g, 1)?; // [1, n]
-        let probs = g.softmax(logits, 1.0, None)?;
-        let sel = g.top_k(probs, k)?;
-        let ids = g.concat(sel, shared, 0)?; // i32 [k + 1, n]
-        let routed = g.view(ids, [k, n, 1, 1], [4, 4 * (k + 1), 4 * (k + 1) * n, 4 * (k + 1) * n], 0)?;
-        let w = routing_weights(g, probs, routed, k)?;
-        let gate = g.sigmoid(gate)?;
-        let gate = g.reshape(gate, &[1, 1, n])?;
-        let w = g.concat(w, gate, 1)?; // [1, k + 1, n]
-        routed_experts(g, experts, x, ids, w)
-    }
+/// The MoE block with its shared expert routed as slot `k` of every token
+/// ([`route_shared_experts`]): the router's logits and the shared gate's in one matmul, the
+/// routed ids with the shared expert's appended, the routed weights with `sigmoid` of the shared
+/// gate appended, and the experts' matmuls over `k + 1` slots.
+fn moe_shared_routed(
+    b: &mut Builder<'_>,
+    il: usize,
+    x: Tensor,
+    stacked: &[String; 3],
+    n_expert: usize,
+    k: usize,
+) -> R<Tensor> {
+    let n = x.ne()[1];
+    let router = [format!("blk.{il}.ffn_gate_inp.weight"), format!("blk.{il}.ffn_gate_inp_shexp.weight")];
+    let rows = b.project(x, &router, Some(&stacked_router(il)))?;
+    let experts = [b.p(&stacked[0])?, b.p(&stacked[1])?, b.p(&stacked[2])?];
+    let shared = b.shared_expert_ids(n)?;
+    let g = &mut b.g;
+    let logits = rows[0].rows(g, n_expert)?; // [n_expert, n]
+    let gate = rows[1].rows(g, 1)?; // [1, n]
+    let probs = g.softmax(logits, 1.0, None)?;
+    let sel = g.top_k(probs, k)?;
+    let ids = g.concat(sel, shared, 0)?; // i32 [k + 1, n]
+    let routed = Rows { product: ids, first: 0, total: k + 1 }.rows(g, k)?;
+    let w = routing_weights(g, probs, routed, k)?;
+    let gate = g.sigmoid(gate)?;
+    let gate = g.reshape(gate, &[1, 1, n])?;
+    let w = g.concat(w, gate, 1)?; // [1, k + 1, n]
+    routed_experts(g, experts, x, ids, w)
 }
 
 /// The routing weights of the experts `sel` (`[k, n]`): `probs` at them, renormalised over the

@@ -103,8 +103,7 @@ pub(super) fn add_rms_norm_mul(
         return Err(KernelError::Unsupported { op, why });
     }
     let [e, n, _, _] = out_meta.ne;
-    let plane = TensorMeta::contiguous(op, DType::F32, [e, n, 1, 1])
-        .map_err(|err| KernelError::Unsupported { op, why: err.to_string() })?;
+    let plane = scratch_meta(op, DType::F32, [e, n, 1, 1])?;
     let (sums, norms) = out.split_at_mut(plane.nbytes_contiguous());
     elementwise::binary(BinaryOp::Add, a, b, &mut Dst::new(&mut *sums, plane)?);
     let s = Src::new(sums, plane).ok_or_else(|| KernelError::Unsupported { op, why: "plane 0 does not fit".into() })?;
@@ -114,8 +113,7 @@ pub(super) fn add_rms_norm_mul(
 
 /// `softmax(logits)` (scale 1, no mask) by the softmax kernel, into a contiguous scratch tensor.
 fn probabilities(op: &'static str, logits: Src<'_>) -> Result<(Vec<f32>, TensorMeta), KernelError> {
-    let meta = TensorMeta::contiguous(op, DType::F32, logits.ne())
-        .map_err(|err| KernelError::Unsupported { op, why: err.to_string() })?;
+    let meta = scratch_meta(op, DType::F32, logits.ne())?;
     let mut probs = vec![0f32; meta.nelements()];
     reduce::softmax(1.0, logits, None, &mut Dst::new(bytemuck::cast_slice_mut(&mut probs), meta)?);
     Ok((probs, meta))
@@ -168,6 +166,7 @@ pub(super) fn moe_weights(
     data::concat(w, g, 1, &mut Dst::new(out, *out_meta)?)
 }
 
+/// A contiguous descriptor for scratch or a plane of `op`'s output.
 fn scratch_meta(op: &'static str, dtype: DType, ne: [usize; 4]) -> Result<TensorMeta, KernelError> {
     TensorMeta::contiguous(op, dtype, ne).map_err(|err| KernelError::Unsupported { op, why: err.to_string() })
 }
@@ -245,8 +244,7 @@ fn glu_of_products<'a>(
     product: impl Fn(Src<'a>, &mut [u8], &TensorMeta) -> Result<(), KernelError>,
     dst: &mut Dst<'_>,
 ) -> Result<(), KernelError> {
-    let meta = TensorMeta::contiguous(op, DType::F32, dst.ne())
-        .map_err(|err| KernelError::Unsupported { op, why: err.to_string() })?;
+    let meta = scratch_meta(op, DType::F32, dst.ne())?;
     let mut gate = vec![0f32; meta.nelements()];
     product(wg, bytemuck::cast_slice_mut(&mut gate), &meta).map_err(|e| e.in_op(op))?;
     let mut up = vec![0f32; meta.nelements()];

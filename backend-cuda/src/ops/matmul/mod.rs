@@ -118,16 +118,14 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
 fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
     let (xq, xs) = quant_x_bytes(b.nelements());
     let gemv = packed_f32_bytes(b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
-    let n = b.ne[1] as i64;
-    // (mmq's packed activations also serve `dense_mma` at 2-8 tokens)
-    let gemm = if n >= dense_gemm_from() {
-        mmq::mul_mat_scratch_bytes(b)
+    if (b.ne[1] as i64) > GEMV_MAX_N {
+        gemv.max(blas_scratch(a, b)).max(mmq::mul_mat_scratch_bytes(b))
     } else if a.dtype.is_quantized() {
-        mmq::packed_bytes(b)
+        // (mmq's packed activations for `dense_mma` at a few tokens)
+        gemv.max(mmq::packed_bytes(b))
     } else {
-        0
-    };
-    if n > GEMV_MAX_N { gemv.max(blas_scratch(a, b)).max(gemm) } else { gemv.max(gemm) }
+        gemv
+    }
 }
 
 /// When `mmq::dense_mma` takes a quantized mul_mat of a few tokens, on `sms` multiprocessors: (the
@@ -142,15 +140,6 @@ fn dense_mma_limits(sms: usize) -> (i64, i64) {
         Some(items) => (items, 2),
         None => (mmq::DENSE_MMA_MIN_ITEMS_PER_SM * sms as i64, mmq::DENSE_MMA_MIN_TOKENS),
     }
-}
-
-/// Tokens from which a quantized mul_mat takes `mmq`'s tensor-core GEMM rather than a GEMV
-/// (default `GEMV_MAX_N + 1`; `TESSERA_DENSE_GEMM_FROM=N`, read once a process, to compare).
-fn dense_gemm_from() -> i64 {
-    static FROM: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *FROM.get_or_init(|| {
-        std::env::var("TESSERA_DENSE_GEMM_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMV_MAX_N + 1)
-    })
 }
 
 /// Where a gate-and-up op that runs as its two products and swiglu keeps the up product in
@@ -216,7 +205,7 @@ fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
 fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     let n = b.ne[1];
     let x = cx.scratch;
-    if n >= dense_gemm_from()
+    if n > GEMV_MAX_N
         && mmq::weights_fit(&a, d)
         && let Some(done) = mmq::mul_mat(cx, a, d, b, out, x)
     {
