@@ -266,15 +266,17 @@ __device__ __forceinline__ u64 fz_warp_min_u64(u64 v) {
 }
 
 // dst i32 [k + m, rows]: per row the indices of the k largest probabilities, largest first, the
-// lower index first among equal ones (top_k's rule), then the row's m ids of tail (m = 0: none). 1 <= k <= n <= ROUTER_MAX (host). One
-// block per row: warp 0 computes the probabilities (as the softmax kernels do) and leaves their
-// ranks in shared memory; then every thread places its elements by counting the smaller ranks
-// (ranks are distinct: they carry the index), so the selection takes n compares a thread
-// instead of k rounds of a warp minimum over the row (the latency of a decode step's router).
+// lower index first among equal ones (top_k's rule), then the row's m ids of tail (m = 0: none).
+// 1 <= k <= n <= ROUTER_MAX (host). One block per row: warp 0 computes the probabilities (as the
+// softmax kernels do) and leaves their ranks in shared memory, padded to a multiple of 8 with a
+// rank larger than any; then every thread places its elements by counting the smaller ranks
+// (ranks are distinct: they carry the index). The count reads two ranks a shared load into four
+// independent sums, and a warp whose elements all have k smaller ones stops early: the latency
+// of a decode step's router is this loop.
 template <bool VEC>
 __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail) {
-    __shared__ u64 ranks[ROUTER_MAX];
-    const i64 rows = src.ne[1], n = src.ne[0];
+    __shared__ __align__(16) u64 ranks[ROUTER_MAX];
+    const i64 rows = src.ne[1], n = src.ne[0], n8 = (n + 7) & ~(i64)7;
     const int lane = threadIdx.x & 31;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         if (threadIdx.x < 32) {
@@ -285,14 +287,25 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail) {
                 const i64 i = fz_elem<VEC>(lane, q);
                 if (i < n) ranks[i] = fz_rank_desc(p[q], i);
             }
+            if (n + lane < n8) ranks[n + lane] = FZ_RANK_NONE;
         }
         __syncthreads();
         char* y = dst.data + r * dst.nb[1];
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const u64 mine = ranks[i];
-            int before = 0;
-            for (int j = 0; j < n; j++) before += ranks[j] < mine;
-            if (before < k) *(int*)(y + before * dst.nb[0]) = i;
+        const ulonglong2* pairs = (const ulonglong2*)ranks;
+        for (i64 i0 = 0; i0 < n; i0 += blockDim.x) {
+            const i64 i = i0 + threadIdx.x;
+            const u64 mine = i < n ? ranks[i] : FZ_RANK_NONE;
+            int c[4] = {0, 0, 0, 0};
+            for (i64 j = 0; j < n8 / 2; j += 4) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const ulonglong2 two = pairs[j + q];
+                    c[q] += (two.x < mine) + (two.y < mine);
+                }
+                if (__all_sync(0xffffffffu, c[0] + c[1] + c[2] + c[3] >= k)) break;
+            }
+            const int before = (c[0] + c[1]) + (c[2] + c[3]);
+            if (i < n && before < k) *(int*)(y + before * dst.nb[0]) = (int)i;
         }
         for (i64 i = threadIdx.x; i < tail.ne[0]; i += blockDim.x) {
             *(int*)(y + (k + i) * dst.nb[0]) = *(const int*)(tail.data + i * tail.nb[0] + r * tail.nb[1]);
@@ -335,8 +348,11 @@ __device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, Tensor gate, 
     for (i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += step) {
         const char* x = src.data + r * src.nb[1];
         const char* idr = ids.data + r * ids.nb[1];
-        bool bad = false;
-        for (i64 s = lane; s < k; s += 32) {
+        // the first 32 ids and the row are read before anything waits on them
+        const int id0 = lane < k ? *(const int*)(idr + lane * ids.nb[0]) : 0;
+        MaxSum t = fz_router_row<VEC>(x, src.nb[0], n, lane, nullptr);
+        bool bad = id0 < 0 || id0 >= n;
+        for (i64 s = lane + 32; s < k; s += 32) {
             int id = *(const int*)(idr + s * ids.nb[0]);
             bad |= id < 0 || id >= n;
         }
@@ -344,15 +360,16 @@ __device__ void fz_moe_weights(Tensor dst, Tensor src, Tensor ids, Tensor gate, 
             fz_report_first_bad(ids, n, err, op, lane);
             continue;  // uniform across the warp
         }
-        MaxSum t = fz_router_row<VEC>(x, src.nb[0], n, lane, nullptr);
-        float acc = 0.0f;
-        for (i64 s = lane; s < k; s += 32) {
+        const float p0 = lane < k ? fz_prob(*(const float*)(x + id0 * src.nb[0]), t) : 0.0f;
+        float acc = p0;
+        for (i64 s = lane + 32; s < k; s += 32) {
             int id = *(const int*)(idr + s * ids.nb[0]);
             acc += fz_prob(*(const float*)(x + id * src.nb[0]), t);
         }
         float total = warp_sum(acc);
         char* y = dst.data + r * dst.nb[2];
-        for (i64 s = lane; s < k; s += 32) {
+        if (lane < k) *(float*)(y + lane * dst.nb[1]) = p0 / total;
+        for (i64 s = lane + 32; s < k; s += 32) {
             int id = *(const int*)(idr + s * ids.nb[0]);
             *(float*)(y + s * dst.nb[1]) = fz_prob(*(const float*)(x + id * src.nb[0]), t) / total;
         }

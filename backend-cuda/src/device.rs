@@ -1,11 +1,45 @@
 //! The device: a CUDA context with event tracking off (we order our own work on one stream), the
 //! stream every kernel, copy and graph launch goes to, and what we know about the chip.
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 
 use crate::CudaError;
+
+/// Serialises, across the threads of the process, stream captures with the driver calls that
+/// synchronise the whole device (`cuMemAlloc`, `cuMemFree`, pinned host memory): one of those on
+/// another thread invalidates a capture in progress (two backends on two threads, as the tests
+/// run). Held by [`crate::graphs::Graphs::run`] for a whole capture and around each such call.
+static DEVICE_WIDE: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// [`device_wide`] guards this thread holds: a capture may allocate (the lock is not re-taken).
+    static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Holds [`DEVICE_WIDE`] (re-entrant within a thread) until dropped.
+pub(crate) struct DeviceWide(Option<MutexGuard<'static, ()>>);
+
+/// Takes the process-wide lock for a capture or a device-synchronising call.
+pub(crate) fn device_wide() -> DeviceWide {
+    let guard = if HELD.get() == 0 {
+        // (a panic while held leaves nothing to repair: the lock guards no data)
+        Some(DEVICE_WIDE.lock().unwrap_or_else(|e| e.into_inner()))
+    } else {
+        None
+    };
+    HELD.set(HELD.get() + 1);
+    DeviceWide(guard)
+}
+
+impl Drop for DeviceWide {
+    fn drop(&mut self) {
+        HELD.set(HELD.get() - 1);
+        self.0.take();
+    }
+}
 
 /// Facts about the GPU that kernels and reports use.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -154,6 +154,8 @@ impl Graphs {
             return Ok(Some((e.id, e.epoch)));
         }
 
+        // No other thread of the process frees or allocates device memory until the capture ends.
+        let wide = crate::device::device_wide();
         // SAFETY: our stream, not capturing. Relaxed mode: a kernel module loaded for the first
         // time inside the capture is allowed.
         driver("cuStreamBeginCapture", unsafe {
@@ -163,23 +165,28 @@ impl Graphs {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: ends the capture begun above, whatever `record` did.
         let ended = unsafe { sys::cuStreamEndCapture(stream, &mut graph) };
-        let trace = match recorded {
-            Ok(trace) => trace,
-            Err(e) => {
-                if !graph.is_null() {
-                    // SAFETY: the graph just captured, owned here.
-                    unsafe { sys::cuGraphDestroy(graph) };
-                }
-                return Err(e);
-            }
-        };
+        drop(wide);
         if ended != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
+            // The driver refused the capture (a launch inside it failed, or the capture was
+            // invalidated): run the step eagerly, where a genuine error is reported.
+            if !graph.is_null() {
+                // SAFETY: the graph just captured, owned here.
+                unsafe { sys::cuGraphDestroy(graph) };
+            }
             self.stats.capture_failures += 1;
             self.stats.eager += 1;
             let trace = record()?;
             self.stats.kernels += trace.len() as u64;
             return Ok(None);
         }
+        let trace = match recorded {
+            Ok(trace) => trace,
+            Err(e) => {
+                // SAFETY: the graph just captured, owned here.
+                unsafe { sys::cuGraphDestroy(graph) };
+                return Err(e);
+            }
+        };
         self.stats.kernels += trace.len() as u64;
         struct Owned(sys::CUgraph);
         impl Drop for Owned {

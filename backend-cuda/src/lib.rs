@@ -262,6 +262,7 @@ impl Drop for CudaBackend {
             eprint!("{}", p.report());
         }
         let _ = self.dev.ctx.bind_to_thread();
+        let _wide = device::device_wide();
         // SAFETY: our stream; waits for queued work before memory goes away.
         let _ = unsafe { result::stream::synchronize(self.dev.stream.cu_stream()) };
         self.graphs.clear();

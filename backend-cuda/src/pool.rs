@@ -72,6 +72,7 @@ impl Pool {
             self.stats.live_bytes += class;
             return Ok((ptr, class));
         }
+        let _wide = crate::device::device_wide();
         // SAFETY: plain device allocation; the context is current (bound by the caller).
         let ptr = match unsafe { result::malloc_sync(class) } {
             Ok(p) => p,
@@ -109,6 +110,7 @@ impl Pool {
             detail: e.to_string(),
         })?;
         self.stats.trims += 1;
+        let _wide = crate::device::device_wide();
         for (_, ptrs) in std::mem::take(&mut self.free) {
             for p in ptrs {
                 // SAFETY: `p` came from `malloc_sync`, is not live, and no queued work uses it.
@@ -122,6 +124,7 @@ impl Pool {
     /// Frees everything cached; live blocks belong to their owners, who free them through `free`
     /// first (the backend does so when dropped).
     pub fn release_all(&mut self) {
+        let _wide = crate::device::device_wide();
         for (_, ptrs) in std::mem::take(&mut self.free) {
             for p in ptrs {
                 // SAFETY: cached blocks are not in use.

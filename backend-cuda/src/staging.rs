@@ -27,6 +27,7 @@ fn check(what: &str, r: sys::CUresult) -> Result<(), CudaError> {
 impl Staging {
     pub fn new() -> Result<Staging, CudaError> {
         let mut chunks = [(std::ptr::null_mut(), std::ptr::null_mut()); 2];
+        let _wide = crate::device::device_wide();
         for c in &mut chunks {
             let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
             // SAFETY: a plain pinned host allocation, freed in Drop.
@@ -71,6 +72,7 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        let _wide = crate::device::device_wide();
         for (p, ev) in self.chunks {
             // SAFETY: allocated in `new`, freed once; the events were synchronised by `upload`.
             unsafe {

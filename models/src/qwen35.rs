@@ -393,7 +393,8 @@ pub fn route_shared_experts(
         for ([exps, shexp], merged) in parts.iter().zip(stacked_experts(il)) {
             any |= weights.stack(&[exps, shexp], &merged, 2, backend)?;
         }
-        weights.merge_rows(&[&w("gate_inp"), &w("gate_inp_shexp")], &stacked_router(il), backend)?;
+        // (rows a multiple of 4: the router's logits then have 16-byte rows, read as float4)
+        weights.stack_padded(&[&w("gate_inp"), &w("gate_inp_shexp")], &stacked_router(il), 1, 4, backend)?;
     }
     if any {
         weights.insert_i32(SHARED_EXPERT_ID, [1, 1, 1, 1], &[n_expert as i32], backend)?;

@@ -163,6 +163,20 @@ impl ModelWeights {
         axis: usize,
         backend: &mut dyn Backend,
     ) -> Result<bool, WeightsError> {
+        self.stack_padded(parts, merged, axis, 1, backend)
+    }
+
+    /// [`ModelWeights::stack`] with the stacked dimension rounded up to a multiple of `multiple`
+    /// by zeros after the last part (the parts' windows do not cover them): a product's rows then
+    /// keep an alignment its readers want (the router's logits as 16-byte rows).
+    pub fn stack_padded(
+        &mut self,
+        parts: &[&str],
+        merged: &str,
+        axis: usize,
+        multiple: usize,
+        backend: &mut dyn Backend,
+    ) -> Result<bool, WeightsError> {
         let Some(places) = parts.iter().map(|p| self.tensors.get(*p).copied()).collect::<Option<Vec<_>>>() else {
             return Ok(false);
         };
@@ -178,10 +192,19 @@ impl ModelWeights {
             return Ok(false);
         }
         let mut ne = first.ne;
-        ne[axis] = places.iter().map(|p| p.meta.ne[axis]).sum();
+        ne[axis] = places.iter().map(|p| p.meta.ne[axis]).sum::<usize>().next_multiple_of(multiple.max(1));
         let meta = TensorMeta::contiguous("weight", first.dtype, ne)
             .map_err(|e| WeightsError::Bad { name: merged.to_string(), why: e.to_string() })?;
         let buffer = backend.alloc(meta.nbytes_contiguous())?;
+        let parts_bytes: usize = places.iter().map(|p| p.meta.nbytes_contiguous()).sum();
+        if parts_bytes < meta.nbytes_contiguous() {
+            // (zero bytes are zero values in every weight dtype: a zero scale in the quantized ones)
+            let pad = vec![0u8; meta.nbytes_contiguous() - parts_bytes];
+            if let Err(e) = backend.write(buffer, parts_bytes, &pad) {
+                backend.free(buffer);
+                return Err(e.into());
+            }
+        }
         let mut at = 0;
         let mut windows = Vec::with_capacity(places.len());
         for place in &places {
@@ -281,6 +304,20 @@ mod tests {
         put(&mut w, &mut be, "other", [2, 3, 1, 1], 0.0);
         assert!(!w.stack(&["one", "other"], "again", 2, &mut be).unwrap());
         assert!(!w.stack(&["other"], "all", 2, &mut be).unwrap());
+        w.free(&mut be);
+    }
+
+    #[test]
+    fn padded_stacks_end_in_zero_rows_outside_every_window() {
+        let mut be = CpuBackend::new();
+        let mut w = ModelWeights::default();
+        put(&mut w, &mut be, "router", [2, 5, 1, 1], 1.0);
+        put(&mut w, &mut be, "gate", [2, 1, 1, 1], 50.0);
+        assert!(w.stack_padded(&["router", "gate"], "both", 1, 4, &mut be).unwrap());
+        assert_eq!(w.get("both").unwrap().meta.ne, [2, 8, 1, 1]);
+        let want: Vec<f32> = (0..10).map(|i| 1.0 + i as f32).chain([50.0, 51.0]).chain([0.0; 4]).collect();
+        assert_eq!(values(&w, &mut be, "both"), want);
+        assert_eq!(values(&w, &mut be, "gate"), [50.0, 51.0]);
         w.free(&mut be);
     }
 
