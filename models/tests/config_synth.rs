@@ -255,7 +255,7 @@ fn tiny_preset_sizes() {
 #[test]
 fn uploaded_synthetic_weights_are_the_file_s_weights() {
     use tessera_cpu::CpuBackend;
-    use tessera_models::qwen35::{Logits, Model, ModelOptions};
+    use tessera_models::model::{Logits, Model, ModelOptions};
     for (preset, dtype) in [("tiny", DType::F32), ("tiny-moe", DType::Q8_0), ("tiny-moe", DType::NvFp4)] {
         let c = ModelConfig::preset(preset).unwrap();
         let path = std::env::temp_dir().join(format!("tessera_upload_{preset}_{dtype}_{}.gguf", std::process::id()));

@@ -10,7 +10,7 @@ use tessera_cpu::CpuBackend;
 use tessera_models::config::{ConfigError, ModelConfig};
 use tessera_models::convert::config_from_hf;
 use tessera_models::gguf::{Array, GgufFile, Value};
-use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelOptions};
 use tessera_ops::DType;
 
 #[global_allocator]
