@@ -230,7 +230,9 @@ fn metadata_round_trips_for_every_preset() {
     }
     // Explicit recurrent layers override the interval and round trip too.
     let mut c = ModelConfig::preset("tiny").unwrap();
-    c.recurrent_layers = Some(vec![false, true, true, false]);
+    if let Some(s) = c.ssm.as_mut() {
+        s.recurrent_layers = Some(vec![false, true, true, false]);
+    }
     c.validate().unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in c.to_metadata() {

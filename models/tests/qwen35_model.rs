@@ -296,7 +296,9 @@ fn a_model_without_attention_layers_runs() {
     // has no rope positions, KV write cells or block table to fill.
     let mut config = tessera_models::config::ModelConfig::preset("tiny-moe").unwrap();
     config.n_layer = 2;
-    config.full_attention_interval = 4;
+    if let Some(s) = config.ssm.as_mut() {
+        s.full_attention_interval = 4;
+    }
     let path = std::env::temp_dir().join(format!("tessera_test_no_attention_{}.gguf", std::process::id()));
     tessera_models::synth::synthesize(&config, DType::F32, 7, &path, None).unwrap();
     let f = GgufFile::open(&path).unwrap();

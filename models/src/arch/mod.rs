@@ -38,7 +38,7 @@ use std::fmt;
 
 use tessera_graph::{Backend, Tensor};
 
-use crate::config::{ConfigError, ModelConfig};
+use crate::config::{ConfigError, KeySpec, ModelConfig, TensorGroup};
 use crate::model::{ModelError, ModelOptions};
 use crate::weights::{ModelWeights, WeightsError};
 
@@ -116,6 +116,11 @@ pub struct ArchSpec {
     pub name: &'static str,
     /// The Hugging Face `architectures` / `model_type` names of `config.json` it converts from.
     pub hf_names: &'static [&'static str],
+    /// Every metadata key after `{arch}.`, in the order [`ModelConfig::to_metadata`] writes them
+    /// (keep llama.cpp's spelling: files must load in llama.cpp too).
+    pub keys: &'static [KeySpec],
+    /// The tensors of each part of the model, in file order ([`ModelConfig::tensor_specs`]).
+    pub tensors: &'static [TensorGroup],
     /// The family's architecture for a config whose `arch` is this family (validated).
     pub make: fn(ModelConfig) -> Result<Box<dyn Architecture>, ConfigError>,
 }
@@ -146,7 +151,5 @@ pub fn known_names() -> String {
 
 /// The architecture of a config of a shipped family.
 pub fn for_config(config: ModelConfig) -> Result<Box<dyn Architecture>, ConfigError> {
-    let spec = lookup(config.arch.name())
-        .ok_or_else(|| ConfigError::UnknownArchitecture { arch: config.arch.name().to_string() })?;
-    (spec.make)(config)
+    (config.arch.spec().make)(config)
 }

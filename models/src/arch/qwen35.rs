@@ -14,7 +14,9 @@ use tessera_graph::{Backend, Tensor};
 use tessera_ops::{RopePairing, RopeParams};
 
 use crate::arch::{ArchSpec, Architecture, LayerCacheNeed, StepBuilder};
-use crate::config::{ConfigError, Ffn, LayerKind, ModelConfig};
+use crate::config::{
+    BlockPart, ConfigError, Dim, Ffn, Field, KeySpec, LayerKind, ModelConfig, SsmConfig, TensorGroup, t,
+};
 use crate::layers::attention::{self, AttentionSpec, GateLayout};
 use crate::layers::delta_net::{self, DeltaNetSpec};
 use crate::layers::ffn::{self, MoeSpec};
@@ -27,6 +29,30 @@ use crate::weights::{ModelWeights, WeightsError};
 pub static QWEN35: ArchSpec = ArchSpec {
     name: "qwen35",
     hf_names: &["Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForConditionalGeneration", "qwen3_5"],
+    keys: &[
+        KeySpec::required("block_count", Field::BlockCount),
+        KeySpec::required("context_length", Field::ContextLength),
+        KeySpec::required("embedding_length", Field::EmbeddingLength),
+        KeySpec::required("vocab_size", Field::VocabSize),
+        KeySpec::required("feed_forward_length", Field::FeedForwardLength),
+        KeySpec::required("attention.head_count", Field::HeadCount),
+        KeySpec::required("attention.head_count_kv", Field::HeadCountKv),
+        KeySpec::required("attention.key_length", Field::KeyLength),
+        KeySpec::required("attention.value_length", Field::ValueLength),
+        KeySpec::required("attention.layer_norm_rms_epsilon", Field::RmsEps),
+        KeySpec::required("rope.freq_base", Field::RopeFreqBase),
+        KeySpec::required("rope.dimension_count", Field::RopeDimensionCount),
+        KeySpec::required("rope.dimension_sections", Field::RopeSections),
+        KeySpec::required("ssm.conv_kernel", Field::SsmConvKernel),
+        KeySpec::required("ssm.state_size", Field::SsmStateSize),
+        KeySpec::required("ssm.group_count", Field::SsmGroupCount),
+        KeySpec::required("ssm.time_step_rank", Field::SsmTimeStepRank),
+        KeySpec::required("ssm.inner_size", Field::SsmInnerSize),
+        KeySpec::default("full_attention_interval", Field::FullAttentionInterval, 4),
+        KeySpec::optional("attention.recurrent_layers", Field::RecurrentLayers),
+        KeySpec::optional("nextn_predict_layers", Field::NextnPredictLayers),
+    ],
+    tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, DENSE_FFN],
     make: Qwen35::make,
 };
 
@@ -34,20 +60,129 @@ pub static QWEN35: ArchSpec = ArchSpec {
 pub static QWEN35MOE: ArchSpec = ArchSpec {
     name: "qwen35moe",
     hf_names: &["Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"],
+    keys: &[
+        KeySpec::required("block_count", Field::BlockCount),
+        KeySpec::required("context_length", Field::ContextLength),
+        KeySpec::required("embedding_length", Field::EmbeddingLength),
+        KeySpec::required("vocab_size", Field::VocabSize),
+        KeySpec::required("attention.head_count", Field::HeadCount),
+        KeySpec::required("attention.head_count_kv", Field::HeadCountKv),
+        KeySpec::required("attention.key_length", Field::KeyLength),
+        KeySpec::required("attention.value_length", Field::ValueLength),
+        KeySpec::required("attention.layer_norm_rms_epsilon", Field::RmsEps),
+        KeySpec::required("rope.freq_base", Field::RopeFreqBase),
+        KeySpec::required("rope.dimension_count", Field::RopeDimensionCount),
+        KeySpec::required("rope.dimension_sections", Field::RopeSections),
+        KeySpec::required("ssm.conv_kernel", Field::SsmConvKernel),
+        KeySpec::required("ssm.state_size", Field::SsmStateSize),
+        KeySpec::required("ssm.group_count", Field::SsmGroupCount),
+        KeySpec::required("ssm.time_step_rank", Field::SsmTimeStepRank),
+        KeySpec::required("ssm.inner_size", Field::SsmInnerSize),
+        KeySpec::default("full_attention_interval", Field::FullAttentionInterval, 4),
+        KeySpec::optional("attention.recurrent_layers", Field::RecurrentLayers),
+        KeySpec::optional("nextn_predict_layers", Field::NextnPredictLayers),
+        KeySpec::required("expert_count", Field::ExpertCount),
+        KeySpec::required("expert_used_count", Field::ExpertUsedCount),
+        KeySpec::required("expert_feed_forward_length", Field::ExpertFeedForwardLength),
+        KeySpec::required("expert_shared_feed_forward_length", Field::ExpertSharedFeedForwardLength),
+    ],
+    tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, MOE_FFN, SHARED_EXPERT],
     make: Qwen35::make,
+};
+
+// The tensors (llama.cpp's `LLM_TENSOR_NAMES`, llama-arch.cpp), shapes in ggml order (notes §6.3),
+// in file order.
+
+const GLOBAL: TensorGroup = TensorGroup {
+    part: BlockPart::Global,
+    tensors: &[t("token_embd.weight", &[Dim::Embd, Dim::Vocab]), t("output_norm.weight", &[Dim::Embd])],
+};
+
+const UNTIED_HEAD: TensorGroup =
+    TensorGroup { part: BlockPart::UntiedHead, tensors: &[t("output.weight", &[Dim::Embd, Dim::Vocab])] };
+
+const BLOCK: TensorGroup = TensorGroup {
+    part: BlockPart::Block,
+    tensors: &[t("attn_norm.weight", &[Dim::Embd]), t("post_attention_norm.weight", &[Dim::Embd])],
+};
+
+const ATTENTION: TensorGroup = TensorGroup {
+    part: BlockPart::Attention,
+    tensors: &[
+        t("attn_q.weight", &[Dim::Embd, Dim::QGateDim]),
+        t("attn_k.weight", &[Dim::Embd, Dim::KvDim]),
+        t("attn_v.weight", &[Dim::Embd, Dim::KvDim]),
+        t("attn_output.weight", &[Dim::QDim, Dim::Embd]),
+        t("attn_q_norm.weight", &[Dim::HeadDim]),
+        t("attn_k_norm.weight", &[Dim::HeadDim]),
+    ],
+};
+
+const RECURRENT: TensorGroup = TensorGroup {
+    part: BlockPart::Recurrent,
+    tensors: &[
+        t("attn_qkv.weight", &[Dim::Embd, Dim::SsmConvChannels]),
+        t("attn_gate.weight", &[Dim::Embd, Dim::SsmValueDim]),
+        t("ssm_conv1d.weight", &[Dim::SsmConvKernel, Dim::SsmConvChannels]),
+        t("ssm_dt.bias", &[Dim::SsmValueHeads]),
+        t("ssm_a", &[Dim::SsmValueHeads]),
+        t("ssm_beta.weight", &[Dim::Embd, Dim::SsmValueHeads]),
+        t("ssm_alpha.weight", &[Dim::Embd, Dim::SsmValueHeads]),
+        t("ssm_norm.weight", &[Dim::SsmValueHeadDim]),
+        t("ssm_out.weight", &[Dim::SsmValueDim, Dim::Embd]),
+    ],
+};
+
+const DENSE_FFN: TensorGroup = TensorGroup {
+    part: BlockPart::DenseFfn,
+    tensors: &[
+        t("ffn_gate.weight", &[Dim::Embd, Dim::Ffn]),
+        t("ffn_up.weight", &[Dim::Embd, Dim::Ffn]),
+        t("ffn_down.weight", &[Dim::Ffn, Dim::Embd]),
+    ],
+};
+
+const MOE_FFN: TensorGroup = TensorGroup {
+    part: BlockPart::Moe,
+    tensors: &[
+        t("ffn_gate_inp.weight", &[Dim::Embd, Dim::Experts]),
+        t("ffn_gate_exps.weight", &[Dim::Embd, Dim::ExpertFfn, Dim::Experts]),
+        t("ffn_up_exps.weight", &[Dim::Embd, Dim::ExpertFfn, Dim::Experts]),
+        t("ffn_down_exps.weight", &[Dim::ExpertFfn, Dim::Embd, Dim::Experts]),
+    ],
+};
+
+const SHARED_EXPERT: TensorGroup = TensorGroup {
+    part: BlockPart::SharedExpert,
+    tensors: &[
+        t("ffn_gate_inp_shexp.weight", &[Dim::Embd]),
+        t("ffn_gate_shexp.weight", &[Dim::Embd, Dim::SharedFfn]),
+        t("ffn_up_shexp.weight", &[Dim::Embd, Dim::SharedFfn]),
+        t("ffn_down_shexp.weight", &[Dim::SharedFfn, Dim::Embd]),
+    ],
 };
 
 /// A `qwen35` / `qwen35moe` model's forward pass over a validated [`ModelConfig`].
 #[derive(Debug, Clone)]
 pub struct Qwen35 {
     config: ModelConfig,
+    /// `config.ssm` (the family declares it).
+    ssm: SsmConfig,
+    /// `config.rope_sections` (the family declares them).
+    sections: [usize; 4],
 }
 
 impl Qwen35 {
-    /// The architecture of `config` (validated first).
+    /// The architecture of `config` (validated first; a config of another family is an error).
     pub fn new(config: ModelConfig) -> Result<Qwen35, ConfigError> {
         config.validate()?;
-        Ok(Qwen35 { config })
+        let (Some(ssm), Some(sections)) = (config.ssm.clone(), config.rope_sections) else {
+            return Err(ConfigError::Inconsistent {
+                key: "general.architecture".into(),
+                reason: format!("{} is not a qwen35 family config (no ssm group or rope sections)", config.arch),
+            });
+        };
+        Ok(Qwen35 { config, ssm, sections })
     }
 
     fn make(config: ModelConfig) -> Result<Box<dyn Architecture>, ConfigError> {
@@ -66,20 +201,20 @@ impl Qwen35 {
                 n_rot: c.n_rot,
                 freq_base: c.rope_freq_base,
                 pairing: RopePairing::Neox,
-                sections: Some(c.rope_sections),
+                sections: Some(self.sections),
             },
             gate: Some(GateLayout::InterleavedPerHead),
         }
     }
 
     fn delta_net_spec(&self) -> DeltaNetSpec {
-        let c = &self.config;
+        let s = &self.ssm;
         DeltaNetSpec {
-            n_head_k: c.ssm_n_group,
-            n_head_v: c.ssm_dt_rank,
-            head_k_dim: c.ssm_d_state,
-            head_v_dim: c.ssm_head_v_dim(),
-            eps: c.rms_eps,
+            n_head_k: s.n_group,
+            n_head_v: s.dt_rank,
+            head_k_dim: s.d_state,
+            head_v_dim: self.config.ssm_head_v_dim(),
+            eps: self.config.rms_eps,
         }
     }
 }
@@ -105,8 +240,8 @@ impl Architecture for Qwen35 {
                     LayerCacheNeed::Attention { n_head_kv: c.n_head_kv, k_dim: c.head_dim, v_dim: c.head_dim }
                 }
                 LayerKind::GatedDeltaNet => LayerCacheNeed::Recurrent {
-                    conv: [c.ssm_d_conv - 1, c.ssm_conv_dim()],
-                    state: [c.ssm_d_state, c.ssm_head_v_dim(), c.ssm_dt_rank],
+                    conv: [self.ssm.d_conv - 1, c.ssm_conv_dim()],
+                    state: [self.ssm.d_state, c.ssm_head_v_dim(), self.ssm.dt_rank],
                 },
             })
             .collect()
