@@ -1,5 +1,5 @@
 //! The runtime every model family shares: a [`Model`] drives one
-//! [`Architecture`](crate::arch::Architecture) over resident weights and caches.
+//! [`Architecture`] over resident weights and caches.
 //!
 //! What the runtime owns: the weights (uploaded once, prepared once by the architecture), the
 //! paged KV cache and the recurrent-state cache sized from the architecture's per-layer
@@ -197,7 +197,10 @@ pub struct Bucket {
     pub n_tokens: usize,
     /// Sequences, empty padding sequences included.
     pub n_seq: usize,
+    /// KV positions the attention reads per sequence (the block table's width), padding
+    /// included.
     pub n_kv: usize,
+    /// Every token's logits are computed (else each sequence's last).
     pub all_logits: bool,
     /// The graph ends in the `sample` op: token ids come back instead of logits.
     pub sample: bool,
@@ -232,6 +235,7 @@ pub struct StepTimes {
 }
 
 impl StepTimes {
+    /// All three, in seconds.
     pub fn total(&self) -> f64 {
         self.prepare + self.launch + self.wait
     }

@@ -51,11 +51,23 @@ pub enum LayerCacheNeed {
     None,
     /// K and V rows per token in the paged KV cache: `n_head_kv` heads of `k_dim` (keys) and
     /// `v_dim` (values) elements, stored in [`crate::model::ModelOptions::kv_dtype`].
-    Attention { n_head_kv: usize, k_dim: usize, v_dim: usize },
+    Attention {
+        /// KV heads per token.
+        n_head_kv: usize,
+        /// Elements per key head.
+        k_dim: usize,
+        /// Elements per value head.
+        v_dim: usize,
+    },
     /// f32 state per sequence slot: a conv ring `conv = [d_conv - 1, channels]` and a recurrent
     /// state `state = [S_k, S_v, H_v]` (ggml order), read and written in place by
     /// `ssm_conv_update_inplace` and `gated_delta_net`.
-    Recurrent { conv: [usize; 2], state: [usize; 3] },
+    Recurrent {
+        /// `[d_conv - 1, channels]`: conv samples kept per channel, and channels.
+        conv: [usize; 2],
+        /// `[S_k, S_v, H_v]`: key dim, value dim, value heads.
+        state: [usize; 3],
+    },
 }
 
 /// A model family's forward pass and cache needs: what the runtime

@@ -1,6 +1,13 @@
-//! The hyperparameters of a `qwen35` / `qwen35moe` model, read from and written to GGUF metadata
+//! The hyperparameters of a model of a shipped family, read from and written to GGUF metadata
 //! with the keys llama.cpp uses, and the list of weight tensors (names and ggml-order shapes) such
 //! a model has.
+//!
+//! Nothing here is coded per family: each family's [`ArchSpec`] declares its keys
+//! ([`KeySpec`], walked by the reader and writer of `keys.rs`) and its tensors ([`TensorGroup`]s
+//! of [`TensorTemplate`]s, walked by [`ModelConfig::tensor_specs`] in `tensors.rs`). A config has
+//! the common hyperparameters plus the optional groups its family declares: M-RoPE
+//! `rope_sections`, the gated DeltaNet [`SsmConfig`], a shared expert in [`Ffn::Moe`]. The tables
+//! below are those of the `qwen35` / `qwen35moe` family ([`crate::arch::qwen35`]).
 //!
 //! # Metadata keys
 //!
@@ -25,13 +32,13 @@
 //! | `{arch}.rope.freq_base` | `rope_freq_base` | f32 | |
 //! | `{arch}.rope.dimension_count` | `n_rot` | u32 | even, at most `key_length` |
 //! | `{arch}.rope.dimension_sections` | `rope_sections` | i32\[4\] | required (llama.cpp `get_key_or_arr(.., 4, true)`); shorter arrays are padded with 0 |
-//! | `{arch}.ssm.conv_kernel` | `ssm_d_conv` | u32 | |
-//! | `{arch}.ssm.state_size` | `ssm_d_state` (S_k) | u32 | |
-//! | `{arch}.ssm.group_count` | `ssm_n_group` (H_k) | u32 | must divide H_v |
-//! | `{arch}.ssm.time_step_rank` | `ssm_dt_rank` (H_v) | u32 | |
-//! | `{arch}.ssm.inner_size` | `ssm_d_inner` (H_v·S_v) | u32 | a multiple of H_v; S_v = inner / H_v |
-//! | `{arch}.full_attention_interval` | `full_attention_interval` | u32 | optional, default 4 (llama.cpp's default) |
-//! | `{arch}.attention.recurrent_layers` | `recurrent_layers` | bool\[n_layer\] | optional, overrides the interval (newer llama.cpp) |
+//! | `{arch}.ssm.conv_kernel` | `ssm.d_conv` | u32 | |
+//! | `{arch}.ssm.state_size` | `ssm.d_state` (S_k) | u32 | |
+//! | `{arch}.ssm.group_count` | `ssm.n_group` (H_k) | u32 | must divide H_v |
+//! | `{arch}.ssm.time_step_rank` | `ssm.dt_rank` (H_v) | u32 | |
+//! | `{arch}.ssm.inner_size` | `ssm.d_inner` (H_v·S_v) | u32 | a multiple of H_v; S_v = inner / H_v |
+//! | `{arch}.full_attention_interval` | `ssm.full_attention_interval` | u32 | optional, default 4 (llama.cpp's default) |
+//! | `{arch}.attention.recurrent_layers` | `ssm.recurrent_layers` | bool\[n_layer\] | optional, overrides the interval (newer llama.cpp) |
 //! | `{arch}.nextn_predict_layers` | `nextn_predict_layers` | u32 | optional, default 0 |
 //! | `{arch}.expert_count` | [`Ffn::Moe`] `n_expert` | u32 | `qwen35moe` only |
 //! | `{arch}.expert_used_count` | `n_expert_used` | u32 | at most `expert_count` |

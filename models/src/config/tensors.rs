@@ -72,14 +72,18 @@ pub enum BlockPart {
 /// ggml order (`ne[0]` first, 1 to 4 dims).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorTemplate {
+    /// llama.cpp's name (`attn_q.weight`), without the `blk.N.` of block parts.
     pub name: &'static str,
+    /// `ne[0]` first.
     pub shape: &'static [Dim],
 }
 
 /// The tensors of one [`BlockPart`], in file order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorGroup {
+    /// Which configs and blocks have these tensors.
     pub part: BlockPart,
+    /// The tensors, in file order.
     pub tensors: &'static [TensorTemplate],
 }
 
@@ -91,7 +95,9 @@ pub const fn t(name: &'static str, shape: &'static [Dim]) -> TensorTemplate {
 /// One weight tensor: its llama.cpp name and shape in ggml order (`ne[0]` innermost, padded with 1s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
+    /// The full name (`blk.3.attn_q.weight`).
     pub name: String,
+    /// The shape, ggml order, padded with 1s.
     pub ne: [usize; 4],
     /// Dimensions written to the file (1..=4).
     pub n_dims: usize,
@@ -271,8 +277,7 @@ impl ModelConfig {
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Tensors { problems }) }
     }
 
-    /// Total logical weights (at most [`MAX_PARAMS`] on a validated config; saturating).
-
+    /// Total logical weights (at most [`super::MAX_PARAMS`] on a validated config; saturating).
     pub fn n_params(&self) -> usize {
         self.tensor_specs().iter().fold(0usize, |acc, s| acc.saturating_add(s.n_elements()))
     }
