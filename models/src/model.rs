@@ -889,13 +889,14 @@ impl Model {
     }
 }
 
+/// The K/V shape of an attention layer: `(n_head_kv, k_dim, v_dim)`.
+type KvShape = (usize, usize, usize);
+/// The state shape of a recurrent layer: `([d_conv - 1, channels], [S_k, S_v, H_v])`.
+type RecurrentShape = ([usize; 2], [usize; 3]);
+
 /// The one K/V shape of the attention layers and the one state shape of the recurrent layers
 /// `needs` declare (`None` where no layer has that kind of cache).
-#[allow(clippy::type_complexity)]
-fn cache_shapes(
-    arch: &str,
-    needs: &[LayerCacheNeed],
-) -> R<(Option<(usize, usize, usize)>, Option<([usize; 2], [usize; 3])>)> {
+fn cache_shapes(arch: &str, needs: &[LayerCacheNeed]) -> R<(Option<KvShape>, Option<RecurrentShape>)> {
     let bad = |why: String| ModelError::CacheNeeds { arch: arch.to_string(), why };
     let (mut kv, mut rec) = (None, None);
     for (il, need) in needs.iter().enumerate() {

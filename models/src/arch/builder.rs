@@ -97,7 +97,6 @@ impl std::fmt::Debug for StepBuilder<'_> {
 
 impl<'m> StepBuilder<'m> {
     /// A builder over `g` (which holds `leaves` already).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         g: Graph,
         leaves: StepLeaves,
