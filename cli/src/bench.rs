@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Model, ModelOptions, StepTimes};
+use tessera_models::model::{Model, ModelOptions, StepTimes};
 use tessera_models::sample::SamplerParams;
 use tessera_ops::DType;
 
@@ -173,7 +173,7 @@ enum Case {
 
 /// A warm-up run, then `args.reps` measured runs of `case`.
 fn run_case(engine: &mut Engine, args: &BenchArgs, case: Case, graphs: Option<bool>) -> Result<Row, String> {
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.model().n_vocab();
     let params = SamplerParams::default();
     let mut row = Row {
         case: match case {

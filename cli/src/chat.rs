@@ -14,7 +14,7 @@ use std::path::Path;
 use tessera_graph::Backend;
 use tessera_models::chat::{ChatMessage, ChatTemplate};
 use tessera_models::config::ModelConfig;
-use tessera_models::qwen35::{Model, ModelOptions};
+use tessera_models::model::{Model, ModelOptions};
 use tessera_models::sample::{Sampler, SamplerParams};
 use tessera_models::tokenizer::{EncodeOptions, Tokenizer};
 use tessera_ops::sample::SampleSettings;

@@ -12,7 +12,7 @@ use tessera_graph::Backend;
 use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig, Event};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Model, ModelOptions};
+use tessera_models::model::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
 use tessera_models::synth::synthesize;
 use tessera_ops::DType;
@@ -117,7 +117,10 @@ impl BatchedRun {
         let opts = ModelOptions { kv_pad, ..ModelOptions::default() };
         let model = Model::load(gguf, backend.as_mut(), opts).map_err(|e| e.to_string())?;
         if verbose {
-            outln!("model: {}", model.config);
+            match model.config() {
+                Some(c) => outln!("model: {c}"),
+                None => outln!("model: {}", model.arch().name()),
+            }
         }
         let name = backend.name().to_string();
         let engine =

@@ -2,7 +2,7 @@
 //! run on the step graphs, and what they did.
 
 use tessera_graph::Backend;
-use tessera_models::qwen35::{Bucket, FusionSummary, Model};
+use tessera_models::model::{Bucket, FusionSummary, Model};
 
 /// The fusion switches `run` and `bench` share.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -57,7 +57,7 @@ pub fn launches(model: &mut Model, backend: &mut dyn Backend) -> Result<Option<[
             model.passes_mut().set_enabled(name, on && was).map_err(|e| e.to_string())?;
         }
         model.drop_step_graphs(&mut [&mut *backend]);
-        let err = |e: tessera_models::qwen35::ModelError| format!("fusion report: {e}");
+        let err = |e: tessera_models::model::ModelError| format!("fusion report: {e}");
         model.add_sequence(PROBE).map_err(err)?;
         let ran = model.step_greedy(backend, &[(PROBE, &[1, 2, 3])]).and_then(|_| {
             let before = count(backend).unwrap_or(0);

@@ -9,7 +9,7 @@ use safetensors::{Dtype, tensor::TensorView};
 use tessera_models::cache::SeqId;
 use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig, Event, MemoryReport};
-use tessera_models::qwen35::{Model, ModelOptions};
+use tessera_models::model::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
 use tessera_models::tokenizer::Tokenizer;
 use tessera_ops::DType;
@@ -313,7 +313,7 @@ pub fn print_memory(m: &MemoryReport) {
 
 /// Prefill and decode speed lines.
 /// `--stats`: the mean time split of prefill and decode steps, and the step-graph cache.
-fn print_stats(s: &tessera_models::engine::EngineStats, cache: &tessera_models::qwen35::StepCacheStats) {
+fn print_stats(s: &tessera_models::engine::EngineStats, cache: &tessera_models::model::StepCacheStats) {
     for (what, steps, t) in [("prefill", s.prefill_steps, s.prefill_times), ("decode", s.decode_steps, s.decode_times)]
     {
         if steps == 0 {

@@ -162,7 +162,7 @@ fn run_dumps_logits_of_every_position() {
     use safetensors::{Dtype, SafeTensors};
     use tessera_cpu::CpuBackend;
     use tessera_models::gguf::GgufFile;
-    use tessera_models::qwen35::{Logits, Model, ModelOptions};
+    use tessera_models::model::{Logits, Model, ModelOptions};
     use tessera_ops::DType;
 
     fn ids(st: &SafeTensors<'_>, name: &str) -> Vec<u32> {

@@ -77,7 +77,7 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value as Json;
 use tessera_ops::DType;
 
-use crate::config::{Arch, ConfigError, Ffn, LayerKind, MAX_LAYERS, ModelConfig, TensorSpec};
+use crate::config::{Arch, ConfigError, Dim, Ffn, LayerKind, MAX_LAYERS, ModelConfig, SsmConfig, TensorSpec};
 use crate::gguf::{GgufError, GgufWriter};
 use crate::hf_vocab::{VocabError, read_hf_vocab};
 use crate::synth::{WEIGHT_DTYPES, check_free_space, storage_dtype};
@@ -194,13 +194,9 @@ pub struct ConvertReport {
 
 /// The text config object and the arch of a parsed `config.json`.
 fn text_config(json: &Json) -> R<(Arch, &Json)> {
-    let arch_of = |name: &str| match name {
-        "Qwen3_5ForCausalLM" | "qwen3_5_text" | "Qwen3_5ForConditionalGeneration" | "qwen3_5" => Some(Arch::Qwen35),
-        "Qwen3_5MoeForCausalLM" | "qwen3_5_moe_text" | "Qwen3_5MoeForConditionalGeneration" | "qwen3_5_moe" => {
-            Some(Arch::Qwen35Moe)
-        }
-        _ => None,
-    };
+    // The families the converter maps (the HF keys below are Qwen3.5's).
+    let arch_of =
+        |name: &str| crate::arch::lookup_hf(name).map(Arch::of).filter(|a| [Arch::QWEN35, Arch::QWEN35MOE].contains(a));
     let mut names: Vec<String> = Vec::new();
     if let Some(a) = json.get("architectures").and_then(Json::as_array) {
         names.extend(a.iter().filter_map(Json::as_str).map(str::to_string));
@@ -355,14 +351,15 @@ pub fn config_from_hf(json: &Json) -> R<ModelConfig> {
             Some(flags)
         }
     };
-    let ffn = match arch {
-        Arch::Qwen35 => Ffn::Dense { n_ff: get_usize(c, "intermediate_size")? },
-        Arch::Qwen35Moe => Ffn::Moe {
+    let ffn = if arch == Arch::QWEN35MOE {
+        Ffn::Moe {
             n_expert: get_usize(c, "num_experts")?,
             n_expert_used: get_usize(c, "num_experts_per_tok")?,
             n_ff_exp: get_usize(c, "moe_intermediate_size")?,
-            n_ff_shexp: get_usize(c, "shared_expert_intermediate_size")?,
-        },
+            n_ff_shexp: Some(get_usize(c, "shared_expert_intermediate_size")?),
+        }
+    } else {
+        Ffn::Dense { n_ff: get_usize(c, "intermediate_size")? }
     };
     let ssm_dt_rank = get_usize(c, "linear_num_value_heads")?;
     let value_head_dim = get_usize(c, "linear_value_head_dim")?;
@@ -385,14 +382,16 @@ pub fn config_from_hf(json: &Json) -> R<ModelConfig> {
         rms_eps: rms_eps as f32,
         rope_freq_base: rope_theta as f32,
         n_rot,
-        rope_sections,
-        ssm_d_conv: get_usize(c, "linear_conv_kernel_dim")?,
-        ssm_d_state: get_usize(c, "linear_key_head_dim")?,
-        ssm_n_group: get_usize(c, "linear_num_key_heads")?,
-        ssm_dt_rank,
-        ssm_d_inner,
-        full_attention_interval: interval,
-        recurrent_layers: recurrent.clone(),
+        rope_sections: Some(rope_sections),
+        ssm: Some(SsmConfig {
+            d_conv: get_usize(c, "linear_conv_kernel_dim")?,
+            d_state: get_usize(c, "linear_key_head_dim")?,
+            n_group: get_usize(c, "linear_num_key_heads")?,
+            dt_rank: ssm_dt_rank,
+            d_inner: ssm_d_inner,
+            full_attention_interval: interval,
+            recurrent_layers: recurrent.clone(),
+        }),
         nextn_predict_layers: 0,
         ffn,
         tied_embeddings: tied,
@@ -405,10 +404,15 @@ pub fn config_from_hf(json: &Json) -> R<ModelConfig> {
     })?;
     // Keep the explicit per-layer flags only when the interval does not already say the same.
     if let Some(flags) = recurrent {
-        config.recurrent_layers = None;
+        let set = |c: &mut ModelConfig, r: Option<Vec<bool>>| {
+            if let Some(s) = c.ssm.as_mut() {
+                s.recurrent_layers = r;
+            }
+        };
+        set(&mut config, None);
         let by_interval: Vec<bool> = (0..n_layer).map(|i| config.layer_kind(i) == LayerKind::GatedDeltaNet).collect();
         if by_interval != flags {
-            config.recurrent_layers = Some(flags);
+            set(&mut config, Some(flags));
         }
     }
     Ok(config)
@@ -1086,8 +1090,9 @@ fn plan_tensor<'c>(
     let rest = name.strip_prefix("blk.").ok_or_else(unexpected)?;
     let (il, t) = rest.split_once('.').ok_or_else(unexpected)?;
     let lp = format!("{prefix}layers.{il}.");
-    let (hk, hv, sk, sv) = (c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_head_v_dim());
-    let r = hv / hk;
+    let (hk, hv, sk, sv) =
+        c.ssm.as_ref().map_or((1, 1, 0, 0), |s| (s.n_group, s.dt_rank, s.d_state, c.ssm_head_v_dim()));
+    let r = hv / hk.max(1);
     let qk_dim = 2 * hk * sk;
     let value_dim = hv * sv;
     let conv_dim = c.ssm_conv_dim();
@@ -1114,7 +1119,8 @@ fn plan_tensor<'c>(
             one(&la("in_proj_z.weight"), &[value_dim, e], RowMap::VHeads(heads(0, sv)), None, Map::None)
         }
         "ssm_conv1d.weight" => {
-            one(&la("conv1d.weight"), &[conv_dim, 1, c.ssm_d_conv], RowMap::VHeads(heads(qk_dim, sv)), None, Map::None)
+            let d_conv = c.dim(Dim::SsmConvKernel);
+            one(&la("conv1d.weight"), &[conv_dim, 1, d_conv], RowMap::VHeads(heads(qk_dim, sv)), None, Map::None)
         }
         "ssm_dt.bias" => one(&la("dt_bias"), &[hv], RowMap::Same, Some(heads(0, 1)), Map::None),
         "ssm_a" => one(&la("A_log"), &[hv], RowMap::Same, Some(heads(0, 1)), Map::NegExp),
@@ -1136,6 +1142,7 @@ fn plan_tensor<'c>(
             let Ffn::Moe { n_expert, n_ff_exp, n_ff_shexp, .. } = c.ffn else {
                 return Err(unexpected());
             };
+            let n_ff_shexp = n_ff_shexp.unwrap_or(0);
             match t {
                 "ffn_gate_inp.weight" => same(&mlp("gate.weight"), &[n_expert, e]),
                 "ffn_gate_inp_shexp.weight" => same(&mlp("shared_expert_gate.weight"), &[1, e]),

@@ -34,7 +34,7 @@ use tessera_graph::Backend;
 use tessera_ops::sample::SampleSettings;
 
 use crate::cache::SeqId;
-use crate::qwen35::{Logits, Model, ModelError, StepTimes};
+use crate::model::{Logits, Model, ModelError, StepTimes};
 use crate::sample::{SampleError, Sampler, SamplerParams};
 
 /// Why the engine refused a request or a step failed.
@@ -329,7 +329,7 @@ impl Engine {
         if max_new_tokens == 0 {
             return Err(EngineError::NoNewTokens);
         }
-        let n_vocab = self.model.config.n_vocab;
+        let n_vocab = self.model.n_vocab();
         if let Some(&token) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(EngineError::TokenOutOfVocab { token, n_vocab });
         }
@@ -482,7 +482,7 @@ impl Engine {
             self.stats.decode_times += self.model.last_step_times();
             self.stats.decode_steps += 1;
         }
-        let n_vocab = self.model.config.n_vocab;
+        let n_vocab = self.model.n_vocab();
         let mut events = Vec::new();
         let mut finished = Vec::new();
         for (k, (i, toks)) in plan.iter().enumerate() {
@@ -563,13 +563,7 @@ impl Drop for Engine {
 
 /// Bytes of `model`'s weights and caches.
 pub fn memory(model: &Model) -> MemoryReport {
-    let weight_bytes = model
-        .config
-        .tensor_specs()
-        .iter()
-        .filter_map(|s| model.weights.get(&s.name).ok())
-        .map(|t| t.meta.nbytes_contiguous())
-        .sum();
+    let weight_bytes = model.weights.tensor_bytes();
     let kv_cache_bytes = model.kv.total_bytes();
     let recurrent_cache_bytes = model.recurrent.total_bytes();
     MemoryReport {

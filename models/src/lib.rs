@@ -9,8 +9,14 @@
 //! - [`weights`]: [`weights::ModelWeights`], every tensor uploaded once to a backend and bound
 //!   into step graphs as parameter leaves.
 //! - [`batch`]: a step's packed (ragged) token layout, padded to a shape bucket.
-//! - [`qwen35`]: [`qwen35::Model`], the `qwen35` / `qwen35moe` forward pass: one graph per step
-//!   for any mix of sequences and lengths, planned once per bucket and replayed.
+//! - [`model`]: [`model::Model`], the runtime every family shares: resident weights and caches,
+//!   one graph per step for any mix of sequences and lengths (built by the architecture, planned
+//!   once per bucket and replayed), stepping and sampling.
+//! - [`arch`]: [`arch::Architecture`], what a model family implements (per-layer cache needs,
+//!   load-time weight preparation, the step graph's trunk), the registry of shipped families
+//!   ([`arch::lookup`]) and the `qwen35` / `qwen35moe` family ([`arch::qwen35`]).
+//! - [`layers`]: reusable layer builders: attention over the paged KV cache, gated DeltaNet over
+//!   the recurrent cache, dense and MoE FFNs, norms, projections.
 //! - [`sample`]: [`sample::Sampler`], greedy / temperature / top-k / top-p sampling with a seed.
 //! - [`chat`]: [`chat::ChatTemplate`], a model's Jinja chat template rendered (as transformers does)
 //!   into prompt text.
@@ -24,7 +30,7 @@
 //! use tessera_models::config::ModelConfig;
 //! use tessera_models::engine::{Engine, EngineConfig};
 //! use tessera_models::gguf::GgufFile;
-//! use tessera_models::qwen35::{Model, ModelOptions};
+//! use tessera_models::model::{Model, ModelOptions};
 //! use tessera_models::sample::SamplerParams;
 //! use tessera_models::synth::synthesize;
 //! use tessera_ops::DType;
@@ -46,6 +52,7 @@
 //! # }
 //! ```
 
+pub mod arch;
 pub mod batch;
 pub mod cache;
 pub mod chat;
@@ -54,7 +61,8 @@ pub mod convert;
 pub mod engine;
 pub mod gguf;
 pub mod hf_vocab;
-pub mod qwen35;
+pub mod layers;
+pub mod model;
 pub mod sample;
 pub mod synth;
 pub mod tokenizer;

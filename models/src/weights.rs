@@ -1,6 +1,6 @@
 //! Model weights resident in backend memory: see [`ModelWeights`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessera_graph::{Backend, BackendError, DType, Graph, GraphError, Tensor, TensorMeta, TensorRef};
 
@@ -34,7 +34,10 @@ pub enum WeightsError {
 pub struct ModelWeights {
     tensors: HashMap<String, TensorRef>,
     /// The names that are windows of a stacked matrix.
-    windows: std::collections::HashSet<String>,
+    windows: HashSet<String>,
+    /// The names made at load rather than read (stacked matrices, constants): not counted by
+    /// [`ModelWeights::tensor_bytes`].
+    derived: HashSet<String>,
 }
 
 impl ModelWeights {
@@ -141,7 +144,7 @@ impl ModelWeights {
     /// Places the matrices `parts` (one dtype, one row length, 2-d) one after the other in a new
     /// buffer, registered as `merged` (their rows stacked: `[K, M_1 + M_2 + ..]`), each part now a
     /// window of it: one matmul then reads a shared input for all of them (projections of one
-    /// input, `qwen35::merge_projections`). Nothing changes (`Ok(false)`) when a part is missing,
+    /// input, [`crate::layers::project::merge_groups`]). Nothing changes (`Ok(false)`) when a part is missing,
     /// already a window, or they do not stack; the parts' old buffers are freed once the copy is
     /// made.
     pub fn merge_rows(
@@ -225,6 +228,7 @@ impl ModelWeights {
             self.windows.insert(name.to_string());
         }
         self.tensors.insert(merged.to_string(), TensorRef { buffer, offset: 0, meta });
+        self.derived.insert(merged.to_string());
         Ok(true)
     }
 
@@ -248,13 +252,47 @@ impl ModelWeights {
             return Err(e.into());
         }
         self.tensors.insert(name.to_string(), TensorRef { buffer, offset: 0, meta });
+        self.derived.insert(name.to_string());
         Ok(())
+    }
+
+    /// Places an f32 tensor `name` of shape `ne` (ggml order) holding `values` (`ne`'s element
+    /// count of them, `ne[0]` innermost): weights made by the caller rather than read from a
+    /// file (an architecture defined outside this crate, a test).
+    pub fn insert_f32(
+        &mut self,
+        name: &str,
+        ne: [usize; 4],
+        values: &[f32],
+        backend: &mut dyn Backend,
+    ) -> Result<(), WeightsError> {
+        let bad = |why: String| WeightsError::Bad { name: name.to_string(), why };
+        let meta = TensorMeta::contiguous("weight", DType::F32, ne).map_err(|e| bad(e.to_string()))?;
+        if meta.nelements() != values.len() {
+            return Err(bad(format!("{} values for shape {ne:?}", values.len())));
+        }
+        let buffer = backend.alloc(meta.nbytes_contiguous())?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        if let Err(e) = backend.write(buffer, 0, &bytes) {
+            backend.free(buffer);
+            return Err(e.into());
+        }
+        self.tensors.insert(name.to_string(), TensorRef { buffer, offset: 0, meta });
+        Ok(())
+    }
+
+    /// Bytes of the weights as loaded: every tensor read from the file or placed by the caller,
+    /// once (a window of a stacked matrix counts as the part it is; the stacked matrices and
+    /// constants made at load are not counted again).
+    pub fn tensor_bytes(&self) -> usize {
+        self.tensors.iter().filter(|(n, _)| !self.derived.contains(*n)).map(|(_, t)| t.meta.nbytes_contiguous()).sum()
     }
 
     /// Frees every buffer on `backend` (the one the weights were loaded on), once each (merged
     /// tensors share one).
     pub fn free(&mut self, backend: &mut dyn Backend) {
         self.windows.clear();
+        self.derived.clear();
         let mut buffers: Vec<_> = self.tensors.drain().map(|(_, t)| t.buffer).collect();
         buffers.sort_unstable();
         buffers.dedup();

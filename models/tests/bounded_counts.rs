@@ -11,7 +11,7 @@ use tessera_cpu::CpuBackend;
 use tessera_models::config::{ConfigError, MAX_LAYERS, ModelConfig, TensorProblem};
 use tessera_models::convert::{config_from_hf, convert};
 use tessera_models::gguf::{Array, GgufError, GgufFile, Value};
-use tessera_models::qwen35::{Model, ModelOptions};
+use tessera_models::model::{Model, ModelOptions};
 use tessera_models::synth::{SynthError, output_bytes, synthesize};
 use tessera_models::weights::ModelWeights;
 use tessera_ops::DType;

@@ -230,7 +230,9 @@ fn metadata_round_trips_for_every_preset() {
     }
     // Explicit recurrent layers override the interval and round trip too.
     let mut c = ModelConfig::preset("tiny").unwrap();
-    c.recurrent_layers = Some(vec![false, true, true, false]);
+    if let Some(s) = c.ssm.as_mut() {
+        s.recurrent_layers = Some(vec![false, true, true, false]);
+    }
     c.validate().unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in c.to_metadata() {
@@ -255,7 +257,7 @@ fn tiny_preset_sizes() {
 #[test]
 fn uploaded_synthetic_weights_are_the_file_s_weights() {
     use tessera_cpu::CpuBackend;
-    use tessera_models::qwen35::{Logits, Model, ModelOptions};
+    use tessera_models::model::{Logits, Model, ModelOptions};
     for (preset, dtype) in [("tiny", DType::F32), ("tiny-moe", DType::Q8_0), ("tiny-moe", DType::NvFp4)] {
         let c = ModelConfig::preset(preset).unwrap();
         let path = std::env::temp_dir().join(format!("tessera_upload_{preset}_{dtype}_{}.gguf", std::process::id()));

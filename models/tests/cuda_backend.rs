@@ -7,7 +7,7 @@ use tessera_cpu::CpuBackend;
 use tessera_cuda::{CudaBackend, CudaOptions};
 use tessera_graph::Backend;
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelOptions};
 use tessera_ops::DType;
 
 mod synth_file;
@@ -48,7 +48,7 @@ fn argmax(v: &[f32]) -> u32 {
 /// The prompt's logits (every position) and a greedy continuation of `n` tokens.
 fn prompt_and_greedy(m: &mut Model, be: &mut dyn Backend, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
     let all = m.step(be, &[(0, prompt)], Logits::All).unwrap().remove(0);
-    let v = m.config.n_vocab;
+    let v = m.n_vocab();
     let mut next = argmax(&all[all.len() - v..]);
     let mut stream = vec![next];
     while stream.len() < n {
@@ -145,7 +145,7 @@ fn quantized_models_stay_close_to_the_cpu() {
             }
             // In the MoE a position whose router scores are near a tie can pick another expert
             // under that rounding and then differs a lot; most positions must still agree closely.
-            let v = mc.config.n_vocab;
+            let v = mc.n_vocab();
             let mut per_pos: Vec<f64> = got.chunks(v).zip(want.chunks(v)).map(|(g, w)| nmse(g, w)).collect();
             per_pos.sort_by(f64::total_cmp);
             let median = per_pos[per_pos.len() / 2];
@@ -214,7 +214,7 @@ fn ops_the_gpu_refuses_run_on_the_cpu_with_the_same_results() {
         a.free(&mut alone);
 
         let mut m = Model::load(&f, &mut first, opts()).unwrap();
-        let v = m.config.n_vocab;
+        let v = m.n_vocab();
         let all = m.step_on(&mut [&mut first, &mut cpu], &[(0, &prompt)], Logits::All).unwrap().remove(0);
         let mut next = argmax(&all[all.len() - v..]);
         let mut stream = vec![next];

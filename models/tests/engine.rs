@@ -8,7 +8,7 @@ use tessera_cpu::CpuBackend;
 use tessera_models::config::LayerKind;
 use tessera_models::engine::{Engine, EngineConfig, EngineError, Event, Finish};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelOptions};
 use tessera_models::sample::{SampleError, SamplerParams, argmax};
 use tessera_ops::DType;
 
@@ -227,7 +227,7 @@ fn errors_are_clear() {
 fn memory_accounting() {
     let e = engine(64);
     let m = e.memory();
-    let c = &e.model().config;
+    let c = e.model().config().unwrap();
     let n_attn = (0..c.n_main_layers()).filter(|&il| c.layer_kind(il) == LayerKind::FullAttention).count();
     let elt = e.model().kv.config().dtype.block_bytes();
     assert_eq!(m.kv_bytes_per_token, n_attn * c.n_head_kv * 2 * c.head_dim * elt);
@@ -257,7 +257,7 @@ fn recorded_logits_cover_every_fed_token() {
     let (_, _, plain) = run(false);
     let (mut e, ids, recorded) = run(true);
     assert_eq!(plain, recorded, "recording does not change the tokens");
-    let n_vocab = e.model().config.n_vocab;
+    let n_vocab = e.model().n_vocab();
     // A new sequence does not take an id whose logits are still held.
     let fresh = e.submit(&[1], 1, SamplerParams::greedy()).unwrap();
     assert!(!ids.contains(&fresh), "id {fresh} reused while its logits are untaken");

@@ -5,7 +5,7 @@ use tessera_cpu::CpuBackend;
 use tessera_graph::Refusing;
 use tessera_models::engine::{Engine, EngineConfig};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Model, ModelOptions};
+use tessera_models::model::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
 use tessera_ops::DType;
 

@@ -12,7 +12,7 @@ use tessera_models::cache::SeqId;
 use tessera_models::convert::convert;
 use tessera_models::engine::{Engine, EngineConfig};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
 use tessera_ops::DType;
 

@@ -10,7 +10,7 @@ use tessera_cpu::CpuBackend;
 use tessera_models::config::{ConfigError, ModelConfig};
 use tessera_models::convert::config_from_hf;
 use tessera_models::gguf::{Array, GgufFile, Value};
-use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelOptions};
 use tessera_ops::DType;
 
 #[global_allocator]
@@ -139,7 +139,7 @@ fn hand_built_configs_are_validated_where_used() {
     let e = Model::with_config(&f, bad, &mut be, opts()).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("layer_norm_rms_epsilon"), "{e}");
     // Wrapping sums are errors, not [0, 0, 0, 0]: 2^63 + 2^63 = 0 in a u64.
-    let wraps = ModelConfig { rope_sections: [1 << 63, 1 << 63, 0, 0], ..tiny };
+    let wraps = ModelConfig { rope_sections: Some([1 << 63, 1 << 63, 0, 0]), ..tiny };
     let e = wraps.validate().unwrap_err().to_string();
     assert!(e.contains("rope.dimension_sections") && e.contains("overflows"), "{e}");
 }
@@ -200,7 +200,7 @@ fn bad_config_json_values_are_named() {
     }
     // The untouched fixtures still read, with the sections as given.
     let c = config_from_hf(&base).unwrap();
-    assert_eq!((c.n_rot, c.rope_sections), (16, [3, 3, 2, 0]));
+    assert_eq!((c.n_rot, c.rope_sections), (16, Some([3, 3, 2, 0])));
 }
 
 /// `inspect` accepts a merged `ffn_gate_up_exps` in place of the gate/up pair (as llama.cpp's

@@ -3,7 +3,7 @@
 use tessera_cpu::CpuBackend;
 use tessera_models::config::ModelConfig;
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelOptions};
 use tessera_models::synth::synthesize;
 use tessera_ops::DType;
 

@@ -5,7 +5,7 @@ use tessera_cpu::CpuBackend;
 use tessera_models::cache::{AllocPolicy, CacheError};
 use tessera_models::config::ConfigError;
 use tessera_models::gguf::{GgufFile, GgufWriter, Value};
-use tessera_models::qwen35::{Logits, Model, ModelError, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelError, ModelOptions};
 use tessera_models::weights::WeightsError;
 use tessera_ops::DType;
 
@@ -69,7 +69,7 @@ fn logits_are_finite_and_shaped() {
         let t = tokens(5, 1);
         let out = m.step(&mut be, &[(0, &t)], Logits::All).unwrap();
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].len(), 5 * m.config.n_vocab, "{p}");
+        assert_eq!(out[0].len(), 5 * m.n_vocab(), "{p}");
         assert!(out[0].iter().all(|x| x.is_finite()), "{p}");
         let spread = out[0].iter().fold(0f32, |a, &x| a.max(x.abs()));
         assert!(spread > 0.0, "{p}: all-zero logits");
@@ -84,7 +84,7 @@ fn all_logits_last_row_equals_last_logits() {
         let (mut m, mut be) = load(p, opts());
         let all = m.step(&mut be, &[(0, &t)], Logits::All).unwrap().remove(0);
         let last = run_chunks(p, &t, 6, opts());
-        let v = m.config.n_vocab;
+        let v = m.n_vocab();
         assert_close(&all[5 * v..], &last, p);
     }
 }
@@ -162,7 +162,7 @@ fn a_mixed_step_is_one_graph_and_equals_each_sequence_alone() {
             };
             [pre, &prompts[i][..]].concat()
         };
-        let n_vocab = m.config.n_vocab;
+        let n_vocab = m.n_vocab();
         for (i, got) in out.iter().enumerate() {
             let h = history(i);
             let (mut alone, mut be1) = load(p, opts());
@@ -296,7 +296,9 @@ fn a_model_without_attention_layers_runs() {
     // has no rope positions, KV write cells or block table to fill.
     let mut config = tessera_models::config::ModelConfig::preset("tiny-moe").unwrap();
     config.n_layer = 2;
-    config.full_attention_interval = 4;
+    if let Some(s) = config.ssm.as_mut() {
+        s.full_attention_interval = 4;
+    }
     let path = std::env::temp_dir().join(format!("tessera_test_no_attention_{}.gguf", std::process::id()));
     tessera_models::synth::synthesize(&config, DType::F32, 7, &path, None).unwrap();
     let f = GgufFile::open(&path).unwrap();
@@ -334,7 +336,7 @@ fn projections_are_stacked_once_at_load_and_change_no_logit() {
             at += part.meta.nbytes_contiguous();
         }
         // the attention block's q, k and v too (the last block of these presets is one)
-        let last = m.config.n_main_layers() - 1;
+        let last = m.config().unwrap().n_main_layers() - 1;
         assert!(m.weights.contains(&format!("blk.{last}.attn_qkv.merged")), "{p}");
         // the same logits as the weights used one by one, bit for bit (a row's dot product does
         // not depend on the rows beside it)

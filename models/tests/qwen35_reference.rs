@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use tessera_cpu::CpuBackend;
 use tessera_models::config::{Ffn, LayerKind, ModelConfig};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Logits, Model, ModelOptions};
+use tessera_models::model::{Logits, Model, ModelOptions};
 use tessera_models::synth::synthesize;
 use tessera_ops::{DType, host};
 
@@ -60,12 +60,13 @@ impl Reference {
             .map(|t| (t.name.clone(), host::decode(t.dtype, f.tensor_data(&t.name).unwrap())))
             .collect();
         let n = c.n_main_layers();
+        let s = c.ssm.as_ref().expect("a qwen35 config has gated DeltaNet layers");
         Reference {
             c: c.clone(),
             w,
             kv: vec![(Vec::new(), Vec::new()); n],
-            conv: vec![vec![0.0; (c.ssm_d_conv - 1) * c.ssm_conv_dim()]; n],
-            delta: vec![vec![0.0; c.ssm_d_state * c.ssm_head_v_dim() * c.ssm_dt_rank]; n],
+            conv: vec![vec![0.0; (s.d_conv - 1) * c.ssm_conv_dim()]; n],
+            delta: vec![vec![0.0; s.d_state * c.ssm_head_v_dim() * s.dt_rank]; n],
             pos: 0,
         }
     }
@@ -153,7 +154,8 @@ impl Reference {
 
     fn delta_net(&mut self, il: usize, h: &[f64]) -> Vec<f64> {
         let c = self.c.clone();
-        let (hk, hv, sk, sv, dc) = (c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_head_v_dim(), c.ssm_d_conv);
+        let s = c.ssm.as_ref().expect("a qwen35 config has gated DeltaNet layers");
+        let (hk, hv, sk, sv, dc) = (s.n_group, s.dt_rank, s.d_state, c.ssm_head_v_dim(), s.d_conv);
         let ch = c.ssm_conv_dim();
         let eps = c.rms_eps as f64;
         let p = |s: &str| format!("blk.{il}.{s}");

@@ -38,7 +38,7 @@ use tessera_models::batch::bucket_len;
 use tessera_models::cache::SeqId;
 use tessera_models::engine::{Engine, EngineConfig, EngineError, Event};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Logits, Model, ModelOptions, StepCacheStats};
+use tessera_models::model::{Logits, Model, ModelOptions, StepCacheStats};
 use tessera_models::sample::SamplerParams;
 use tessera_ops::{DType, Op, TensorMeta};
 
@@ -287,7 +287,7 @@ struct Memory {
 fn run(engine: &mut Engine, soak: &Soak, mem: &Memory) -> Report {
     let t0 = Instant::now();
     let mut rng = Rng(soak.seed);
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.model().n_vocab();
     let n_blocks = engine.model().kv.config().n_blocks;
     let mut r = Report { digest: 0xCBF2_9CE4_8422_2325, ..Report::default() };
     // Preallocated so the test's own bookkeeping does not move the heap.
@@ -479,7 +479,7 @@ fn settle(engine: &mut Engine, step_graphs: usize) {
         step_graphs <= lengths.len(),
         "settle needs {step_graphs} bucket sizes, more than the budget ({budget}) allows ({lengths:?})"
     );
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.model().n_vocab();
     for &n in &lengths[..step_graphs] {
         let prompt: Vec<u32> = (0..n).map(|t| ((t * 31 + n * 7) % n_vocab) as u32).collect();
         let id = engine.submit(&prompt, 1, SamplerParams::greedy()).expect("settle: submit");

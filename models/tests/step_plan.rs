@@ -5,7 +5,7 @@
 use tessera_cpu::CpuBackend;
 use tessera_graph::plan::{Plan, PlanOptions, verify};
 use tessera_models::gguf::GgufFile;
-use tessera_models::qwen35::{Bucket, Logits, Model, ModelOptions};
+use tessera_models::model::{Bucket, Logits, Model, ModelOptions};
 use tessera_ops::DType;
 
 mod synth_file;

@@ -8,7 +8,7 @@ use tessera_models::chat::{ChatMessage, ChatTemplate};
 use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig};
 use tessera_models::gguf::{GgufFile, GgufWriter};
-use tessera_models::qwen35::{Model, ModelOptions};
+use tessera_models::model::{Model, ModelOptions};
 use tessera_models::sample::SamplerParams;
 use tessera_models::synth::{SynthError, SynthVocab, synthesize_with_vocab};
 use tessera_ops::DType;

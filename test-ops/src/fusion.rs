@@ -290,13 +290,13 @@ pub fn model_cases(pass: Option<&'static str>) -> Vec<ModelCase> {
 }
 
 /// One step of a model case: its name, each sequence's new tokens, which logits come back.
-type ModelStep = (&'static str, Vec<(u32, Vec<u32>)>, tessera_models::qwen35::Logits);
+type ModelStep = (&'static str, Vec<(u32, Vec<u32>)>, tessera_models::model::Logits);
 
 /// The steps of a model case: a 9-token prompt (prefill, every logit), a decode step, a mixed
 /// bucket (one sequence decoding, one prefilling, one starting with one token; every logit) and
 /// a three-sequence decode.
 fn model_steps() -> Vec<ModelStep> {
-    use tessera_models::qwen35::Logits;
+    use tessera_models::model::Logits;
     let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 256).collect();
     vec![
         ("prefill", vec![(0, prompt)], Logits::All),
@@ -312,7 +312,7 @@ fn model_steps() -> Vec<ModelStep> {
 /// one fusion must apply on the first step.
 pub fn check_model_case(mc: &ModelCase, backend: &mut dyn Backend) -> FusionResult {
     use tessera_models::config::ModelConfig;
-    use tessera_models::qwen35::{Model, ModelOptions};
+    use tessera_models::model::{Model, ModelOptions};
     let label = mc.label();
     let mut r = FusionResult::new(&label, "models", backend.name(), 0);
     let config = match ModelConfig::preset(mc.preset) {

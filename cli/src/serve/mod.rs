@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicU64;
 use tessera_models::chat::ChatTemplate;
 use tessera_models::config::ModelConfig;
 use tessera_models::engine::{Engine, EngineConfig};
-use tessera_models::qwen35::{Model, ModelOptions};
+use tessera_models::model::{Model, ModelOptions};
 
 use crate::backend::{self, BackendChoice};
 use crate::{inspect, text};

@@ -1,5 +1,12 @@
-//! The `qwen35` / `qwen35moe` forward pass: one graph per step, built the way llama.cpp builds it
-//! (docs/notes/hybrid-ops.md §2.2, §4.2, §5.1), run on a backend with weights and caches resident.
+//! The runtime every model family shares: a [`Model`] drives one
+//! [`Architecture`] over resident weights and caches.
+//!
+//! What the runtime owns: the weights (uploaded once, prepared once by the architecture), the
+//! paged KV cache and the recurrent-state cache sized from the architecture's per-layer
+//! [`LayerCacheNeed`]s with each layer's cache memory, the planned step graphs kept per shape
+//! [`Bucket`] (built by the architecture, rewritten by the fusion [`Pipeline`], planned once,
+//! replayed), and stepping: sequences added on first use, cache space reserved all or nothing,
+//! the packed inputs written, the logits (or the tokens sampled on the device) read back.
 //!
 //! Token layout inside a step graph: the tokens of every sequence of the step packed one after
 //! the other, padded to the step's bucket ([`crate::batch`]): column `j` of every `[n_embd, N]`
@@ -14,15 +21,16 @@ use tessera_graph::{
     Backend, BackendError, ExecError, Executable, Graph, GraphError, SessionOptions, SharedArenas, Tensor, TensorRef,
 };
 use tessera_ops::sample::SampleSettings;
-use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, RopePairing, RopeParams, TensorMeta};
+use tessera_ops::{DType, TensorMeta};
 
+use crate::arch::{Architecture, LayerCacheNeed, StepBuilder, StepLeaves};
 use crate::batch::StepInputs;
 use crate::cache::{AllocPolicy, CacheError, KvCacheConfig, PagedKvCache, RecurrentCache, RecurrentConfig, SeqId};
-use crate::config::{ConfigError, Ffn, LayerKind, ModelConfig};
+use crate::config::{ConfigError, ModelConfig};
 use crate::gguf::GgufFile;
 use crate::weights::{ModelWeights, WeightsError};
 
-/// Why a model could not be loaded or stepped.
+/// Why a model could not be loaded, built or stepped.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
@@ -43,11 +51,19 @@ pub enum ModelError {
     Synth(#[from] crate::synth::SynthError),
     #[error(transparent)]
     Pass(#[from] UnknownPass),
+    /// The architecture's per-layer cache needs cannot be served (two attention layers with
+    /// different K/V shapes, a zero dimension).
+    #[error("cache needs of `{arch}`: {why}")]
+    CacheNeeds { arch: String, why: String },
+    /// A layer builder was used against what the architecture declared (a layer asking for a
+    /// cache it did not declare).
+    #[error("step graph: {why}")]
+    Layer { why: String },
 }
 
 type R<T> = Result<T, ModelError>;
 
-/// Cache sizes of a [`Model`].
+/// Cache sizes and load-time options of a [`Model`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelOptions {
     /// KV blocks shared by all sequences.
@@ -58,6 +74,7 @@ pub struct ModelOptions {
     pub max_context: usize,
     /// KV cache element type: f16 (the default, as llama.cpp), f32 or bf16.
     pub kv_dtype: DType,
+    /// How free KV blocks are handed out.
     pub policy: AllocPolicy,
     /// Sequences live at once (recurrent state slots).
     pub n_slots: usize,
@@ -70,12 +87,13 @@ pub struct ModelOptions {
     /// beyond it. They share one activation arena per backend (steps run one at a time), so a
     /// graph held costs its small input buffers and, on a GPU, its captured CUDA graph.
     pub step_graphs: usize,
-    /// Stack the projections that read one input into one matrix at load ([`merge_projections`]):
+    /// Stack the projections that read one input into one matrix at load
+    /// ([`crate::layers::project::merge_groups`]):
     /// one matmul a group instead of one a weight (default on; `TESSERA_MERGE_PROJECTIONS=0`
     /// turns it off, to compare).
     pub merge_projections: bool,
     /// Steps of at most this many tokens run a MoE block's shared expert as one more slot of the
-    /// routed experts ([`route_shared_experts`]: its weights stacked onto theirs at load, its gate
+    /// routed experts ([`crate::layers::ffn::route_shared_expert`]: its weights stacked onto theirs at load, its gate
     /// logit a row of the router's); longer steps run it on its own, where the dense matmul beats
     /// one more expert in the grouped one. 0: never, and nothing is stacked (default 64;
     /// `TESSERA_ROUTE_SHARED_EXPERT=N` sets it, to compare).
@@ -116,27 +134,49 @@ pub enum Logits {
     All,
 }
 
-/// Per-layer resident cache memory.
+/// One main layer's resident cache memory, as its [`LayerCacheNeed`] asked.
 #[derive(Debug, Clone, Copy)]
-enum LayerCache {
-    /// K and V storage `[head_dim * n_head_kv, n_cells]`.
-    Attn { k: TensorRef, v: TensorRef },
-    /// Conv state `[d_conv - 1, channels, n_slots]` and delta state `[S_k, S_v, H_v, n_slots]`.
-    Recurrent { conv: TensorRef, delta: TensorRef },
+pub(crate) enum LayerMemory {
+    None,
+    /// K and V storage `[k_dim * n_head_kv, n_cells + 1]`.
+    Attention {
+        k: TensorRef,
+        v: TensorRef,
+    },
+    /// Conv ring `[d_conv - 1, channels, n_slots]` and state `[S_k, S_v, H_v, n_slots]`.
+    Recurrent {
+        conv: TensorRef,
+        state: TensorRef,
+    },
 }
 
-/// A loaded model: config, resident weights, and the two caches with their backend memory.
+impl LayerMemory {
+    fn buffers(self) -> Option<(TensorRef, TensorRef)> {
+        match self {
+            LayerMemory::None => None,
+            LayerMemory::Attention { k, v } => Some((k, v)),
+            LayerMemory::Recurrent { conv, state } => Some((conv, state)),
+        }
+    }
+}
+
+/// A loaded model: an architecture, its resident weights, and the two caches with their backend
+/// memory.
+///
+/// The caches keep every sequence's bookkeeping (the KV cache its length and positions even when
+/// no layer attends); a model without attention (or recurrent) layers gets a one-layer cache of
+/// unit dims for that bookkeeping, with no per-layer memory.
 #[derive(Debug)]
 pub struct Model {
-    pub config: ModelConfig,
+    arch: Box<dyn Architecture>,
+    /// The resident weights, by name.
     pub weights: ModelWeights,
+    /// Block bookkeeping of the paged KV cache.
     pub kv: PagedKvCache,
+    /// Slot bookkeeping of the recurrent-state cache.
     pub recurrent: RecurrentCache,
-    layers: Vec<LayerCache>,
-    /// [`ModelOptions::kv_pad`].
-    kv_pad: usize,
-    /// [`ModelOptions::route_shared_expert`].
-    route_shared_expert: usize,
+    layers: Vec<LayerMemory>,
+    opts: ModelOptions,
     /// Planned step graphs by shape, replayed when a step of the same shape comes again.
     steps: StepCache,
     /// Where the last [`Model::step`]'s time went.
@@ -157,7 +197,10 @@ pub struct Bucket {
     pub n_tokens: usize,
     /// Sequences, empty padding sequences included.
     pub n_seq: usize,
+    /// KV positions the attention reads per sequence (the block table's width), padding
+    /// included.
     pub n_kv: usize,
+    /// Every token's logits are computed (else each sequence's last).
     pub all_logits: bool,
     /// The graph ends in the `sample` op: token ids come back instead of logits.
     pub sample: bool,
@@ -192,6 +235,7 @@ pub struct StepTimes {
 }
 
 impl StepTimes {
+    /// All three, in seconds.
     pub fn total(&self) -> f64 {
         self.prepare + self.launch + self.wait
     }
@@ -240,29 +284,6 @@ pub struct StepCacheStats {
     pub arena_bytes: usize,
 }
 
-/// Graph construction state: the graph, the bindings to resident memory, the per-step leaves.
-struct Builder<'m> {
-    g: Graph,
-    binds: Vec<(Tensor, TensorRef)>,
-    w: &'m ModelWeights,
-    /// The shared expert's id for every token, `[1, n]` (built once a step, at its first use).
-    shared_expert_ids: Option<Tensor>,
-}
-
-impl Builder<'_> {
-    fn p(&mut self, name: &str) -> R<Tensor> {
-        let (t, b) = self.w.param(&mut self.g, name)?;
-        self.binds.push(b);
-        Ok(t)
-    }
-
-    fn state(&mut self, name: &str, place: TensorRef) -> R<Tensor> {
-        let t = self.g.state(name, place.meta.dtype, place.meta.ne)?;
-        self.binds.push((t, place));
-        Ok(t)
-    }
-}
-
 /// What the fusion passes do to one step graph ([`Model::fusion_summary`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FusionSummary {
@@ -283,8 +304,7 @@ fn running_ops(g: &Graph) -> usize {
 /// A step graph's inputs and output.
 #[derive(Debug, Clone, Copy)]
 struct StepIo {
-    tokens: Tensor,
-    leaves: Leaves,
+    leaves: StepLeaves,
     /// `[n_seq]`: the row of each sequence's last token (unless every row's logits are kept).
     last_rows: Option<Tensor>,
     /// `[4, n_seq]`: each sequence's sampling settings (when the graph ends in `sample`).
@@ -296,190 +316,13 @@ struct StepIo {
 impl StepIo {
     /// These handles in the graph the passes rewrote.
     fn remap(self, run: &PassRun) -> Result<StepIo, GraphError> {
-        let l = self.leaves;
         Ok(StepIo {
-            tokens: run.tensor(self.tokens)?,
-            leaves: Leaves {
-                positions: run.tensor(l.positions)?,
-                write_cells: run.tensor(l.write_cells)?,
-                block_table: run.tensor(l.block_table)?,
-                seq_offsets: run.tensor(l.seq_offsets)?,
-                kv_lens: run.tensor(l.kv_lens)?,
-                slots: run.tensor(l.slots)?,
-                decode: l.decode,
-            },
+            leaves: self.leaves.remap(run)?,
             last_rows: self.last_rows.map(|t| run.tensor(t)).transpose()?,
             settings: self.settings.map(|t| run.tensor(t)).transpose()?,
             out: run.tensor(self.out)?,
         })
     }
-}
-
-/// The projections of a block that read the same input, in the order their rows are stacked, and
-/// the name the stacked matrix is registered under ([`merge_projections`]).
-fn projection_groups(config: &ModelConfig, il: usize) -> Vec<(Vec<String>, String)> {
-    let pre = format!("blk.{il}");
-    let w = |n: &str| format!("{pre}.{n}.weight");
-    match config.layer_kind(il) {
-        LayerKind::GatedDeltaNet => vec![
-            (vec![w("attn_qkv"), w("attn_gate"), w("ssm_beta"), w("ssm_alpha")], format!("{pre}.in_proj.merged")),
-            (vec![w("attn_qkv"), w("attn_gate")], format!("{pre}.in_proj_qkvz.merged")),
-            (vec![w("ssm_beta"), w("ssm_alpha")], format!("{pre}.in_proj_ba.merged")),
-        ],
-        LayerKind::FullAttention => {
-            vec![(vec![w("attn_q"), w("attn_k"), w("attn_v")], format!("{pre}.attn_qkv.merged"))]
-        }
-    }
-}
-
-/// Stacks, once at load, the projections of each block that read the same input into one resident
-/// matrix ([`ModelWeights::merge_rows`]: one dtype and row length; the names stay as windows of
-/// it), so a step runs one matmul a group: the DeltaNet block's qkv, z, beta and alpha (or the two
-/// pairs of them that stack), the attention block's q, k and v. vLLM's merged linear layers do the
-/// same; here the file is untouched and the graph reads each part through a view.
-pub fn merge_projections(
-    config: &ModelConfig,
-    weights: &mut ModelWeights,
-    backend: &mut dyn Backend,
-) -> Result<(), WeightsError> {
-    for il in 0..config.n_main_layers() {
-        // (a group whose parts are missing, already windows or do not stack is left alone)
-        for (parts, merged) in projection_groups(config, il) {
-            let names: Vec<&str> = parts.iter().map(String::as_str).collect();
-            weights.merge_rows(&names, &merged, backend)?;
-        }
-    }
-    Ok(())
-}
-
-/// The constant i32 `[1, 1]` holding the shared expert's index among the stacked experts
-/// (`n_expert`), which [`route_shared_experts`] places.
-const SHARED_EXPERT_ID: &str = "moe.shared_expert_id";
-
-/// The stacked gate, up and down experts of block `il` when its shared expert is routed: routed
-/// experts `0..n_expert`, the shared expert last.
-fn stacked_experts(il: usize) -> [String; 3] {
-    ["gate", "up", "down"].map(|p| format!("blk.{il}.ffn_{p}_exps.merged"))
-}
-
-/// The router's rows stacked with the shared expert's gate row.
-fn stacked_router(il: usize) -> String {
-    format!("blk.{il}.ffn_gate_inp.merged")
-}
-
-/// Makes each MoE block's shared expert one more routed expert, once at load: its gate, up and
-/// down matrices stacked after the routed experts' (index `n_expert`;
-/// [`ModelWeights::stack`]) and its gate row after the router's rows. A step then runs the
-/// shared expert inside the routed experts' kernels, weighted by `sigmoid` of its gate logit,
-/// instead of three matmuls, the gate's and a weighting of its own (`ffn`). A block whose shared
-/// expert has another width or dtype than its routed experts is left alone.
-pub fn route_shared_experts(
-    config: &ModelConfig,
-    weights: &mut ModelWeights,
-    backend: &mut dyn Backend,
-) -> Result<(), WeightsError> {
-    let Ffn::Moe { n_expert, .. } = config.ffn else { return Ok(()) };
-    let mut any = false;
-    for il in 0..config.n_main_layers() {
-        let w = |n: &str| format!("blk.{il}.ffn_{n}.weight");
-        let parts = ["gate", "up", "down"].map(|p| [w(&format!("{p}_exps")), w(&format!("{p}_shexp"))]);
-        let fits = parts.iter().all(|[exps, shexp]| {
-            let (Ok(e), Ok(s)) = (weights.get(exps), weights.get(shexp)) else { return false };
-            e.meta.dtype == s.meta.dtype && e.meta.ne[..2] == s.meta.ne[..2] && s.meta.ne[2..] == [1, 1]
-        });
-        if !fits {
-            continue;
-        }
-        for ([exps, shexp], merged) in parts.iter().zip(stacked_experts(il)) {
-            any |= weights.stack(&[exps, shexp], &merged, 2, backend)?;
-        }
-        // (rows a multiple of 4: the router's logits then have 16-byte rows, read as float4)
-        weights.stack_padded(&[&w("gate_inp"), &w("gate_inp_shexp")], &stacked_router(il), 1, 4, backend)?;
-    }
-    if any {
-        weights.insert_i32(SHARED_EXPERT_ID, [1, 1, 1, 1], &[n_expert as i32], backend)?;
-    }
-    Ok(())
-}
-
-/// Rows `first .. first + rows` of a `[total, n]` tensor of 4-byte elements: one projection of a
-/// group that may have run as one matmul over stacked weights (or the routed slots of the ids).
-#[derive(Debug, Clone, Copy)]
-struct Rows {
-    product: Tensor,
-    first: usize,
-    total: usize,
-}
-
-impl Rows {
-    /// The rows as `[rows, n]`, a view: tokens `total` floats apart.
-    fn rows(self, g: &mut Graph, rows: usize) -> R<Tensor> {
-        let (f, n) = (4, self.product.ne()[1]);
-        let step = self.total * f;
-        Ok(g.view(self.product, [rows, n, 1, 1], [f, step, step * n, step * n], self.first * f)?)
-    }
-
-    /// The rows as `[a, b, n]` (`a b` rows), a view: tokens `total` floats apart.
-    fn heads(self, g: &mut Graph, a: usize, b: usize) -> R<Tensor> {
-        let (f, n) = (4, self.product.ne()[1]);
-        let step = self.total * f;
-        Ok(g.view(self.product, [a, b, n, 1], [f, a * f, step, step * n], self.first * f)?)
-    }
-}
-
-impl Builder<'_> {
-    /// The shared expert's index for each of `n` tokens, i32 `[1, n]`: the constant repeated,
-    /// once a step graph.
-    fn shared_expert_ids(&mut self, n: usize) -> R<Tensor> {
-        if let Some(t) = self.shared_expert_ids {
-            return Ok(t);
-        }
-        let id = self.p(SHARED_EXPERT_ID)?;
-        let t = self.g.repeat(id, &[1, n])?;
-        self.shared_expert_ids = Some(t);
-        Ok(t)
-    }
-
-    /// The products of `x` with the weights `names` of one projection group: through the group's
-    /// stacked matrix when it was merged at load, else one matmul each.
-    fn project(&mut self, x: Tensor, names: &[String], merged: Option<&str>) -> R<Vec<Rows>> {
-        if let Some(m) = merged.filter(|m| self.w.contains(m)) {
-            let product = {
-                let w = self.p(m)?;
-                self.g.mul_mat(w, x)?
-            };
-            let total = product.ne()[0];
-            let mut first = 0;
-            let mut out = Vec::with_capacity(names.len());
-            for name in names {
-                let rows = self.w.get(name)?.meta.ne[1];
-                out.push(Rows { product, first, total });
-                first += rows;
-            }
-            return Ok(out);
-        }
-        let mut out = Vec::with_capacity(names.len());
-        for name in names {
-            let w = self.p(name)?;
-            let product = self.g.mul_mat(w, x)?;
-            out.push(Rows { product, first: 0, total: product.ne()[0] });
-        }
-        Ok(out)
-    }
-}
-
-/// Leaves shared by every layer of a step graph (see [`StepInputs`]).
-#[derive(Debug, Clone, Copy)]
-struct Leaves {
-    positions: Tensor,
-    write_cells: Tensor,
-    block_table: Tensor,
-    seq_offsets: Tensor,
-    kv_lens: Tensor,
-    slots: Tensor,
-    /// Whether every sequence of the bucket feeds at most one token (decode): the delta rule
-    /// then runs token-serial, else chunked.
-    decode: bool,
 }
 
 fn alloc_zeroed(backend: &mut dyn Backend, ne: [usize; 4], dtype: DType) -> R<TensorRef> {
@@ -491,8 +334,10 @@ fn alloc_zeroed(backend: &mut dyn Backend, ne: [usize; 4], dtype: DType) -> R<Te
 }
 
 impl Model {
-    /// Reads the config from `file` (an unknown architecture or bad metadata is a
-    /// [`ConfigError`]), loads the weights and allocates zeroed caches on `backend`.
+    /// Reads the config from `file` with the declarations of the family its
+    /// `general.architecture` names ([`crate::arch::lookup`]; an unknown architecture or bad
+    /// metadata is a [`ConfigError`]), loads the weights and allocates zeroed caches on
+    /// `backend`.
     pub fn load(file: &GgufFile, backend: &mut dyn Backend, opts: ModelOptions) -> R<Model> {
         let config = ModelConfig::from_gguf(file)?;
         Self::with_config(file, config, backend, opts)
@@ -524,28 +369,39 @@ impl Model {
         Self::with_weights(config, weights, backend, opts)
     }
 
-    /// A model over weights already on `backend`, with zeroed caches allocated there. On an
-    /// error the weights and whatever was allocated are freed.
+    /// A model of a shipped family's `config` over weights already on `backend`
+    /// ([`Model::from_arch`] with [`crate::arch::for_config`]). On an error the weights are
+    /// freed.
     pub fn with_weights(
         config: ModelConfig,
         mut weights: ModelWeights,
         backend: &mut dyn Backend,
         opts: ModelOptions,
     ) -> R<Model> {
-        let merged = (|| {
-            if opts.merge_projections {
-                merge_projections(&config, &mut weights, backend)?;
+        match crate::arch::for_config(config) {
+            Ok(arch) => Self::from_arch(arch, weights, backend, opts),
+            Err(e) => {
+                weights.free(backend);
+                Err(e.into())
             }
-            if opts.route_shared_expert > 0 {
-                route_shared_experts(&config, &mut weights, backend)?;
-            }
-            Ok::<(), WeightsError>(())
-        })();
-        if let Err(e) = merged {
+        }
+    }
+
+    /// A model of any [`Architecture`] over weights already on `backend`: the architecture
+    /// prepares them ([`Architecture::prepare_weights`]), then the caches its layers declare
+    /// ([`Architecture::layer_caches`]) are allocated there, zeroed. On an error the weights and
+    /// whatever was allocated are freed.
+    pub fn from_arch(
+        arch: Box<dyn Architecture>,
+        mut weights: ModelWeights,
+        backend: &mut dyn Backend,
+        opts: ModelOptions,
+    ) -> R<Model> {
+        if let Err(e) = arch.prepare_weights(&mut weights, backend, &opts) {
             weights.free(backend);
             return Err(e.into());
         }
-        match Self::assemble(config, backend, opts) {
+        match Self::assemble(arch, backend, opts) {
             Ok(mut m) => {
                 m.weights = weights;
                 Ok(m)
@@ -557,47 +413,49 @@ impl Model {
         }
     }
 
-    /// A model of `config` with its caches and no weights yet (the caller moves them in).
-    fn assemble(config: ModelConfig, backend: &mut dyn Backend, opts: ModelOptions) -> R<Model> {
-        config.validate()?;
-        let n_main = config.n_main_layers();
-        let n_attn = (0..n_main).filter(|&il| config.layer_kind(il) == LayerKind::FullAttention).count();
-        let n_rec = n_main - n_attn;
-        let hd = config.head_dim;
+    /// A model of `arch` with its caches and no weights yet (the caller moves them in).
+    fn assemble(arch: Box<dyn Architecture>, backend: &mut dyn Backend, opts: ModelOptions) -> R<Model> {
+        let needs = arch.layer_caches();
+        let (kv_shape, rec_shape) = cache_shapes(arch.name(), &needs)?;
+        let count = |f: fn(&LayerCacheNeed) -> bool| needs.iter().filter(|n| f(n)).count().max(1);
+        let n_attn = count(|n| matches!(n, LayerCacheNeed::Attention { .. }));
+        let n_rec = count(|n| matches!(n, LayerCacheNeed::Recurrent { .. }));
+        let (n_head_kv, k_dim, v_dim) = kv_shape.unwrap_or((1, 1, 1));
         let kv_cfg = KvCacheConfig {
             block_size: opts.block_size,
             max_context: opts.max_context,
             dtype: opts.kv_dtype,
             policy: opts.policy,
-            ..KvCacheConfig::new(n_attn.max(1), config.n_head_kv, hd, hd, opts.kv_blocks)
+            ..KvCacheConfig::new(n_attn, n_head_kv, k_dim, v_dim, opts.kv_blocks)
         };
         let kv = PagedKvCache::new(kv_cfg)?;
-        let rec_cfg = RecurrentConfig::new(
-            n_rec.max(1),
-            (config.ssm_d_conv - 1, config.ssm_conv_dim()),
-            (config.ssm_d_state, config.ssm_head_v_dim(), config.ssm_dt_rank),
-            opts.n_slots,
-        );
+        let ([conv_len, channels], [sk, sv, hv]) = rec_shape.unwrap_or(([1, 1], [1, 1, 1]));
+        let rec_cfg = RecurrentConfig::new(n_rec, (conv_len, channels), (sk, sv, hv), opts.n_slots);
         let recurrent = RecurrentCache::new(rec_cfg)?;
         let steps = StepCache { capacity: opts.step_graphs.max(1), ..StepCache::default() };
         let mut model = Model {
-            config,
+            arch,
             weights: ModelWeights::default(),
             kv,
             recurrent,
             layers: Vec::new(),
-            kv_pad: opts.kv_pad.max(1),
-            route_shared_expert: opts.route_shared_expert,
+            opts: ModelOptions { kv_pad: opts.kv_pad.max(1), ..opts },
             steps,
             last_times: StepTimes::default(),
             passes: tessera_graph::passes::standard(),
             pass_reports: Vec::new(),
         };
         model.passes.disable_from_env()?;
-        for il in 0..n_main {
-            let (shapes, dtype) = match model.config.layer_kind(il) {
-                LayerKind::FullAttention => ([model.kv.k_shape(), model.kv.v_shape()], opts.kv_dtype),
-                LayerKind::GatedDeltaNet => ([model.recurrent.conv_shape(), model.recurrent.delta_shape()], DType::F32),
+        for need in &needs {
+            let (shapes, dtype) = match need {
+                LayerCacheNeed::None => {
+                    model.layers.push(LayerMemory::None);
+                    continue;
+                }
+                LayerCacheNeed::Attention { .. } => ([model.kv.k_shape(), model.kv.v_shape()], opts.kv_dtype),
+                LayerCacheNeed::Recurrent { .. } => {
+                    ([model.recurrent.conv_shape(), model.recurrent.delta_shape()], DType::F32)
+                }
             };
             // On an error, free what this model allocated so far (the caller frees the weights).
             let a = match alloc_zeroed(backend, shapes[0], dtype) {
@@ -615,12 +473,32 @@ impl Model {
                     return Err(e);
                 }
             };
-            model.layers.push(match model.config.layer_kind(il) {
-                LayerKind::FullAttention => LayerCache::Attn { k: a, v: b },
-                LayerKind::GatedDeltaNet => LayerCache::Recurrent { conv: a, delta: b },
+            model.layers.push(match need {
+                LayerCacheNeed::Attention { .. } => LayerMemory::Attention { k: a, v: b },
+                _ => LayerMemory::Recurrent { conv: a, state: b },
             });
         }
         Ok(model)
+    }
+
+    /// The architecture this model runs.
+    pub fn arch(&self) -> &dyn Architecture {
+        self.arch.as_ref()
+    }
+
+    /// The GGUF-declared config of a shipped family ([`Architecture::config`]).
+    pub fn config(&self) -> Option<&ModelConfig> {
+        self.arch.config()
+    }
+
+    /// Vocabulary size: token ids are `0..n_vocab`, and each logits row has `n_vocab` values.
+    pub fn n_vocab(&self) -> usize {
+        self.arch.n_vocab()
+    }
+
+    /// The options the model was made with (`kv_pad` at least 1).
+    pub fn options(&self) -> &ModelOptions {
+        &self.opts
     }
 
     /// Frees the weights, caches and planned step graphs on `backend`.
@@ -639,11 +517,7 @@ impl Model {
         let backend = &mut **backend;
         self.steps.stats.arena_bytes = 0;
         self.weights.free(backend);
-        for l in self.layers.drain(..) {
-            let (a, b) = match l {
-                LayerCache::Attn { k, v } => (k, v),
-                LayerCache::Recurrent { conv, delta } => (conv, delta),
-            };
+        for (a, b) in self.layers.drain(..).filter_map(LayerMemory::buffers) {
             backend.free(a.buffer);
             backend.free(b.buffer);
         }
@@ -740,9 +614,9 @@ impl Model {
             if toks.is_empty() {
                 return Err(ModelError::BadBatch { why: format!("sequence {id} has no tokens") });
             }
-            if let Some(&t) = toks.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+            if let Some(&t) = toks.iter().find(|&&t| t as usize >= self.n_vocab()) {
                 return Err(ModelError::BadBatch {
-                    why: format!("token {t} of sequence {id} is outside the vocab of {}", self.config.n_vocab),
+                    why: format!("token {t} of sequence {id} is outside the vocab of {}", self.n_vocab()),
                 });
             }
         }
@@ -783,7 +657,7 @@ impl Model {
         }
         let (conv_b, delta_b) = (self.recurrent.conv_bytes_per_slot(), self.recurrent.delta_bytes_per_slot());
         for l in &self.layers {
-            if let LayerCache::Recurrent { conv, delta } = l {
+            if let LayerMemory::Recurrent { conv, state: delta } = l {
                 for &s in &slots {
                     let s = s as usize;
                     backend.write(conv.buffer, conv.offset + s * conv_b, &vec![0u8; conv_b])?;
@@ -803,8 +677,8 @@ impl Model {
         what: Output<'_>,
     ) -> R<Vec<SeqOut>> {
         let t0 = std::time::Instant::now();
-        let inp = StepInputs::new(&self.kv, &self.recurrent, batch, self.kv_pad)?;
-        let n_vocab = self.config.n_vocab;
+        let inp = StepInputs::new(&self.kv, &self.recurrent, batch, self.opts.kv_pad)?;
+        let n_vocab = self.n_vocab();
         let bucket = Bucket {
             n_tokens: inp.n_tokens,
             n_seq: inp.n_seq,
@@ -815,7 +689,7 @@ impl Model {
         let sg = self.planned_step(backends, bucket)?;
         let mut s = sg.exe.session_on(backends.iter_mut().map(|b| -> &mut dyn Backend { &mut **b }).collect());
         let io = &sg.io;
-        s.set_i32(io.tokens, &inp.tokens)?;
+        s.set_i32(io.leaves.tokens, &inp.tokens)?;
         // A leaf no op reads has no memory: the attention's leaves in a model whose blocks are
         // all gated DeltaNet (fewer than `full_attention_interval`), the state slots in one
         // without any.
@@ -918,7 +792,7 @@ impl Model {
     /// with the bindings of its weight and cache leaves.
     pub fn step_graph(&self, bucket: Bucket) -> R<(Graph, Vec<(Tensor, TensorRef)>)> {
         let (b, _) = self.build_graph(bucket)?;
-        Ok((b.g, b.binds))
+        Ok(b.finish())
     }
 
     /// The fusion passes run on every step graph (`tessera_graph::passes::standard`, minus
@@ -951,8 +825,9 @@ impl Model {
     /// rewritten, not planned): the ops that run before and after, and each pass's report.
     pub fn fusion_summary(&self, backend: &dyn Backend, bucket: Bucket) -> R<FusionSummary> {
         let (b, _) = self.build_graph(bucket)?;
-        let ops_before = running_ops(&b.g);
-        let run = self.passes.run(b.g, &|op, inputs| backend.supports(op, inputs))?;
+        let (g, _) = b.finish();
+        let ops_before = running_ops(&g);
+        let run = self.passes.run(g, &|op, inputs| backend.supports(op, inputs))?;
         Ok(FusionSummary { ops_before, ops_after: running_ops(&run.graph), reports: run.reports })
     }
 
@@ -960,7 +835,7 @@ impl Model {
     /// first backend lacks is skipped) and plans it.
     fn build_step(&mut self, backends: &mut [&mut dyn Backend], bucket: Bucket) -> R<StepGraph> {
         let (b, io) = self.build_graph(bucket)?;
-        let Builder { g, binds, .. } = b;
+        let (g, binds) = b.finish();
         let first = &*backends[0];
         let run = self.passes.run(g, &|op, inputs| first.supports(op, inputs))?;
         let io = io.remap(&run)?;
@@ -976,297 +851,87 @@ impl Model {
         Ok(StepGraph { exe, io, used: 0 })
     }
 
-    /// Builds the step graph of `bucket`: token ids in, logits (or sampled token ids) out.
-    fn build_graph(&self, bucket: Bucket) -> R<(Builder<'_>, StepIo)> {
+    /// Builds the step graph of `bucket`: token ids in, logits (or sampled token ids) out. The
+    /// architecture builds the trunk; the last-row gather, the LM head and sampling are added
+    /// here.
+    fn build_graph(&self, bucket: Bucket) -> R<(StepBuilder<'_>, StepIo)> {
         let Bucket { n_tokens: n, n_seq, n_kv, all_logits, sample } = bucket;
         if sample && all_logits {
             return Err(ModelError::BadBatch { why: "sampling steps keep only the last logits".into() });
         }
-        let c = &self.config;
-        let mut b = Builder { g: Graph::new(), binds: Vec::new(), w: &self.weights, shared_expert_ids: None };
-        let tokens = b.g.input("tokens", DType::I32, [n, 1, 1, 1])?;
-        let leaves = Leaves {
-            positions: b.g.input("positions", DType::I32, [4 * n, 1, 1, 1])?,
-            write_cells: b.g.input("kv_write_cells", DType::I32, [n, 1, 1, 1])?,
-            block_table: b.g.input("block_table", DType::I32, [n_kv, n_seq, 1, 1])?,
-            seq_offsets: b.g.input("seq_offsets", DType::I32, [n_seq + 1, 1, 1, 1])?,
-            kv_lens: b.g.input("kv_lens", DType::I32, [n_seq, 1, 1, 1])?,
-            slots: b.g.input("state_slots", DType::I32, [n_seq, 1, 1, 1])?,
+        let mut g = Graph::new();
+        let leaves = StepLeaves {
+            tokens: g.input("tokens", DType::I32, [n, 1, 1, 1])?,
+            positions: g.input("positions", DType::I32, [4 * n, 1, 1, 1])?,
+            write_cells: g.input("kv_write_cells", DType::I32, [n, 1, 1, 1])?,
+            block_table: g.input("block_table", DType::I32, [n_kv, n_seq, 1, 1])?,
+            seq_offsets: g.input("seq_offsets", DType::I32, [n_seq + 1, 1, 1, 1])?,
+            kv_lens: g.input("kv_lens", DType::I32, [n_seq, 1, 1, 1])?,
+            slots: g.input("state_slots", DType::I32, [n_seq, 1, 1, 1])?,
             decode: n <= n_seq,
         };
-        let last_rows = if all_logits { None } else { Some(b.g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?) };
+        let last_rows = if all_logits { None } else { Some(g.input("last_rows", DType::I32, [n_seq, 1, 1, 1])?) };
+        let views = (self.kv.k_view(), self.kv.v_view());
+        let mut b = StepBuilder::new(g, leaves, bucket, &self.weights, &self.layers, views, &self.opts);
 
-        let embd = b.p("token_embd.weight")?;
-        let mut x = b.g.get_rows(embd, tokens)?;
-        for il in 0..c.n_main_layers() {
-            let pre = format!("blk.{il}");
-            let norm_w = b.p(&format!("{pre}.attn_norm.weight"))?;
-            let h = b.g.rms_norm(x, c.rms_eps)?;
-            let h = b.g.mul(h, norm_w)?;
-            let mixed = match self.layers[il] {
-                LayerCache::Attn { k, v } => self.attention(&mut b, il, h, &leaves, (k, v))?,
-                LayerCache::Recurrent { conv, delta } => self.delta_net(&mut b, il, h, &leaves, (conv, delta))?,
-            };
-            x = b.g.add(x, mixed)?;
-            let post_w = b.p(&format!("{pre}.post_attention_norm.weight"))?;
-            let h = b.g.rms_norm(x, c.rms_eps)?;
-            let h = b.g.mul(h, post_w)?;
-            let f = self.ffn(&mut b, il, h)?;
-            x = b.g.add(x, f)?;
-        }
-        let out_w = b.p("output_norm.weight")?;
-        let mut h = b.g.rms_norm(x, c.rms_eps)?;
-        h = b.g.mul(h, out_w)?;
+        let mut h = self.arch.build(&mut b)?;
         if let Some(rows) = last_rows {
             h = b.g.get_rows(h, rows)?;
         }
-        let head = if c.tied_embeddings { embd } else { b.p("output.weight")? };
+        let head = b.param(self.arch.lm_head())?;
         let mut out = b.g.mul_mat(head, h)?;
         let settings = if sample { Some(b.g.input("sample_settings", DType::F32, [4, n_seq, 1, 1])?) } else { None };
         if let Some(st) = settings {
             out = b.g.sample(out, st)?; // i32 [1, n_seq]
         }
         b.g.mark_output(out)?;
-        Ok((b, StepIo { tokens, leaves, last_rows, settings, out }))
+        Ok((b, StepIo { leaves, last_rows, settings, out }))
     }
+}
 
-    /// Gated full attention (notes §4.2): q and gate interleaved per head in `attn_q`, q/k rms
-    /// norms, imrope, K/V written into the paged cache, paged flash attention, sigmoid gate.
-    fn attention(
-        &self,
-        b: &mut Builder<'_>,
-        il: usize,
-        x: Tensor,
-        l: &Leaves,
-        (k_store, v_store): (TensorRef, TensorRef),
-    ) -> R<Tensor> {
-        let c = &self.config;
-        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
-        let n = x.ne()[1];
-        let f = 4; // f32 activations
-        let pre = &format!("blk.{il}");
-        let (names, merged) = projection_groups(c, il).swap_remove(0);
-        let [qg, k, v] = b.project(x, &names, Some(&merged))?[..] else { unreachable!("three projections") };
-        let wo = b.p(&format!("{pre}.attn_output.weight"))?;
-        let qn = b.p(&format!("{pre}.attn_q_norm.weight"))?;
-        let kn = b.p(&format!("{pre}.attn_k_norm.weight"))?;
-        let g = &mut b.g;
+/// The K/V shape of an attention layer: `(n_head_kv, k_dim, v_dim)`.
+type KvShape = (usize, usize, usize);
+/// The state shape of a recurrent layer: `([d_conv - 1, channels], [S_k, S_v, H_v])`.
+type RecurrentShape = ([usize; 2], [usize; 3]);
 
-        // q and its gate interleaved per head in rows 0 .. 2 hd nh of the q projection
-        let step = qg.total * f;
-        let nb = [f, 2 * hd * f, step, step * n];
-        let q = g.view(qg.product, [hd, nh, n, 1], nb, qg.first * f)?;
-        let gate = g.view(qg.product, [hd, nh, n, 1], nb, (qg.first + hd) * f)?;
-        let gate = g.cont(gate)?;
-        let gate = g.reshape(gate, &[hd * nh, n])?;
-        let q = g.rms_norm(q, c.rms_eps)?;
-        let q = g.mul(q, qn)?;
-        let k = k.heads(g, hd, nkv)?;
-        let k = g.rms_norm(k, c.rms_eps)?;
-        let k = g.mul(k, kn)?;
-        let v = v.rows(g, hd * nkv)?;
-
-        let rope = RopeParams {
-            n_rot: c.n_rot,
-            freq_base: c.rope_freq_base,
-            pairing: RopePairing::Neox,
-            sections: Some(c.rope_sections),
-        };
-        let q = g.rope_multi(q, l.positions, rope)?;
-        let k = g.rope_multi(k, l.positions, rope)?;
-
-        let kc = b.state(&format!("{pre}.cache_k"), k_store)?;
-        let vc = b.state(&format!("{pre}.cache_v"), v_store)?;
-        let g = &mut b.g;
-        let k = g.reshape(k, &[hd * nkv, n])?;
-        let kc = g.set_rows(kc, k, l.write_cells)?;
-        let vc = g.set_rows(vc, v, l.write_cells)?;
-        let kview = self.kv.k_view();
-        let vview = self.kv.v_view();
-        let kc = g.view(kc, kview.ne, kview.nb, 0)?;
-        let vc = g.view(vc, vview.ne, vview.nb, 0)?;
-
-        let q = g.permute(q, [0, 2, 1, 3])?; // [hd, n, nh, 1]
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (bt, offs, lens) = (Some(l.block_table), l.seq_offsets, l.kv_lens);
-        let o = g.flash_attn_ext_ragged(q, kc, vc, None, bt, offs, lens, scale, 0.0)?; // [hd, nh, n, 1]
-        let o = g.reshape(o, &[hd * nh, n])?;
-        let sg = g.sigmoid(gate)?;
-        let o = g.mul(o, sg)?;
-        Ok(g.mul_mat(wo, o)?)
-    }
-
-    /// Gated DeltaNet linear attention (notes §2.2).
-    fn delta_net(
-        &self,
-        b: &mut Builder<'_>,
-        il: usize,
-        x: Tensor,
-        l: &Leaves,
-        (conv_store, delta_store): (TensorRef, TensorRef),
-    ) -> R<Tensor> {
-        let c = &self.config;
-        let (hk, hv, sk, sv) = (c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_head_v_dim());
-        let ch = c.ssm_conv_dim();
-        let n = x.ne()[1];
-        let f = 4;
-        let pre = &format!("blk.{il}");
-        let groups = projection_groups(c, il);
-        let rows = if b.w.contains(&groups[0].1) {
-            b.project(x, &groups[0].0, Some(&groups[0].1))?
-        } else {
-            let mut rows = b.project(x, &groups[1].0, Some(&groups[1].1))?;
-            rows.extend(b.project(x, &groups[2].0, Some(&groups[2].1))?);
-            rows
-        };
-        let [qkv, z, beta, alpha] = rows[..] else { unreachable!("four projections") };
-        let w_conv = b.p(&format!("{pre}.ssm_conv1d.weight"))?;
-        let dt_bias = b.p(&format!("{pre}.ssm_dt.bias"))?;
-        let ssm_a = b.p(&format!("{pre}.ssm_a"))?;
-        let w_norm = b.p(&format!("{pre}.ssm_norm.weight"))?;
-        let w_out = b.p(&format!("{pre}.ssm_out.weight"))?;
-        let conv_state = b.state(&format!("{pre}.conv_state"), conv_store)?;
-        let delta_state = b.state(&format!("{pre}.delta_state"), delta_store)?;
-        let g = &mut b.g;
-
-        let beta = beta.rows(g, hv)?;
-        let beta = g.sigmoid(beta)?;
-        let beta = g.reshape(beta, &[1, hv, n, 1])?;
-        let alpha = alpha.rows(g, hv)?;
-        let alpha = g.add(alpha, dt_bias)?;
-        let alpha = g.softplus(alpha)?;
-        let gdecay = g.mul(alpha, ssm_a)?;
-        let gdecay = g.reshape(gdecay, &[1, hv, n, 1])?;
-
-        let qkv = qkv.rows(g, ch)?;
-        let conv = g.ssm_conv_update_inplace_ragged(qkv, conv_state, w_conv, l.slots, l.seq_offsets, true)?; // [ch, n, 1]
-        let nb = |d: usize| [f, d * f, ch * f, ch * n * f];
-        // q and k lie side by side in each token's conv output: one l2_norm over both heads' rows
-        let qk = g.view(conv, [sk, 2 * hk, n, 1], nb(sk), 0)?;
-        let qk = g.l2_norm(qk, c.rms_eps)?; // [sk, 2 hk, n] contiguous
-        let nb_qk = [f, sk * f, 2 * hk * sk * f, 2 * hk * sk * n * f];
-        let q = g.view(qk, [sk, hk, n, 1], nb_qk, 0)?;
-        let k = g.view(qk, [sk, hk, n, 1], nb_qk, hk * sk * f)?;
-        let v = g.view(conv, [sv, hv, n, 1], nb(sv), 2 * hk * sk * f)?;
-        let algo = if l.decode { DeltaNetAlgo::Serial } else { DeltaNetAlgo::Chunked { chunk: 64 } };
-        let params =
-            GatedDeltaNetParams { scale: 1.0 / (sk as f32).sqrt(), head_map: HeadMap::Tiled, algo, ragged: true };
-        let o = g.gated_delta_net_ragged(q, k, v, gdecay, beta, delta_state, l.slots, l.seq_offsets, params)?; // [sv, hv, n, 1]
-
-        let o = g.rms_norm(o, c.rms_eps)?;
-        let o = g.mul(o, w_norm)?;
-        let z = z.heads(g, sv, hv)?;
-        let z = g.silu(z)?;
-        let o = g.mul(o, z)?;
-        let o = g.reshape(o, &[hv * sv, n])?;
-        Ok(g.mul_mat(w_out, o)?)
-    }
-
-    /// Dense SwiGLU or routed experts plus the gated shared expert (notes §5.1).
-    fn ffn(&self, b: &mut Builder<'_>, il: usize, x: Tensor) -> R<Tensor> {
-        let pre = &format!("blk.{il}");
-        match self.config.ffn {
-            Ffn::Dense { .. } => {
-                let wg = b.p(&format!("{pre}.ffn_gate.weight"))?;
-                let wu = b.p(&format!("{pre}.ffn_up.weight"))?;
-                let wd = b.p(&format!("{pre}.ffn_down.weight"))?;
-                let g = &mut b.g;
-                let gt = g.mul_mat(wg, x)?;
-                let up = g.mul_mat(wu, x)?;
-                let a = g.swiglu(gt, up)?;
-                Ok(g.mul_mat(wd, a)?)
-            }
-            Ffn::Moe { n_expert, n_expert_used: k, .. } => {
-                let stacked = stacked_experts(il);
-                let short = x.ne()[1] <= self.route_shared_expert;
-                if short && stacked.iter().all(|m| b.w.contains(m)) && b.w.contains(SHARED_EXPERT_ID) {
-                    return moe_shared_routed(b, il, x, &stacked, n_expert, k);
+/// The one K/V shape of the attention layers and the one state shape of the recurrent layers
+/// `needs` declare (`None` where no layer has that kind of cache).
+fn cache_shapes(arch: &str, needs: &[LayerCacheNeed]) -> R<(Option<KvShape>, Option<RecurrentShape>)> {
+    let bad = |why: String| ModelError::CacheNeeds { arch: arch.to_string(), why };
+    let (mut kv, mut rec) = (None, None);
+    for (il, need) in needs.iter().enumerate() {
+        match *need {
+            LayerCacheNeed::None => {}
+            LayerCacheNeed::Attention { n_head_kv, k_dim, v_dim } => {
+                let shape = (n_head_kv, k_dim, v_dim);
+                if n_head_kv == 0 || k_dim == 0 || v_dim == 0 {
+                    return Err(bad(format!("layer {il}: attention cache {shape:?} has a zero dimension")));
                 }
-                let w_inp = b.p(&format!("{pre}.ffn_gate_inp.weight"))?;
-                let w_ge = b.p(&format!("{pre}.ffn_gate_exps.weight"))?;
-                let w_ue = b.p(&format!("{pre}.ffn_up_exps.weight"))?;
-                let w_de = b.p(&format!("{pre}.ffn_down_exps.weight"))?;
-                let w_sh_inp = b.p(&format!("{pre}.ffn_gate_inp_shexp.weight"))?;
-                let w_sg = b.p(&format!("{pre}.ffn_gate_shexp.weight"))?;
-                let w_su = b.p(&format!("{pre}.ffn_up_shexp.weight"))?;
-                let w_sd = b.p(&format!("{pre}.ffn_down_shexp.weight"))?;
-                let g = &mut b.g;
-
-                let logits = g.mul_mat(w_inp, x)?; // [n_expert, n]
-                let probs = g.softmax(logits, 1.0, None)?;
-                let sel = g.top_k(probs, k)?; // i32 [k, n]
-                let w = routing_weights(g, probs, sel, k)?;
-                let moe = routed_experts(g, [w_ge, w_ue, w_de], x, sel, w)?;
-
-                let sg = g.mul_mat(w_sg, x)?;
-                let su = g.mul_mat(w_su, x)?;
-                let sa = g.swiglu(sg, su)?;
-                let sh = g.mul_mat(w_sd, sa)?; // [e, n]
-                let gate = g.mul_mat(w_sh_inp, x)?; // [1, n]
-                let gate = g.sigmoid(gate)?;
-                let sh = g.mul(sh, gate)?;
-                Ok(g.add(moe, sh)?)
+                match kv {
+                    Some(first) if first != shape => {
+                        return Err(bad(format!(
+                            "layer {il}: attention cache (n_head_kv, k_dim, v_dim) {shape:?} differs from an earlier \
+                             layer's {first:?} (one paged KV cache serves every layer)"
+                        )));
+                    }
+                    _ => kv = Some(shape),
+                }
+            }
+            LayerCacheNeed::Recurrent { conv, state } => {
+                let shape = (conv, state);
+                if conv.contains(&0) || state.contains(&0) {
+                    return Err(bad(format!("layer {il}: recurrent cache {shape:?} has a zero dimension")));
+                }
+                match rec {
+                    Some(first) if first != shape => {
+                        return Err(bad(format!(
+                            "layer {il}: recurrent cache {shape:?} differs from an earlier layer's {first:?}"
+                        )));
+                    }
+                    _ => rec = Some(shape),
+                }
             }
         }
     }
-}
-
-/// The MoE block with its shared expert routed as slot `k` of every token
-/// ([`route_shared_experts`]): the router's logits and the shared gate's in one matmul, the
-/// routed ids with the shared expert's appended, the routed weights with `sigmoid` of the shared
-/// gate appended, and the experts' matmuls over `k + 1` slots.
-fn moe_shared_routed(
-    b: &mut Builder<'_>,
-    il: usize,
-    x: Tensor,
-    stacked: &[String; 3],
-    n_expert: usize,
-    k: usize,
-) -> R<Tensor> {
-    let n = x.ne()[1];
-    let router = [format!("blk.{il}.ffn_gate_inp.weight"), format!("blk.{il}.ffn_gate_inp_shexp.weight")];
-    let rows = b.project(x, &router, Some(&stacked_router(il)))?;
-    let experts = [b.p(&stacked[0])?, b.p(&stacked[1])?, b.p(&stacked[2])?];
-    let shared = b.shared_expert_ids(n)?;
-    let g = &mut b.g;
-    let logits = rows[0].rows(g, n_expert)?; // [n_expert, n]
-    let gate = rows[1].rows(g, 1)?; // [1, n]
-    let probs = g.softmax(logits, 1.0, None)?;
-    let sel = g.top_k(probs, k)?;
-    let ids = g.concat(sel, shared, 0)?; // i32 [k + 1, n]
-    let routed = Rows { product: ids, first: 0, total: k + 1 }.rows(g, k)?;
-    let w = routing_weights(g, probs, routed, k)?;
-    let gate = g.sigmoid(gate)?;
-    let gate = g.reshape(gate, &[1, 1, n])?;
-    let w = g.concat(w, gate, 1)?; // [1, k + 1, n]
-    routed_experts(g, experts, x, ids, w)
-}
-
-/// The routing weights of the experts `sel` (`[k, n]`): `probs` at them, renormalised over the
-/// `k` slots, `[1, k, n]`.
-fn routing_weights(g: &mut Graph, probs: Tensor, sel: Tensor, k: usize) -> R<Tensor> {
-    let [n_expert, n, ..] = probs.ne();
-    let p3 = g.reshape(probs, &[1, n_expert, n])?;
-    let w = g.get_rows(p3, sel)?; // [1, k, n]
-    let w = g.reshape(w, &[k, n])?;
-    let wsum = g.sum_rows(w)?; // [1, n]
-    let w = g.div(w, wsum)?;
-    Ok(g.reshape(w, &[1, k, n])?)
-}
-
-/// `sum_u w[u] * down_u(swiglu(gate_u(x), up_u(x)))` over the slots `u` of `ids` (`[slots, n]`),
-/// the experts' `[gate, up, down]` stacks indexed by the ids: `[n_embd, n]`.
-fn routed_experts(g: &mut Graph, [w_ge, w_ue, w_de]: [Tensor; 3], x: Tensor, ids: Tensor, w: Tensor) -> R<Tensor> {
-    let [e, n, ..] = x.ne();
-    let cur = g.reshape(x, &[e, 1, n])?;
-    let gt = g.mul_mat_id(w_ge, cur, ids)?; // [n_ff, slots, n]
-    let up = g.mul_mat_id(w_ue, cur, ids)?;
-    let a = g.swiglu(gt, up)?;
-    let ex = g.mul_mat_id(w_de, a, ids)?; // [e, slots, n]
-    let ex = g.mul(ex, w)?;
-    // the weighted experts summed over the slots in one reduction (k - 1 adds of slot views
-    // were k - 1 launches a layer)
-    let slots_first = g.transpose(ex)?; // [slots, e, n]
-    let moe = g.sum_rows(slots_first)?; // [1, e, n]
-    Ok(g.reshape(moe, &[e, n])?)
+    Ok((kv, rec))
 }
