@@ -327,11 +327,11 @@ __device__ __forceinline__ void gf_dot(const GfRaw* raw, int dt, i64 u, const ch
     }
 }
 
-// acc[r][t] += units gl, gl + g, ... of weight row `row[r]` . activation row t. Loads go out U
-// units ahead of their use: by default GF_UNITS (one row) or GF_UNITS / 2 (several rows: R loads
-// each).
-template <int NT, int R, int U = (R == 1 ? GF_UNITS : GF_UNITS / 2)>
+// acc[r][t] += units gl, gl + g, ... of weight row `row[r]` . activation row t. Loads go out
+// GF_UNITS (one row) or GF_UNITS / 2 (several rows: R loads each) units ahead of their use.
+template <int NT, int R>
 __device__ __forceinline__ void gf_rows(const char* const* row, int adt, i64 nu, int gl, int g, const char* const* xt, const float* const* st, float (*acc)[NT]) {
+    constexpr int U = R == 1 ? GF_UNITS : GF_UNITS / 2;
     for (i64 u0 = gl; u0 < nu; u0 += U * g) {
         GfRaw raw[U][R];
 #pragma unroll

@@ -170,8 +170,7 @@ __device__ __forceinline__ void moe_decode_body(Tensor as, Tensor as_up, int adt
     float acc[R][1];
 #pragma unroll
     for (int i = 0; i < R; i++) acc[i][0] = 0.0f;
-    // (GF_UNITS units of each row in flight: a 2048-wide nvfp4 row is one round of loads a lane)
-    gf_rows<1, R, GF_UNITS>(row, adt, nu, lane, 32, xt, st, acc);
+    gf_rows<1, R>(row, adt, nu, lane, 32, xt, st, acc);
     warp_sum_scatter<R, 16>(&acc[0][0], lane);  // GLU: lanes 0-15 hold the gate's sum, 16-31 the up's
     float v = acc[0][0];
     if constexpr (GLU) {
@@ -192,11 +191,9 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_glu(Tensor a
 
 // mul_mat_id_weighted_sum for a few tokens: block (x, t) runs the rows x * 4 .. + 3 (a warp each)
 // of every slot u of token t, out[m, t] = sum_u w[0, u, t] * (expert ids[u, t] row m . activation
-// row (u mod n_b) + n_b t), the activations as `moe_decode` reads them. The slots go MDS_SLOTS at a time
+// row (u mod n_b) + n_b t), the activations as `moe_decode` reads them. The slots go 4 at a time
 // with their loads in flight; a bad id is reported (block 0) and its slot skipped.
-// MDS_SLOTS = 9: top-8 routing and a routed shared expert in one round of loads, within the
-// registers that keep a decode step's grid resident in one wave.
-#define MDS_SLOTS 9
+#define MDS_SLOTS 4
 extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_sum(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor w, Tensor out, u64 err, u32 op) {
     grid_begin();
     const i64 n_used = ids.ne[0], t = blockIdx.y;
