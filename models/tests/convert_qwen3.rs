@@ -84,7 +84,8 @@ fn hf_tensors(f: &GgufFile, fused: bool) -> Vec<StTensor> {
     for t in f.tensors() {
         let data = f.tensor_data(&t.name).unwrap().to_vec();
         let torch: Vec<usize> = t.dims().iter().rev().copied().collect();
-        let Some(which) = ["gate", "up", "down"].into_iter().find(|w| t.name.ends_with(&format!("ffn_{w}_exps.weight")))
+        let Some(which) =
+            ["gate", "up", "down"].into_iter().find(|w| t.name.ends_with(&format!("ffn_{w}_exps.weight")))
         else {
             out.push((hf_name(&t.name), Dtype::F32, torch, data));
             continue;

@@ -126,7 +126,11 @@ fn replayed_step_graphs_equal_fresh_ones() {
             assert_close(&replayed, &fresh, p);
             tok = vec![argmax(&replayed)];
         }
-        assert!(m.step_cache_stats().reused >= reused + 3, "{p}: decode steps did not replay: {:?}", m.step_cache_stats());
+        assert!(
+            m.step_cache_stats().reused >= reused + 3,
+            "{p}: decode steps did not replay: {:?}",
+            m.step_cache_stats()
+        );
     }
 }
 

@@ -138,7 +138,7 @@ pub struct ArchSpec {
     pub make: fn(ModelConfig) -> Result<Box<dyn Architecture>, ConfigError>,
     /// The family's named configurations ([`ModelConfig::preset`]): name and maker. The
     /// result is validated by [`ModelConfig::preset`].
-    pub presets: &'static [(&'static str, fn() -> ModelConfig)],
+    pub presets: &'static [Preset],
 }
 
 impl fmt::Debug for ArchSpec {
@@ -146,6 +146,9 @@ impl fmt::Debug for ArchSpec {
         f.debug_struct("ArchSpec").field("name", &self.name).field("hf_names", &self.hf_names).finish_non_exhaustive()
     }
 }
+
+/// A named config of a family ([`ArchSpec::presets`]): its name and the function that makes it.
+pub type Preset = (&'static str, fn() -> ModelConfig);
 
 /// Every family this crate ships, in the order messages list them.
 pub static REGISTRY: &[&ArchSpec] = &[&qwen35::QWEN35, &qwen35::QWEN35MOE, &qwen3::QWEN3, &qwen3::QWEN3MOE];

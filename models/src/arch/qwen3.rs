@@ -168,14 +168,19 @@ impl Qwen3 {
     pub fn new(config: ModelConfig) -> Result<Qwen3, ConfigError> {
         config.validate()?;
         let family = |why: String| ConfigError::Inconsistent { key: "general.architecture".into(), reason: why };
-        if config.ssm.is_some() || config.rope_sections.is_some() || matches!(config.ffn, Ffn::Moe { n_ff_shexp: Some(_), .. })
+        if config.ssm.is_some()
+            || config.rope_sections.is_some()
+            || matches!(config.ffn, Ffn::Moe { n_ff_shexp: Some(_), .. })
         {
             return Err(family(format!("{} is not a qwen3 family config", config.arch)));
         }
         if config.n_rot != config.head_dim {
             return Err(ConfigError::Inconsistent {
                 key: format!("{}.rope.dimension_count", config.arch),
-                reason: format!("{} must equal attention.key_length {} (llama.cpp: n_rot == n_embd_head)", config.n_rot, config.head_dim),
+                reason: format!(
+                    "{} must equal attention.key_length {} (llama.cpp: n_rot == n_embd_head)",
+                    config.n_rot, config.head_dim
+                ),
             });
         }
         Ok(Qwen3 { config })
@@ -193,7 +198,12 @@ impl Qwen3 {
             head_dim: c.head_dim,
             eps: c.rms_eps,
             qk_norm: true,
-            rope: RopeParams { n_rot: c.n_rot, freq_base: c.rope_freq_base, pairing: RopePairing::Neox, sections: None },
+            rope: RopeParams {
+                n_rot: c.n_rot,
+                freq_base: c.rope_freq_base,
+                pairing: RopePairing::Neox,
+                sections: None,
+            },
             gate: None,
         }
     }

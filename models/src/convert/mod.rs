@@ -885,7 +885,8 @@ pub fn convert_with_options(
     let json: Json =
         serde_json::from_str(&text).map_err(|source| ConvertError::Json { path: cfg_path.clone(), source })?;
     let config = config_from_hf(&json)?;
-    let fam = family(config.arch).ok_or_else(|| ConvertError::UnknownArchitecture { name: config.arch.name().into() })?;
+    let fam =
+        family(config.arch).ok_or_else(|| ConvertError::UnknownArchitecture { name: config.arch.name().into() })?;
     let ck = Checkpoint::open(dir)?;
     // Before any work: `out` must not be one of the inputs, and its directory must take a file.
     let index_path = dir.join("model.safetensors.index.json");

@@ -6,7 +6,9 @@
 use serde_json::Value as Json;
 use tessera_ops::DType;
 
-use super::{Checkpoint, Entry, Map, R, RowMap, TensorPlan, VHeads, cfg_err, field, get_usize, opt_f64, opt_usize, positive};
+use super::{
+    Checkpoint, Entry, Map, R, RowMap, TensorPlan, VHeads, cfg_err, field, get_usize, opt_f64, opt_usize, positive,
+};
 use crate::config::{Arch, Dim, Ffn, LayerKind, MAX_LAYERS, ModelConfig, SsmConfig, TensorSpec};
 
 /// The [`ModelConfig`] of a HF Qwen3.5 `config.json` (parsed; `c` its text config), validated
@@ -146,7 +148,6 @@ pub(super) fn config_from_hf(arch: Arch, json: &Json, c: &Json) -> R<ModelConfig
     Ok(config)
 }
 
-
 /// Where the values of one GGUF tensor come from (ggml order = torch row-major with the axes
 /// reversed), each source checked for presence, dtype and shape.
 pub(super) fn plan_tensor<'c>(
@@ -269,4 +270,3 @@ pub(super) fn plan_tensor<'c>(
         }
     }
 }
-
