@@ -1,7 +1,13 @@
-//! Conversion of Hugging Face Qwen3.5 checkpoints (`Qwen3_5ForCausalLM` / `qwen3_5_text` →
-//! `qwen35`, `Qwen3_5MoeForCausalLM` / `qwen3_5_moe_text` → `qwen35moe`) to GGUF.
+//! Conversion of Hugging Face checkpoints to GGUF: Qwen3.5 (`Qwen3_5ForCausalLM` / `qwen3_5_text`
+//! → `qwen35`, `Qwen3_5MoeForCausalLM` / `qwen3_5_moe_text` → `qwen35moe`, `qwen35.rs`) and Qwen3
+//! (`Qwen3ForCausalLM` → `qwen3`, `Qwen3MoeForCausalLM` → `qwen3moe`, `qwen3.rs`: every tensor
+//! copied, see that module).
 //!
-//! The transforms follow `docs/notes/hybrid-ops.md` (§2.2, §2.4, §3.3, §5, §6) and llama.cpp's
+//! Each family has a `config.json` reader and either a declarative tensor table ([`HfTensor`]: GGUF
+//! name ← checkpoint name template + transform) or hand-coded plans; everything else here (the
+//! checkpoint, the checks, streaming, the output) is shared.
+//!
+//! The Qwen3.5 transforms follow `docs/notes/hybrid-ops.md` (§2.2, §2.4, §3.3, §5, §6) and llama.cpp's
 //! `conversion/qwen.py` (semantics only):
 //!
 //! - every RMS norm weight gets `+1` (HF stores `w` and computes `x·(1 + w)`), except
