@@ -2,7 +2,7 @@
 //! (`src/models/qwen3.cpp`, `qwen3moe.cpp`) from the public seams only.
 //!
 //! Block `il` is `x += attention(rms_norm(x) * attn_norm)`, then `x += ffn(rms_norm(x) *
-//! ffn_norm)`. The [attention](crate::layers::attention) is plain GQA with per-head q/k RMS norms
+//! ffn_norm)`. The attention ([`crate::layers::attention`]) is plain GQA with per-head q/k RMS norms
 //! and NEOX rope over the whole head (`rope.dimension_count` = `key_length`, as llama.cpp asserts),
 //! no output gate; the FFN is [dense SwiGLU](crate::layers::ffn::swiglu) (`qwen3`) or
 //! [top-k of a softmax router, weights renormalised](crate::layers::ffn::moe) over stacked experts

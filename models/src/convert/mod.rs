@@ -3,7 +3,7 @@
 //! (`Qwen3ForCausalLM` → `qwen3`, `Qwen3MoeForCausalLM` → `qwen3moe`, `qwen3.rs`: every tensor
 //! copied, see that module).
 //!
-//! Each family has a `config.json` reader and either a declarative tensor table ([`HfTensor`]: GGUF
+//! Each family has a `config.json` reader and either a declarative tensor table (`HfTensor`: GGUF
 //! name ← checkpoint name template + transform) or hand-coded plans; everything else here (the
 //! checkpoint, the checks, streaming, the output) is shared.
 //!
