@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Reference fixtures from transformers' Qwen3.5 models (dense and MoE), for Tessera's model tests.
+"""Reference fixtures from transformers' Qwen3.5 and Qwen3 models (dense and MoE), for Tessera's model
+tests.
 
-Builds tiny random `qwen3_5_text` and `qwen3_5_moe_text` models in float32 with a fixed seed,
+Builds tiny random `qwen3_5_text`, `qwen3_5_moe_text`, `qwen3` and `qwen3_moe` models in float32
+with a fixed seed,
 saves each as an HF checkpoint (config.json + model.safetensors), and records what the reference
 implementation computes: the logits of every position of a fixed 40-token prompt, a 16-token greedy
 continuation, and the per-position logits of three more prompts run one at a time (so batched
@@ -9,9 +11,12 @@ runs can be compared against sequences run alone).
 
 Run where torch + transformers are installed (the GPU machine; it runs on the CPU in seconds):
 
-    python3 tools/gen_hf_fixtures.py OUT_DIR
+    python3 tools/gen_hf_fixtures.py OUT_DIR [NAME ...]
 
-Writes OUT_DIR/{qwen35-dense,qwen35moe}/{config.json,model.safetensors,reference.safetensors}.
+Writes OUT_DIR/NAME/{config.json,model.safetensors,reference.safetensors} for each NAME of
+qwen35-dense, qwen35moe, qwen3-dense, qwen3moe (all four when none is named; name only the new
+ones, e.g. `python3 tools/gen_hf_fixtures.py fixtures/hf qwen3-dense qwen3moe`, to leave the
+others as they are).
 The reference file holds i32 token ids and f32 logits [n_tokens, n_vocab] per prompt; its
 metadata records the library versions and the seed.
 """
@@ -55,6 +60,22 @@ COMMON = dict(
     },
 )
 
+# Qwen3 (plain GQA attention with q/k norms, NEOX rope over the whole head): head_dim 32 is not
+# hidden / heads (16), as in the real models (5120 / 64 = 80, head_dim 128).
+QWEN3_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    attention_bias=False,
+    use_sliding_window=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+)
+
 CONFIGS = {
     "qwen35-dense": ("qwen3_5_text", dict(intermediate_size=96)),
     "qwen35moe": (
@@ -67,11 +88,30 @@ CONFIGS = {
             norm_topk_prob=True,
         ),
     ),
+    "qwen3-dense": ("qwen3", dict(QWEN3_COMMON, intermediate_size=96, tie_word_embeddings=False)),
+    "qwen3moe": (
+        "qwen3_moe",
+        dict(
+            QWEN3_COMMON,
+            intermediate_size=96,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,  # llama.cpp's qwen3moe always renormalises (as Qwen3-30B-A3B sets)
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            tie_word_embeddings=True,  # the tied head, as the small Qwen3 models have
+        ),
+    ),
 }
 
+# Families whose RMS norms compute x * (1 + w) (Qwen3.5); the others compute x * w (Qwen3).
+OFFSET_NORMS = {"qwen3_5_text", "qwen3_5_moe_text"}
 
-def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """Weights large enough that every layer matters (the default init is nearly zero)."""
+
+def randomize(model: torch.nn.Module, gen: torch.Generator, offset_norms: bool) -> None:
+    """Weights large enough that every layer matters (the default init is nearly zero). Norm weights
+    scatter around 0 where the norm adds 1 itself (`offset_norms`), else around 1."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("A_log"):
@@ -79,7 +119,7 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
             elif name.endswith("dt_bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
             elif "norm" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (0.0 if offset_norms else 1.0))
             elif "conv1d" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
             else:
@@ -98,17 +138,23 @@ def greedy(model, ids: torch.Tensor, n: int) -> torch.Tensor:
     return out[0, ids.numel():].to(torch.int32).contiguous()
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, names: list) -> None:
     torch.set_default_dtype(torch.float32)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "seed": str(SEED)}
     print(json.dumps(versions))
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        sys.exit(f"unknown fixture(s) {unknown}; known: {list(CONFIGS)}")
     for name, (model_type, extra) in CONFIGS.items():
+        if names and name not in names:
+            continue
         torch.manual_seed(SEED)
         gen = torch.Generator().manual_seed(SEED)
-        cfg = AutoConfig.for_model(model_type, **COMMON, **extra)
+        kwargs = extra if model_type not in OFFSET_NORMS else dict(COMMON, **extra)
+        cfg = AutoConfig.for_model(model_type, **kwargs)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-        randomize(model, gen)
-        print(name, type(model).__name__, "layer_types:", cfg.layer_types)
+        randomize(model, gen, model_type in OFFSET_NORMS)
+        print(name, type(model).__name__, "layer_types:", getattr(cfg, "layer_types", None))
         print(name, "params:", sum(p.numel() for p in model.parameters()))
         for pname, p in model.named_parameters():
             if ".layers.0." in pname or ".layers.3." in pname or "layers" not in pname:
@@ -144,4 +190,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "fixtures/hf")
+    main(sys.argv[1] if len(sys.argv) > 1 else "fixtures/hf", sys.argv[2:])

@@ -87,7 +87,7 @@ use tessera_models::synth::{SynthProgress, SynthVocab, synthesize_with_vocab};
 use tessera_ops::DType;
 
 #[derive(Parser, Debug)]
-#[command(name = "tessera", version, about = "Tessera: qwen35 / qwen35moe GGUF tools")]
+#[command(name = "tessera", version, about = "Tessera: qwen35 / qwen35moe / qwen3 / qwen3moe GGUF tools")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -111,7 +111,8 @@ struct SynthWeights {
 enum Command {
     /// Write a GGUF with a preset's metadata and seeded random weights.
     Synth {
-        /// tiny, tiny-moe, qwen35-27b or qwen35moe-35b-a3b.
+        /// tiny, tiny-moe, qwen35-27b, qwen35moe-35b-a3b, qwen3-tiny, qwen3moe-tiny, qwen3-32b or
+        /// qwen3moe-30b-a3b.
         #[arg(long)]
         preset: String,
         #[command(flatten)]
@@ -196,7 +197,7 @@ enum Command {
         /// The GGUF file (or --preset).
         #[arg(required_unless_present = "preset", conflicts_with = "preset")]
         file: Option<PathBuf>,
-        /// Instead of a file: a preset (tiny, tiny-moe, qwen35-27b, qwen35moe-35b-a3b) with seeded
+        /// Instead of a file: a preset (tiny, tiny-moe, qwen35-27b, qwen35moe-35b-a3b, qwen3-*) with seeded
         /// weights uploaded straight to the backend, the ones `tessera synth` would write.
         #[arg(long)]
         preset: Option<String>,

@@ -1,4 +1,5 @@
-//! The tiny qwen35 / qwen35moe models on the CUDA backend against the CPU oracle: logits of a
+//! The tiny qwen35 / qwen35moe (and, where [`F32_PRESETS`] lists them, qwen3 / qwen3moe) models on
+//! the CUDA backend against the CPU oracle: logits of a
 //! prompt within a stated bound, greedy streams of 32 tokens identical with f32 weights, a batch
 //! of sequences equal to each alone, and CUDA-graph replay bit-identical to eager execution.
 //! Skips with a message when no GPU is usable.
@@ -69,10 +70,13 @@ fn nmse(a: &[f32], b: &[f32]) -> f64 {
     num / den.max(f64::MIN_POSITIVE)
 }
 
+/// The presets of the f32 and batch/replay checks: both families.
+const F32_PRESETS: [&str; 4] = ["tiny", "tiny-moe", "qwen3-tiny", "qwen3moe-tiny"];
+
 #[test]
 fn f32_models_match_the_cpu_and_greedy_streams_are_identical() {
     let Some(mut cuda) = gpu(true) else { return };
-    for preset in ["tiny", "tiny-moe"] {
+    for preset in F32_PRESETS {
         let f = file(preset, DType::F32);
         let prompt = tokens(24, 1);
         let mut cpu = CpuBackend::new();
@@ -165,7 +169,7 @@ fn quantized_models_stay_close_to_the_cpu() {
 #[test]
 fn a_batch_equals_each_sequence_alone_and_replay_equals_eager() {
     let (Some(mut graphs), Some(mut eager)) = (gpu(true), gpu(false)) else { return };
-    for preset in ["tiny", "tiny-moe"] {
+    for preset in F32_PRESETS {
         let f = file(preset, DType::F32);
         let seqs = [tokens(9, 3), tokens(9, 4), tokens(9, 5)];
         let mut alone = Vec::new();

@@ -1,5 +1,6 @@
 //! The HF-conversion oracle: convert `fixtures/hf/{qwen35-dense,qwen35moe}` (tiny random Qwen3.5
-//! checkpoints saved by transformers, see `fixtures/hf/README.md`) to f32 GGUF, run them on the CPU
+//! checkpoints saved by transformers, see `fixtures/hf/README.md`; and `qwen3-dense`, `qwen3moe`,
+//! Qwen3 / Qwen3-MoE, checked when generated) to f32 GGUF, run them on the CPU
 //! backend and compare with the logits and greedy tokens transformers computed: one pass per
 //! sequence, prompts fed in chunks, several sequences batched in one step (the reference ran each
 //! alone), and quantized weights by the KL divergence from the f32 reference.
@@ -133,6 +134,33 @@ fn dense_fixture_matches_transformers() {
 #[test]
 fn moe_fixture_matches_transformers() {
     check("qwen35moe");
+}
+
+/// Whether fixture `name` has been generated; when not, says how to make it (the Qwen3 fixtures
+/// are made on a machine with transformers, see `fixtures/hf/README.md`).
+fn generated(name: &str) -> bool {
+    let there = fixture(name).join("reference.safetensors").exists();
+    if !there {
+        eprintln!(
+            "skipped: fixtures/hf/{name} is not generated yet (python3 tools/gen_hf_fixtures.py fixtures/hf {name}, \
+             where torch + transformers are installed)"
+        );
+    }
+    there
+}
+
+#[test]
+fn qwen3_dense_fixture_matches_transformers() {
+    if generated("qwen3-dense") {
+        check("qwen3-dense");
+    }
+}
+
+#[test]
+fn qwen3moe_fixture_matches_transformers() {
+    if generated("qwen3moe") {
+        check("qwen3moe");
+    }
 }
 
 #[test]

@@ -369,7 +369,8 @@ fn the_shared_expert_is_routed_as_one_more_slot_and_changes_no_logit_beyond_roun
         be.read(shared.buffer, shared.offset, &mut got).unwrap();
         assert_eq!(got, f.tensor_data(&shexp).unwrap(), "{p}: the window holds the file's values");
     }
-    assert_eq!(w.get("blk.0.ffn_gate_inp.merged").unwrap().meta.ne, [64, 9, 1, 1]);
+    // 8 router rows and the shared gate's, padded to a multiple of 4 rows (float4 logit rows)
+    assert_eq!(w.get("blk.0.ffn_gate_inp.merged").unwrap().meta.ne, [64, 12, 1, 1]);
     // the same logits as the shared expert run on its own, within f32 rounding (its output is
     // summed with the routed experts' in another order)
     let toks = tokens(9, 5);

@@ -30,6 +30,7 @@
 //! weights, to [`crate::model::Model::from_arch`].
 
 mod builder;
+pub mod qwen3;
 pub mod qwen35;
 
 pub use builder::{KvCacheTensors, StepBuilder, StepLeaves};
@@ -135,6 +136,9 @@ pub struct ArchSpec {
     pub tensors: &'static [TensorGroup],
     /// The family's architecture for a config whose `arch` is this family (validated).
     pub make: fn(ModelConfig) -> Result<Box<dyn Architecture>, ConfigError>,
+    /// The family's named configurations ([`ModelConfig::preset`]): name and maker. The
+    /// result is validated by [`ModelConfig::preset`].
+    pub presets: &'static [Preset],
 }
 
 impl fmt::Debug for ArchSpec {
@@ -143,8 +147,11 @@ impl fmt::Debug for ArchSpec {
     }
 }
 
+/// A named config of a family ([`ArchSpec::presets`]): its name and the function that makes it.
+pub type Preset = (&'static str, fn() -> ModelConfig);
+
 /// Every family this crate ships, in the order messages list them.
-pub static REGISTRY: &[&ArchSpec] = &[&qwen35::QWEN35, &qwen35::QWEN35MOE];
+pub static REGISTRY: &[&ArchSpec] = &[&qwen35::QWEN35, &qwen35::QWEN35MOE, &qwen3::QWEN3, &qwen3::QWEN3MOE];
 
 /// The family whose `general.architecture` name is `name`.
 pub fn lookup(name: &str) -> Option<&'static ArchSpec> {

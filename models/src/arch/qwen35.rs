@@ -54,6 +54,7 @@ pub static QWEN35: ArchSpec = ArchSpec {
     ],
     tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, DENSE_FFN],
     make: Qwen35::make,
+    presets: &[],
 };
 
 /// `qwen35moe`: routed experts plus one gated shared expert.
@@ -88,6 +89,7 @@ pub static QWEN35MOE: ArchSpec = ArchSpec {
     ],
     tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, MOE_FFN, SHARED_EXPERT],
     make: Qwen35::make,
+    presets: &[],
 };
 
 // The tensors (llama.cpp's `LLM_TENSOR_NAMES`, llama-arch.cpp), shapes in ggml order (notes §6.3),

@@ -244,7 +244,11 @@ pub(super) fn read(
         head_dim,
         rms_eps: float(Field::RmsEps),
         rope_freq_base: float(Field::RopeFreqBase),
-        n_rot: count(Field::RopeDimensionCount),
+        // llama.cpp: an absent `rope.dimension_count` is the key (head) length
+        n_rot: match raw.get(&Field::RopeDimensionCount) {
+            Some(Raw::Count(v)) => *v,
+            _ => head_dim,
+        },
         rope_sections: match raw.get(&Field::RopeSections) {
             Some(Raw::Sections(s)) => Some(*s),
             _ => None,

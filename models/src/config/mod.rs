@@ -156,6 +156,10 @@ impl Arch {
     pub const QWEN35: Arch = Arch(&crate::arch::qwen35::QWEN35);
     /// `qwen35moe`: routed experts plus one gated shared expert.
     pub const QWEN35MOE: Arch = Arch(&crate::arch::qwen35::QWEN35MOE);
+    /// `qwen3`: plain GQA attention, dense FFN.
+    pub const QWEN3: Arch = Arch(&crate::arch::qwen3::QWEN3);
+    /// `qwen3moe`: plain GQA attention, routed experts without a shared expert.
+    pub const QWEN3MOE: Arch = Arch(&crate::arch::qwen3::QWEN3MOE);
 
     /// The family `spec` declares.
     pub const fn of(spec: &'static ArchSpec) -> Arch {
@@ -301,7 +305,7 @@ pub enum ConfigError {
     #[error("{} tensor problem(s): {}", problems.len(), summarize(problems))]
     Tensors { problems: Vec<TensorProblem> },
     /// [`ModelConfig::preset`] with an unknown name.
-    #[error("unknown preset `{name}` (known: {})", ModelConfig::PRESETS.join(", "))]
+    #[error("unknown preset `{name}` (known: {})", ModelConfig::preset_names().join(", "))]
     UnknownPreset { name: String },
     /// Every count is within its limit, but all the tensors together hold more than
     /// [`MAX_PARAMS`] weights.
@@ -332,8 +336,16 @@ fn inconsistent(key: impl Into<String>, reason: impl Into<String>) -> ConfigErro
 }
 
 impl ModelConfig {
-    /// Names accepted by [`ModelConfig::preset`].
+    /// The `qwen35` / `qwen35moe` presets (listed here; the other families declare theirs in
+    /// their [`ArchSpec::presets`]).
     pub const PRESETS: [&'static str; 4] = ["tiny", "tiny-moe", "qwen35-27b", "qwen35moe-35b-a3b"];
+
+    /// Every name [`ModelConfig::preset`] accepts: [`ModelConfig::PRESETS`], then each registered
+    /// family's [`ArchSpec::presets`].
+    pub fn preset_names() -> Vec<&'static str> {
+        let declared = crate::arch::REGISTRY.iter().flat_map(|s| s.presets.iter().map(|(n, _)| *n));
+        Self::PRESETS.into_iter().chain(declared).collect()
+    }
 
     /// A named configuration.
     ///
@@ -348,6 +360,10 @@ impl ModelConfig {
     /// - `qwen35moe-35b-a3b`: n_embd 2048, 40 layers, 256 experts top-8 of 512, shared 512,
     ///   attention 16/2 x 256, GDN 16/32 x 128, vocab 248320 (from the brief). Unverified: the
     ///   same context, rope, eps, interval and untied output as above.
+    /// - the presets of the other families ([`ArchSpec::presets`]): `qwen3-tiny` (4 layers,
+    ///   n_embd 64, 2/1 heads x 32, n_ff 128, vocab 256, untied), `qwen3moe-tiny` (same trunk, 8
+    ///   experts top-2 of 64, tied), `qwen3-32b` and `qwen3moe-30b-a3b` (the shapes of
+    ///   Qwen/Qwen3-32B and Qwen/Qwen3-30B-A3B, [`crate::arch::qwen3`]).
     pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
         let ssm = |d_state, n_group, dt_rank, interval| SsmConfig {
             d_conv: 4,
@@ -413,7 +429,10 @@ impl ModelConfig {
                 ffn: Ffn::Moe { n_expert: 256, n_expert_used: 8, n_ff_exp: 512, n_ff_shexp: Some(512) },
                 ..real
             },
-            _ => return Err(ConfigError::UnknownPreset { name: name.to_string() }),
+            _ => match crate::arch::REGISTRY.iter().flat_map(|s| s.presets.iter()).find(|(n, _)| *n == name) {
+                Some((_, make)) => make(),
+                None => return Err(ConfigError::UnknownPreset { name: name.to_string() }),
+            },
         };
         c.validate()?;
         Ok(c)
@@ -722,6 +741,7 @@ mod tests {
     fn presets_validate_and_layer_kinds_follow_interval() {
         for name in ModelConfig::PRESETS {
             let c = ModelConfig::preset(name).unwrap();
+            assert!(c.ssm.is_some(), "{name}");
             assert!((0..c.n_layer).any(|i| c.layer_kind(i) == LayerKind::FullAttention), "{name}");
             assert!((0..c.n_layer).any(|i| c.layer_kind(i) == LayerKind::GatedDeltaNet), "{name}");
         }
