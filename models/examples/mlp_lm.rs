@@ -1,17 +1,20 @@
 //! A toy architecture defined outside `tessera-models`: a two-layer MLP language model (token
 //! embedding, two pre-norm SwiGLU residual blocks, final norm, LM head `output.weight`),
-//! with seeded random weights, run on the CPU backend through the same runtime as Qwen3.5.
+//! with seeded random weights, run through the same runtime as Qwen3.5: on the CPU backend and,
+//! where a GPU is present, on the CUDA backend too.
 //!
 //! It has no attention and no recurrence, so every layer declares [`LayerCacheNeed::None`]; its
 //! step graph is built from the public layer builders. The program checks that a batch of two
-//! sequences gives each the logits it gets alone, then decodes a few tokens greedily.
+//! sequences gives each the logits it gets alone, then decodes a few tokens greedily; on CUDA it
+//! checks the logits against the CPU's and the greedy tokens for equality.
 //!
 //! ```text
 //! cargo run -p tessera-models --example mlp_lm
 //! ```
 
 use tessera_cpu::CpuBackend;
-use tessera_graph::Tensor;
+use tessera_cuda::CudaBackend;
+use tessera_graph::{Backend, Tensor};
 use tessera_models::arch::{Architecture, LayerCacheNeed, StepBuilder};
 use tessera_models::layers::ffn::swiglu;
 use tessera_models::layers::norm::{rms_norm, token_embedding};
@@ -84,35 +87,56 @@ impl MlpLm {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let arch = MlpLm { n_vocab: 64, n_embd: 32, n_ff: 96, n_layer: 2 };
-    let mut backend = CpuBackend::new();
+/// What one backend computed: the batched logits of the second sequence and the greedy tokens.
+struct Run {
+    logits: Vec<f32>,
+    tokens: Vec<u32>,
+}
+
+/// Loads the toy on `backend`, checks batch == alone and decodes greedily.
+fn run(arch: MlpLm, backend: &mut dyn Backend) -> Result<Run, Box<dyn std::error::Error>> {
     let mut weights = ModelWeights::default();
     for (name, ne, values) in arch.weights(7) {
-        weights.insert_f32(&name, ne, &values, &mut backend)?;
+        weights.insert_f32(&name, ne, &values, backend)?;
     }
-    let mut model = Model::from_arch(Box::new(arch), weights, &mut backend, ModelOptions::default())?;
+    let mut model = Model::from_arch(Box::new(arch), weights, backend, ModelOptions::default())?;
 
     // Two sequences in one step give the logits each gets alone.
     let (a, b): (&[u32], &[u32]) = (&[1, 2, 3], &[9, 8]);
-    let both = model.step(&mut backend, &[(0, a), (1, b)], Logits::All)?;
+    let both = model.step(backend, &[(0, a), (1, b)], Logits::All)?;
     model.remove_sequence(0)?;
     model.remove_sequence(1)?;
-    let alone = model.step(&mut backend, &[(2, b)], Logits::All)?;
+    let alone = model.step(backend, &[(2, b)], Logits::All)?;
     model.remove_sequence(2)?;
     let diff = both[1].iter().zip(&alone[0]).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-    println!("batch vs alone: max |logit difference| {diff:e}");
+    println!("{}: batch vs alone: max |logit difference| {diff:e}", backend.name());
     assert!(diff < 1e-5, "a sequence's logits depend on its batch");
 
     // Greedy decoding, the token sampled on the device each step.
     let mut tokens = vec![5u32];
     let mut last = vec![5u32];
     for _ in 0..8 {
-        let next = model.step_greedy(&mut backend, &[(3, &last)])?[0];
+        let next = model.step_greedy(backend, &[(3, &last)])?[0];
         tokens.push(next);
         last = vec![next];
     }
-    println!("{} greedy: {tokens:?}", model.arch().name());
-    model.free(&mut backend);
+    println!("{}: {} greedy: {tokens:?}", backend.name(), model.arch().name());
+    model.free(backend);
+    Ok(Run { logits: both[1].clone(), tokens })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let arch = MlpLm { n_vocab: 64, n_embd: 32, n_ff: 96, n_layer: 2 };
+    let cpu = run(arch, &mut CpuBackend::new())?;
+    match CudaBackend::new() {
+        Ok(mut cuda) => {
+            let gpu = run(arch, &mut cuda)?;
+            let diff = gpu.logits.iter().zip(&cpu.logits).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            println!("cuda vs cpu: max |logit difference| {diff:e}");
+            assert!(diff < 1e-3, "CUDA logits differ from the CPU's");
+            assert_eq!(gpu.tokens, cpu.tokens, "CUDA's greedy tokens differ from the CPU's");
+        }
+        Err(e) => println!("cuda: skipped ({e})"),
+    }
     Ok(())
 }

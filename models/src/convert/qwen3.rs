@@ -96,7 +96,11 @@ pub(super) fn config_from_hf(arch: Arch, json: &Json, c: &Json) -> R<ModelConfig
             return Err(cfg_err("dense layers among the MoE ones (`mlp_only_layers`, `decoder_sparse_step`)"));
         }
         Ffn::Moe {
-            n_expert: get_usize(c, "num_experts")?,
+            // (transformers 5 writes `num_local_experts`, earlier versions `num_experts`)
+            n_expert: match opt_usize(c, "num_experts")? {
+                Some(n) => n,
+                None => get_usize(c, "num_local_experts")?,
+            },
             n_expert_used: get_usize(c, "num_experts_per_tok")?,
             n_ff_exp: get_usize(c, "moe_intermediate_size")?,
             n_ff_shexp: None,
