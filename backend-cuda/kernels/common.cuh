@@ -307,8 +307,9 @@ __device__ __forceinline__ void report_error(ErrorRecord* rec, u32 code, u32 wha
 // Slots must be in range and distinct; the first bad one in sequence order is reported, as
 // `tessera_ops::checked_slots` does. Call with one whole block; sequence s is bad when its slot is
 // out of range or an earlier sequence names the same slot. Kernels that write state run after it
-// on the stream and return early when the error record is set.
-__device__ void check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32 op) {
+// on the stream and return early when the error record is set (or, checking in every block, on
+// the result: true, to every thread, when the slots are fine).
+__device__ bool check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32 op) {
     __shared__ long long first_bad;
     if (threadIdx.x == 0) first_bad = 0x7fffffffffffffffLL;
     __syncthreads();
@@ -320,16 +321,18 @@ __device__ void check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32
         if (bad) atomicMin(&first_bad, (long long)s);
     }
     __syncthreads();
-    if (threadIdx.x != 0 || first_bad >= n) return;
+    const bool ok = first_bad >= n;
+    if (threadIdx.x != 0 || ok) return ok;
     i64 s = first_bad;
     i64 v = *(const int*)(slots.data + s * slots.nb[0]);
     if (v < 0 || v >= n_slots) {
         report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_STATE_SLOT, op, v, n_slots, 0, 0);
-        return;
+        return false;
     }
     i64 e = 0;
     while (*(const int*)(slots.data + e * slots.nb[0]) != v) e++;
     report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
+    return false;
 }
 
 // A ragged batch's `seq_offsets` (i32 [n_seq + 1]) must be non-decreasing within 0..=n_tokens;
@@ -384,9 +387,10 @@ __device__ __forceinline__ i64 seq_of_token(const Tensor& offsets, i64 n_seq, i6
 // tokens are skipped. The first bad one in sequence order is reported, as
 // `tessera_ops::checked_ragged_slots` does. Call with one whole block. Up to RAGGED_STAGE
 // sequences' slots (-1 for none) are staged in shared memory, and each thread compares its slot
-// with all earlier ones without an early exit, so the loads pipeline.
+// with all earlier ones without an early exit, so the loads pipeline. Returns (to every thread)
+// whether they are all fine.
 #define RAGGED_STAGE 2048
-__device__ void check_ragged_state_slots(const Tensor& slots, const Tensor& offsets, i64 n_slots, u64 err, u32 op) {
+__device__ bool check_ragged_state_slots(const Tensor& slots, const Tensor& offsets, i64 n_slots, u64 err, u32 op) {
     __shared__ long long first_bad_ragged;
     __shared__ int staged[RAGGED_STAGE];
     const i64 n = slots.ne[0];
@@ -407,15 +411,17 @@ __device__ void check_ragged_state_slots(const Tensor& slots, const Tensor& offs
         if (bad) atomicMin(&first_bad_ragged, (long long)s);
     }
     __syncthreads();
-    if (threadIdx.x != 0 || first_bad_ragged >= n) return;
+    const bool ok = first_bad_ragged >= n;
+    if (threadIdx.x != 0 || ok) return ok;
     const i64 s = first_bad_ragged, v = slot(s);
     if (v < 0 || v >= n_slots) {
         report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_STATE_SLOT, op, v, n_slots, 0, 0);
-        return;
+        return false;
     }
     i64 e = 0;
     while (!has_tokens(e) || slot(e) != v) e++;
     report_error((ErrorRecord*)err, ERR_DUPLICATE_INDEX, WHAT_STATE_SLOT, op, v, n_slots, e, s);
+    return false;
 }
 
 // ---- Tensor-core building blocks (sm_80+ PTX): shared-memory addresses, cp.async, ldmatrix and

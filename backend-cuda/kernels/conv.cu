@@ -85,13 +85,11 @@ extern "C" __global__ void ssm_conv_direct(Tensor out, Tensor sx, int sdt, Tenso
 // The slot (and ragged offsets) check of ssm_conv_update_inplace, run by block (0, 0) of
 // conv_update_out before its own work (a launch of its own cost a decode step more than the check):
 // the outputs only read the state, through in-range slots, and conv_update_state, which writes it,
-// runs after and does nothing once an error is recorded. Call with one whole block.
-__device__ void conv_check_slots(const Tensor& slots, const Tensor& offsets, i64 n_tokens, i64 n_slots, u64 err, u32 op) {
-    if (offsets.data == nullptr) {
-        check_state_slots(slots, n_slots, err, op);
-    } else if (check_seq_offsets(offsets, n_tokens, err, op)) {
-        check_ragged_state_slots(slots, offsets, n_slots, err, op);
-    }
+// runs after and does nothing once an error is recorded; `conv_update_seq` runs it in every block
+// and writes nothing unless it passed (the result, to every thread). Call with one whole block.
+__device__ bool conv_check_slots(const Tensor& slots, const Tensor& offsets, i64 n_tokens, i64 n_slots, u64 err, u32 op) {
+    if (offsets.data == nullptr) return check_state_slots(slots, n_slots, err, op);
+    return check_seq_offsets(offsets, n_tokens, err, op) && check_ragged_state_slots(slots, offsets, n_slots, err, op);
 }
 
 // ssm_conv_update_inplace sees its tokens packed: token u of x [C, n_t, n_outer] is (u mod n_t,
@@ -224,5 +222,63 @@ extern "C" __global__ void conv_update_state(Tensor x, int xdt, Tensor state, Te
         const i64 m = len + j;
         const float v = m < keep ? *(const float*)(st + m * state.nb[0]) : conv_x(x, xdt, c, begin + m - keep, outer);
         *(float*)(st + j * state.nb[0]) = v;
+    }
+}
+
+// ssm_conv_update_inplace in one launch for steps of a few tokens a sequence (decode): thread
+// (c, s) runs the tokens of sequence s (grid row s < n_seq) on channel c in order, its window (the
+// slot's state, then the tokens) in registers, stores each output as conv_update_out computes it
+// (the same fmaf order, so the same values), then the slot's last d_conv - 1 samples; grid row
+// n_seq zeroes the ragged padding tokens. Every block checks the slots and offsets itself (a few
+// sequences: cheaper than a second launch) and writes nothing unless they pass. d_conv <= UPD_MAXD.
+extern "C" __global__ void __launch_bounds__(256) conv_update_seq(Tensor out, Tensor x, int xdt, Tensor state, Tensor kern,
+                                                                  int kdt, Tensor slots, Tensor offsets, int silu, u64 err,
+                                                                  u32 op) {
+    grid_begin();
+    if (((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 channels = out.ne[0], n_t = out.ne[1], n_all = n_t * out.ne[2], n_seq = slots.ne[0];
+    if (!conv_check_slots(slots, offsets, n_all, state.ne[2], err, op)) return;
+    const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x, s = blockIdx.y;
+    if (c >= channels) return;
+    const bool dense = offsets.data == nullptr;
+    if (s == n_seq) {
+        if (!dense) {  // before the first sequence and after the last
+            const i64 first = seq_offset(offsets, 0, n_all);
+            for (i64 u = 0; u < first; u++) *(float*)(out.data + c * out.nb[0] + u * out.nb[1]) = 0.0f;
+            for (i64 u = seq_offset(offsets, n_seq, n_all); u < n_all; u++) *(float*)(out.data + c * out.nb[0] + u * out.nb[1]) = 0.0f;
+        }
+        return;
+    }
+    const i64 begin = dense ? 0 : seq_offset(offsets, s, n_all), outer = dense ? s : 0;
+    const i64 len = (dense ? n_t : seq_offset(offsets, s + 1, n_all)) - begin;
+    if (len <= 0) return;
+    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]), d_conv = kern.ne[0], keep = d_conv - 1;
+    char* st = state.data + c * state.nb[1] + slot * state.nb[2];
+    float kr[UPD_MAXD], w[UPD_MAXD];
+#pragma unroll
+    for (int i = 0; i < UPD_MAXD; i++) {
+        kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
+        w[i] = i < keep ? *(const float*)(st + i * state.nb[0]) : 0.0f;
+    }
+    for (i64 t = 0; t < len; t++) {
+        // w[0 .. keep) the samples before token t, w[keep] the token
+        const float xv = conv_x(x, xdt, c, begin + t, outer);
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < UPD_MAXD; i++) {
+            const float v = i < keep ? w[i] : xv;
+            if (i < d_conv) acc = fmaf(v, kr[i], acc);
+        }
+        if (silu) acc = acc / (1.0f + expf(-acc));
+        *(float*)(out.data + c * out.nb[0] + (begin + t) * out.nb[1] + outer * out.nb[2]) = acc;
+#pragma unroll
+        for (int i = 0; i < UPD_MAXD - 1; i++) {  // (ascending: w[i + 1] is read before it changes)
+            if (i + 1 < keep) w[i] = w[i + 1];
+            else if (i + 1 == keep) w[i] = xv;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < UPD_MAXD; i++) {
+        if (i < keep) *(float*)(st + i * state.nb[0]) = w[i];
     }
 }

@@ -3,7 +3,9 @@
 //! time-innermost input and the channel-innermost output move coalesced. The update's kernels
 //! take dense and ragged batches alike (a null seq_offsets tensor means dense): tokens are
 //! packed, each finds its sequence (ragged: a binary search of the offsets on the device, so a
-//! captured CUDA graph replays with new offsets), padding outputs 0.
+//! captured CUDA graph replays with new offsets), padding outputs 0. A decode step (at most a token
+//! a sequence on average) runs as one kernel, `conv_update_seq`; longer steps compute the outputs
+//! (`conv_update_out`, tokens in parallel) and then move the state (`conv_update_state`).
 
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Op, TensorMeta};
@@ -16,6 +18,7 @@ const CONV_TILED: Kernel = Kernel::new(Module::Conv, "ssm_conv_tiled");
 const CONV_DIRECT: Kernel = Kernel::new(Module::Conv, "ssm_conv_direct");
 const UPDATE_OUT: Kernel = Kernel::new(Module::Conv, "conv_update_out");
 const UPDATE_STATE: Kernel = Kernel::new(Module::Conv, "conv_update_state");
+const UPDATE_SEQ: Kernel = Kernel::new(Module::Conv, "conv_update_seq");
 
 /// CONV_CH and CONV_TT in conv.cu; the tile's block size.
 const TILE_CH: usize = 32;
@@ -26,6 +29,8 @@ const TILE_THREADS: u32 = 256;
 const MAX_TILED_D_CONV: usize = 33;
 /// conv_update_out: tokens per thread.
 const UPDATE_TOKENS: usize = 8;
+/// Longest kernel of the register-window update kernels: `UPD_MAXD` in conv.cu.
+const UPDATE_MAX_D_CONV: usize = 8;
 const THREADS: u32 = 256;
 
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
@@ -116,6 +121,29 @@ fn update(
     let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));
     let silu = i32::from(silu);
     let blocks = channels.div_ceil(THREADS as usize) as u32;
+    if n_all <= n_seq && kern.ne[0] as usize <= UPDATE_MAX_D_CONV {
+        // A decode step (at most a token a sequence on average): one launch, a thread per channel
+        // and sequence running its tokens in order.
+        let mut a = cx.kernel(UPDATE_SEQ)?;
+        a.arg(&out)
+            .arg(&x)
+            .arg(&xdt)
+            .arg(&state)
+            .arg(&kern)
+            .arg(&kdt)
+            .arg(&slots)
+            .arg(&offsets)
+            .arg(&silu)
+            .arg(&err)
+            .arg(&code);
+        // SAFETY: `conv_update_seq(out, x, xdt, state, kern, kdt, slots, offsets, silu, err, op)`:
+        // shapes as for conv_update_out below; every block checks the slots and offsets through
+        // their strides and returns before touching memory unless they pass, so the rows
+        // s < n_seq own distinct in-range slots; offsets are clamped to 0..=n_all, so every
+        // token read or written lies in 0..n_all; threads past C do nothing; d_conv <= UPD_MAXD.
+        unsafe { a.launch(config((blocks, n_seq as u32 + 1, 1), (THREADS, 1, 1), 0)) }?;
+        return Ok(());
+    }
     let mut a = cx.kernel(UPDATE_OUT)?;
     a.arg(&out)
         .arg(&x)

@@ -77,7 +77,7 @@ impl Ragged {
 }
 
 /// The eval batches (see the module doc); every one of them has padding or empty sequences.
-pub(super) const RAGGED_EVAL: [Ragged; 6] = [
+pub(super) const RAGGED_EVAL: [Ragged; 7] = [
     // Prefill chunks (70 tokens: several chunks, a partial last one), decode tokens, empty
     // sequences (one in another's slot, one out of range), 4 padding tokens at the end.
     Ragged::new("mix", 86, &[0, 5, 6, 6, 76, 77, 77, 80, 82], &[4, 0, 4, 2, 5, 99, 1, 3], 6),
@@ -91,15 +91,21 @@ pub(super) const RAGGED_EVAL: [Ragged; 6] = [
     Ragged::new("empty", 4, &[0, 0, 0], &[9, 9], 2),
     // More sequences than slots (the empty ones share).
     Ragged::new("shared", 7, &[0, 2, 2, 2, 7], &[1, 1, 0, 0], 2),
+    // No more tokens than sequences (the CUDA conv update's one-launch decode path): padding
+    // before and after, empty sequences sharing a slot and out of range.
+    Ragged::new("decode_wide", 4, &[1, 2, 2, 3, 3, 3], &[0, 4, 2, 4, 9], 6),
 ];
 
 /// Bad batches: each must fail before anything is written.
-pub(super) const RAGGED_BAD: [Ragged; 5] = [
+pub(super) const RAGGED_BAD: [Ragged; 7] = [
     Ragged::new("decreasing", 6, &[0, 3, 2, 5], &[0, 1, 2], 3).bad(),
     Ragged::new("past_end", 6, &[0, 3, 7], &[0, 1], 3).bad(),
     Ragged::new("negative", 6, &[-1, 2], &[0], 3).bad(),
     Ragged::new("repeated_slot", 6, &[0, 2, 2, 5], &[1, 0, 1], 3).bad(),
     Ragged::new("slot_out_of_range", 6, &[0, 1, 4], &[0, 3], 3).bad(),
+    // the same two with no more tokens than sequences (the decode paths)
+    Ragged::new("decode_repeated_slot", 3, &[0, 1, 2, 3], &[1, 0, 1], 3).bad(),
+    Ragged::new("decode_slot_out_of_range", 2, &[0, 1, 2], &[0, 3], 3).bad(),
 ];
 
 /// For 128-wide heads: sequences over several 64-token chunks (130 and 69 tokens), at the CUDA
