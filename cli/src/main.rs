@@ -562,12 +562,16 @@ fn main() -> ExitCode {
 
 /// The config of `preset` with `--set KEY=VALUE` overrides applied.
 fn preset_config(preset: &str, overrides: &[String]) -> Result<ModelConfig, String> {
-    let mut config = ModelConfig::preset(preset).map_err(|e| e.to_string())?;
-    for kv in overrides {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--set `{kv}`: expected KEY=VALUE"))?;
-        config = config.with_override(k.trim(), v.trim()).map_err(|e| e.to_string())?;
-    }
-    Ok(config)
+    let config = ModelConfig::preset(preset).map_err(|e| e.to_string())?;
+    let pairs = overrides
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').ok_or_else(|| format!("--set `{kv}`: expected KEY=VALUE"))?;
+            Ok((k.trim(), v.trim()))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    // (all applied, then checked once: some keys only make sense together)
+    config.with_overrides(&pairs).map_err(|e| e.to_string())
 }
 
 fn run_synth(

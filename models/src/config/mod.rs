@@ -458,44 +458,35 @@ impl ModelConfig {
     /// (`block_count`, `attention.head_count`, `rope.dimension_sections` as `11,11,10,0`, ...);
     /// `tied_embeddings` takes `true`/`false`. The result is re-checked.
     pub fn with_override(&self, key: &str, value: &str) -> Result<ModelConfig, ConfigError> {
-        if key == "tied_embeddings" {
-            let tied = value.parse().map_err(|_| bad(key, value, "bool"))?;
-            return Ok(ModelConfig { tied_embeddings: tied, ..self.clone() });
-        }
-        let full = format!("{}.{key}", self.arch.name());
+        self.with_overrides(&[(key, value)])
+    }
+
+    /// [`ModelConfig::with_override`] for several keys at once: all are replaced, then the result
+    /// is checked once, so keys that must change together (`attention.key_length` and
+    /// `attention.value_length`) can. A later entry for the same key wins.
+    pub fn with_overrides(&self, overrides: &[(&str, &str)]) -> Result<ModelConfig, ConfigError> {
+        let prefix = format!("{}.", self.arch.name());
         let mut md = self.to_metadata();
-        let Some((_, slot)) = md.iter_mut().find(|(k, _)| *k == full) else {
-            let known: Vec<String> = md
-                .iter()
-                .filter_map(|(k, _)| k.strip_prefix(&format!("{}.", self.arch.name())).map(str::to_string))
-                .collect();
-            return Err(ConfigError::UnknownOverride { key: key.to_string(), known: known.join(", ") });
-        };
-        *slot = match slot {
-            Value::U32(_) => Value::U32(value.parse().map_err(|_| bad(key, value, "u32"))?),
-            Value::F32(_) => Value::F32(value.parse().map_err(|_| bad(key, value, "f32"))?),
-            Value::Array(Array::I32(_)) => Value::Array(Array::I32(
-                value
-                    .split(',')
-                    .map(|s| s.trim().parse())
-                    .collect::<Result<_, _>>()
-                    .map_err(|_| bad(key, value, "comma-separated i32 list"))?,
-            )),
-            Value::Array(Array::Bool(_)) => Value::Array(Array::Bool(
-                value
-                    .split(',')
-                    .map(|s| s.trim().parse())
-                    .collect::<Result<_, _>>()
-                    .map_err(|_| bad(key, value, "comma-separated bool list"))?,
-            )),
-            other => return Err(bad(key, value, &other.type_description())),
-        };
+        let mut tied = self.tied_embeddings;
+        for &(key, value) in overrides {
+            if key == "tied_embeddings" {
+                tied = value.parse().map_err(|_| bad(key, value, "bool"))?;
+                continue;
+            }
+            let full = format!("{prefix}{key}");
+            let Some((_, slot)) = md.iter_mut().find(|(k, _)| *k == full) else {
+                let known: Vec<String> =
+                    md.iter().filter_map(|(k, _)| k.strip_prefix(&prefix).map(str::to_string)).collect();
+                return Err(ConfigError::UnknownOverride { key: key.to_string(), known: known.join(", ") });
+            };
+            *slot = override_value(slot, key, value)?;
+        }
         let mut w = GgufWriter::new();
         for (k, v) in md {
             w.add_kv(k, v)?;
         }
         let f = GgufFile::from_bytes(w.to_bytes()?)?;
-        parse(&f, self.tied_embeddings, None)
+        parse(&f, tied, None)
     }
 
     /// The kind of layer `il` (`il < n_layer`): full attention unless the config has gated
@@ -666,6 +657,29 @@ fn bad(key: &str, value: &str, expected: &str) -> ConfigError {
     ConfigError::BadOverride { key: key.to_string(), value: value.to_string(), expected: expected.to_string() }
 }
 
+/// `value` parsed as the type of the metadata value `slot` holds (`key` names it in errors).
+fn override_value(slot: &Value, key: &str, value: &str) -> Result<Value, ConfigError> {
+    Ok(match slot {
+        Value::U32(_) => Value::U32(value.parse().map_err(|_| bad(key, value, "u32"))?),
+        Value::F32(_) => Value::F32(value.parse().map_err(|_| bad(key, value, "f32"))?),
+        Value::Array(Array::I32(_)) => Value::Array(Array::I32(
+            value
+                .split(',')
+                .map(|s| s.trim().parse())
+                .collect::<Result<_, _>>()
+                .map_err(|_| bad(key, value, "comma-separated i32 list"))?,
+        )),
+        Value::Array(Array::Bool(_)) => Value::Array(Array::Bool(
+            value
+                .split(',')
+                .map(|s| s.trim().parse())
+                .collect::<Result<_, _>>()
+                .map_err(|_| bad(key, value, "comma-separated bool list"))?,
+        )),
+        other => return Err(bad(key, value, &other.type_description())),
+    })
+}
+
 /// The config of `f`, read with the declarations of its family.
 fn parse(f: &GgufFile, tied_embeddings: bool, embd_vocab: Option<usize>) -> Result<ModelConfig, ConfigError> {
     let arch_name = f.get_str("general.architecture")?;
@@ -774,6 +788,11 @@ mod tests {
         let e = c.with_override("attention.head_count_kv", "3").unwrap_err().to_string();
         assert!(e.contains("qwen35.attention.head_count_kv"), "{e}");
         assert!(matches!(c.with_override("nope", "1"), Err(ConfigError::UnknownOverride { .. })));
+        // keys that must change together: one at a time fails, together they pass
+        let q = ModelConfig::preset("qwen3-tiny").unwrap();
+        assert!(q.with_override("attention.key_length", "128").is_err());
+        let both = q.with_overrides(&[("attention.key_length", "128"), ("attention.value_length", "128")]).unwrap();
+        assert_eq!(both.head_dim, 128);
         assert!(matches!(c.with_override("block_count", "x"), Err(ConfigError::BadOverride { .. })));
     }
 }
