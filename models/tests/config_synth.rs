@@ -215,7 +215,7 @@ fn inconsistent_keys_are_named() {
 
 #[test]
 fn metadata_round_trips_for_every_preset() {
-    for name in ModelConfig::PRESETS {
+    for name in ModelConfig::preset_names() {
         let c = ModelConfig::preset(name).unwrap();
         let mut w = GgufWriter::new();
         for (k, v) in c.to_metadata() {

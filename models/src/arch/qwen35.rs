@@ -15,7 +15,7 @@ use tessera_ops::{RopePairing, RopeParams};
 
 use crate::arch::{ArchSpec, Architecture, LayerCacheNeed, StepBuilder};
 use crate::config::{
-    BlockPart, ConfigError, Dim, Ffn, Field, KeySpec, LayerKind, ModelConfig, SsmConfig, TensorGroup, t,
+    Arch, BlockPart, ConfigError, Dim, Ffn, Field, KeySpec, LayerKind, ModelConfig, SsmConfig, TensorGroup, t,
 };
 use crate::layers::attention::{self, AttentionSpec, GateLayout};
 use crate::layers::delta_net::{self, DeltaNetSpec};
@@ -54,7 +54,18 @@ pub static QWEN35: ArchSpec = ArchSpec {
     ],
     tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, DENSE_FFN],
     make: Qwen35::make,
-    presets: &[],
+    presets: &[
+        ("tiny", || tiny(Arch::of(&QWEN35))),
+        ("qwen35-27b", || ModelConfig {
+            n_layer: 64,
+            n_embd: 5120,
+            n_head: 24,
+            n_head_kv: 4,
+            ssm: Some(ssm(128, 16, 48, 4)),
+            ffn: Ffn::Dense { n_ff: 17_408 },
+            ..real(Arch::of(&QWEN35))
+        }),
+    ],
 };
 
 /// `qwen35moe`: routed experts plus one gated shared expert.
@@ -89,8 +100,72 @@ pub static QWEN35MOE: ArchSpec = ArchSpec {
     ],
     tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, MOE_FFN, SHARED_EXPERT],
     make: Qwen35::make,
-    presets: &[],
+    presets: &[
+        ("tiny-moe", || ModelConfig {
+            ffn: Ffn::Moe { n_expert: 8, n_expert_used: 2, n_ff_exp: 64, n_ff_shexp: Some(64) },
+            tied_embeddings: true,
+            ..tiny(Arch::of(&QWEN35MOE))
+        }),
+        ("qwen35moe-35b-a3b", || ModelConfig {
+            n_layer: 40,
+            n_embd: 2048,
+            n_head: 16,
+            n_head_kv: 2,
+            ssm: Some(ssm(128, 16, 32, 4)),
+            ffn: Ffn::Moe { n_expert: 256, n_expert_used: 8, n_ff_exp: 512, n_ff_shexp: Some(512) },
+            ..real(Arch::of(&QWEN35MOE))
+        }),
+    ],
 };
+
+/// The recurrent layers of a preset: conv 4, `d_inner` the value heads' width.
+fn ssm(d_state: usize, n_group: usize, dt_rank: usize, interval: usize) -> SsmConfig {
+    SsmConfig {
+        d_conv: 4,
+        d_state,
+        n_group,
+        dt_rank,
+        d_inner: dt_rank * d_state,
+        full_attention_interval: interval,
+        recurrent_layers: None,
+    }
+}
+
+/// The `tiny` trunk (4 layers, n_embd 64, vocab 256; see [`ModelConfig::preset`]).
+fn tiny(arch: Arch) -> ModelConfig {
+    ModelConfig {
+        arch,
+        n_layer: 4,
+        n_ctx_train: 4096,
+        n_embd: 64,
+        n_vocab: 256,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 32,
+        rms_eps: 1e-6,
+        rope_freq_base: 10_000_000.0,
+        n_rot: 16,
+        rope_sections: Some([3, 3, 2, 0]),
+        ssm: Some(ssm(16, 2, 4, 2)),
+        nextn_predict_layers: 0,
+        ffn: Ffn::Dense { n_ff: 128 },
+        tied_embeddings: false,
+    }
+}
+
+/// What the real shapes share: head dim 256, vocab 248320 (from the brief); unverified: context
+/// 262144, rope base 1e7, n_rot 64, sections `[11,11,10,0]`, eps 1e-6, interval 4, untied.
+fn real(arch: Arch) -> ModelConfig {
+    ModelConfig {
+        n_ctx_train: 262_144,
+        rope_freq_base: 10_000_000.0,
+        n_rot: 64,
+        rope_sections: Some([11, 11, 10, 0]),
+        n_vocab: 248_320,
+        head_dim: 256,
+        ..tiny(arch)
+    }
+}
 
 // The tensors (llama.cpp's `LLM_TENSOR_NAMES`, llama-arch.cpp), shapes in ggml order (notes §6.3),
 // in file order.

@@ -336,104 +336,31 @@ fn inconsistent(key: impl Into<String>, reason: impl Into<String>) -> ConfigErro
 }
 
 impl ModelConfig {
-    /// The `qwen35` / `qwen35moe` presets (listed here; the other families declare theirs in
-    /// their [`ArchSpec::presets`]).
-    pub const PRESETS: [&'static str; 4] = ["tiny", "tiny-moe", "qwen35-27b", "qwen35moe-35b-a3b"];
-
-    /// Every name [`ModelConfig::preset`] accepts: [`ModelConfig::PRESETS`], then each registered
-    /// family's [`ArchSpec::presets`].
+    /// Every name [`ModelConfig::preset`] accepts: each registered family's
+    /// [`ArchSpec::presets`], in registry order.
     pub fn preset_names() -> Vec<&'static str> {
-        let declared = crate::arch::REGISTRY.iter().flat_map(|s| s.presets.iter().map(|(n, _)| *n));
-        Self::PRESETS.into_iter().chain(declared).collect()
+        crate::arch::REGISTRY.iter().flat_map(|s| s.presets.iter().map(|(n, _)| *n)).collect()
     }
 
-    /// A named configuration.
+    /// A named configuration, declared by its family ([`ArchSpec::presets`]):
     ///
     /// - `tiny`: qwen35, 4 layers (interval 2: GDN, attention, GDN, attention), n_embd 64, vocab
     ///   256, n_ff 128, attention 2 q / 1 kv heads x 32 (n_rot 16, sections `[3,3,2,0]`), GDN 2 key /
     ///   4 value heads x 16, conv 4, untied output.
     /// - `tiny-moe`: qwen35moe, same trunk, 8 experts top-2 of 64 units, shared expert 64 units,
     ///   vocab 256, tied output (no `output.weight`).
-    /// - `qwen35-27b`: n_embd 5120, 64 layers, n_ff 17408, attention 24/4 x 256, GDN 16/48 x 128,
-    ///   vocab 248320 (from the brief). Unverified: context 262144, rope base 1e7, n_rot 64,
-    ///   sections `[11,11,10,0]`, eps 1e-6, interval 4, untied.
-    /// - `qwen35moe-35b-a3b`: n_embd 2048, 40 layers, 256 experts top-8 of 512, shared 512,
-    ///   attention 16/2 x 256, GDN 16/32 x 128, vocab 248320 (from the brief). Unverified: the
-    ///   same context, rope, eps, interval and untied output as above.
-    /// - the presets of the other families ([`ArchSpec::presets`]): `qwen3-tiny` (4 layers,
-    ///   n_embd 64, 2/1 heads x 32, n_ff 128, vocab 256, untied), `qwen3moe-tiny` (same trunk, 8
-    ///   experts top-2 of 64, tied), `qwen3-32b` and `qwen3moe-30b-a3b` (the shapes of
-    ///   Qwen/Qwen3-32B and Qwen/Qwen3-30B-A3B, [`crate::arch::qwen3`]).
+    /// - `qwen35-27b`, `qwen35moe-35b-a3b`: the Qwen3.6 27B and 35B-A3B shapes
+    ///   ([`crate::arch::qwen35`]).
+    /// - `qwen3-tiny` (4 layers, n_embd 64, 2/1 heads x 32, n_ff 128, vocab 256, untied),
+    ///   `qwen3moe-tiny` (same trunk, 8 experts top-2 of 64, tied), `qwen3-32b` and
+    ///   `qwen3moe-30b-a3b` (the shapes of Qwen/Qwen3-32B and Qwen/Qwen3-30B-A3B,
+    ///   [`crate::arch::qwen3`]).
     pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
-        let ssm = |d_state, n_group, dt_rank, interval| SsmConfig {
-            d_conv: 4,
-            d_state,
-            n_group,
-            dt_rank,
-            d_inner: dt_rank * d_state,
-            full_attention_interval: interval,
-            recurrent_layers: None,
+        let Some((_, make)) = crate::arch::REGISTRY.iter().flat_map(|s| s.presets.iter()).find(|(n, _)| *n == name)
+        else {
+            return Err(ConfigError::UnknownPreset { name: name.to_string() });
         };
-        let tiny = ModelConfig {
-            arch: Arch::QWEN35,
-            n_layer: 4,
-            n_ctx_train: 4096,
-            n_embd: 64,
-            n_vocab: 256,
-            n_head: 2,
-            n_head_kv: 1,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_freq_base: 10_000_000.0,
-            n_rot: 16,
-            rope_sections: Some([3, 3, 2, 0]),
-            ssm: Some(ssm(16, 2, 4, 2)),
-            nextn_predict_layers: 0,
-            ffn: Ffn::Dense { n_ff: 128 },
-            tied_embeddings: false,
-        };
-        // Values marked unverified in the doc above.
-        let real = ModelConfig {
-            n_ctx_train: 262_144,
-            rope_freq_base: 10_000_000.0,
-            n_rot: 64,
-            rope_sections: Some([11, 11, 10, 0]),
-            n_vocab: 248_320,
-            head_dim: 256,
-            ..tiny.clone()
-        };
-        let c = match name {
-            "tiny" => tiny,
-            "tiny-moe" => ModelConfig {
-                arch: Arch::QWEN35MOE,
-                ffn: Ffn::Moe { n_expert: 8, n_expert_used: 2, n_ff_exp: 64, n_ff_shexp: Some(64) },
-                tied_embeddings: true,
-                ..tiny
-            },
-            "qwen35-27b" => ModelConfig {
-                n_layer: 64,
-                n_embd: 5120,
-                n_head: 24,
-                n_head_kv: 4,
-                ssm: Some(ssm(128, 16, 48, 4)),
-                ffn: Ffn::Dense { n_ff: 17_408 },
-                ..real
-            },
-            "qwen35moe-35b-a3b" => ModelConfig {
-                arch: Arch::QWEN35MOE,
-                n_layer: 40,
-                n_embd: 2048,
-                n_head: 16,
-                n_head_kv: 2,
-                ssm: Some(ssm(128, 16, 32, 4)),
-                ffn: Ffn::Moe { n_expert: 256, n_expert_used: 8, n_ff_exp: 512, n_ff_shexp: Some(512) },
-                ..real
-            },
-            _ => match crate::arch::REGISTRY.iter().flat_map(|s| s.presets.iter()).find(|(n, _)| *n == name) {
-                Some((_, make)) => make(),
-                None => return Err(ConfigError::UnknownPreset { name: name.to_string() }),
-            },
-        };
+        let c = make();
         c.validate()?;
         Ok(c)
     }
@@ -753,7 +680,7 @@ mod tests {
 
     #[test]
     fn presets_validate_and_layer_kinds_follow_interval() {
-        for name in ModelConfig::PRESETS {
+        for name in ["tiny", "tiny-moe", "qwen35-27b", "qwen35moe-35b-a3b"] {
             let c = ModelConfig::preset(name).unwrap();
             assert!(c.ssm.is_some(), "{name}");
             assert!((0..c.n_layer).any(|i| c.layer_kind(i) == LayerKind::FullAttention), "{name}");
