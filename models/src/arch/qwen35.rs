@@ -25,33 +25,43 @@ use crate::layers::project::merge_groups;
 use crate::model::{ModelError, ModelOptions};
 use crate::weights::{ModelWeights, WeightsError};
 
+/// The metadata keys both variants read, in llama.cpp's file order: the dense variant's
+/// `feed_forward_length` goes after `vocab_size` (`$ffn`), the MoE variant's expert keys at the end
+/// (`$moe`).
+macro_rules! qwen35_keys {
+    ($($ffn:expr),*; $($moe:expr),* $(,)?) => {
+        &[
+            KeySpec::required("block_count", Field::BlockCount),
+            KeySpec::required("context_length", Field::ContextLength),
+            KeySpec::required("embedding_length", Field::EmbeddingLength),
+            KeySpec::required("vocab_size", Field::VocabSize),
+            $($ffn,)*
+            KeySpec::required("attention.head_count", Field::HeadCount),
+            KeySpec::required("attention.head_count_kv", Field::HeadCountKv),
+            KeySpec::required("attention.key_length", Field::KeyLength),
+            KeySpec::required("attention.value_length", Field::ValueLength),
+            KeySpec::required("attention.layer_norm_rms_epsilon", Field::RmsEps),
+            KeySpec::required("rope.freq_base", Field::RopeFreqBase),
+            KeySpec::required("rope.dimension_count", Field::RopeDimensionCount),
+            KeySpec::required("rope.dimension_sections", Field::RopeSections),
+            KeySpec::required("ssm.conv_kernel", Field::SsmConvKernel),
+            KeySpec::required("ssm.state_size", Field::SsmStateSize),
+            KeySpec::required("ssm.group_count", Field::SsmGroupCount),
+            KeySpec::required("ssm.time_step_rank", Field::SsmTimeStepRank),
+            KeySpec::required("ssm.inner_size", Field::SsmInnerSize),
+            KeySpec::default("full_attention_interval", Field::FullAttentionInterval, 4),
+            KeySpec::optional("attention.recurrent_layers", Field::RecurrentLayers),
+            KeySpec::optional("nextn_predict_layers", Field::NextnPredictLayers),
+            $($moe,)*
+        ]
+    };
+}
+
 /// `qwen35`: dense SwiGLU FFN.
 pub static QWEN35: ArchSpec = ArchSpec {
     name: "qwen35",
     hf_names: &["Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForConditionalGeneration", "qwen3_5"],
-    keys: &[
-        KeySpec::required("block_count", Field::BlockCount),
-        KeySpec::required("context_length", Field::ContextLength),
-        KeySpec::required("embedding_length", Field::EmbeddingLength),
-        KeySpec::required("vocab_size", Field::VocabSize),
-        KeySpec::required("feed_forward_length", Field::FeedForwardLength),
-        KeySpec::required("attention.head_count", Field::HeadCount),
-        KeySpec::required("attention.head_count_kv", Field::HeadCountKv),
-        KeySpec::required("attention.key_length", Field::KeyLength),
-        KeySpec::required("attention.value_length", Field::ValueLength),
-        KeySpec::required("attention.layer_norm_rms_epsilon", Field::RmsEps),
-        KeySpec::required("rope.freq_base", Field::RopeFreqBase),
-        KeySpec::required("rope.dimension_count", Field::RopeDimensionCount),
-        KeySpec::required("rope.dimension_sections", Field::RopeSections),
-        KeySpec::required("ssm.conv_kernel", Field::SsmConvKernel),
-        KeySpec::required("ssm.state_size", Field::SsmStateSize),
-        KeySpec::required("ssm.group_count", Field::SsmGroupCount),
-        KeySpec::required("ssm.time_step_rank", Field::SsmTimeStepRank),
-        KeySpec::required("ssm.inner_size", Field::SsmInnerSize),
-        KeySpec::default("full_attention_interval", Field::FullAttentionInterval, 4),
-        KeySpec::optional("attention.recurrent_layers", Field::RecurrentLayers),
-        KeySpec::optional("nextn_predict_layers", Field::NextnPredictLayers),
-    ],
+    keys: qwen35_keys![KeySpec::required("feed_forward_length", Field::FeedForwardLength);],
     tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, DENSE_FFN],
     make: Qwen35::make,
     presets: &[
@@ -72,27 +82,7 @@ pub static QWEN35: ArchSpec = ArchSpec {
 pub static QWEN35MOE: ArchSpec = ArchSpec {
     name: "qwen35moe",
     hf_names: &["Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"],
-    keys: &[
-        KeySpec::required("block_count", Field::BlockCount),
-        KeySpec::required("context_length", Field::ContextLength),
-        KeySpec::required("embedding_length", Field::EmbeddingLength),
-        KeySpec::required("vocab_size", Field::VocabSize),
-        KeySpec::required("attention.head_count", Field::HeadCount),
-        KeySpec::required("attention.head_count_kv", Field::HeadCountKv),
-        KeySpec::required("attention.key_length", Field::KeyLength),
-        KeySpec::required("attention.value_length", Field::ValueLength),
-        KeySpec::required("attention.layer_norm_rms_epsilon", Field::RmsEps),
-        KeySpec::required("rope.freq_base", Field::RopeFreqBase),
-        KeySpec::required("rope.dimension_count", Field::RopeDimensionCount),
-        KeySpec::required("rope.dimension_sections", Field::RopeSections),
-        KeySpec::required("ssm.conv_kernel", Field::SsmConvKernel),
-        KeySpec::required("ssm.state_size", Field::SsmStateSize),
-        KeySpec::required("ssm.group_count", Field::SsmGroupCount),
-        KeySpec::required("ssm.time_step_rank", Field::SsmTimeStepRank),
-        KeySpec::required("ssm.inner_size", Field::SsmInnerSize),
-        KeySpec::default("full_attention_interval", Field::FullAttentionInterval, 4),
-        KeySpec::optional("attention.recurrent_layers", Field::RecurrentLayers),
-        KeySpec::optional("nextn_predict_layers", Field::NextnPredictLayers),
+    keys: qwen35_keys![;
         KeySpec::required("expert_count", Field::ExpertCount),
         KeySpec::required("expert_used_count", Field::ExpertUsedCount),
         KeySpec::required("expert_feed_forward_length", Field::ExpertFeedForwardLength),
