@@ -9,14 +9,11 @@ use tessera_models::model::{Logits, Model, ModelError, ModelOptions};
 use tessera_models::weights::WeightsError;
 use tessera_ops::DType;
 
+mod model_steps;
 mod synth_file;
-use synth_file::synth_file;
+use model_steps::{assert_close, file, load, nmse, run_chunks, tokens};
 
 const PRESETS: [&str; 2] = ["tiny", "tiny-moe"];
-
-fn file(preset: &str) -> GgufFile {
-    synth_file(preset, DType::F32, 42)
-}
 
 fn opts() -> ModelOptions {
     ModelOptions {
@@ -28,38 +25,6 @@ fn opts() -> ModelOptions {
         route_shared_expert: 64,
         ..ModelOptions::default()
     }
-}
-
-fn load(preset: &str, opts: ModelOptions) -> (Model, CpuBackend) {
-    let mut be = CpuBackend::new();
-    let m = Model::load(&file(preset), &mut be, opts).unwrap();
-    (m, be)
-}
-
-fn tokens(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed * 97)) % 256).collect()
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(f64::MIN_POSITIVE)
-}
-
-fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    let e = nmse(a, b);
-    assert!(e <= 1e-8, "{what}: nmse {e:e}");
-}
-
-/// Last logits after feeding `toks` to a fresh sequence in chunks of `chunk`.
-fn run_chunks(preset: &str, toks: &[u32], chunk: usize, opts: ModelOptions) -> Vec<f32> {
-    let (mut m, mut be) = load(preset, opts);
-    let mut last = Vec::new();
-    for c in toks.chunks(chunk) {
-        last = m.step(&mut be, &[(0, c)], Logits::Last).unwrap().remove(0);
-    }
-    last
 }
 
 #[test]
