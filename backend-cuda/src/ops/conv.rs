@@ -121,30 +121,10 @@ fn update(
     let (err, code) = (cx.errors, op_code("ssm_conv_update_inplace"));
     let silu = i32::from(silu);
     let blocks = channels.div_ceil(THREADS as usize) as u32;
-    if n_all <= n_seq && kern.ne[0] as usize <= UPDATE_MAX_D_CONV {
-        // A decode step (at most a token a sequence on average): one launch, a thread per channel
-        // and sequence running its tokens in order.
-        let mut a = cx.kernel(UPDATE_SEQ)?;
-        a.arg(&out)
-            .arg(&x)
-            .arg(&xdt)
-            .arg(&state)
-            .arg(&kern)
-            .arg(&kdt)
-            .arg(&slots)
-            .arg(&offsets)
-            .arg(&silu)
-            .arg(&err)
-            .arg(&code);
-        // SAFETY: `conv_update_seq(out, x, xdt, state, kern, kdt, slots, offsets, silu, err, op)`:
-        // shapes as for conv_update_out below; every block checks the slots and offsets through
-        // their strides and returns before touching memory unless they pass, so the rows
-        // s < n_seq own distinct in-range slots; offsets are clamped to 0..=n_all, so every
-        // token read or written lies in 0..n_all; threads past C do nothing; d_conv <= UPD_MAXD.
-        unsafe { a.launch(config((blocks, n_seq as u32 + 1, 1), (THREADS, 1, 1), 0)) }?;
-        return Ok(());
-    }
-    let mut a = cx.kernel(UPDATE_OUT)?;
+    // A decode step (at most a token a sequence on average) runs in one launch, a thread per
+    // channel and sequence running its tokens in order; otherwise the outputs, then the state.
+    let one_launch = n_all <= n_seq && kern.ne[0] as usize <= UPDATE_MAX_D_CONV;
+    let mut a = cx.kernel(if one_launch { UPDATE_SEQ } else { UPDATE_OUT })?;
     a.arg(&out)
         .arg(&x)
         .arg(&xdt)
@@ -156,6 +136,15 @@ fn update(
         .arg(&silu)
         .arg(&err)
         .arg(&code);
+    if one_launch {
+        // SAFETY: `conv_update_seq(out, x, xdt, state, kern, kdt, slots, offsets, silu, err, op)`:
+        // shapes as for conv_update_out below; every block checks the slots and offsets through
+        // their strides and returns before touching memory unless they pass, so the rows
+        // s < n_seq own distinct in-range slots; offsets are clamped to 0..=n_all, so every
+        // token read or written lies in 0..n_all; threads past C do nothing; d_conv <= UPD_MAXD.
+        unsafe { a.launch(config((blocks, n_seq as u32 + 1, 1), (THREADS, 1, 1), 0)) }?;
+        return Ok(());
+    }
     let grid = (blocks, n_all.div_ceil(UPDATE_TOKENS) as u32, 1);
     // SAFETY: `conv_update_out(out, x, xdt, state, kern, kdt, slots, offsets, silu, err, op)`: the
     // shape rules give x and out [C, n_t, n_outer] (n_all = n_t n_outer packed tokens), state
