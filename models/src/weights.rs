@@ -240,18 +240,8 @@ impl ModelWeights {
         values: &[i32],
         backend: &mut dyn Backend,
     ) -> Result<(), WeightsError> {
-        let bad = |why: String| WeightsError::Bad { name: name.to_string(), why };
-        let meta = TensorMeta::contiguous("weight", DType::I32, ne).map_err(|e| bad(e.to_string()))?;
-        if meta.nelements() != values.len() {
-            return Err(bad(format!("{} values for shape {ne:?}", values.len())));
-        }
-        let buffer = backend.alloc(meta.nbytes_contiguous())?;
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        if let Err(e) = backend.write(buffer, 0, &bytes) {
-            backend.free(buffer);
-            return Err(e.into());
-        }
-        self.tensors.insert(name.to_string(), TensorRef { buffer, offset: 0, meta });
+        self.upload(name, DType::I32, ne, values.len(), &bytes, backend)?;
         self.derived.insert(name.to_string());
         Ok(())
     }
@@ -266,18 +256,31 @@ impl ModelWeights {
         values: &[f32],
         backend: &mut dyn Backend,
     ) -> Result<(), WeightsError> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload(name, DType::F32, ne, values.len(), &bytes, backend)
+    }
+
+    /// Uploads `bytes` (`count` values of `dtype`, which must fill `ne`) as tensor `name`.
+    fn upload(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        ne: [usize; 4],
+        count: usize,
+        bytes: &[u8],
+        backend: &mut dyn Backend,
+    ) -> Result<(), WeightsError> {
         let bad = |why: String| WeightsError::Bad { name: name.to_string(), why };
-        let meta = TensorMeta::contiguous("weight", DType::F32, ne).map_err(|e| bad(e.to_string()))?;
-        if meta.nelements() != values.len() {
-            return Err(bad(format!("{} values for shape {ne:?}", values.len())));
+        let meta = TensorMeta::contiguous("weight", dtype, ne).map_err(|e| bad(e.to_string()))?;
+        if meta.nelements() != count {
+            return Err(bad(format!("{count} values for shape {ne:?}")));
         }
         let buffer = backend.alloc(meta.nbytes_contiguous())?;
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        if let Err(e) = backend.write(buffer, 0, &bytes) {
+        if let Err(e) = backend.write(buffer, 0, bytes) {
             backend.free(buffer);
             return Err(e.into());
         }
-        self.tensors.insert(name.to_string(), TensorRef { buffer, offset: 0, meta });
+        self.insert(name.to_string(), TensorRef { buffer, offset: 0, meta });
         Ok(())
     }
 
