@@ -561,15 +561,16 @@ impl Drop for Engine {
     }
 }
 
-/// Bytes of `model`'s weights and caches.
+/// Bytes of `model`'s weights and caches (0 for a cache no layer of the family uses).
 pub fn memory(model: &Model) -> MemoryReport {
     let weight_bytes = model.weights.tensor_bytes();
-    let kv_cache_bytes = model.kv.total_bytes();
-    let recurrent_cache_bytes = model.recurrent.total_bytes();
+    let (kv, rec) = model.caches_held();
+    let kv_cache_bytes = if kv { model.kv.total_bytes() } else { 0 };
+    let recurrent_cache_bytes = if rec { model.recurrent.total_bytes() } else { 0 };
     MemoryReport {
         weight_bytes,
-        kv_bytes_per_token: model.kv.bytes_per_token(),
-        recurrent_bytes_per_sequence: model.recurrent.bytes_per_sequence(),
+        kv_bytes_per_token: if kv { model.kv.bytes_per_token() } else { 0 },
+        recurrent_bytes_per_sequence: if rec { model.recurrent.bytes_per_sequence() } else { 0 },
         kv_cache_bytes,
         recurrent_cache_bytes,
         total_cache_bytes: kv_cache_bytes + recurrent_cache_bytes,

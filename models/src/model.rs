@@ -413,6 +413,14 @@ impl Model {
         }
     }
 
+    /// Whether any layer holds KV cache memory, and whether any holds recurrent state (a family
+    /// without one still has that cache's bookkeeping, with unit dims and no memory).
+    pub fn caches_held(&self) -> (bool, bool) {
+        let kv = self.layers.iter().any(|l| matches!(l, LayerMemory::Attention { .. }));
+        let rec = self.layers.iter().any(|l| matches!(l, LayerMemory::Recurrent { .. }));
+        (kv, rec)
+    }
+
     /// A model of `arch` with its caches and no weights yet (the caller moves them in).
     fn assemble(arch: Box<dyn Architecture>, backend: &mut dyn Backend, opts: ModelOptions) -> R<Model> {
         let needs = arch.layer_caches();

@@ -159,3 +159,14 @@ fn real_shapes() {
     let p = m.n_params() as f64 / 1e9;
     assert!((30.0..31.0).contains(&p), "{p}");
 }
+
+#[test]
+fn the_memory_report_counts_no_recurrent_state() {
+    for p in PRESETS {
+        let (m, _be) = load(p, opts());
+        let r = tessera_models::engine::memory(&m);
+        assert_eq!((r.recurrent_bytes_per_sequence, r.recurrent_cache_bytes), (0, 0), "{p}");
+        assert!(r.kv_bytes_per_token > 0 && r.kv_cache_bytes > 0, "{p}");
+        assert_eq!(r.total_cache_bytes, r.kv_cache_bytes, "{p}");
+    }
+}
