@@ -280,12 +280,8 @@ fn the_standard_pipeline_fuses_rms_norm_then_mul_then_rope_into_one_op() {
     let pos = g.input("pos", DType::I32, [3, 1, 1, 1]).unwrap();
     let h = g.rms_norm(x, 1e-6).unwrap();
     let h = g.mul(h, w).unwrap();
-    let p = tessera_ops::RopeParams {
-        n_rot: 32,
-        freq_base: 1e6,
-        pairing: tessera_ops::RopePairing::Neox,
-        sections: None,
-    };
+    let p =
+        tessera_ops::RopeParams { n_rot: 32, freq_base: 1e6, pairing: tessera_ops::RopePairing::Neox, sections: None };
     let y = g.rope_multi(h, pos, p).unwrap();
     g.mark_output(y).unwrap();
     let run = tessera_graph::passes::standard().run(g, &all_supported).unwrap();

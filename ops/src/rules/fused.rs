@@ -293,7 +293,8 @@ mod tests {
     #[test]
     fn rms_norm_mul_rope_takes_the_norm_and_the_rope_rules() {
         use crate::{RmsNormMulRopeParams, RopePairing, RopeParams};
-        let rope = RopeParams { n_rot: 64, freq_base: 1e7, pairing: RopePairing::Neox, sections: Some([11, 11, 10, 0]) };
+        let rope =
+            RopeParams { n_rot: 64, freq_base: 1e7, pairing: RopePairing::Neox, sections: Some([11, 11, 10, 0]) };
         let op = Op::RmsNormMulRope(RmsNormMulRopeParams { norm: P, rope });
         // q as a view into a joint q+gate projection: dense rows, head stride 2 * head_dim
         let mut x = f32s([256, 16, 5, 1]);

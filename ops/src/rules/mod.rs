@@ -232,8 +232,8 @@ pub(crate) fn can_repeat(small: &[usize; 4], big: &[usize; 4]) -> bool {
 mod tests {
     use crate::{
         BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams, GatedDeltaNetParams,
-        HeadMap, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp,
-        ViewParams,
+        HeadMap, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams,
+        SortOrder, UnaryOp, ViewParams,
     };
 
     /// One op of every variant.

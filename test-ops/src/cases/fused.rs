@@ -180,16 +180,18 @@ fn rms_norm_mul_rope(out: &mut Vec<Case>) {
     // qwen3 (head dim 128, plain NEOX over the whole head): q and k in the stacked q/k/v rows.
     for n in [1, 5] {
         let qkv = 128 * (32 + 4 + 4);
-        out.push(norm_rope_case([128, 32, n, 1], [128, 1, 1, 1], QWEN3_ROPE, Heads::Joint {
-            row: qkv,
-            first: 0,
-            head_stride: 128,
-        }));
-        out.push(norm_rope_case([128, 4, n, 1], [128, 1, 1, 1], QWEN3_ROPE, Heads::Joint {
-            row: qkv,
-            first: 128 * 32,
-            head_stride: 128,
-        }));
+        out.push(norm_rope_case(
+            [128, 32, n, 1],
+            [128, 1, 1, 1],
+            QWEN3_ROPE,
+            Heads::Joint { row: qkv, first: 0, head_stride: 128 },
+        ));
+        out.push(norm_rope_case(
+            [128, 4, n, 1],
+            [128, 1, 1, 1],
+            QWEN3_ROPE,
+            Heads::Joint { row: qkv, first: 128 * 32, head_stride: 128 },
+        ));
     }
     out.push(norm_rope_case([256, 16, 4, 1], [256, 1, 1, 1], QWEN35_ROPE, own));
     out.push(norm_rope_case([128, 8, 7, 1], [128, 1, 1, 1], QWEN3_ROPE, own));

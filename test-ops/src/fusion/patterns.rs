@@ -602,9 +602,11 @@ fn rms_norm_mul_rope() -> Vec<FusionCase> {
         let h = g.mul(h, x[1])?;
         g.rope_multi(h, x[2], p)
     }));
-    out.push(plain(RNMR, "miss=plain_norm", rnmr_inputs(ne, p), 0, move |g, x| {
+    let mut no_weight = rnmr_inputs(ne, p);
+    no_weight.remove(1);
+    out.push(plain(RNMR, "miss=plain_norm", no_weight, 0, move |g, x| {
         let h = g.rms_norm(x[0], EPS)?;
-        g.rope_multi(h, x[2], p)
+        g.rope_multi(h, x[1], p)
     }));
     out.push(plain(RNMR, "miss=gated_norm", rnmr_inputs(ne, p), 0, move |g, x| {
         let h = g.gated_rms_norm(x[0], x[1], x[0], EPS)?;
