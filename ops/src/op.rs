@@ -674,15 +674,18 @@ impl SoftmaxParams {
     }
 }
 
+/// [`RopeParams`]' key.
+type RopeKey = (usize, Bits, RopePairing, Option<[usize; 4]>);
+
 impl RopeParams {
-    fn key(&self) -> (usize, Bits, RopePairing, Option<[usize; 4]>) {
+    fn key(&self) -> RopeKey {
         let RopeParams { n_rot, freq_base, pairing, sections } = *self;
         (n_rot, freq_base.into(), pairing, sections)
     }
 }
 
 impl RmsNormMulRopeParams {
-    fn key(&self) -> (Bits, (usize, Bits, RopePairing, Option<[usize; 4]>)) {
+    fn key(&self) -> (Bits, RopeKey) {
         let RmsNormMulRopeParams { norm, rope } = *self;
         (norm.key(), rope.key())
     }
