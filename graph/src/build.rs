@@ -1,8 +1,8 @@
 //! Typed builders: one method per op, each a thin wrapper over [`Graph::op`].
 
 use tessera_ops::{
-    BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormParams, RopeParams,
-    ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
+    BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormMulRopeParams,
+    RmsNormParams, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
 };
 
 use crate::{Graph, GraphError, Tensor};
@@ -216,6 +216,13 @@ impl Graph {
     /// `mul(rms_norm(x, eps), w)`: `x` f32 (dense rows), `w` f32 broadcasting to `x` -> f32.
     pub fn rms_norm_mul(&mut self, x: Tensor, w: Tensor, eps: f32) -> R {
         self.op(Op::RmsNormMul(RmsNormParams { eps }), &[x, w])
+    }
+
+    /// `rope_multi(mul(rms_norm(x, eps), w), positions, rope)` (attention's per-head q/k norm,
+    /// weight and rotation): `x` f32 `[head_dim, n_head, n_tokens, 1]` (dense rows), `w` f32
+    /// broadcasting to `x`, `positions` as [`Graph::rope_multi`]'s -> f32 of `x`'s shape.
+    pub fn rms_norm_mul_rope(&mut self, x: Tensor, w: Tensor, positions: Tensor, eps: f32, rope: RopeParams) -> R {
+        self.op(Op::RmsNormMulRope(RmsNormMulRopeParams { norm: RmsNormParams { eps }, rope }), &[x, w, positions])
     }
 
     /// `mul(mul(rms_norm(x, eps), w), silu(z))`: `x`, `z` f32 of one shape (dense rows), `w` f32

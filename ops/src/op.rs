@@ -120,6 +120,14 @@ pub struct RopeParams {
     pub sections: Option<[usize; 4]>,
 }
 
+/// `rope_multi(mul(rms_norm(x, norm.eps), w), positions, rope)`: the per-head q/k norm of
+/// attention, its weight and the rotation, as one op (`Op::RmsNormMulRope`).
+#[derive(Debug, Clone, Copy)]
+pub struct RmsNormMulRopeParams {
+    pub norm: RmsNormParams,
+    pub rope: RopeParams,
+}
+
 /// Attention: `softmax(scale * q k^T + mask) v` with optional logit softcapping.
 #[derive(Debug, Clone, Copy)]
 pub struct FlashAttnParams {
@@ -251,8 +259,8 @@ impl Family {
 /// ([`f32::to_bits`]): `0.0` and `-0.0` are different parameters, and a NaN equals a NaN with the
 /// same bit pattern, so every op equals itself. Equal ops compute the same thing bit for bit, which
 /// is what a pass's pattern table or a CUDA graph key wants. The params types with floats
-/// ([`ScaleParams`], [`RmsNormParams`], [`SoftmaxParams`], [`RopeParams`], [`FlashAttnParams`],
-/// [`GatedDeltaNetParams`]) follow the same rule.
+/// ([`ScaleParams`], [`RmsNormParams`], [`SoftmaxParams`], [`RopeParams`],
+/// [`RmsNormMulRopeParams`], [`FlashAttnParams`], [`GatedDeltaNetParams`]) follow the same rule.
 #[derive(Debug, Clone)]
 pub enum Op {
     // ---- data movement ----
@@ -407,6 +415,11 @@ pub enum Op {
     /// `[x, w, z]`: `mul(mul(rms_norm(x, eps), w), silu(z))` (the gated DeltaNet output norm);
     /// `x`, `z` f32 of one shape with dense rows, `w` f32 broadcasting to `x`. Output f32.
     GatedRmsNorm(RmsNormParams),
+    /// `[x, w, positions]`: `rope_multi(mul(rms_norm(x, eps), w), positions)` (attention's q/k
+    /// norm, weight and rotation): `x` f32 `[head_dim, n_head, n_tokens, 1]` with dense rows (any
+    /// outer strides: q read through a view of a joint projection), `w` f32 broadcasting to `x`,
+    /// `positions` as rope_multi's. Output f32 contiguous, `x`'s shape.
+    RmsNormMulRope(RmsNormMulRopeParams),
     /// `[logits]` f32 `[n_expert, n, 1, 1]`: `top_k(softmax(logits), k)`, i32 `[k, n, 1, 1]`,
     /// selected on the f32 probabilities as the two ops compute them (`1 <= k <= n_expert`).
     SoftmaxTopK { k: usize },
@@ -476,6 +489,7 @@ impl Op {
             Op::Sample => "sample",
             Op::AddRmsNormMul(_) => "add_rms_norm_mul",
             Op::RmsNormMul(_) => "rms_norm_mul",
+            Op::RmsNormMulRope(_) => "rms_norm_mul_rope",
             Op::GatedRmsNorm(_) => "gated_rms_norm",
             Op::SoftmaxTopK { .. } => "softmax_top_k",
             Op::MoeWeights => "moe_weights",
@@ -511,6 +525,7 @@ impl Op {
             Op::Sample => Family::Sample,
             Op::AddRmsNormMul(_)
             | Op::RmsNormMul(_)
+            | Op::RmsNormMulRope(_)
             | Op::GatedRmsNorm(_)
             | Op::SoftmaxTopK { .. }
             | Op::MoeWeights
@@ -561,6 +576,11 @@ impl fmt::Display for Op {
             Op::RmsNorm(p) => write!(f, "rms_norm(eps={})", p.eps),
             Op::AddRmsNormMul(p) => write!(f, "add_rms_norm_mul(eps={})", p.eps),
             Op::RmsNormMul(p) => write!(f, "rms_norm_mul(eps={})", p.eps),
+            Op::RmsNormMulRope(p) => write!(
+                f,
+                "rms_norm_mul_rope(eps={}, n_rot={}, base={}, {:?}, sections={:?})",
+                p.norm.eps, p.rope.n_rot, p.rope.freq_base, p.rope.pairing, p.rope.sections
+            ),
             Op::GatedRmsNorm(p) => write!(f, "gated_rms_norm(eps={})", p.eps),
             Op::SoftmaxTopK { k } => write!(f, "softmax_top_k({k})"),
             Op::Elementwise(p) => write!(f, "elementwise({p})"),
@@ -622,7 +642,16 @@ macro_rules! eq_hash_by_key {
     )+};
 }
 
-eq_hash_by_key!(ScaleParams, RmsNormParams, SoftmaxParams, RopeParams, FlashAttnParams, GatedDeltaNetParams, Op);
+eq_hash_by_key!(
+    ScaleParams,
+    RmsNormParams,
+    SoftmaxParams,
+    RopeParams,
+    RmsNormMulRopeParams,
+    FlashAttnParams,
+    GatedDeltaNetParams,
+    Op
+);
 
 impl ScaleParams {
     fn key(&self) -> (Bits, Bits) {
@@ -645,10 +674,20 @@ impl SoftmaxParams {
     }
 }
 
+/// [`RopeParams`]' key.
+type RopeKey = (usize, Bits, RopePairing, Option<[usize; 4]>);
+
 impl RopeParams {
-    fn key(&self) -> (usize, Bits, RopePairing, Option<[usize; 4]>) {
+    fn key(&self) -> RopeKey {
         let RopeParams { n_rot, freq_base, pairing, sections } = *self;
         (n_rot, freq_base.into(), pairing, sections)
+    }
+}
+
+impl RmsNormMulRopeParams {
+    fn key(&self) -> (Bits, RopeKey) {
+        let RmsNormMulRopeParams { norm, rope } = *self;
+        (norm.key(), rope.key())
     }
 }
 
@@ -683,6 +722,7 @@ enum OpParams<'a> {
     Softmax(&'a SoftmaxParams),
     Order(SortOrder),
     Rope(&'a RopeParams),
+    NormRope(&'a RmsNormMulRopeParams),
     FlashAttn(&'a FlashAttnParams),
     DeltaNet(&'a GatedDeltaNetParams),
     Program(&'a ElemProgram),
@@ -721,6 +761,7 @@ impl Op {
             Op::L2Norm { eps } => P::Float((*eps).into()),
             Op::Argsort(o) => P::Order(*o),
             Op::RopeMulti(p) => P::Rope(p),
+            Op::RmsNormMulRope(p) => P::NormRope(p),
             Op::FlashAttnExt(p) => P::FlashAttn(p),
             Op::SsmConvUpdate { silu, ragged } => P::Flags([*silu, *ragged]),
             Op::GatedDeltaNet(p) => P::DeltaNet(p),

@@ -72,6 +72,15 @@ fn every_op() -> Vec<Op> {
     ops.extend([
         Op::AddRmsNormMul(norm),
         Op::RmsNormMul(norm),
+        Op::RmsNormMulRope(tessera_ops::RmsNormMulRopeParams {
+            norm,
+            rope: tessera_ops::RopeParams {
+                n_rot: 2,
+                freq_base: 1e4,
+                pairing: tessera_ops::RopePairing::Neox,
+                sections: None,
+            },
+        }),
         Op::GatedRmsNorm(norm),
         Op::SoftmaxTopK { k: 1 },
         Op::MoeWeights,
@@ -125,6 +134,7 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::Sample
         | Op::AddRmsNormMul(_)
         | Op::RmsNormMul(_)
+        | Op::RmsNormMulRope(_)
         | Op::GatedRmsNorm(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights

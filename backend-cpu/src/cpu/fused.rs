@@ -1,20 +1,21 @@
-//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights,
-//! mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
+//! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
+//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
 //!
 //! Each computes exactly what this backend's kernels of the subgraph it replaces compute: the
 //! same f32 operations in the same order (the same `sum_squares`, `silu`, `exp` and `sum`), so a
 //! fused graph gives the unfused graph's bits on the CPU (tested below). The norms do their
-//! chain in one pass over each row; the router ops run the softmax kernel into scratch and then
+//! chain in one pass over each row (rms_norm_mul_rope: into scratch, then rope_multi's kernel);
+//! the router ops run the softmax kernel into scratch and then
 //! select or gather from it, as the unfused graph does through its intermediate tensor; the
 //! gate-and-up projections run the mul_mat (mul_mat_id) kernel twice into scratch and swiglu's
 //! kernel from there.
 
-use tessera_ops::{BinaryOp, DType, KernelError, TensorMeta, UnaryOp};
+use tessera_ops::{BinaryOp, DType, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp};
 
 use super::math::{map_in_place, silu, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
 use super::sum::{sum, sum_squares};
-use super::{data, elementwise, matmul, reduce};
+use super::{data, elementwise, matmul, reduce, rope};
 
 /// Per-task scratch rows: the output (when it cannot be written in place), the weight, the gate.
 #[derive(Default)]
@@ -73,6 +74,22 @@ fn norm_mul_rows(eps: f32, x: Src<'_>, w: Src<'_>, z: Option<Src<'_>>, dst: &mut
 pub(super) fn rms_norm_mul(eps: f32, x: Src<'_>, w: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
     norm_mul_rows(eps, x, w, None, dst);
     Ok(())
+}
+
+/// `rope_multi(rms_norm(x) * w, positions)`: rms_norm_mul's rows into a contiguous f32 scratch
+/// tensor of `x`'s shape, then rope_multi's kernel from it, as the unfused graph runs them.
+pub(super) fn rms_norm_mul_rope(
+    p: &RmsNormMulRopeParams,
+    x: Src<'_>,
+    w: Src<'_>,
+    pos: Src<'_>,
+    dst: &mut Dst<'_>,
+) -> Result<(), KernelError> {
+    let op = "rms_norm_mul_rope";
+    let meta = scratch_meta(op, DType::F32, x.ne())?;
+    let mut normed = vec![0f32; meta.nelements()];
+    norm_mul_rows(p.norm.eps, x, w, None, &mut Dst::new(bytemuck::cast_slice_mut(&mut normed), meta)?);
+    rope::rope_multi(&p.rope, src(op, bytemuck::cast_slice(&normed), meta)?, pos, dst)
 }
 
 /// `rms_norm(x) * w * silu(z)` (the DeltaNet output gate).
@@ -389,6 +406,33 @@ mod tests {
             let s = g.silu(z)?;
             Ok(vec![[gated, g.mul(h, s)?]])
         });
+    }
+
+    #[test]
+    fn rms_norm_mul_rope_is_the_norm_then_the_rotation() {
+        use tessera_ops::{RopePairing, RopeParams};
+        let rope = |n_rot, sections| RopeParams { n_rot, freq_base: 1e7, pairing: RopePairing::Neox, sections };
+        // qwen35 heads (256, 64 rotated, imrope), qwen3 heads (128, plain), odd heads (adjacent)
+        let shapes = [
+            ([256, 4, 3, 1], rope(64, Some([11, 11, 10, 0])), 12),
+            ([128, 3, 2, 1], rope(128, None), 2),
+            ([6, 5, 3, 1], RopeParams { pairing: RopePairing::Adjacent, ..rope(4, None) }, 3),
+        ];
+        for (ne, p, n_pos) in shapes {
+            same_bits_as_composition(56, 1e-12, |g, l| {
+                // q as a view of a joint q+gate projection: head stride 2 * head_dim
+                let hd = ne[0];
+                let qg = l.random(g.input("qg", F32, [2 * hd * ne[1], ne[2], 1, 1])?);
+                let nb = qg.meta().nb;
+                let q = g.view(qg, ne, [4, 8 * hd, nb[1], nb[2]], 0)?;
+                let w = l.random(g.input("w", F32, [hd, 1, 1, 1])?);
+                let pos = l.ids(g.input("pos", I32, [n_pos, 1, 1, 1])?, 4096);
+                let fused = g.rms_norm_mul_rope(q, w, pos, 1e-6, p)?;
+                let h = g.rms_norm(q, 1e-6)?;
+                let h = g.mul(h, w)?;
+                Ok(vec![[fused, g.rope_multi(h, pos, p)?]])
+            });
+        }
     }
 
     #[test]

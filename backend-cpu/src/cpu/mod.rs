@@ -437,6 +437,7 @@ fn dispatch(
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
         Op::Sample => sample::sample(input(0)?, input(1)?, &mut dst),
         Op::RmsNormMul(p) => fused::rms_norm_mul(p.eps, input(0)?, input(1)?, &mut dst),
+        Op::RmsNormMulRope(p) => fused::rms_norm_mul_rope(p, input(0)?, input(1)?, input(2)?, &mut dst),
         Op::GatedRmsNorm(p) => fused::gated_rms_norm(p.eps, input(0)?, input(1)?, input(2)?, &mut dst),
         Op::SoftmaxTopK { k } => fused::softmax_top_k(*k, input(0)?, optional(1), &mut dst),
         Op::MulMatSwiglu => fused::mul_mat_swiglu(input(0)?, input(1)?, input(2)?, &mut dst),

@@ -25,7 +25,7 @@ pub use fold_scales::FoldScales;
 pub use gate_up::GateUpSwiglu;
 pub use moe_router::{MoeWeights, SoftmaxTopK};
 pub use moe_weighted_sum::MoeWeightedSum;
-pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul};
+pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul, RmsNormMulRope};
 
 use tessera_ops::{Op, TensorMeta};
 
@@ -117,6 +117,7 @@ pub fn standard() -> Pipeline {
         .with(AddRmsNormMul)
         .with(GatedRmsNorm)
         .with(RmsNormMul)
+        .with(RmsNormMulRope)
         .with(SoftmaxTopK)
         .with(MoeWeights)
         .with(MoeWeightedSum)

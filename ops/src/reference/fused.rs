@@ -17,6 +17,11 @@ pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> 
         }
         // mul(rms_norm(x), w)
         Op::RmsNormMul(p) => norm_mul(op, *p, &inputs[0], &inputs[1])?,
+        // rope_multi(mul(rms_norm(x), w), positions)
+        Op::RmsNormMulRope(p) => {
+            let h = norm_mul(op, p.norm, &inputs[0], &inputs[1])?;
+            step(op, Op::RopeMulti(p.rope), &[(h, DType::F32), (inputs[2].clone(), DType::I32)])?
+        }
         // mul(mul(rms_norm(x), w), silu(z))
         Op::GatedRmsNorm(p) => {
             let h = norm_mul(op, *p, &inputs[0], &inputs[1])?;
@@ -139,7 +144,7 @@ fn step(fused: &Op, op: Op, inputs: &[(RefTensor, DType)]) -> Result<RefTensor, 
 #[cfg(test)]
 mod tests {
     use crate::reference::testutil::{assert_close, run, run_typed};
-    use crate::{DType, KernelError, Op, RmsNormParams};
+    use crate::{DType, KernelError, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams};
 
     const P: RmsNormParams = RmsNormParams { eps: 0.0 };
 
@@ -161,6 +166,26 @@ mod tests {
         let y = run(&Op::RmsNormMul(P), &[([2, 2, 1, 1], vec![3., 4., 1., 1.]), ([2, 1, 1, 1], vec![10., 100.])]);
         let r = 12.5f64.sqrt();
         assert_close(&y.data, &[30. / r, 400. / r, 10., 100.]);
+    }
+
+    #[test]
+    fn rms_norm_mul_rope_rotates_the_weighted_norm() {
+        // one head [3, 4] (eps 0, mean square 12.5), weight [1, 2]: h = [3, 8] / r; n_rot 2 at
+        // position 1 (base 10000: theta = 1) rotates the pair (h0, h1) by one radian.
+        let rope = RopeParams { n_rot: 2, freq_base: 1e4, pairing: RopePairing::Neox, sections: None };
+        let op = Op::RmsNormMulRope(RmsNormMulRopeParams { norm: P, rope });
+        let y = run_typed(
+            &op,
+            &[
+                (DType::F32, [2, 1, 1, 1], vec![3., 4.]),
+                (DType::F32, [2, 1, 1, 1], vec![1., 2.]),
+                (DType::I32, [1, 1, 1, 1], vec![1.]),
+            ],
+        )
+        .unwrap();
+        let r = 12.5f64.sqrt();
+        let (a, b, (s, c)) = (3. / r, 8. / r, 1f64.sin_cos());
+        assert_close(&y.data, &[a * c - b * s, a * s + b * c]);
     }
 
     #[test]

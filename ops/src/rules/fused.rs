@@ -1,5 +1,5 @@
-//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights,
-//! mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
+//! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
+//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
 //!
 //! Each is defined by the subgraph it replaces (docs/OPS.md, "Fused ops"), so its rules are that
 //! subgraph's rules narrowed to what the fusion passes emit: f32 everywhere (the composition would
@@ -46,6 +46,19 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             expect_rows(op, 0, x)?;
             expect_weight(op, 1, w, x)?;
             contiguous(op, DType::F32, x.ne)
+        }
+        Op::RmsNormMulRope(p) => {
+            expect_arity(op, inputs, 3)?;
+            let (x, w, pos) = (inputs[0], inputs[1], inputs[2]);
+            expect_eps(op, &p.norm)?;
+            expect_rows(op, 0, x)?;
+            expect_weight(op, 1, w, x)?;
+            // rope_multi's rules on the normalised tensor (f32, x's shape) and the positions.
+            let normed = contiguous(op, DType::F32, x.ne)?;
+            super::rope::rope_rules(op, &p.rope, &normed, pos).map_err(|e| match e {
+                OpError::DType { op, input: 1, dtype, expected } => OpError::DType { op, input: 2, dtype, expected },
+                e => e,
+            })
         }
         Op::GatedRmsNorm(p) => {
             expect_arity(op, inputs, 3)?;
@@ -242,6 +255,10 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     match op {
         Op::AddRmsNormMul(_) => n_in.saturating_mul(5),
         Op::RmsNormMul(_) => n_in.saturating_mul(4),
+        // rms_norm_mul's 4 per element, then rope_multi's 6 per rotated element
+        Op::RmsNormMulRope(p) => n_in
+            .saturating_mul(4)
+            .saturating_add(n_in.saturating_mul(6).saturating_mul(p.rope.n_rot as u64) / inputs[0].ne[0].max(1) as u64),
         Op::GatedRmsNorm(_) => n_in.saturating_mul(12),
         Op::SoftmaxTopK { .. } => n_in.saturating_mul(13),
         // (the gate's sigmoid, when there is one, counted as a weight)
@@ -272,6 +289,35 @@ mod tests {
     }
 
     const P: RmsNormParams = RmsNormParams { eps: 1e-6 };
+
+    #[test]
+    fn rms_norm_mul_rope_takes_the_norm_and_the_rope_rules() {
+        use crate::{RmsNormMulRopeParams, RopePairing, RopeParams};
+        let rope =
+            RopeParams { n_rot: 64, freq_base: 1e7, pairing: RopePairing::Neox, sections: Some([11, 11, 10, 0]) };
+        let op = Op::RmsNormMulRope(RmsNormMulRopeParams { norm: P, rope });
+        // q as a view into a joint q+gate projection: dense rows, head stride 2 * head_dim
+        let mut x = f32s([256, 16, 5, 1]);
+        x.nb = [4, 2048, 2048 * 16, 2048 * 16 * 5];
+        let (w, pos) = (f32s([256, 1, 1, 1]), meta(DType::I32, [20, 1, 1, 1]));
+        let out = infer(&op, &[&x, &w, &pos]).unwrap();
+        assert_eq!((out.dtype, out.ne), (DType::F32, [256, 16, 5, 1]));
+        assert!(out.is_contiguous());
+        let err = |inputs: &[&TensorMeta]| infer(&op, inputs).unwrap_err();
+        assert!(matches!(err(&[&x, &w]), OpError::Arity { .. }));
+        assert!(matches!(err(&[&x, &w, &meta(DType::I32, [5, 1, 1, 1])]), OpError::ShapeMismatch { .. }));
+        assert!(matches!(err(&[&x, &w, &meta(DType::F32, [20, 1, 1, 1])]), OpError::DType { input: 2, .. }));
+        assert!(matches!(err(&[&x, &f32s([100, 1, 1, 1]), &pos]), OpError::ShapeMismatch { .. }));
+        assert!(matches!(err(&[&meta(DType::F16, x.ne), &w, &pos]), OpError::DType { input: 0, .. }));
+        let mut t = x;
+        t.nb[0] = 8;
+        assert!(matches!(err(&[&t, &w, &pos]), OpError::NotContiguous { input: 0, .. }));
+        let bad_rot = Op::RmsNormMulRope(RmsNormMulRopeParams { norm: P, rope: RopeParams { n_rot: 258, ..rope } });
+        assert!(matches!(infer(&bad_rot, &[&x, &w, &pos]), Err(OpError::InvalidParam { .. })));
+        let c = cost(&op, &[&x, &w, &pos], &out);
+        let n = (256 * 16 * 5) as u64;
+        assert_eq!(c.flops, 4 * n + 6 * n * 64 / 256);
+    }
 
     #[test]
     fn add_rms_norm_mul_stacks_both_results() {

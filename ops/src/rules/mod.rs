@@ -81,6 +81,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::Sample => count(inputs[0]).saturating_mul(10),
         Op::AddRmsNormMul(_)
         | Op::RmsNormMul(_)
+        | Op::RmsNormMulRope(_)
         | Op::GatedRmsNorm(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
@@ -153,6 +154,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::Sample
         | Op::AddRmsNormMul(_)
         | Op::RmsNormMul(_)
+        | Op::RmsNormMulRope(_)
         | Op::GatedRmsNorm(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
@@ -230,8 +232,8 @@ pub(crate) fn can_repeat(small: &[usize; 4], big: &[usize; 4]) -> bool {
 mod tests {
     use crate::{
         BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams, GatedDeltaNetParams,
-        HeadMap, Op, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp,
-        ViewParams,
+        HeadMap, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams,
+        SortOrder, UnaryOp, ViewParams,
     };
 
     /// One op of every variant.
@@ -277,6 +279,7 @@ mod tests {
             Op::Sample,
             Op::AddRmsNormMul(norm),
             Op::RmsNormMul(norm),
+            Op::RmsNormMulRope(RmsNormMulRopeParams { norm, rope }),
             Op::GatedRmsNorm(norm),
             Op::SoftmaxTopK { k: 1 },
             Op::MoeWeights,
