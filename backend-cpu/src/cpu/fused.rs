@@ -102,10 +102,20 @@ pub(super) fn gated_delta_net_fused(
 
     let heads = scratch_meta(op, DType::F32, alpha.ne())?;
     let per_head = scratch_meta(op, DType::F32, [1, heads.ne[0], heads.ne[1], heads.ne[2]])?;
-    let (mut t0, mut t1, mut b) = (vec![0f32; heads.nelements()], vec![0f32; heads.nelements()], vec![0f32; heads.nelements()]);
+    let (mut t0, mut t1, mut b) =
+        (vec![0f32; heads.nelements()], vec![0f32; heads.nelements()], vec![0f32; heads.nelements()]);
     elementwise::binary(BinaryOp::Add, alpha, dt_bias, &mut Dst::new(bytemuck::cast_slice_mut(&mut t0), heads)?);
-    elementwise::unary(UnaryOp::Softplus, src(op, bytemuck::cast_slice(&t0), heads)?, &mut Dst::new(bytemuck::cast_slice_mut(&mut t1), heads)?);
-    elementwise::binary(BinaryOp::Mul, src(op, bytemuck::cast_slice(&t1), heads)?, a, &mut Dst::new(bytemuck::cast_slice_mut(&mut t0), heads)?);
+    elementwise::unary(
+        UnaryOp::Softplus,
+        src(op, bytemuck::cast_slice(&t0), heads)?,
+        &mut Dst::new(bytemuck::cast_slice_mut(&mut t1), heads)?,
+    );
+    elementwise::binary(
+        BinaryOp::Mul,
+        src(op, bytemuck::cast_slice(&t1), heads)?,
+        a,
+        &mut Dst::new(bytemuck::cast_slice_mut(&mut t0), heads)?,
+    );
     elementwise::unary(UnaryOp::Sigmoid, beta, &mut Dst::new(bytemuck::cast_slice_mut(&mut b), heads)?);
     let g = src(op, bytemuck::cast_slice(&t0), per_head)?;
     let b = src(op, bytemuck::cast_slice(&b), per_head)?;

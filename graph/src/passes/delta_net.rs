@@ -42,7 +42,8 @@ impl Pass for DeltaNetPrep {
                 let ins = m.inputs(d);
                 let (qk, eps, qk_nodes) = normed_qk(&m, d, ins[0], ins[1])?;
                 let (alpha, dt_bias, a, decay_nodes) = decay(&m, d, ins[3])?;
-                let (beta, beta_nodes) = through_reshape(&m, d, ins[4], |op| matches!(op, Op::Unary(UnaryOp::Sigmoid)))?;
+                let (beta, beta_nodes) =
+                    through_reshape(&m, d, ins[4], |op| matches!(op, Op::Unary(UnaryOp::Sigmoid)))?;
                 let mut nodes = vec![d];
                 nodes.extend(qk_nodes);
                 nodes.extend(decay_nodes);
@@ -125,7 +126,9 @@ fn decay_program(p: &ElemProgram) -> Option<[usize; 3]> {
         return None;
     };
     let k = match mul {
-        ElemInstr::Binary(BinaryOp::Mul, Value(1), Input(k)) | ElemInstr::Binary(BinaryOp::Mul, Input(k), Value(1)) => k,
+        ElemInstr::Binary(BinaryOp::Mul, Value(1), Input(k)) | ElemInstr::Binary(BinaryOp::Mul, Input(k), Value(1)) => {
+            k
+        }
         _ => return None,
     };
     Some([i as usize, j as usize, k as usize])

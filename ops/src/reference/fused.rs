@@ -5,7 +5,8 @@
 
 use super::{RefTensor, compute};
 use crate::{
-    BinaryOp, DType, GatedDeltaNetFusedParams, KernelError, Op, RmsNormParams, SoftmaxParams, TensorMeta, UnaryOp, infer,
+    BinaryOp, DType, GatedDeltaNetFusedParams, KernelError, Op, RmsNormParams, SoftmaxParams, TensorMeta, UnaryOp,
+    infer,
 };
 
 pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {

@@ -231,9 +231,9 @@ pub(crate) fn can_repeat(small: &[usize; 4], big: &[usize; 4]) -> bool {
 #[cfg(test)]
 mod tests {
     use crate::{
-        BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams, GatedDeltaNetFusedParams,
-        GatedDeltaNetParams, HeadMap, Op, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp,
-        ViewParams,
+        BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams,
+        GatedDeltaNetFusedParams, GatedDeltaNetParams, HeadMap, Op, RmsNormParams, RopePairing, RopeParams,
+        ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
     };
 
     /// One op of every variant.
