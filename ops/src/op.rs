@@ -182,6 +182,16 @@ pub struct GatedDeltaNetParams {
     pub ragged: bool,
 }
 
+/// `gated_delta_net` with its input preparation (`Op::GatedDeltaNetFused`): the q and k l2 norms
+/// (epsilon `eps`), `sigmoid(beta)` and the decay `softplus(alpha + dt_bias) * a`.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedDeltaNetFusedParams {
+    /// The delta rule's parameters.
+    pub net: GatedDeltaNetParams,
+    /// Epsilon of the q and k l2 norms.
+    pub eps: f32,
+}
+
 /// The family an op belongs to: which file of `rules/` holds its shape rules, and which module of
 /// the reference and of each backend runs it. [`Op::family`] is the one place that decides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -260,7 +270,8 @@ impl Family {
 /// same bit pattern, so every op equals itself. Equal ops compute the same thing bit for bit, which
 /// is what a pass's pattern table or a CUDA graph key wants. The params types with floats
 /// ([`ScaleParams`], [`RmsNormParams`], [`SoftmaxParams`], [`RopeParams`],
-/// [`RmsNormMulRopeParams`], [`FlashAttnParams`], [`GatedDeltaNetParams`]) follow the same rule.
+/// [`RmsNormMulRopeParams`], [`FlashAttnParams`], [`GatedDeltaNetParams`],
+/// [`GatedDeltaNetFusedParams`]) follow the same rule.
 #[derive(Debug, Clone)]
 pub enum Op {
     // ---- data movement ----
@@ -420,6 +431,16 @@ pub enum Op {
     /// outer strides: q read through a view of a joint projection), `w` f32 broadcasting to `x`,
     /// `positions` as rope_multi's. Output f32 contiguous, `x`'s shape.
     RmsNormMulRope(RmsNormMulRopeParams),
+    /// `[qk, v, alpha, dt_bias, a, beta, state, slots]` (+ `seq_offsets` with `net.ragged`): the
+    /// gated DeltaNet with its input preparation, exactly `gated_delta_net(l2_norm(q, eps),
+    /// l2_norm(k, eps), v, reshape(softplus(alpha + dt_bias) * a), reshape(sigmoid(beta)), state,
+    /// slots[, seq_offsets])` where `q` and `k` are the first and the last `H_k` heads of `qk`
+    /// f32 `[S_k, 2 H_k, n_t, n_seq]` (dense rows: q and k side by side, as a DeltaNet block's
+    /// conv output holds them), `alpha` and `beta` f32 `[H_v, n_t, n_seq, 1]` (any strides; the
+    /// reshape makes them `[1, H_v, n_t, n_seq]`), `dt_bias` and `a` f32 broadcasting to `alpha`;
+    /// `v`, `state`, `slots`, `seq_offsets` and the output (and the in-place state write) as
+    /// `gated_delta_net`'s.
+    GatedDeltaNetFused(GatedDeltaNetFusedParams),
     /// `[logits]` f32 `[n_expert, n, 1, 1]`: `top_k(softmax(logits), k)`, i32 `[k, n, 1, 1]`,
     /// selected on the f32 probabilities as the two ops compute them (`1 <= k <= n_expert`).
     SoftmaxTopK { k: usize },
@@ -491,6 +512,7 @@ impl Op {
             Op::RmsNormMul(_) => "rms_norm_mul",
             Op::RmsNormMulRope(_) => "rms_norm_mul_rope",
             Op::GatedRmsNorm(_) => "gated_rms_norm",
+            Op::GatedDeltaNetFused(_) => "gated_delta_net_fused",
             Op::SoftmaxTopK { .. } => "softmax_top_k",
             Op::MoeWeights => "moe_weights",
             Op::MulMatSwiglu => "mul_mat_swiglu",
@@ -527,6 +549,7 @@ impl Op {
             | Op::RmsNormMul(_)
             | Op::RmsNormMulRope(_)
             | Op::GatedRmsNorm(_)
+            | Op::GatedDeltaNetFused(_)
             | Op::SoftmaxTopK { .. }
             | Op::MoeWeights
             | Op::MulMatSwiglu
@@ -558,6 +581,7 @@ impl Op {
         match self {
             Op::SsmConvUpdate { .. } => Some(1),
             Op::GatedDeltaNet(_) => Some(5),
+            Op::GatedDeltaNetFused(_) => Some(6),
             _ => None,
         }
     }
@@ -582,6 +606,11 @@ impl fmt::Display for Op {
                 p.norm.eps, p.rope.n_rot, p.rope.freq_base, p.rope.pairing, p.rope.sections
             ),
             Op::GatedRmsNorm(p) => write!(f, "gated_rms_norm(eps={})", p.eps),
+            Op::GatedDeltaNetFused(p) => write!(
+                f,
+                "gated_delta_net_fused(eps={}, scale={}, {:?}, {:?}, ragged={})",
+                p.eps, p.net.scale, p.net.head_map, p.net.algo, p.net.ragged
+            ),
             Op::SoftmaxTopK { k } => write!(f, "softmax_top_k({k})"),
             Op::Elementwise(p) => write!(f, "elementwise({p})"),
             Op::Softmax(p) => write!(f, "softmax(scale={})", p.scale),
@@ -650,6 +679,7 @@ eq_hash_by_key!(
     RmsNormMulRopeParams,
     FlashAttnParams,
     GatedDeltaNetParams,
+    GatedDeltaNetFusedParams,
     Op
 );
 
@@ -705,6 +735,13 @@ impl GatedDeltaNetParams {
     }
 }
 
+impl GatedDeltaNetFusedParams {
+    fn key(&self) -> ((Bits, HeadMap, DeltaNetAlgo, bool), Bits) {
+        let GatedDeltaNetFusedParams { net, eps } = *self;
+        (net.key(), eps.into())
+    }
+}
+
 /// The parameters of an op, as its key holds them (the variant is the key's other half).
 #[derive(PartialEq, Eq, Hash)]
 enum OpParams<'a> {
@@ -725,6 +762,7 @@ enum OpParams<'a> {
     NormRope(&'a RmsNormMulRopeParams),
     FlashAttn(&'a FlashAttnParams),
     DeltaNet(&'a GatedDeltaNetParams),
+    DeltaNetFused(&'a GatedDeltaNetFusedParams),
     Program(&'a ElemProgram),
 }
 
@@ -765,6 +803,7 @@ impl Op {
             Op::FlashAttnExt(p) => P::FlashAttn(p),
             Op::SsmConvUpdate { silu, ragged } => P::Flags([*silu, *ragged]),
             Op::GatedDeltaNet(p) => P::DeltaNet(p),
+            Op::GatedDeltaNetFused(p) => P::DeltaNetFused(p),
             Op::Elementwise(p) => P::Program(p),
         };
         (mem::discriminant(self), params)

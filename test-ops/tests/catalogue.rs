@@ -87,6 +87,15 @@ fn every_op() -> Vec<Op> {
         Op::MulMatSwiglu,
         Op::MulMatIdSwiglu,
         Op::MulMatIdWeightedSum,
+        Op::GatedDeltaNetFused(tessera_ops::GatedDeltaNetFusedParams {
+            net: tessera_ops::GatedDeltaNetParams {
+                scale: 1.0,
+                head_map: tessera_ops::HeadMap::Tiled,
+                algo: tessera_ops::DeltaNetAlgo::Serial,
+                ragged: true,
+            },
+            eps: 1e-6,
+        }),
     ]);
     let neg = tessera_ops::ElemInstr::Unary(UnaryOp::Neg, tessera_ops::ElemArg::Input(0));
     ops.push(Op::Elementwise(tessera_ops::ElemProgram::new(1, vec![neg]).expect("a valid program")));
@@ -136,6 +145,7 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::RmsNormMul(_)
         | Op::RmsNormMulRope(_)
         | Op::GatedRmsNorm(_)
+        | Op::GatedDeltaNetFused(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
         | Op::MulMatSwiglu

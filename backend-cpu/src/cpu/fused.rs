@@ -1,5 +1,5 @@
 //! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
-//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
+//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
 //!
 //! Each computes exactly what this backend's kernels of the subgraph it replaces compute: the
 //! same f32 operations in the same order (the same `sum_squares`, `silu`, `exp` and `sum`), so a
@@ -10,12 +10,12 @@
 //! gate-and-up projections run the mul_mat (mul_mat_id) kernel twice into scratch and swiglu's
 //! kernel from there.
 
-use tessera_ops::{BinaryOp, DType, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp};
+use tessera_ops::{BinaryOp, DType, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp, GatedDeltaNetFusedParams};
 
 use super::math::{map_in_place, silu, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
 use super::sum::{sum, sum_squares};
-use super::{data, elementwise, matmul, reduce, rope};
+use super::{data, elementwise, matmul, reduce, rope, StateMut, delta_net};
 
 /// Per-task scratch rows: the output (when it cannot be written in place), the weight, the gate.
 #[derive(Default)]
@@ -90,6 +90,53 @@ pub(super) fn rms_norm_mul_rope(
     let mut normed = vec![0f32; meta.nelements()];
     norm_mul_rows(p.norm.eps, x, w, None, &mut Dst::new(bytemuck::cast_slice_mut(&mut normed), meta)?);
     rope::rope_multi(&p.rope, src(op, bytemuck::cast_slice(&normed), meta)?, pos, dst)
+}
+
+/// `gated_delta_net(l2_norm(q), l2_norm(k), v, softplus(alpha + dt_bias) * a, sigmoid(beta))`:
+/// the l2_norm kernel over `qk` into scratch (q and k are its two halves, read through views as
+/// the unfused graph reads them), add, softplus and mul's kernels for the decay and sigmoid's
+/// for beta into scratch, then gated_delta_net's kernel, so the bits are the unfused graph's.
+/// `xs` is `[qk, v, alpha, dt_bias, a, beta]`.
+pub(super) fn gated_delta_net_fused(
+    p: &GatedDeltaNetFusedParams,
+    xs: [Src<'_>; 6],
+    state: StateMut<'_>,
+    slots: Src<'_>,
+    offsets: Option<Src<'_>>,
+    dst: &mut Dst<'_>,
+) -> Result<(), KernelError> {
+    let op = "gated_delta_net_fused";
+    let [qk, v, alpha, dt_bias, a, beta] = xs;
+    let [s_k, two_h_k, n_t, n_seq] = qk.ne();
+    let qk_meta = scratch_meta(op, DType::F32, qk.ne())?;
+    let mut normed = vec![0f32; qk_meta.nelements()];
+    reduce::l2_norm(p.eps, qk, &mut Dst::new(bytemuck::cast_slice_mut(&mut normed), qk_meta)?)?;
+    let normed: &[u8] = bytemuck::cast_slice(&normed);
+    // q and k: views of the normalised qk, heads [0, H_k) and [H_k, 2 H_k).
+    let half = TensorMeta { ne: [s_k, two_h_k / 2, n_t, n_seq], ..qk_meta };
+    let q = src(op, normed, half)?;
+    let k = src(op, &normed[qk_meta.nb[1] * (two_h_k / 2)..], half)?;
+
+    let heads = scratch_meta(op, DType::F32, alpha.ne())?;
+    let per_head = scratch_meta(op, DType::F32, [1, heads.ne[0], heads.ne[1], heads.ne[2]])?;
+    let (mut t0, mut t1, mut b) =
+        (vec![0f32; heads.nelements()], vec![0f32; heads.nelements()], vec![0f32; heads.nelements()]);
+    elementwise::binary(BinaryOp::Add, alpha, dt_bias, &mut Dst::new(bytemuck::cast_slice_mut(&mut t0), heads)?);
+    elementwise::unary(
+        UnaryOp::Softplus,
+        src(op, bytemuck::cast_slice(&t0), heads)?,
+        &mut Dst::new(bytemuck::cast_slice_mut(&mut t1), heads)?,
+    );
+    elementwise::binary(
+        BinaryOp::Mul,
+        src(op, bytemuck::cast_slice(&t1), heads)?,
+        a,
+        &mut Dst::new(bytemuck::cast_slice_mut(&mut t0), heads)?,
+    );
+    elementwise::unary(UnaryOp::Sigmoid, beta, &mut Dst::new(bytemuck::cast_slice_mut(&mut b), heads)?);
+    let g = src(op, bytemuck::cast_slice(&t0), per_head)?;
+    let b = src(op, bytemuck::cast_slice(&b), per_head)?;
+    delta_net::gated_delta_net(&p.net, [q, k, v, g, b], state, slots, offsets, dst).map_err(|e| e.in_op(op))
 }
 
 /// `rms_norm(x) * w * silu(z)` (the DeltaNet output gate).

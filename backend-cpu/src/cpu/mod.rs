@@ -456,6 +456,11 @@ fn dispatch(
             let offsets = if p.ragged { Some(input(7)?) } else { None };
             delta_net::gated_delta_net(p, qkvgb, state()?, input(6)?, offsets, &mut dst)
         }
+        Op::GatedDeltaNetFused(p) => {
+            let xs = [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?, input(5)?];
+            let offsets = if p.net.ragged { Some(input(8)?) } else { None };
+            fused::gated_delta_net_fused(p, xs, state()?, input(7)?, offsets, &mut dst)
+        }
         Op::GetRows => data::get_rows(input(0)?, input(1)?, &mut dst),
         Op::SetRows => data::set_rows(srcs.first().copied().flatten(), input(1)?, input(2)?, &mut dst),
         // The destination input of cpy is only a placement: its old values are never read.

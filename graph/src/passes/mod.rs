@@ -12,6 +12,7 @@
 //! Writing a pass: docs/FUSION.md. The [`pattern::Matcher`] answers the questions a pattern asks
 //! (which op, who reads it, may it be swallowed) with the guards that keep a rewrite safe.
 
+mod delta_net;
 mod elementwise;
 mod fold_scales;
 mod gate_up;
@@ -20,6 +21,7 @@ mod moe_weighted_sum;
 mod norms;
 pub mod pattern;
 
+pub use delta_net::DeltaNetPrep;
 pub use elementwise::ElementwiseChains;
 pub use fold_scales::FoldScales;
 pub use gate_up::GateUpSwiglu;
@@ -123,6 +125,7 @@ pub fn standard() -> Pipeline {
         .with(MoeWeightedSum)
         .with(FoldScales)
         .with(ElementwiseChains)
+        .with(DeltaNetPrep)
         .with(GateUpSwiglu)
 }
 

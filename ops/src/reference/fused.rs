@@ -4,7 +4,10 @@
 //! where the unfused graph would round them to f32, which is far inside every tolerance.
 
 use super::{RefTensor, compute};
-use crate::{BinaryOp, DType, KernelError, Op, RmsNormParams, SoftmaxParams, TensorMeta, UnaryOp, infer};
+use crate::{
+    BinaryOp, DType, GatedDeltaNetFusedParams, KernelError, Op, RmsNormParams, SoftmaxParams, TensorMeta, UnaryOp,
+    infer,
+};
 
 pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
     let f32s = |t: &RefTensor| (t.clone(), DType::F32);
@@ -123,6 +126,42 @@ fn moe_weights(fused: &Op, logits: &RefTensor, ids: &RefTensor) -> Result<RefTen
     let total = step(fused, Op::SumRows, &[(picked.clone(), DType::F32)])?;
     let w = step(fused, Op::Binary(BinaryOp::Div), &[(picked, DType::F32), (total, DType::F32)])?;
     Ok(RefTensor::new([1, k, n, 1], w.data))
+}
+
+/// gated_delta_net_fused: `gated_delta_net(l2_norm(q), l2_norm(k), v, reshape(softplus(alpha +
+/// dt_bias) * a), reshape(sigmoid(beta)), state, slots[, seq_offsets])`, q and k the two halves
+/// of `l2_norm(qk)` (one norm over both, as the model builds it: the norm is per row). Returns
+/// the output and the new state.
+pub(super) fn delta_net_fused(
+    fused: &Op,
+    p: &GatedDeltaNetFusedParams,
+    inputs: &[RefTensor],
+    out: &TensorMeta,
+) -> Result<(RefTensor, RefTensor), KernelError> {
+    let f32s = |t: &RefTensor| (t.clone(), DType::F32);
+    let [qk, v, alpha, dt_bias, a, beta] = [0, 1, 2, 3, 4, 5].map(|i| &inputs[i]);
+    let [s_k, two_h_k, n_t, n_seq] = qk.ne;
+    let qk = step(fused, Op::L2Norm { eps: p.eps }, &[f32s(qk)])?;
+    // The views of the two halves: heads [0, H_k) and [H_k, 2 H_k) of every token.
+    let head_rows = |from: usize| -> Vec<f64> {
+        (0..n_t * n_seq)
+            .flat_map(|t| {
+                let at = t * s_k * two_h_k + from * s_k;
+                qk.data[at..at + s_k * two_h_k / 2].iter().copied()
+            })
+            .collect()
+    };
+    let ne_qk = [s_k, two_h_k / 2, n_t, n_seq];
+    let (q, k) = (RefTensor::new(ne_qk, head_rows(0)), RefTensor::new(ne_qk, head_rows(two_h_k / 2)));
+    let g = step(fused, Op::Binary(BinaryOp::Add), &[f32s(alpha), f32s(dt_bias)])?;
+    let g = step(fused, Op::Unary(UnaryOp::Softplus), &[(g, DType::F32)])?;
+    let g = step(fused, Op::Binary(BinaryOp::Mul), &[(g, DType::F32), f32s(a)])?;
+    let b = step(fused, Op::Unary(UnaryOp::Sigmoid), &[f32s(beta)])?;
+    let per_head = [1, v.ne[1], n_t, n_seq];
+    let (g, b) = (RefTensor::new(per_head, g.data), RefTensor::new(per_head, b.data));
+    let mut rule_inputs = vec![q, k, v.clone(), g, b];
+    rule_inputs.extend(inputs[6..].iter().cloned());
+    super::delta_net::compute(&p.net, &rule_inputs, out).map_err(|e| e.in_op(fused.name()))
 }
 
 /// One op of the composition on contiguous inputs of the given dtypes: its output descriptor from

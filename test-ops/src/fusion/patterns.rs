@@ -40,6 +40,7 @@ pub(super) fn generators() -> Vec<PassGenerator> {
         PassGenerator { pass: "elementwise_chains", cases: elementwise_chains },
         PassGenerator { pass: "gate_up_swiglu", cases: gate_up_swiglu },
         PassGenerator { pass: "moe_weighted_sum", cases: moe_weighted_sum },
+        PassGenerator { pass: "delta_net_prep", cases: super::delta_net::cases },
     ]
 }
 
