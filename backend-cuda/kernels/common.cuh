@@ -231,6 +231,30 @@ __device__ __forceinline__ float sigmoid_f(float x) {
     return e / (1.0f + e);
 }
 
+// The unary and binary ops' device math by code (TAG(unary-code), TAG(binary-code); codes in
+// elementwise.cu): elementwise.cu's kernels, the generated elementwise programs and
+// delta_net.cu's gdn_input_prep.
+__device__ __forceinline__ float unary_f(int code, float x) {
+    switch (code) {
+        case 0: return -x;
+        case 1: return expf(x);
+        case 2: return x * sigmoid_f(x);
+        case 3: return sigmoid_f(x);
+        case 4: return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+        default: return TS_NAN;
+    }
+}
+
+__device__ __forceinline__ float binary_f(int code, float a, float b) {
+    switch (code) {
+        case 0: return a + b;
+        case 1: return a - b;
+        case 2: return a * b;
+        case 3: return a / b;
+        default: return TS_NAN;
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

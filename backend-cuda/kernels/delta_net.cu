@@ -1006,3 +1006,42 @@ extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
             *(float*)(sbase + col * state.nb[1] + key * state.nb[0]) = st[j][e];
         }
 }
+
+// ---- gated_delta_net_fused: the input preparation ----
+//
+// gdn_input_prep writes, in one launch, what the unfused graph's three preparation kernels write:
+// qn = l2_norm(qk) (f32 [S_k, 2 H_k, n_t, n_seq], contiguous), and per (value head, token)
+// g = softplus(alpha + dt_bias) * a and b = sigmoid(beta) (f32 [H_v, n_t, n_seq], contiguous);
+// the delta rule's kernels then read q and k as the two halves of qn. Each value is computed by
+// the same device code as the unfused kernels: blocks with blockIdx.y == 0 run norm.cuh's l2 rows
+// (`norm_rows_sub<L, 4>` for dense 16-byte aligned f32 rows of at most 16 L floats, as l2_norm's
+// host picks `norm_vec_sub8/16`; otherwise `norm_rows<true>`, its warp kernel); blocks with
+// blockIdx.y == 1 run the scalars over a grid-stride loop, the decay as the generated elementwise
+// program writes it (`__fadd_rn`, `unary_f` softplus, `__fmul_rn`) and beta through `unary_f`'s
+// sigmoid. 256 threads a block (norm_rows_sub's rows per block assume it). `norm_kind`: 8, 16
+// (the sub-row paths) or 0 (the warp path).
+extern "C" __global__ void gdn_input_prep(Tensor qn, Tensor qk, int norm_kind, float eps, Tensor g, Tensor alpha,
+                                          Tensor dt_bias, Tensor a, Tensor b, Tensor beta) {
+    grid_begin();
+    if (blockIdx.y == 0) {
+        if (norm_kind == 8) {
+            norm_rows_sub<8, 4>(qn, qk, eps, NORM_L2);
+        } else if (norm_kind == 16) {
+            norm_rows_sub<16, 4>(qn, qk, eps, NORM_L2);
+        } else {
+            norm_rows<true>(qn, qk, DT_F32, eps, NORM_L2);
+        }
+        return;
+    }
+    const i64 n0 = alpha.ne[0], n1 = alpha.ne[1], n2 = alpha.ne[2];
+    const i64 n = n0 * n1 * n2 * alpha.ne[3];
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 i0 = i % n0, i1 = (i / n0) % n1, i2 = (i / (n0 * n1)) % n2, i3 = i / (n0 * n1 * n2);
+        const float x = *(const float*)(alpha.data + offset_of(alpha, i0, i1, i2, i3));
+        const float d = *(const float*)(dt_bias.data + offset_of(dt_bias, i0 % dt_bias.ne[0], i1 % dt_bias.ne[1],
+                                                                 i2 % dt_bias.ne[2], i3 % dt_bias.ne[3]));
+        const float s = *(const float*)(a.data + offset_of(a, i0 % a.ne[0], i1 % a.ne[1], i2 % a.ne[2], i3 % a.ne[3]));
+        ((float*)g.data)[i] = __fmul_rn(unary_f(4, __fadd_rn(x, d)), s);
+        ((float*)b.data)[i] = unary_f(3, *(const float*)(beta.data + offset_of(beta, i0, i1, i2, i3)));
+    }
+}

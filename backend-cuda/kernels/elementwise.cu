@@ -8,26 +8,7 @@
 // Unary codes follow tessera_ops::UnaryOp (TAG(unary-code)): 0 neg, 1 exp, 2 silu, 3 sigmoid,
 // 4 softplus. Binary codes follow BinaryOp (TAG(binary-code)): 0 add, 1 sub, 2 mul, 3 div.
 
-__device__ __forceinline__ float unary_f(int code, float x) {
-    switch (code) {
-        case 0: return -x;
-        case 1: return expf(x);
-        case 2: return x * sigmoid_f(x);
-        case 3: return sigmoid_f(x);
-        case 4: return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
-        default: return TS_NAN;
-    }
-}
-
-__device__ __forceinline__ float binary_f(int code, float a, float b) {
-    switch (code) {
-        case 0: return a + b;
-        case 1: return a - b;
-        case 2: return a * b;
-        case 3: return a / b;
-        default: return TS_NAN;
-    }
-}
+// unary_f and binary_f (the codes' device math) are in common.cuh, shared with delta_net.cu.
 
 // Loops over the rows this thread handles: `body(i1, i2, i3)` then strides over ne[0] itself.
 #define FOR_EACH_ROW(t)                                                                            \

@@ -1,6 +1,6 @@
 // fused.cu: fused ops, each one launch computing what the subgraph it replaces computes.
 //
-// Norm rows (add_rms_norm_mul, rms_norm_mul, gated_rms_norm): f32 rows with dense elements (the
+// Norm rows (add_rms_norm_mul, rms_norm_mul, gated_rms_norm; rms_norm_mul_rope below): f32 rows with dense elements (the
 // shape rules), any outer strides; the weight w (any strides) broadcasts to the rows by ggml's
 // repeat rule. Rows of up to 256 run one warp per row (8 rows per 256-thread block), longer rows
 // one block per row; each thread keeps its NV elements in registers between the sum of squares
@@ -160,6 +160,104 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
 FZ_NORM_KERNELS(FZ_NORM_MUL, rms_norm_mul)
 FZ_NORM_KERNELS(FZ_GATED, gated_rms_norm)
 FZ_NORM_KERNELS(FZ_ADD, add_rms_norm_mul)
+
+// ---- rms_norm_mul_rope: attention's per-head q/k norm, weight and rotation ----
+//
+// y = rope_multi(rms_norm(x) * w, pos): x f32 [hd, n_head, n_tokens, 1] with dense rows (any
+// outer strides: q is a view of the joint q+gate projection), hd <= FZ_ROPE_HD_MAX; w f32
+// broadcasting to x; pos i32 as rope_multi's (n_tokens, or 4 * n_tokens stream-major with
+// sections); y f32 contiguous. Grid (n_tokens, head groups) of 256 threads, as rope.cu: the block
+// computes its token's n_rot / 2 (cos, sin) once, exactly as rope.cu does (TAG(rope-angle)), then
+// each warp takes one head row at a time: the norm as rms_norm_mul_warp computes it (the same
+// NV = 8 registers per lane, the same sum order: the same bits), the weighted row into shared
+// memory, then each element rotated with its pair partner as rope.cu rotates it.
+
+#define FZ_ROPE_HD_MAX 256
+#define FZ_ROPE_WARPS 8
+#define FZ_ROPE_NEOX 0
+
+// rope.cu's rope_stream (TAG(rope-angle)): the position stream of pair `pair`.
+__device__ __forceinline__ int fz_rope_stream(int has_sections, int s0, int s1, int s2, int s3, int pair) {
+    if (!has_sections) return 0;
+    int s = pair % (s0 + s1 + s2 + s3);
+    if (s % 3 == 1 && s < 3 * s1) return 1;
+    if (s % 3 == 2 && s < 3 * s2) return 2;
+    if (s % 3 == 0 && s < 3 * s0) return 0;
+    return 3;
+}
+
+extern "C" __global__ void rms_norm_mul_rope(Tensor y, Tensor x, Tensor w, Tensor pos, float eps, int n_rot, float freq_base, int pairing, int has_sections, int s0, int s1, int s2, int s3, int heads_per_block) {
+    grid_begin();
+    __shared__ float table[FZ_ROPE_HD_MAX];                   // n_rot / 2 cosines, then n_rot / 2 sines
+    __shared__ float rows[FZ_ROPE_WARPS][FZ_ROPE_HD_MAX];     // each warp's weighted norm row
+    const int half = n_rot >> 1;
+    const i64 t = blockIdx.x, n_tokens = x.ne[2];
+    // TAG(rope-angle): rope.cu's table, term for term.
+    for (int p = threadIdx.x; p < half; p += blockDim.x) {
+        int stream = fz_rope_stream(has_sections, s0, s1, s2, s3, p);
+        double position = (double)*(const int*)(pos.data + (stream * n_tokens + t) * pos.nb[0]);
+        double inv_freq = pow((double)freq_base, (-2.0 * (double)p) / (double)n_rot);
+        double sn, cs;
+        sincos(position * inv_freq, &sn, &cs);
+        table[p] = (float)cs;
+        table[half + p] = (float)sn;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = (int)x.ne[0];
+    const bool w_full = w.ne[0] == n;
+    const i64 h0 = (i64)blockIdx.y * heads_per_block;
+    const i64 h_end = min(h0 + heads_per_block, x.ne[1]);
+    float* sh = rows[warp];
+    for (i64 h = h0 + warp; h < h_end; h += FZ_ROPE_WARPS) {
+        const float* xr = (const float*)(x.data + h * x.nb[1] + t * x.nb[2]);
+        const char* wr = w.data + fz_row_off(w, h % w.ne[1], t % w.ne[2], 0);
+        float v[8], wv[8];
+        float acc = 0.0f;
+        // rms_norm_mul_warp's loads and sum of squares (fz_norm_rows<true, 8, FZ_NORM_MUL>).
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int i = lane + j * 32;
+            v[j] = i < n ? xr[i] : 0.0f;
+            wv[j] = i < n ? fz_weight(wr, w, w_full, i) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc += v[j] * v[j];
+        float ss = warp_sum(acc);
+        float scale = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int i = lane + j * 32;
+            if (i < n) sh[i] = fz_norm_value<FZ_NORM_MUL>(v[j], scale, wv[j], 0.0f);
+        }
+        __syncwarp();
+        float* yr = (float*)(y.data + h * y.nb[1] + t * y.nb[2]);
+        // rope.cu's rotation of element i0 (TAG(rope-angle)).
+        for (int i0 = lane; i0 < n; i0 += 32) {
+            float out;
+            if (i0 < n_rot) {
+                int p, a, b;
+                if (pairing == FZ_ROPE_NEOX) {
+                    p = i0 < half ? i0 : i0 - half;
+                    a = p;
+                    b = p + half;
+                } else {
+                    p = i0 >> 1;
+                    a = 2 * p;
+                    b = a + 1;
+                }
+                float xa = sh[a], xb = sh[b];
+                float c = table[p], s = table[half + p];
+                out = i0 == a ? xa * c - xb * s : xa * s + xb * c;
+            } else {
+                out = sh[i0];
+            }
+            yr[i0] = out;
+        }
+        // The row is read by the whole warp before the next head overwrites it.
+        __syncwarp();
+    }
+}
 
 // ---- router rows: the softmax kernels' probabilities (TAG(softmax-probs)) ----
 

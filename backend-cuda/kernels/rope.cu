@@ -13,6 +13,8 @@
 #define ROPE_ADJACENT 1
 
 // The position stream of pair `pair` (ggml's interleaved imrope rule on s = pair mod sum).
+// TAG(rope-angle): fused.cu's rms_norm_mul_rope repeats this rule, the angle table and the
+// rotation below, so the fused op matches rope_multi after rms_norm_mul.
 __device__ __forceinline__ int rope_stream(int has_sections, int s0, int s1, int s2, int s3, int pair) {
     if (!has_sections) return 0;
     int s = pair % (s0 + s1 + s2 + s3);

@@ -3,7 +3,7 @@
 //! Each op family (mul_mat / mul_mat_id: each of its kernel families) is one `.cu` file in
 //! `backend-cuda/kernels/` (a [`Module`]), compiled as a whole with `common.cuh` prepended (and
 //! the headers it shares with other modules, [`Module::headers`]: the matmul modules'
-//! `matmul.cuh`), to a CUBIN for the device's architecture, the first time one of its kernels is
+//! `matmul.cuh`, reduce's and delta_net's `norm.cuh`), to a CUBIN for the device's architecture, the first time one of its kernels is
 //! launched. The CUBIN is cached on disk under a SHA-256 of the source, the options, the
 //! architecture and the NVRTC version, so a second process loads it without compiling.
 //! A compile error carries NVRTC's log and names the kernel that needed the module.
@@ -29,6 +29,7 @@ use crate::CudaError;
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const MATMUL: &str = include_str!("../kernels/matmul.cuh");
+const NORM: &str = include_str!("../kernels/norm.cuh");
 
 /// One kernel source file: an op family, or one kernel family of mul_mat / mul_mat_id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -130,6 +131,7 @@ impl Module {
     pub const fn headers(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Module::Pack | Module::Gemv | Module::Moe => &[("matmul.cuh", MATMUL)],
+            Module::Reduce | Module::DeltaNet => &[("norm.cuh", NORM)],
             _ => &[],
         }
     }

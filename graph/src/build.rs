@@ -1,8 +1,8 @@
 //! Typed builders: one method per op, each a thin wrapper over [`Graph::op`].
 
 use tessera_ops::{
-    BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormParams, RopeParams,
-    ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
+    BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormMulRopeParams, GatedDeltaNetFusedParams,
+    RmsNormParams, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
 };
 
 use crate::{Graph, GraphError, Tensor};
@@ -216,6 +216,13 @@ impl Graph {
     /// `mul(rms_norm(x, eps), w)`: `x` f32 (dense rows), `w` f32 broadcasting to `x` -> f32.
     pub fn rms_norm_mul(&mut self, x: Tensor, w: Tensor, eps: f32) -> R {
         self.op(Op::RmsNormMul(RmsNormParams { eps }), &[x, w])
+    }
+
+    /// `rope_multi(mul(rms_norm(x, eps), w), positions, rope)` (attention's per-head q/k norm,
+    /// weight and rotation): `x` f32 `[head_dim, n_head, n_tokens, 1]` (dense rows), `w` f32
+    /// broadcasting to `x`, `positions` as [`Graph::rope_multi`]'s -> f32 of `x`'s shape.
+    pub fn rms_norm_mul_rope(&mut self, x: Tensor, w: Tensor, positions: Tensor, eps: f32, rope: RopeParams) -> R {
+        self.op(Op::RmsNormMulRope(RmsNormMulRopeParams { norm: RmsNormParams { eps }, rope }), &[x, w, positions])
     }
 
     /// `mul(mul(rms_norm(x, eps), w), silu(z))`: `x`, `z` f32 of one shape (dense rows), `w` f32
@@ -438,5 +445,32 @@ impl Graph {
     ) -> R {
         let params = GatedDeltaNetParams { ragged: true, ..params };
         self.op(Op::GatedDeltaNet(params), &[q, k, v, g, beta, state, slots, seq_offsets])
+    }
+
+    /// [`Graph::gated_delta_net`] (ragged when `seq_offsets` is given, as
+    /// [`Graph::gated_delta_net_ragged`]) with its input preparation fused:
+    /// `gated_delta_net(l2_norm(q, eps), l2_norm(k, eps), v, reshape(softplus(alpha + dt_bias) *
+    /// a), reshape(sigmoid(beta)), ..)` where q and k are the first and last `H_k` heads of `qk`
+    /// f32 `[S_k, 2 H_k, n_t, n_seq]` (dense rows), `alpha`, `beta` f32 `[H_v, n_t, n_seq, 1]`,
+    /// `dt_bias`, `a` f32 broadcasting to `alpha` (see `Op::GatedDeltaNetFused`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net_fused(
+        &mut self,
+        qk: Tensor,
+        v: Tensor,
+        alpha: Tensor,
+        dt_bias: Tensor,
+        a: Tensor,
+        beta: Tensor,
+        state: Tensor,
+        slots: Tensor,
+        seq_offsets: Option<Tensor>,
+        eps: f32,
+        params: GatedDeltaNetParams,
+    ) -> R {
+        let net = GatedDeltaNetParams { ragged: seq_offsets.is_some(), ..params };
+        let mut inputs = vec![qk, v, alpha, dt_bias, a, beta, state, slots];
+        inputs.extend(seq_offsets);
+        self.op(Op::GatedDeltaNetFused(GatedDeltaNetFusedParams { net, eps }), &inputs)
     }
 }

@@ -228,3 +228,65 @@ fn moe_weighted_sum_swallows_the_combine_unless_a_step_is_read_elsewhere() {
     assert_eq!(run.graph.node(out).meta.ne, [24, 3, 1, 1]);
     assert!(MoeWeightedSum.find(&moe_combine(true)).is_empty());
 }
+
+/// Attention's q (or k) after `rms_norm_mul`: `rope_multi(rms_norm_mul(x, w), pos)` over 4 heads
+/// of 32 and 3 tokens, imrope; `extra` gives the norm a second reader.
+fn q_norm_rope(extra: bool) -> Graph {
+    let mut g = Graph::new();
+    let x = g.input("x", F32, [32, 4, 3, 1]).unwrap();
+    let w = g.input("w", F32, [32, 1, 1, 1]).unwrap();
+    let pos = g.input("pos", DType::I32, [12, 1, 1, 1]).unwrap();
+    let h = g.rms_norm_mul(x, w, 1e-6).unwrap();
+    if extra {
+        let other = g.neg(h).unwrap();
+        g.mark_output(other).unwrap();
+    }
+    let p = tessera_ops::RopeParams {
+        n_rot: 16,
+        freq_base: 1e7,
+        pairing: tessera_ops::RopePairing::Neox,
+        sections: Some([2, 2, 2, 2]),
+    };
+    let y = g.rope_multi(h, pos, p).unwrap();
+    g.mark_output(y).unwrap();
+    g
+}
+
+#[test]
+fn rms_norm_mul_rope_takes_the_norm_read_only_by_its_rotation() {
+    use tessera_graph::passes::RmsNormMulRope;
+    let run = Pipeline::new().with(RmsNormMulRope).run(q_norm_rope(false), &all_supported).unwrap();
+    let ops: Vec<&str> = run.graph.nodes().iter().filter_map(|n| n.op()).map(Op::name).collect();
+    assert_eq!(ops, ["rms_norm_mul_rope"]);
+    let r = &run.reports[0];
+    assert_eq!((r.found, r.applied, r.nodes_removed), (1, 1, 1));
+    // The normed [32, 4, 3] f32 is no longer written and read.
+    assert_eq!(r.bytes_saved, 2 * 32 * 4 * 3 * 4);
+    let out = run.graph.outputs()[0];
+    assert_eq!(run.graph.node(out).meta.ne, [32, 4, 3, 1]);
+    // A second reader of the norm keeps it; a backend without the fused op keeps the chain.
+    assert!(RmsNormMulRope.find(&q_norm_rope(true)).is_empty());
+    let none = |op: &Op, _: &[TensorMeta]| !matches!(op, Op::RmsNormMulRope(_));
+    let run = Pipeline::new().with(RmsNormMulRope).run(q_norm_rope(false), &none).unwrap();
+    assert_eq!((run.reports[0].found, run.reports[0].applied, run.reports[0].skipped), (1, 0, 1));
+    assert_eq!(run.graph.nodes().iter().filter(|n| n.op().is_some()).count(), 2);
+}
+
+#[test]
+fn the_standard_pipeline_fuses_rms_norm_then_mul_then_rope_into_one_op() {
+    let mut g = Graph::new();
+    let x = g.input("x", F32, [32, 4, 3, 1]).unwrap();
+    let w = g.input("w", F32, [32, 1, 1, 1]).unwrap();
+    let pos = g.input("pos", DType::I32, [3, 1, 1, 1]).unwrap();
+    let h = g.rms_norm(x, 1e-6).unwrap();
+    let h = g.mul(h, w).unwrap();
+    let p =
+        tessera_ops::RopeParams { n_rot: 32, freq_base: 1e6, pairing: tessera_ops::RopePairing::Neox, sections: None };
+    let y = g.rope_multi(h, pos, p).unwrap();
+    g.mark_output(y).unwrap();
+    let run = tessera_graph::passes::standard().run(g, &all_supported).unwrap();
+    let ops: Vec<&str> = run.graph.nodes().iter().filter_map(|n| n.op()).map(Op::name).collect();
+    assert_eq!(ops, ["rms_norm_mul_rope"]);
+    let applied = |name: &str| run.reports.iter().find(|r| r.pass == name).map(|r| r.applied);
+    assert_eq!((applied("rms_norm_mul"), applied("rms_norm_mul_rope")), (Some(1), Some(1)));
+}

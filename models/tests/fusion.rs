@@ -67,6 +67,9 @@ fn the_passes_fire_on_the_model_and_keep_its_logits() {
         assert_eq!(applied("add_rms_norm_mul"), 2 * layers, "{p}");
         assert_eq!(applied("gated_rms_norm"), layers - attn, "{p}");
         assert_eq!(applied("rms_norm_mul"), 1 + 2 * attn, "{p}: the first norm and the q/k norms");
+        // ... and each q/k norm then takes its rotation along (one op fewer each).
+        let rope = s.reports.iter().find(|r| r.pass == "rms_norm_mul_rope").expect("the pass ran");
+        assert_eq!((rope.applied, rope.nodes_removed), (2 * attn, 2 * attn), "{p}: q and k of each attention");
         let moe = matches!(c.ffn, tessera_models::config::Ffn::Moe { .. });
         assert_eq!(applied("softmax_top_k"), if moe { layers } else { 0 }, "{p}");
         assert_eq!(applied("moe_weights"), if moe { layers } else { 0 }, "{p}");
@@ -76,6 +79,10 @@ fn the_passes_fire_on_the_model_and_keep_its_logits() {
         let chains = s.reports.iter().find(|r| r.pass == "elementwise_chains").expect("the pass ran");
         assert_eq!(chains.applied, layers, "{p}");
         assert_eq!(chains.nodes_removed, 2 * (layers - attn) + attn, "{p}");
+        // delta_net_prep: every DeltaNet layer's l2_norm of q and k, beta's sigmoid and the decay
+        // program (what elementwise_chains left) go into its delta rule: three ops a layer.
+        let prep = s.reports.iter().find(|r| r.pass == "delta_net_prep").expect("the pass ran");
+        assert_eq!((prep.applied, prep.nodes_removed), (layers - attn, 3 * (layers - attn)), "{p}");
         // gate_up_swiglu: the dense FFN's products, or the routed experts' (the shared expert's
         // among them), each pair with its swiglu (two ops removed a fusion).
         let glu = s.reports.iter().find(|r| r.pass == "gate_up_swiglu").expect("the pass ran");

@@ -120,6 +120,14 @@ pub struct RopeParams {
     pub sections: Option<[usize; 4]>,
 }
 
+/// `rope_multi(mul(rms_norm(x, norm.eps), w), positions, rope)`: the per-head q/k norm of
+/// attention, its weight and the rotation, as one op (`Op::RmsNormMulRope`).
+#[derive(Debug, Clone, Copy)]
+pub struct RmsNormMulRopeParams {
+    pub norm: RmsNormParams,
+    pub rope: RopeParams,
+}
+
 /// Attention: `softmax(scale * q k^T + mask) v` with optional logit softcapping.
 #[derive(Debug, Clone, Copy)]
 pub struct FlashAttnParams {
@@ -172,6 +180,16 @@ pub struct GatedDeltaNetParams {
     /// (`[.., n_tokens, 1]`) and an eighth input, `seq_offsets` i32 `[n_seq + 1]`, says whose
     /// they are (see `Op::GatedDeltaNet`).
     pub ragged: bool,
+}
+
+/// `gated_delta_net` with its input preparation (`Op::GatedDeltaNetFused`): the q and k l2 norms
+/// (epsilon `eps`), `sigmoid(beta)` and the decay `softplus(alpha + dt_bias) * a`.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedDeltaNetFusedParams {
+    /// The delta rule's parameters.
+    pub net: GatedDeltaNetParams,
+    /// Epsilon of the q and k l2 norms.
+    pub eps: f32,
 }
 
 /// The family an op belongs to: which file of `rules/` holds its shape rules, and which module of
@@ -251,8 +269,9 @@ impl Family {
 /// ([`f32::to_bits`]): `0.0` and `-0.0` are different parameters, and a NaN equals a NaN with the
 /// same bit pattern, so every op equals itself. Equal ops compute the same thing bit for bit, which
 /// is what a pass's pattern table or a CUDA graph key wants. The params types with floats
-/// ([`ScaleParams`], [`RmsNormParams`], [`SoftmaxParams`], [`RopeParams`], [`FlashAttnParams`],
-/// [`GatedDeltaNetParams`]) follow the same rule.
+/// ([`ScaleParams`], [`RmsNormParams`], [`SoftmaxParams`], [`RopeParams`],
+/// [`RmsNormMulRopeParams`], [`FlashAttnParams`], [`GatedDeltaNetParams`],
+/// [`GatedDeltaNetFusedParams`]) follow the same rule.
 #[derive(Debug, Clone)]
 pub enum Op {
     // ---- data movement ----
@@ -407,6 +426,21 @@ pub enum Op {
     /// `[x, w, z]`: `mul(mul(rms_norm(x, eps), w), silu(z))` (the gated DeltaNet output norm);
     /// `x`, `z` f32 of one shape with dense rows, `w` f32 broadcasting to `x`. Output f32.
     GatedRmsNorm(RmsNormParams),
+    /// `[x, w, positions]`: `rope_multi(mul(rms_norm(x, eps), w), positions)` (attention's q/k
+    /// norm, weight and rotation): `x` f32 `[head_dim, n_head, n_tokens, 1]` with dense rows (any
+    /// outer strides: q read through a view of a joint projection), `w` f32 broadcasting to `x`,
+    /// `positions` as rope_multi's. Output f32 contiguous, `x`'s shape.
+    RmsNormMulRope(RmsNormMulRopeParams),
+    /// `[qk, v, alpha, dt_bias, a, beta, state, slots]` (+ `seq_offsets` with `net.ragged`): the
+    /// gated DeltaNet with its input preparation, exactly `gated_delta_net(l2_norm(q, eps),
+    /// l2_norm(k, eps), v, reshape(softplus(alpha + dt_bias) * a), reshape(sigmoid(beta)), state,
+    /// slots[, seq_offsets])` where `q` and `k` are the first and the last `H_k` heads of `qk`
+    /// f32 `[S_k, 2 H_k, n_t, n_seq]` (dense rows: q and k side by side, as a DeltaNet block's
+    /// conv output holds them), `alpha` and `beta` f32 `[H_v, n_t, n_seq, 1]` (any strides; the
+    /// reshape makes them `[1, H_v, n_t, n_seq]`), `dt_bias` and `a` f32 broadcasting to `alpha`;
+    /// `v`, `state`, `slots`, `seq_offsets` and the output (and the in-place state write) as
+    /// `gated_delta_net`'s.
+    GatedDeltaNetFused(GatedDeltaNetFusedParams),
     /// `[logits]` f32 `[n_expert, n, 1, 1]`: `top_k(softmax(logits), k)`, i32 `[k, n, 1, 1]`,
     /// selected on the f32 probabilities as the two ops compute them (`1 <= k <= n_expert`).
     SoftmaxTopK { k: usize },
@@ -476,7 +510,9 @@ impl Op {
             Op::Sample => "sample",
             Op::AddRmsNormMul(_) => "add_rms_norm_mul",
             Op::RmsNormMul(_) => "rms_norm_mul",
+            Op::RmsNormMulRope(_) => "rms_norm_mul_rope",
             Op::GatedRmsNorm(_) => "gated_rms_norm",
+            Op::GatedDeltaNetFused(_) => "gated_delta_net_fused",
             Op::SoftmaxTopK { .. } => "softmax_top_k",
             Op::MoeWeights => "moe_weights",
             Op::MulMatSwiglu => "mul_mat_swiglu",
@@ -511,7 +547,9 @@ impl Op {
             Op::Sample => Family::Sample,
             Op::AddRmsNormMul(_)
             | Op::RmsNormMul(_)
+            | Op::RmsNormMulRope(_)
             | Op::GatedRmsNorm(_)
+            | Op::GatedDeltaNetFused(_)
             | Op::SoftmaxTopK { .. }
             | Op::MoeWeights
             | Op::MulMatSwiglu
@@ -543,6 +581,7 @@ impl Op {
         match self {
             Op::SsmConvUpdate { .. } => Some(1),
             Op::GatedDeltaNet(_) => Some(5),
+            Op::GatedDeltaNetFused(_) => Some(6),
             _ => None,
         }
     }
@@ -561,7 +600,17 @@ impl fmt::Display for Op {
             Op::RmsNorm(p) => write!(f, "rms_norm(eps={})", p.eps),
             Op::AddRmsNormMul(p) => write!(f, "add_rms_norm_mul(eps={})", p.eps),
             Op::RmsNormMul(p) => write!(f, "rms_norm_mul(eps={})", p.eps),
+            Op::RmsNormMulRope(p) => write!(
+                f,
+                "rms_norm_mul_rope(eps={}, n_rot={}, base={}, {:?}, sections={:?})",
+                p.norm.eps, p.rope.n_rot, p.rope.freq_base, p.rope.pairing, p.rope.sections
+            ),
             Op::GatedRmsNorm(p) => write!(f, "gated_rms_norm(eps={})", p.eps),
+            Op::GatedDeltaNetFused(p) => write!(
+                f,
+                "gated_delta_net_fused(eps={}, scale={}, {:?}, {:?}, ragged={})",
+                p.eps, p.net.scale, p.net.head_map, p.net.algo, p.net.ragged
+            ),
             Op::SoftmaxTopK { k } => write!(f, "softmax_top_k({k})"),
             Op::Elementwise(p) => write!(f, "elementwise({p})"),
             Op::Softmax(p) => write!(f, "softmax(scale={})", p.scale),
@@ -622,7 +671,17 @@ macro_rules! eq_hash_by_key {
     )+};
 }
 
-eq_hash_by_key!(ScaleParams, RmsNormParams, SoftmaxParams, RopeParams, FlashAttnParams, GatedDeltaNetParams, Op);
+eq_hash_by_key!(
+    ScaleParams,
+    RmsNormParams,
+    SoftmaxParams,
+    RopeParams,
+    RmsNormMulRopeParams,
+    FlashAttnParams,
+    GatedDeltaNetParams,
+    GatedDeltaNetFusedParams,
+    Op
+);
 
 impl ScaleParams {
     fn key(&self) -> (Bits, Bits) {
@@ -645,10 +704,20 @@ impl SoftmaxParams {
     }
 }
 
+/// [`RopeParams`]' key.
+type RopeKey = (usize, Bits, RopePairing, Option<[usize; 4]>);
+
 impl RopeParams {
-    fn key(&self) -> (usize, Bits, RopePairing, Option<[usize; 4]>) {
+    fn key(&self) -> RopeKey {
         let RopeParams { n_rot, freq_base, pairing, sections } = *self;
         (n_rot, freq_base.into(), pairing, sections)
+    }
+}
+
+impl RmsNormMulRopeParams {
+    fn key(&self) -> (Bits, RopeKey) {
+        let RmsNormMulRopeParams { norm, rope } = *self;
+        (norm.key(), rope.key())
     }
 }
 
@@ -663,6 +732,13 @@ impl GatedDeltaNetParams {
     fn key(&self) -> (Bits, HeadMap, DeltaNetAlgo, bool) {
         let GatedDeltaNetParams { scale, head_map, algo, ragged } = *self;
         (scale.into(), head_map, algo, ragged)
+    }
+}
+
+impl GatedDeltaNetFusedParams {
+    fn key(&self) -> ((Bits, HeadMap, DeltaNetAlgo, bool), Bits) {
+        let GatedDeltaNetFusedParams { net, eps } = *self;
+        (net.key(), eps.into())
     }
 }
 
@@ -683,8 +759,10 @@ enum OpParams<'a> {
     Softmax(&'a SoftmaxParams),
     Order(SortOrder),
     Rope(&'a RopeParams),
+    NormRope(&'a RmsNormMulRopeParams),
     FlashAttn(&'a FlashAttnParams),
     DeltaNet(&'a GatedDeltaNetParams),
+    DeltaNetFused(&'a GatedDeltaNetFusedParams),
     Program(&'a ElemProgram),
 }
 
@@ -721,9 +799,11 @@ impl Op {
             Op::L2Norm { eps } => P::Float((*eps).into()),
             Op::Argsort(o) => P::Order(*o),
             Op::RopeMulti(p) => P::Rope(p),
+            Op::RmsNormMulRope(p) => P::NormRope(p),
             Op::FlashAttnExt(p) => P::FlashAttn(p),
             Op::SsmConvUpdate { silu, ragged } => P::Flags([*silu, *ragged]),
             Op::GatedDeltaNet(p) => P::DeltaNet(p),
+            Op::GatedDeltaNetFused(p) => P::DeltaNetFused(p),
             Op::Elementwise(p) => P::Program(p),
         };
         (mem::discriminant(self), params)

@@ -14,6 +14,7 @@
 //! logits of every step compared. A pass of the standard pipeline without a generator is a failure
 //! ([`generator_gaps`]), so a pass cannot be added untested.
 
+mod delta_net;
 mod patterns;
 
 use std::fmt;

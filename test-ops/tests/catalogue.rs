@@ -72,12 +72,30 @@ fn every_op() -> Vec<Op> {
     ops.extend([
         Op::AddRmsNormMul(norm),
         Op::RmsNormMul(norm),
+        Op::RmsNormMulRope(tessera_ops::RmsNormMulRopeParams {
+            norm,
+            rope: tessera_ops::RopeParams {
+                n_rot: 2,
+                freq_base: 1e4,
+                pairing: tessera_ops::RopePairing::Neox,
+                sections: None,
+            },
+        }),
         Op::GatedRmsNorm(norm),
         Op::SoftmaxTopK { k: 1 },
         Op::MoeWeights,
         Op::MulMatSwiglu,
         Op::MulMatIdSwiglu,
         Op::MulMatIdWeightedSum,
+        Op::GatedDeltaNetFused(tessera_ops::GatedDeltaNetFusedParams {
+            net: tessera_ops::GatedDeltaNetParams {
+                scale: 1.0,
+                head_map: tessera_ops::HeadMap::Tiled,
+                algo: tessera_ops::DeltaNetAlgo::Serial,
+                ragged: true,
+            },
+            eps: 1e-6,
+        }),
     ]);
     let neg = tessera_ops::ElemInstr::Unary(UnaryOp::Neg, tessera_ops::ElemArg::Input(0));
     ops.push(Op::Elementwise(tessera_ops::ElemProgram::new(1, vec![neg]).expect("a valid program")));
@@ -125,7 +143,9 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::Sample
         | Op::AddRmsNormMul(_)
         | Op::RmsNormMul(_)
+        | Op::RmsNormMulRope(_)
         | Op::GatedRmsNorm(_)
+        | Op::GatedDeltaNetFused(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
         | Op::MulMatSwiglu

@@ -1,20 +1,21 @@
-//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights,
-//! mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
+//! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
+//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
 //!
 //! Each computes exactly what this backend's kernels of the subgraph it replaces compute: the
 //! same f32 operations in the same order (the same `sum_squares`, `silu`, `exp` and `sum`), so a
 //! fused graph gives the unfused graph's bits on the CPU (tested below). The norms do their
-//! chain in one pass over each row; the router ops run the softmax kernel into scratch and then
+//! chain in one pass over each row (rms_norm_mul_rope: into scratch, then rope_multi's kernel);
+//! the router ops run the softmax kernel into scratch and then
 //! select or gather from it, as the unfused graph does through its intermediate tensor; the
 //! gate-and-up projections run the mul_mat (mul_mat_id) kernel twice into scratch and swiglu's
 //! kernel from there.
 
-use tessera_ops::{BinaryOp, DType, KernelError, TensorMeta, UnaryOp};
+use tessera_ops::{BinaryOp, DType, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp, GatedDeltaNetFusedParams};
 
 use super::math::{map_in_place, silu, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
 use super::sum::{sum, sum_squares};
-use super::{data, elementwise, matmul, reduce};
+use super::{data, elementwise, matmul, reduce, rope, StateMut, delta_net};
 
 /// Per-task scratch rows: the output (when it cannot be written in place), the weight, the gate.
 #[derive(Default)]
@@ -73,6 +74,69 @@ fn norm_mul_rows(eps: f32, x: Src<'_>, w: Src<'_>, z: Option<Src<'_>>, dst: &mut
 pub(super) fn rms_norm_mul(eps: f32, x: Src<'_>, w: Src<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
     norm_mul_rows(eps, x, w, None, dst);
     Ok(())
+}
+
+/// `rope_multi(rms_norm(x) * w, positions)`: rms_norm_mul's rows into a contiguous f32 scratch
+/// tensor of `x`'s shape, then rope_multi's kernel from it, as the unfused graph runs them.
+pub(super) fn rms_norm_mul_rope(
+    p: &RmsNormMulRopeParams,
+    x: Src<'_>,
+    w: Src<'_>,
+    pos: Src<'_>,
+    dst: &mut Dst<'_>,
+) -> Result<(), KernelError> {
+    let op = "rms_norm_mul_rope";
+    let meta = scratch_meta(op, DType::F32, x.ne())?;
+    let mut normed = vec![0f32; meta.nelements()];
+    norm_mul_rows(p.norm.eps, x, w, None, &mut Dst::new(bytemuck::cast_slice_mut(&mut normed), meta)?);
+    rope::rope_multi(&p.rope, src(op, bytemuck::cast_slice(&normed), meta)?, pos, dst)
+}
+
+/// `gated_delta_net(l2_norm(q), l2_norm(k), v, softplus(alpha + dt_bias) * a, sigmoid(beta))`:
+/// the l2_norm kernel over `qk` into scratch (q and k are its two halves, read through views as
+/// the unfused graph reads them), add, softplus and mul's kernels for the decay and sigmoid's
+/// for beta into scratch, then gated_delta_net's kernel, so the bits are the unfused graph's.
+/// `xs` is `[qk, v, alpha, dt_bias, a, beta]`.
+pub(super) fn gated_delta_net_fused(
+    p: &GatedDeltaNetFusedParams,
+    xs: [Src<'_>; 6],
+    state: StateMut<'_>,
+    slots: Src<'_>,
+    offsets: Option<Src<'_>>,
+    dst: &mut Dst<'_>,
+) -> Result<(), KernelError> {
+    let op = "gated_delta_net_fused";
+    let [qk, v, alpha, dt_bias, a, beta] = xs;
+    let [s_k, two_h_k, n_t, n_seq] = qk.ne();
+    let qk_meta = scratch_meta(op, DType::F32, qk.ne())?;
+    let mut normed = vec![0f32; qk_meta.nelements()];
+    reduce::l2_norm(p.eps, qk, &mut Dst::new(bytemuck::cast_slice_mut(&mut normed), qk_meta)?)?;
+    let normed: &[u8] = bytemuck::cast_slice(&normed);
+    // q and k: views of the normalised qk, heads [0, H_k) and [H_k, 2 H_k).
+    let half = TensorMeta { ne: [s_k, two_h_k / 2, n_t, n_seq], ..qk_meta };
+    let q = src(op, normed, half)?;
+    let k = src(op, &normed[qk_meta.nb[1] * (two_h_k / 2)..], half)?;
+
+    let heads = scratch_meta(op, DType::F32, alpha.ne())?;
+    let per_head = scratch_meta(op, DType::F32, [1, heads.ne[0], heads.ne[1], heads.ne[2]])?;
+    let (mut t0, mut t1, mut b) =
+        (vec![0f32; heads.nelements()], vec![0f32; heads.nelements()], vec![0f32; heads.nelements()]);
+    elementwise::binary(BinaryOp::Add, alpha, dt_bias, &mut Dst::new(bytemuck::cast_slice_mut(&mut t0), heads)?);
+    elementwise::unary(
+        UnaryOp::Softplus,
+        src(op, bytemuck::cast_slice(&t0), heads)?,
+        &mut Dst::new(bytemuck::cast_slice_mut(&mut t1), heads)?,
+    );
+    elementwise::binary(
+        BinaryOp::Mul,
+        src(op, bytemuck::cast_slice(&t1), heads)?,
+        a,
+        &mut Dst::new(bytemuck::cast_slice_mut(&mut t0), heads)?,
+    );
+    elementwise::unary(UnaryOp::Sigmoid, beta, &mut Dst::new(bytemuck::cast_slice_mut(&mut b), heads)?);
+    let g = src(op, bytemuck::cast_slice(&t0), per_head)?;
+    let b = src(op, bytemuck::cast_slice(&b), per_head)?;
+    delta_net::gated_delta_net(&p.net, [q, k, v, g, b], state, slots, offsets, dst).map_err(|e| e.in_op(op))
 }
 
 /// `rms_norm(x) * w * silu(z)` (the DeltaNet output gate).
@@ -389,6 +453,33 @@ mod tests {
             let s = g.silu(z)?;
             Ok(vec![[gated, g.mul(h, s)?]])
         });
+    }
+
+    #[test]
+    fn rms_norm_mul_rope_is_the_norm_then_the_rotation() {
+        use tessera_ops::{RopePairing, RopeParams};
+        let rope = |n_rot, sections| RopeParams { n_rot, freq_base: 1e7, pairing: RopePairing::Neox, sections };
+        // qwen35 heads (256, 64 rotated, imrope), qwen3 heads (128, plain), odd heads (adjacent)
+        let shapes = [
+            ([256, 4, 3, 1], rope(64, Some([11, 11, 10, 0])), 12),
+            ([128, 3, 2, 1], rope(128, None), 2),
+            ([6, 5, 3, 1], RopeParams { pairing: RopePairing::Adjacent, ..rope(4, None) }, 3),
+        ];
+        for (ne, p, n_pos) in shapes {
+            same_bits_as_composition(56, 1e-12, |g, l| {
+                // q as a view of a joint q+gate projection: head stride 2 * head_dim
+                let hd = ne[0];
+                let qg = l.random(g.input("qg", F32, [2 * hd * ne[1], ne[2], 1, 1])?);
+                let nb = qg.meta().nb;
+                let q = g.view(qg, ne, [4, 8 * hd, nb[1], nb[2]], 0)?;
+                let w = l.random(g.input("w", F32, [hd, 1, 1, 1])?);
+                let pos = l.ids(g.input("pos", I32, [n_pos, 1, 1, 1])?, 4096);
+                let fused = g.rms_norm_mul_rope(q, w, pos, 1e-6, p)?;
+                let h = g.rms_norm(q, 1e-6)?;
+                let h = g.mul(h, w)?;
+                Ok(vec![[fused, g.rope_multi(h, pos, p)?]])
+            });
+        }
     }
 
     #[test]

@@ -437,6 +437,7 @@ fn dispatch(
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
         Op::Sample => sample::sample(input(0)?, input(1)?, &mut dst),
         Op::RmsNormMul(p) => fused::rms_norm_mul(p.eps, input(0)?, input(1)?, &mut dst),
+        Op::RmsNormMulRope(p) => fused::rms_norm_mul_rope(p, input(0)?, input(1)?, input(2)?, &mut dst),
         Op::GatedRmsNorm(p) => fused::gated_rms_norm(p.eps, input(0)?, input(1)?, input(2)?, &mut dst),
         Op::SoftmaxTopK { k } => fused::softmax_top_k(*k, input(0)?, optional(1), &mut dst),
         Op::MulMatSwiglu => fused::mul_mat_swiglu(input(0)?, input(1)?, input(2)?, &mut dst),
@@ -454,6 +455,11 @@ fn dispatch(
             let qkvgb = [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?];
             let offsets = if p.ragged { Some(input(7)?) } else { None };
             delta_net::gated_delta_net(p, qkvgb, state()?, input(6)?, offsets, &mut dst)
+        }
+        Op::GatedDeltaNetFused(p) => {
+            let xs = [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?, input(5)?];
+            let offsets = if p.net.ragged { Some(input(8)?) } else { None };
+            fused::gated_delta_net_fused(p, xs, state()?, input(7)?, offsets, &mut dst)
         }
         Op::GetRows => data::get_rows(input(0)?, input(1)?, &mut dst),
         Op::SetRows => data::set_rows(srcs.first().copied().flatten(), input(1)?, input(2)?, &mut dst),

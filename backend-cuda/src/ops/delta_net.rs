@@ -9,11 +9,11 @@
 //! `gdn_cw_scan*` runs the chunks in order over column blocks of the state, writing the outputs.
 
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap, Op, TensorMeta};
+use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetFusedParams, GatedDeltaNetParams, HeadMap, Op, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
-use crate::launch::{Cx, TensorArg, config, dt, unsupported};
+use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 
 const CHECK_SLOTS: Kernel = Kernel::new(Module::DeltaNet, "gdn_check_slots");
 const PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_prep");
@@ -26,6 +26,9 @@ const GDN_TILED_N4_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_tiled_n4_vec
 const CW_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep");
 const CW_PREP_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep_vec");
 const CW_SCAN: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan");
+const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
+/// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
+const PREP_THREADS: u32 = 256;
 
 /// GDN_WARPS * 32 and GDN_COLS in delta_net.cu.
 const THREADS: u32 = 128;
@@ -59,9 +62,18 @@ const DENSE: TensorArg = TensorArg { data: 0, ne: [0; 4], nb: [0; 4] };
 
 /// Inputs `[q, k, v, g, beta, state, slots]` (+ `seq_offsets` ragged); the state column must fit
 /// in registers.
+/// gated_delta_net_fused: `[qk, v, alpha, dt_bias, a, beta, state, slots]` (+ `seq_offsets`),
+/// the same bound on S_k.
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
-    let Op::GatedDeltaNet(p) = op else { return false };
-    inputs.len() == if p.ragged { 8 } else { 7 } && inputs[0].ne[0] <= MAX_S_K
+    match op {
+        Op::GatedDeltaNet(p) => inputs.len() == if p.ragged { 8 } else { 7 } && inputs[0].ne[0] <= MAX_S_K,
+        Op::GatedDeltaNetFused(p) => {
+            inputs.len() == if p.net.ragged { 9 } else { 8 }
+                && inputs[0].ne[0] <= MAX_S_K
+                && inputs[..6].iter().all(|m| m.dtype == DType::F32)
+        }
+        _ => false,
+    }
 }
 
 /// Float4 chunks per lane (the kernels' NC): the key dimension padded to 32 NC.
@@ -157,6 +169,14 @@ impl Plan {
 
 /// The scratch of whichever [`Plan`] the call makes (with or without the chunked kernels).
 pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
+    if let (Op::GatedDeltaNetFused(p), Some(qk), Some(v), Some(alpha), Some(slots)) =
+        (task.op, task.inputs.first(), task.inputs.get(1), task.inputs.get(2), task.inputs.get(7))
+    {
+        let prep = PrepLayout::new(&qk.meta, &alpha.meta);
+        let n_seq = slots.meta.ne[0];
+        let with = Plan::new(&p.net, &prep.q, &v.meta, n_seq, true).end;
+        return prep.end + with.max(Plan::new(&p.net, &prep.q, &v.meta, n_seq, false).end);
+    }
     let (Op::GatedDeltaNet(p), Some(q), Some(v), Some(slots)) =
         (task.op, task.inputs.first(), task.inputs.get(2), task.inputs.get(6))
     else {
@@ -173,7 +193,10 @@ fn f32_rows(t: &TensorArg, meta: &TensorMeta) -> bool {
 }
 
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
-    let (p, [q, k, v, g, beta, state, slots], offsets) = (match (task.op, ins) {
+    if let Op::GatedDeltaNetFused(p) = task.op {
+        return run_fused(cx, task, p, ins, out);
+    }
+    let (p, args, offsets) = (match (task.op, ins) {
         (Op::GatedDeltaNet(p), [q, k, v, g, beta, state, slots]) if !p.ragged => {
             Some((p, [*q, *k, *v, *g, *beta, *state, *slots], DENSE))
         }
@@ -183,16 +206,33 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         _ => None,
     })
     .ok_or_else(|| unsupported(task, "expected gated_delta_net with 7 inputs (8 ragged)"))?;
+    let metas = [0, 1, 2, 3, 4].map(|i| task.inputs[i].meta);
+    delta_rule(cx, task, p, args, offsets, &metas, out)
+}
+
+/// The delta rule's kernels on `[q, k, v, g, beta, state, slots]` (+ `offsets`, [`DENSE`] when
+/// not ragged), `metas` the descriptors of q, k, v, g and beta; scratch from `cx.scratch` on
+/// ([`Plan`]).
+fn delta_rule(
+    cx: &mut Cx<'_>,
+    task: &Task<'_>,
+    p: &GatedDeltaNetParams,
+    args: [TensorArg; 7],
+    offsets: TensorArg,
+    metas: &[TensorMeta; 5],
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    let [q, k, v, g, beta, state, slots] = args;
     let s_k = k.ne[0] as usize;
     let (s_v, h_v, n_t, n_seq) = (v.ne[0], v.ne[1], v.ne[2], slots.ne[0] as usize);
     if s_k > MAX_S_K || n_seq > 65535 || h_v > 65535 || n_seq == 0 {
         return Err(unsupported(task, "S_k above 256, no sequence, or more than 65535 heads or sequences"));
     }
     let (err, code) = (cx.errors, op_code(OP));
-    let idt = |i: usize| dt(task.inputs[i].meta.dtype);
+    let idt = |i: usize| dt(metas[i].dtype);
     let (qdt, kdt, vdt, gdt, bdt) = (idt(0), idt(1), idt(2), idt(3), idt(4));
     let (h_k, grouped) = (k.ne[1] as i32, i32::from(p.head_map == HeadMap::Grouped));
-    let (qm, vm) = (&task.inputs[0].meta, &task.inputs[2].meta);
+    let (qm, vm) = (&metas[0], &metas[2]);
     // (the in-order pass needs 213 KiB of shared memory a block: Hopper and later; sm_80 parts
     // run the serial kernels)
     let chunked_ok = cx.info.max_shared_per_block >= CW_SCAN_SHARED as usize && cx.scratch.is_multiple_of(256);
@@ -207,7 +247,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     if let Some((sc, n_chunks, n_long)) = &plan.chunked {
         let at = |off: usize| cx.scratch + off as u64;
         let (wf, pf, uf, gm, qf, ktf) = (at(sc.wf), at(sc.pf), at(sc.uf), at(sc.gm), at(sc.qf), at(sc.ktf));
-        let vec = [0, 1, 2].iter().all(|&i| f32_rows(&ins[i], &task.inputs[i].meta));
+        let vec = [(q, 0), (k, 1), (v, 2)].iter().all(|(t, i)| f32_rows(t, &metas[*i]));
         let prep = if vec { CW_PREP_VEC } else { CW_PREP };
         cx.allow_shared(prep, CW_PREP_SHARED)?;
         let mut a = cx.kernel(prep)?;
@@ -322,6 +362,111 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         unsafe { a.launch(config(grid, (THREADS, 1, 1), shared)) }?;
     }
     Ok(())
+}
+
+/// gated_delta_net_fused's preparation buffers at the start of the scratch (each 256-byte
+/// aligned): the normalised qk, the decays g and the betas, and the descriptors the delta rule
+/// reads them through.
+struct PrepLayout {
+    /// Byte offsets of qn (`[S_k, 2 H_k, n_t, n_seq]`), g and b (each `[H_v, n_t, n_seq]`) and
+    /// the end (where the delta rule's scratch starts).
+    qn: usize,
+    g: usize,
+    b: usize,
+    end: usize,
+    /// q as the delta rule reads it (k: the same descriptor, `H_k S_k` floats on).
+    q: TensorMeta,
+    /// g and beta as the delta rule reads them: `[1, H_v, n_t, n_seq]`, contiguous.
+    per_head: TensorMeta,
+}
+
+impl PrepLayout {
+    fn new(qk: &TensorMeta, alpha: &TensorMeta) -> PrepLayout {
+        let [s_k, two_h_k, n_t, n_seq] = qk.ne;
+        let qn_bytes = 4 * qk.nelements();
+        let heads = 4 * alpha.nelements();
+        let (g, b) = (qn_bytes.next_multiple_of(256), (qn_bytes.next_multiple_of(256) + heads).next_multiple_of(256));
+        let end = (b + heads).next_multiple_of(256);
+        let contiguous = |ne: [usize; 4]| TensorMeta {
+            dtype: DType::F32,
+            ne,
+            nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
+        };
+        let mut q = contiguous([s_k, two_h_k / 2, n_t, n_seq]);
+        q.nb = contiguous(qk.ne).nb;
+        let per_head = contiguous([1, alpha.ne[0], alpha.ne[1], alpha.ne[2]]);
+        PrepLayout { qn: 0, g, b, end, q, per_head }
+    }
+}
+
+/// A device tensor argument for `meta`'s layout at `data`.
+fn arg(data: u64, meta: &TensorMeta) -> TensorArg {
+    TensorArg { data, ne: meta.ne.map(|x| x as i64), nb: meta.nb.map(|x| x as i64) }
+}
+
+/// gated_delta_net_fused: `gdn_input_prep` writes l2_norm(qk), the decays and sigmoid(beta) into
+/// the scratch ([`PrepLayout`]), then the delta rule's kernels run on them with the scratch after
+/// those buffers.
+fn run_fused(
+    cx: &mut Cx<'_>,
+    task: &Task<'_>,
+    p: &GatedDeltaNetFusedParams,
+    ins: &[TensorArg],
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    if ins.len() != if p.net.ragged { 9 } else { 8 } || task.inputs.len() != ins.len() {
+        return Err(unsupported(task, "expected gated_delta_net_fused with 8 inputs (9 ragged)"));
+    }
+    let (qk, v, alpha, dt_bias, a, beta, state, slots) =
+        (ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], ins[6], ins[7]);
+    let offsets = if p.net.ragged { ins[8] } else { DENSE };
+    let (qk_meta, alpha_meta) = (&task.inputs[0].meta, &task.inputs[2].meta);
+    let lay = PrepLayout::new(qk_meta, alpha_meta);
+    let base = cx.scratch;
+    let mut qn_meta = lay.q;
+    qn_meta.ne = qk_meta.ne;
+    let qn = arg(base + lay.qn as u64, &qn_meta);
+    let heads = TensorMeta { ne: alpha_meta.ne, ..lay.per_head };
+    let heads = TensorMeta {
+        nb: [4, 4 * heads.ne[0], 4 * heads.ne[0] * heads.ne[1], 4 * heads.ne[0] * heads.ne[1] * heads.ne[2]],
+        ..heads
+    };
+    let (g, b) = (arg(base + lay.g as u64, &heads), arg(base + lay.b as u64, &heads));
+
+    // l2_norm's choice of kernel (ops/reduce.rs `norm`): dense aligned rows of up to 256 floats
+    // take the 8- or 16-lane rows, others the warp rows (S_k <= MAX_S_K = 256 here).
+    let n = qk.ne[0];
+    let dense = super::reduce::vec_rows(&qk, DType::F32) && super::reduce::vec_rows(&qn, DType::F32) && n <= 256;
+    let norm_kind: i32 = match (dense, n <= 128) {
+        (true, true) => 8,
+        (true, false) => 16,
+        (false, _) => 0,
+    };
+    let rows = qk.ne[1] * qk.ne[2] * qk.ne[3];
+    let rows_per_block = if norm_kind == 0 { 8 } else { PREP_THREADS / norm_kind as u32 };
+    let blocks = blocks_for(rows, rows_per_block).max(blocks_for(heads.nelements() as i64, PREP_THREADS));
+    let mut l = cx.kernel(INPUT_PREP)?;
+    l.arg(&qn).arg(&qk).arg(&norm_kind).arg(&p.eps).arg(&g).arg(&alpha).arg(&dt_bias).arg(&a).arg(&b).arg(&beta);
+    // SAFETY: `gdn_input_prep(qn, qk, norm_kind, eps, g, alpha, dt_bias, a, b, beta)`: qk is f32
+    // [S_k, 2 H_k, n_t, n_seq] with dense rows (shape rules), qn the contiguous f32 tensor of its
+    // shape at the start of the scratch (PrepLayout, within scratch_bytes); the norm rows are
+    // those of l2_norm's kernels (norm_kind 8/16 only for dense 16-byte aligned f32 rows with
+    // ne0 % 4 == 0 and ne0 <= 4 * 4 * L, as `norm` requires; 256 threads a block as they assume);
+    // the scalar blocks (y = 1) read alpha and beta ([H_v, n_t, n_seq, 1], shape rules) at each
+    // index below their element count, dt_bias and a at the index modulo their extents (they
+    // broadcast to alpha), and write g and b, contiguous f32 of alpha's element count in the
+    // scratch (PrepLayout).
+    unsafe { l.launch(config((blocks, 2, 1), (PREP_THREADS, 1, 1), 0)) }?;
+
+    let h_k_bytes = lay.q.ne[1] as u64 * lay.q.nb[1] as u64;
+    let q = arg(qn.data, &lay.q);
+    let k = arg(qn.data + h_k_bytes, &lay.q);
+    let (gr, br) = (arg(g.data, &lay.per_head), arg(b.data, &lay.per_head));
+    let metas = [lay.q, lay.q, task.inputs[1].meta, lay.per_head, lay.per_head];
+    cx.scratch = base + lay.end as u64;
+    let r = delta_rule(cx, task, &p.net, [q, k, v, gr, br, state, slots], offsets, &metas, out);
+    cx.scratch = base;
+    r
 }
 
 /// Records the first bad offset or slot (in order) before any state is written (the main kernels

@@ -1,10 +1,11 @@
 //! Fused ops (`kernels/fused.cu`), one launch each: the norms (add_rms_norm_mul, rms_norm_mul,
-//! gated_rms_norm) a warp or a block per row, the router (softmax_top_k a block per row,
+//! gated_rms_norm) a warp or a block per row, rms_norm_mul_rope a warp per head row in blocks of
+//! one token's heads (rope.cu's grid; not yet run on a GPU when it was written), the router (softmax_top_k a block per row,
 //! moe_weights a warp per row) over rows of up to [`ROUTER_MAX`] logits, its probabilities
 //! computed as reduce.cu's softmax computes them (TAG(softmax-probs)).
 
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{Op, TensorMeta};
+use tessera_ops::{Op, RmsNormMulRopeParams, RopePairing, TensorMeta};
 
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
@@ -30,6 +31,7 @@ const RMS_NORM_MUL: NormKernels = norm_kernels("rms_norm_mul_warp", "rms_norm_mu
 const GATED_RMS_NORM: NormKernels = norm_kernels("gated_rms_norm_warp", "gated_rms_norm_block", "gated_rms_norm_loop");
 const ADD_RMS_NORM_MUL: NormKernels =
     norm_kernels("add_rms_norm_mul_warp", "add_rms_norm_mul_block", "add_rms_norm_mul_loop");
+const RMS_NORM_MUL_ROPE: Kernel = Kernel::new(Module::Fused, "rms_norm_mul_rope");
 const SOFTMAX_TOP_K_VEC: Kernel = Kernel::new(Module::Fused, "softmax_top_k_vec");
 const SOFTMAX_TOP_K_GEN: Kernel = Kernel::new(Module::Fused, "softmax_top_k_gen");
 const MOE_WEIGHTS_VEC: Kernel = Kernel::new(Module::Fused, "moe_weights_vec");
@@ -52,6 +54,14 @@ pub(crate) const ROUTER_MAX: usize = 1024;
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     match op {
         Op::AddRmsNormMul(_) | Op::RmsNormMul(_) | Op::GatedRmsNorm(_) => true,
+        // Head rows of one warp (the shape rules give n_rot <= head_dim), a block's heads
+        // indexed in 32 bits as rope.cu's, sections summing within i32.
+        Op::RmsNormMulRope(p) => inputs.first().is_some_and(|x| {
+            let sections_fit = p.rope.sections.is_none_or(|s| {
+                s.iter().try_fold(0usize, |a, &v| a.checked_add(v)).is_some_and(|t| t <= (i32::MAX / 4) as usize)
+            });
+            x.ne[0] <= ROPE_HEAD_MAX && x.ne[0].saturating_mul(x.ne[1]) <= i32::MAX as usize && sections_fit
+        }),
         Op::SoftmaxTopK { .. } => inputs.first().is_some_and(|l| l.ne[0] <= ROUTER_MAX),
         Op::MoeWeights => match inputs {
             [logits, ids, ..] => logits.ne[0] <= ROUTER_MAX && ids.nelements() < (1 << 31),
@@ -68,6 +78,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     }
     match (task.op, ins) {
         (Op::RmsNormMul(p), &[x, w]) => norm(cx, &RMS_NORM_MUL, out, out, x, x, w, p.eps),
+        (Op::RmsNormMulRope(p), &[x, w, pos]) => norm_rope(cx, p, out, x, w, pos),
         (Op::GatedRmsNorm(p), &[x, w, z]) => norm(cx, &GATED_RMS_NORM, out, out, x, z, w, p.eps),
         (Op::AddRmsNormMul(p), &[a, b, w]) => {
             // The output [E, n, 2, 1] as its two planes [E, n, 1, 1]: s = a + b, then the norm.
@@ -169,4 +180,51 @@ fn norm(
     // n <= 32 * NV, the block kernel n <= NV * threads (threads <= 1024, a multiple of 32 for
     // block_sum), the loop kernel any n.
     unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
+}
+
+/// Longest head row of `rms_norm_mul_rope`: one warp's registers (`FZ_ROPE_HD_MAX` in fused.cu).
+const ROPE_HEAD_MAX: usize = WARP_ROW_MAX as usize;
+/// Threads of a `rms_norm_mul_rope` block: `FZ_ROPE_WARPS` warps in fused.cu.
+const ROPE_THREADS: u32 = 256;
+
+/// Launches `rms_norm_mul_rope` on a grid of (tokens, head groups) as rope.rs launches
+/// rope_multi: about 512 blocks, each computing its token's angle table once.
+fn norm_rope(
+    cx: &mut Cx<'_>,
+    p: &RmsNormMulRopeParams,
+    y: TensorArg,
+    x: TensorArg,
+    w: TensorArg,
+    pos: TensorArg,
+) -> Result<(), BackendError> {
+    let (n_head, n_tokens) = (x.ne[1], x.ne[2]);
+    if y.nelements() == 0 {
+        return Ok(());
+    }
+    let groups = (512 / n_tokens.max(1)).clamp(1, n_head.max(1));
+    let heads_per_block = ((n_head + groups - 1) / groups).max((n_head + 65534) / 65535).max(1);
+    let groups = ((n_head + heads_per_block - 1) / heads_per_block).max(1) as u32;
+    let r = &p.rope;
+    let n_rot = r.n_rot as i32;
+    let pairing: i32 = match r.pairing {
+        RopePairing::Neox => 0,
+        RopePairing::Adjacent => 1,
+    };
+    let (has_sections, sec) = match r.sections {
+        Some(s) => (1i32, s.map(|v| v as i32)),
+        None => (0i32, [0; 4]),
+    };
+    let hpb = heads_per_block as i32;
+    let mut a = cx.kernel(RMS_NORM_MUL_ROPE)?;
+    a.arg(&y).arg(&x).arg(&w).arg(&pos).arg(&p.norm.eps).arg(&n_rot).arg(&r.freq_base).arg(&pairing);
+    a.arg(&has_sections).arg(&sec[0]).arg(&sec[1]).arg(&sec[2]).arg(&sec[3]).arg(&hpb);
+    // SAFETY: `rms_norm_mul_rope(y, x, w, pos, eps, n_rot, freq_base, pairing, has_sections,
+    // s0..s3, heads_per_block)`; grid (n_tokens, groups) with groups * heads_per_block >= n_head,
+    // each block's heads clipped to n_head; x f32 [hd, n_head, n_tokens, 1] with dense rows and hd
+    // <= ROPE_HEAD_MAX = FZ_ROPE_HD_MAX (supports), read at i < hd of each row; the shared rows
+    // and angle table hold FZ_ROPE_HD_MAX f32s each and n_rot <= hd (shape rules); w broadcasts
+    // to x (read at i mod w.ne0, head mod w.ne1, token mod w.ne2); positions hold streams *
+    // n_tokens i32 (shape rules), read at stream * n_tokens + t; y (contiguous, x's shape)
+    // written at i < hd of each (head, token) row; 256 threads = FZ_ROPE_WARPS warps.
+    unsafe { a.launch(config((n_tokens as u32, groups, 1), (ROPE_THREADS, 1, 1), 0)) }
 }

@@ -28,12 +28,19 @@ fn matmul_fusion(op: &Op) -> bool {
     matches!(op, Op::MulMatSwiglu | Op::MulMatIdSwiglu | Op::MulMatIdWeightedSum)
 }
 
+/// The DeltaNet fusion (family `Fused`) runs in `delta_net.rs`: one preparation kernel, then the
+/// delta rule's kernels.
+fn delta_net_fusion(op: &Op) -> bool {
+    matches!(op, Op::GatedDeltaNetFused(_))
+}
+
 /// Whether a kernel exists for `op` on inputs with these descriptors (the shape rules have
 /// already accepted them).
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     match op.family() {
         Family::Matmul => matmul::supports(op, inputs),
         Family::Fused if matmul_fusion(op) => matmul::supports(op, inputs),
+        Family::Fused if delta_net_fusion(op) => delta_net::supports(op, inputs),
         Family::Fused => fused::supports(op, inputs),
         Family::Elementwise => elementwise::supports(op, inputs),
         Family::Data => data::supports(op, inputs),
@@ -56,6 +63,7 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     match task.op.family() {
         Family::Matmul => matmul::scratch_bytes(task),
         Family::Fused if matmul_fusion(task.op) => matmul::scratch_bytes(task),
+        Family::Fused if delta_net_fusion(task.op) => delta_net::scratch_bytes(task),
         Family::Attention => attention::scratch_bytes(task),
         Family::DeltaNet => delta_net::scratch_bytes(task),
         Family::Reduce => reduce::scratch_bytes(task),
@@ -76,6 +84,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     match task.op.family() {
         Family::Matmul => matmul::run(cx, task, ins, out),
         Family::Fused if matmul_fusion(task.op) => matmul::run(cx, task, ins, out),
+        Family::Fused if delta_net_fusion(task.op) => delta_net::run(cx, task, ins, out),
         Family::Fused => fused::run(cx, task, ins, out),
         Family::Elementwise => elementwise::run(cx, task, ins, out),
         Family::Data => data::run(cx, task, ins, out),

@@ -181,7 +181,7 @@ fn vec_launch(n: i64, rows: i64) -> Option<(bool, u32, u32)> {
 }
 
 /// Rows of f32 that are dense and 16-byte aligned, as `norm_vec_*` reads and writes them.
-fn vec_rows(t: &TensorArg, dtype: DType) -> bool {
+pub(super) fn vec_rows(t: &TensorArg, dtype: DType) -> bool {
     dtype == DType::F32
         && t.nb[0] == 4
         && t.ne[0] % 4 == 0

@@ -12,6 +12,7 @@
 //! Writing a pass: docs/FUSION.md. The [`pattern::Matcher`] answers the questions a pattern asks
 //! (which op, who reads it, may it be swallowed) with the guards that keep a rewrite safe.
 
+mod delta_net;
 mod elementwise;
 mod fold_scales;
 mod gate_up;
@@ -20,12 +21,13 @@ mod moe_weighted_sum;
 mod norms;
 pub mod pattern;
 
+pub use delta_net::DeltaNetPrep;
 pub use elementwise::ElementwiseChains;
 pub use fold_scales::FoldScales;
 pub use gate_up::GateUpSwiglu;
 pub use moe_router::{MoeWeights, SoftmaxTopK};
 pub use moe_weighted_sum::MoeWeightedSum;
-pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul};
+pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul, RmsNormMulRope};
 
 use tessera_ops::{Op, TensorMeta};
 
@@ -117,11 +119,13 @@ pub fn standard() -> Pipeline {
         .with(AddRmsNormMul)
         .with(GatedRmsNorm)
         .with(RmsNormMul)
+        .with(RmsNormMulRope)
         .with(SoftmaxTopK)
         .with(MoeWeights)
         .with(MoeWeightedSum)
         .with(FoldScales)
         .with(ElementwiseChains)
+        .with(DeltaNetPrep)
         .with(GateUpSwiglu)
 }
 

@@ -4,11 +4,13 @@
 //!   residual stream), becomes one `add_rms_norm_mul(a, b, w)` whose two planes stand in for `s`
 //!   and `h` (the pre-norm of every attention, DeltaNet and FFN block after the first);
 //! - `gated_rms_norm`: `rms_norm(x) * w * silu(z)` (the DeltaNet output gate);
-//! - `rms_norm_mul`: `rms_norm(x) * w` (the first block's norm, the q/k norms of attention).
+//! - `rms_norm_mul`: `rms_norm(x) * w` (the first block's norm, the q/k norms of attention);
+//! - `rms_norm_mul_rope`: `rope_multi(rms_norm_mul(x, w), positions)` (attention's q and k, per
+//!   head: normed, weighted, rotated).
 //!
 //! They run in that order, so each matches what the one before left.
 
-use tessera_ops::{BinaryOp, Op, RmsNormParams, UnaryOp, ViewParams};
+use tessera_ops::{BinaryOp, Op, RmsNormMulRopeParams, RmsNormParams, UnaryOp, ViewParams};
 
 use super::Pass;
 use super::pattern::Matcher;
@@ -120,6 +122,38 @@ impl Pass for RmsNormMul {
                     op: Op::RmsNormMul(p),
                     inputs: vec![m.input(r, 0)?, w],
                     outputs: vec![(mul, FusedOutput::Whole)],
+                    recomputes: vec![],
+                })
+            })
+            .collect()
+    }
+}
+
+/// See the module doc: an `rms_norm_mul` whose only reader is a `rope_multi` of it (input 0).
+pub struct RmsNormMulRope;
+
+impl Pass for RmsNormMulRope {
+    fn name(&self) -> &'static str {
+        "rms_norm_mul_rope"
+    }
+
+    fn find(&self, g: &Graph) -> Vec<Fusion> {
+        let m = Matcher::new(g);
+        m.ops()
+            .filter_map(|(nm, op)| {
+                let Op::RmsNormMul(norm) = op else { return None };
+                let (rope, Op::RopeMulti(rp)) = m.sole_user_op(nm, |o| matches!(o, Op::RopeMulti(_)))? else {
+                    return None;
+                };
+                // The norm is the rotated tensor, not the positions.
+                if m.input(rope, 0)? != nm {
+                    return None;
+                }
+                Some(Fusion {
+                    nodes: vec![nm, rope],
+                    op: Op::RmsNormMulRope(RmsNormMulRopeParams { norm: *norm, rope: *rp }),
+                    inputs: vec![m.input(nm, 0)?, m.input(nm, 1)?, m.input(rope, 1)?],
+                    outputs: vec![(rope, FusedOutput::Whole)],
                     recomputes: vec![],
                 })
             })

@@ -98,6 +98,11 @@ pub fn delta_net(
     let l = b.leaves();
     let g = &mut b.g;
 
+    // The conv update (an in-place write) comes before the beta and decay ops, so that nothing
+    // writes in place between them and the delta rule (the delta_net_prep pass's condition).
+    let qkv = qkv.rows(g, ch)?;
+    let conv = g.ssm_conv_update_inplace_ragged(qkv, conv_state, w_conv, l.slots, l.seq_offsets, true)?; // [ch, n, 1]
+
     let beta = beta.rows(g, hv)?;
     let beta = g.sigmoid(beta)?;
     let beta = g.reshape(beta, &[1, hv, n, 1])?;
@@ -107,8 +112,6 @@ pub fn delta_net(
     let gdecay = g.mul(alpha, ssm_a)?;
     let gdecay = g.reshape(gdecay, &[1, hv, n, 1])?;
 
-    let qkv = qkv.rows(g, ch)?;
-    let conv = g.ssm_conv_update_inplace_ragged(qkv, conv_state, w_conv, l.slots, l.seq_offsets, true)?; // [ch, n, 1]
     let nb = |d: usize| [f, d * f, ch * f, ch * n * f];
     // q and k lie side by side in each token's conv output: one l2_norm over both heads' rows
     let qk = g.view(conv, [sk, 2 * hk, n, 1], nb(sk), 0)?;

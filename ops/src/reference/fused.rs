@@ -4,7 +4,10 @@
 //! where the unfused graph would round them to f32, which is far inside every tolerance.
 
 use super::{RefTensor, compute};
-use crate::{BinaryOp, DType, KernelError, Op, RmsNormParams, SoftmaxParams, TensorMeta, UnaryOp, infer};
+use crate::{
+    BinaryOp, DType, GatedDeltaNetFusedParams, KernelError, Op, RmsNormParams, SoftmaxParams, TensorMeta, UnaryOp,
+    infer,
+};
 
 pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
     let f32s = |t: &RefTensor| (t.clone(), DType::F32);
@@ -17,6 +20,11 @@ pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> 
         }
         // mul(rms_norm(x), w)
         Op::RmsNormMul(p) => norm_mul(op, *p, &inputs[0], &inputs[1])?,
+        // rope_multi(mul(rms_norm(x), w), positions)
+        Op::RmsNormMulRope(p) => {
+            let h = norm_mul(op, p.norm, &inputs[0], &inputs[1])?;
+            step(op, Op::RopeMulti(p.rope), &[(h, DType::F32), (inputs[2].clone(), DType::I32)])?
+        }
         // mul(mul(rms_norm(x), w), silu(z))
         Op::GatedRmsNorm(p) => {
             let h = norm_mul(op, *p, &inputs[0], &inputs[1])?;
@@ -120,6 +128,42 @@ fn moe_weights(fused: &Op, logits: &RefTensor, ids: &RefTensor) -> Result<RefTen
     Ok(RefTensor::new([1, k, n, 1], w.data))
 }
 
+/// gated_delta_net_fused: `gated_delta_net(l2_norm(q), l2_norm(k), v, reshape(softplus(alpha +
+/// dt_bias) * a), reshape(sigmoid(beta)), state, slots[, seq_offsets])`, q and k the two halves
+/// of `l2_norm(qk)` (one norm over both, as the model builds it: the norm is per row). Returns
+/// the output and the new state.
+pub(super) fn delta_net_fused(
+    fused: &Op,
+    p: &GatedDeltaNetFusedParams,
+    inputs: &[RefTensor],
+    out: &TensorMeta,
+) -> Result<(RefTensor, RefTensor), KernelError> {
+    let f32s = |t: &RefTensor| (t.clone(), DType::F32);
+    let [qk, v, alpha, dt_bias, a, beta] = [0, 1, 2, 3, 4, 5].map(|i| &inputs[i]);
+    let [s_k, two_h_k, n_t, n_seq] = qk.ne;
+    let qk = step(fused, Op::L2Norm { eps: p.eps }, &[f32s(qk)])?;
+    // The views of the two halves: heads [0, H_k) and [H_k, 2 H_k) of every token.
+    let head_rows = |from: usize| -> Vec<f64> {
+        (0..n_t * n_seq)
+            .flat_map(|t| {
+                let at = t * s_k * two_h_k + from * s_k;
+                qk.data[at..at + s_k * two_h_k / 2].iter().copied()
+            })
+            .collect()
+    };
+    let ne_qk = [s_k, two_h_k / 2, n_t, n_seq];
+    let (q, k) = (RefTensor::new(ne_qk, head_rows(0)), RefTensor::new(ne_qk, head_rows(two_h_k / 2)));
+    let g = step(fused, Op::Binary(BinaryOp::Add), &[f32s(alpha), f32s(dt_bias)])?;
+    let g = step(fused, Op::Unary(UnaryOp::Softplus), &[(g, DType::F32)])?;
+    let g = step(fused, Op::Binary(BinaryOp::Mul), &[(g, DType::F32), f32s(a)])?;
+    let b = step(fused, Op::Unary(UnaryOp::Sigmoid), &[f32s(beta)])?;
+    let per_head = [1, v.ne[1], n_t, n_seq];
+    let (g, b) = (RefTensor::new(per_head, g.data), RefTensor::new(per_head, b.data));
+    let mut rule_inputs = vec![q, k, v.clone(), g, b];
+    rule_inputs.extend(inputs[6..].iter().cloned());
+    super::delta_net::compute(&p.net, &rule_inputs, out).map_err(|e| e.in_op(fused.name()))
+}
+
 /// One op of the composition on contiguous inputs of the given dtypes: its output descriptor from
 /// the shape rules, its value from the reference.
 fn step(fused: &Op, op: Op, inputs: &[(RefTensor, DType)]) -> Result<RefTensor, KernelError> {
@@ -139,7 +183,7 @@ fn step(fused: &Op, op: Op, inputs: &[(RefTensor, DType)]) -> Result<RefTensor, 
 #[cfg(test)]
 mod tests {
     use crate::reference::testutil::{assert_close, run, run_typed};
-    use crate::{DType, KernelError, Op, RmsNormParams};
+    use crate::{DType, KernelError, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams};
 
     const P: RmsNormParams = RmsNormParams { eps: 0.0 };
 
@@ -161,6 +205,26 @@ mod tests {
         let y = run(&Op::RmsNormMul(P), &[([2, 2, 1, 1], vec![3., 4., 1., 1.]), ([2, 1, 1, 1], vec![10., 100.])]);
         let r = 12.5f64.sqrt();
         assert_close(&y.data, &[30. / r, 400. / r, 10., 100.]);
+    }
+
+    #[test]
+    fn rms_norm_mul_rope_rotates_the_weighted_norm() {
+        // one head [3, 4] (eps 0, mean square 12.5), weight [1, 2]: h = [3, 8] / r; n_rot 2 at
+        // position 1 (base 10000: theta = 1) rotates the pair (h0, h1) by one radian.
+        let rope = RopeParams { n_rot: 2, freq_base: 1e4, pairing: RopePairing::Neox, sections: None };
+        let op = Op::RmsNormMulRope(RmsNormMulRopeParams { norm: P, rope });
+        let y = run_typed(
+            &op,
+            &[
+                (DType::F32, [2, 1, 1, 1], vec![3., 4.]),
+                (DType::F32, [2, 1, 1, 1], vec![1., 2.]),
+                (DType::I32, [1, 1, 1, 1], vec![1.]),
+            ],
+        )
+        .unwrap();
+        let r = 12.5f64.sqrt();
+        let (a, b, (s, c)) = (3. / r, 8. / r, 1f64.sin_cos());
+        assert_close(&y.data, &[a * c - b * s, a * s + b * c]);
     }
 
     #[test]

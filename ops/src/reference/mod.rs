@@ -93,6 +93,7 @@ pub fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTen
         Family::Conv => conv::compute(op, inputs, out),
         Family::DeltaNet => Err(updating()),
         Family::Sample => sample::compute(inputs, out),
+        Family::Fused if op.updates_input().is_some() => Err(updating()),
         Family::Fused => fused::compute_fused(op, inputs, out),
         Family::ElemFuse => elemfuse::compute_program(op, inputs, out),
         Family::View => Err(KernelError::Unsupported {
@@ -112,6 +113,7 @@ pub fn compute_updating(
     match op {
         Op::SsmConvUpdate { silu, ragged } => conv::update(*silu, *ragged, inputs, out),
         Op::GatedDeltaNet(p) => delta_net::compute(p, inputs, out),
+        Op::GatedDeltaNetFused(p) => fused::delta_net_fused(op, p, inputs, out),
         _ => Err(KernelError::Unsupported { op: op.name(), why: "it does not update an input".into() }),
     }
 }

@@ -11,7 +11,7 @@
 //! `[S_v, H_v, n_tokens, 1]`.
 
 use super::{contiguous, expect_dtype, expect_float};
-use crate::{DType, DeltaNetAlgo, Op, OpError, TensorMeta};
+use crate::{DType, DeltaNetAlgo, GatedDeltaNetParams, Op, OpError, TensorMeta};
 
 const Q: usize = 0;
 const K: usize = 1;
@@ -24,6 +24,12 @@ const OFFSETS: usize = 7;
 
 pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     let Op::GatedDeltaNet(p) = op else { unreachable!("delta_net::infer called with {op}") };
+    rules(op, p, inputs)
+}
+
+/// The delta rule's rules on `inputs` in gated_delta_net's order (errors name `op` and those
+/// input numbers): for gated_delta_net, and for a fused op that ends in it.
+pub(super) fn rules(op: &Op, p: &GatedDeltaNetParams, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     let name = op.name();
     let (n_in, expected) = if p.ragged {
         (8, "8 (q, k, v, g, beta, state, slots, seq_offsets)")

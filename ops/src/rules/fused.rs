@@ -1,5 +1,5 @@
-//! Fused ops: add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k, moe_weights,
-//! mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
+//! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
+//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
 //!
 //! Each is defined by the subgraph it replaces (docs/OPS.md, "Fused ops"), so its rules are that
 //! subgraph's rules narrowed to what the fusion passes emit: f32 everywhere (the composition would
@@ -10,7 +10,7 @@
 //! unfused.
 
 use super::{can_repeat, contiguous, expect_arity, expect_arity_in, expect_dtype};
-use crate::{DType, Op, OpError, RmsNormParams, TensorMeta};
+use crate::{DType, GatedDeltaNetFusedParams, Op, OpError, RmsNormParams, TensorMeta};
 
 pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     let name = op.name();
@@ -47,6 +47,20 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             expect_weight(op, 1, w, x)?;
             contiguous(op, DType::F32, x.ne)
         }
+        Op::RmsNormMulRope(p) => {
+            expect_arity(op, inputs, 3)?;
+            let (x, w, pos) = (inputs[0], inputs[1], inputs[2]);
+            expect_eps(op, &p.norm)?;
+            expect_rows(op, 0, x)?;
+            expect_weight(op, 1, w, x)?;
+            // rope_multi's rules on the normalised tensor (f32, x's shape) and the positions.
+            let normed = contiguous(op, DType::F32, x.ne)?;
+            super::rope::rope_rules(op, &p.rope, &normed, pos).map_err(|e| match e {
+                OpError::DType { op, input: 1, dtype, expected } => OpError::DType { op, input: 2, dtype, expected },
+                e => e,
+            })
+        }
+        Op::GatedDeltaNetFused(p) => delta_net_fused(op, p, inputs),
         Op::GatedRmsNorm(p) => {
             expect_arity(op, inputs, 3)?;
             let (x, w, z) = (inputs[0], inputs[1], inputs[2]);
@@ -183,6 +197,61 @@ fn past_up(e: OpError) -> OpError {
     }
 }
 
+/// gated_delta_net_fused (`[qk, v, alpha, dt_bias, a, beta, state, slots, seq_offsets?]`): the
+/// preparation's inputs checked here (qk f32 with dense rows and an even head count, alpha and
+/// beta f32 `[H_v, n_t, n_seq, 1]`, dt_bias and a f32 broadcasting to alpha, eps as l2_norm's),
+/// then gated_delta_net's rules on what the preparation gives (q, k contiguous f32 `[S_k, H_k,
+/// n_t, n_seq]`, g and beta `[1, H_v, n_t, n_seq]`), their errors renumbered to these inputs.
+fn delta_net_fused(op: &Op, p: &GatedDeltaNetFusedParams, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
+    let name = op.name();
+    let expected = if p.net.ragged {
+        "9 (qk, v, alpha, dt_bias, a, beta, state, slots, seq_offsets)"
+    } else {
+        "8 (qk, v, alpha, dt_bias, a, beta, state, slots)"
+    };
+    if inputs.len() != if p.net.ragged { 9 } else { 8 } {
+        return Err(OpError::Arity { op: name, expected, got: inputs.len() });
+    }
+    if !(p.eps >= 0.0 && p.eps.is_finite()) {
+        return Err(OpError::InvalidParam { op: name, why: format!("eps {} must be finite and >= 0", p.eps) });
+    }
+    let (qk, v, alpha, dt_bias, a, beta) = (inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5]);
+    expect_rows(op, 0, qk)?;
+    let [s_k, two_h_k, n_t, n_seq] = qk.ne;
+    if two_h_k == 0 || !two_h_k.is_multiple_of(2) {
+        let why = "qk must hold q's and k's heads side by side: [S_k, 2 H_k, n_t, n_seq]".into();
+        return Err(OpError::InvalidShape { op: name, shape: qk.ne, why });
+    }
+    expect_dtype(op, 1, v, DType::F32, "f32")?;
+    let per_head = [v.ne[1], n_t, n_seq, 1];
+    for (i, m) in [(2, alpha), (5, beta)] {
+        expect_dtype(op, i, m, DType::F32, "f32")?;
+        if m.ne != per_head {
+            let why = format!("alpha and beta must be [H_v, n_t, n_seq, 1] = {per_head:?}");
+            return Err(OpError::ShapeMismatch { op: name, lhs: v.ne, rhs: m.ne, why });
+        }
+    }
+    for (i, m) in [(3, dt_bias), (4, a)] {
+        expect_dtype(op, i, m, DType::F32, "f32")?;
+        if !can_repeat(&m.ne, &alpha.ne) {
+            let why = "each dimension of dt_bias and a must divide alpha's".into();
+            return Err(OpError::ShapeMismatch { op: name, lhs: alpha.ne, rhs: m.ne, why });
+        }
+    }
+    // What the preparation gives the delta rule.
+    let q = contiguous(op, DType::F32, [s_k, two_h_k / 2, n_t, n_seq])?;
+    let g = contiguous(op, DType::F32, [1, v.ne[1], n_t, n_seq])?;
+    let mut rule_inputs = vec![&q, &q, v, &g, &g];
+    rule_inputs.extend_from_slice(&inputs[6..]);
+    // gated_delta_net's input i is this op's input FROM[i].
+    const FROM: [usize; 8] = [0, 0, 1, 2, 5, 6, 7, 8];
+    super::delta_net::rules(op, &p.net, &rule_inputs).map_err(|e| match e {
+        OpError::DType { op, input, dtype, expected } => OpError::DType { op, input: FROM[input], dtype, expected },
+        OpError::NotContiguous { op, input, shape, nb } => OpError::NotContiguous { op, input: FROM[input], shape, nb },
+        e => e,
+    })
+}
+
 /// rms_norm's rule: eps finite and non-negative.
 fn expect_eps(op: &Op, p: &RmsNormParams) -> Result<(), OpError> {
     if !(p.eps >= 0.0 && p.eps.is_finite()) {
@@ -242,6 +311,10 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     match op {
         Op::AddRmsNormMul(_) => n_in.saturating_mul(5),
         Op::RmsNormMul(_) => n_in.saturating_mul(4),
+        // rms_norm_mul's 4 per element, then rope_multi's 6 per rotated element
+        Op::RmsNormMulRope(p) => n_in
+            .saturating_mul(4)
+            .saturating_add(n_in.saturating_mul(6).saturating_mul(p.rope.n_rot as u64) / inputs[0].ne[0].max(1) as u64),
         Op::GatedRmsNorm(_) => n_in.saturating_mul(12),
         Op::SoftmaxTopK { .. } => n_in.saturating_mul(13),
         // (the gate's sigmoid, when there is one, counted as a weight)
@@ -255,8 +328,32 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
         Op::MulMatSwiglu | Op::MulMatIdSwiglu => {
             (4 * inputs[0].ne[0] as u64 + 6).saturating_mul(out.nelements() as u64)
         }
+        // l2_norm's 3 per q/k element, add 1, softplus and sigmoid as the unary ops, mul 1 per
+        // alpha/beta element, then the delta rule's 7 S_k per output element
+        Op::GatedDeltaNetFused(_) => {
+            use super::elementwise::unary_flops;
+            use crate::UnaryOp;
+            let per_head = inputs[2].nelements() as u64;
+            let prep = 2 + unary_flops(UnaryOp::Softplus) + unary_flops(UnaryOp::Sigmoid);
+            n_in.saturating_mul(3)
+                .saturating_add(per_head.saturating_mul(prep))
+                .saturating_add((out.nelements() as u64).saturating_mul(inputs[0].ne[0] as u64).saturating_mul(7))
+        }
         _ => unreachable!("fused::flops called for {op}"),
     }
+}
+
+/// gated_delta_net_fused's bytes: every input but the state and the output once, plus the state
+/// of the `n_seq` named slots read and written (gated_delta_net's rule).
+pub(super) fn delta_net_fused_bytes(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
+    const STATE: usize = 6;
+    let size = |m: &TensorMeta| m.nbytes_contiguous() as u64;
+    let streamed =
+        inputs.iter().enumerate().filter(|&(i, _)| i != STATE).fold(0u64, |acc, (_, m)| acc.saturating_add(size(m)));
+    let state = inputs[STATE];
+    let per_slot = size(state) / state.ne[3].max(1) as u64;
+    let n_seq = inputs[STATE + 1].ne[0] as u64;
+    streamed.saturating_add(size(out)).saturating_add(per_slot.saturating_mul(n_seq).saturating_mul(2))
 }
 
 #[cfg(test)]
@@ -272,6 +369,35 @@ mod tests {
     }
 
     const P: RmsNormParams = RmsNormParams { eps: 1e-6 };
+
+    #[test]
+    fn rms_norm_mul_rope_takes_the_norm_and_the_rope_rules() {
+        use crate::{RmsNormMulRopeParams, RopePairing, RopeParams};
+        let rope =
+            RopeParams { n_rot: 64, freq_base: 1e7, pairing: RopePairing::Neox, sections: Some([11, 11, 10, 0]) };
+        let op = Op::RmsNormMulRope(RmsNormMulRopeParams { norm: P, rope });
+        // q as a view into a joint q+gate projection: dense rows, head stride 2 * head_dim
+        let mut x = f32s([256, 16, 5, 1]);
+        x.nb = [4, 2048, 2048 * 16, 2048 * 16 * 5];
+        let (w, pos) = (f32s([256, 1, 1, 1]), meta(DType::I32, [20, 1, 1, 1]));
+        let out = infer(&op, &[&x, &w, &pos]).unwrap();
+        assert_eq!((out.dtype, out.ne), (DType::F32, [256, 16, 5, 1]));
+        assert!(out.is_contiguous());
+        let err = |inputs: &[&TensorMeta]| infer(&op, inputs).unwrap_err();
+        assert!(matches!(err(&[&x, &w]), OpError::Arity { .. }));
+        assert!(matches!(err(&[&x, &w, &meta(DType::I32, [5, 1, 1, 1])]), OpError::ShapeMismatch { .. }));
+        assert!(matches!(err(&[&x, &w, &meta(DType::F32, [20, 1, 1, 1])]), OpError::DType { input: 2, .. }));
+        assert!(matches!(err(&[&x, &f32s([100, 1, 1, 1]), &pos]), OpError::ShapeMismatch { .. }));
+        assert!(matches!(err(&[&meta(DType::F16, x.ne), &w, &pos]), OpError::DType { input: 0, .. }));
+        let mut t = x;
+        t.nb[0] = 8;
+        assert!(matches!(err(&[&t, &w, &pos]), OpError::NotContiguous { input: 0, .. }));
+        let bad_rot = Op::RmsNormMulRope(RmsNormMulRopeParams { norm: P, rope: RopeParams { n_rot: 258, ..rope } });
+        assert!(matches!(infer(&bad_rot, &[&x, &w, &pos]), Err(OpError::InvalidParam { .. })));
+        let c = cost(&op, &[&x, &w, &pos], &out);
+        let n = (256 * 16 * 5) as u64;
+        assert_eq!(c.flops, 4 * n + 6 * n * 64 / 256);
+    }
 
     #[test]
     fn add_rms_norm_mul_stacks_both_results() {

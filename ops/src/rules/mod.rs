@@ -81,7 +81,9 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         Op::Sample => count(inputs[0]).saturating_mul(10),
         Op::AddRmsNormMul(_)
         | Op::RmsNormMul(_)
+        | Op::RmsNormMulRope(_)
         | Op::GatedRmsNorm(_)
+        | Op::GatedDeltaNetFused(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
         | Op::MulMatSwiglu
@@ -125,6 +127,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         // The conv/recurrent state of the named slots is read and written, not all slots.
         Op::SsmConvUpdate { .. } => bytes = conv::update_bytes(inputs, out),
         Op::GatedDeltaNet(_) => bytes = delta_net::bytes(inputs, out),
+        Op::GatedDeltaNetFused(_) => bytes = fused::delta_net_fused_bytes(inputs, out),
         // Every input read once and the output written once (the default above).
         Op::Cast(_)
         | Op::Cont
@@ -153,6 +156,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::Sample
         | Op::AddRmsNormMul(_)
         | Op::RmsNormMul(_)
+        | Op::RmsNormMulRope(_)
         | Op::GatedRmsNorm(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
@@ -229,9 +233,7 @@ pub(crate) fn can_repeat(small: &[usize; 4], big: &[usize; 4]) -> bool {
 #[cfg(test)]
 mod tests {
     use crate::{
-        BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams, GatedDeltaNetParams,
-        HeadMap, Op, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp,
-        ViewParams,
+        BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams, GatedDeltaNetParams, HeadMap, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams, GatedDeltaNetFusedParams,
     };
 
     /// One op of every variant.
@@ -272,11 +274,13 @@ mod tests {
             Op::SsmConv,
             Op::SsmConvUpdate { silu: true, ragged: false },
             Op::GatedDeltaNet(dn),
+            Op::GatedDeltaNetFused(GatedDeltaNetFusedParams { net: dn, eps: 1e-6 }),
             Op::MulMatId,
             Op::MulMat,
             Op::Sample,
             Op::AddRmsNormMul(norm),
             Op::RmsNormMul(norm),
+            Op::RmsNormMulRope(RmsNormMulRopeParams { norm, rope }),
             Op::GatedRmsNorm(norm),
             Op::SoftmaxTopK { k: 1 },
             Op::MoeWeights,

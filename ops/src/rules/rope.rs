@@ -9,9 +9,14 @@ use crate::{DType, Op, OpError, RopeParams, TensorMeta};
 
 pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpError> {
     let Op::RopeMulti(p) = op else { unreachable!("rope::infer called for {op}") };
-    let name = op.name();
     expect_arity(op, inputs, 2)?;
-    let (x, pos) = (inputs[0], inputs[1]);
+    rope_rules(op, p, inputs[0], inputs[1])
+}
+
+/// rope_multi's rules on `x` and `pos` (input numbers 0 and 1), for `op` (rope_multi, or a fused
+/// op ending in it).
+pub(super) fn rope_rules(op: &Op, p: &RopeParams, x: &TensorMeta, pos: &TensorMeta) -> Result<TensorMeta, OpError> {
+    let name = op.name();
     expect_float(op, 0, x)?;
     expect_not_quantized(op, 0, x)?;
     expect_dtype(op, 1, pos, DType::I32, "i32 positions")?;

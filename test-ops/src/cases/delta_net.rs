@@ -308,6 +308,47 @@ pub(crate) fn cases(out: &mut Vec<Case>) {
     layouts(out);
     qwen(out);
     ragged(out);
+    fused(out);
+}
+
+/// gated_delta_net_fused (the delta rule with its input preparation): the Qwen3.5 heads (h_k 16,
+/// h_v 32 as the 35B-A3B, 48 as the 27B; S_k = S_v = 128) over decode and mixed batches, small
+/// heads over every eval batch, both algorithms.
+fn fused(out: &mut Vec<Case>) {
+    let decode = RAGGED_EVAL[2];
+    let mut shapes = vec![(128, 16, 32, RAGGED_QWEN), (128, 16, 48, RAGGED_QWEN), (128, 16, 32, decode)];
+    shapes.push((128, 16, 48, decode));
+    shapes.extend(RAGGED_EVAL.iter().map(|&r| (16, 2, 4, r)));
+    shapes.push((128, 2, 4, RAGGED_LONG));
+    for (s_k, h_k, h_v, r) in shapes {
+        for algo in [SERIAL, chunk(64)] {
+            out.push(r.finish(fused_case(s_k, h_k, h_v, r, algo)));
+        }
+    }
+    out.push(RAGGED_BAD[3].finish(fused_case(8, 1, 2, RAGGED_BAD[3], SERIAL)));
+}
+
+fn fused_case(s_k: usize, h_k: usize, h_v: usize, r: Ragged, algo: DeltaNetAlgo) -> Case {
+    let n_t = r.n_tokens;
+    let k_range = (1.5 / s_k as f32).sqrt();
+    let inputs = [
+        vec![
+            In::new("qk", F32, [s_k, 2 * h_k, n_t, 1]),
+            In::new("v", F32, [s_k, h_v, n_t, 1]),
+            In::new("alpha", F32, [h_v, n_t, 1, 1]),
+            In::new("dt_bias", F32, [h_v, 1, 1, 1]),
+            In::new("a", F32, [h_v, 1, 1, 1]).init(Init::Uniform { lo: -1.0, hi: -0.1 }),
+            In::new("beta", F32, [h_v, n_t, 1, 1]),
+            In::new("state", F32, [s_k, s_k, h_v, r.n_slots]).state().init(Init::Uniform { lo: -k_range, hi: k_range }),
+        ],
+        r.inputs().to_vec(),
+    ]
+    .concat();
+    let p = GatedDeltaNetParams { scale: 1.0 / (s_k as f32).sqrt(), head_map: HeadMap::Tiled, algo, ragged: true };
+    let label = format!("s_k={s_k},h_k={h_k},h_v={h_v},n_t={n_t},{algo:?}{}", r.label());
+    Case::new("gated_delta_net_fused", label, inputs, move |g, x| {
+        g.gated_delta_net_fused(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], Some(x[8]), 1e-6, p)
+    })
 }
 
 /// Ragged batches: every eval batch with each algorithm (chunks of 16 restart inside the

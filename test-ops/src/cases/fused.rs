@@ -1,6 +1,7 @@
-//! Fused ops (issue 21): add_rms_norm_mul, rms_norm_mul, gated_rms_norm, softmax_top_k,
-//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, judged like every op (the CPU by the f64
-//! reference, which is the composition of the replaced ops; other backends by the CPU).
+//! Fused ops (issue 21): add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm,
+//! softmax_top_k, moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, judged
+//! like every op (the CPU by the f64 reference, which is the composition of the replaced ops;
+//! other backends by the CPU).
 //!
 //! Shapes: the Qwen3.6 35B-A3B sizes (n_embd 2048, DeltaNet rows of S_v = 128 over 32 value
 //! heads, attention heads of 256, a router of 8 of 256 experts, expert and shared-expert FFNs of
@@ -15,7 +16,7 @@
 //! rule, computed here from the logits (on the CPU, they are the composition's bit for bit).
 
 use tessera_graph::{Graph, GraphError, Tensor};
-use tessera_ops::DType;
+use tessera_ops::{DType, RopePairing, RopeParams};
 
 use super::quant::{BLOCK_WINDOW, QUANTS};
 use super::{F32, I32, Mix, Routed, sh};
@@ -25,6 +26,7 @@ use crate::check::{Comparison, Mismatch};
 pub(super) fn cases(out: &mut Vec<Case>) {
     add_rms_norm_mul(out);
     rms_norm_mul(out);
+    rms_norm_mul_rope(out);
     gated_rms_norm(out);
     softmax_top_k(out);
     moe_weights(out);
@@ -146,6 +148,100 @@ fn q_norm_case(hd: usize, n_head: usize, n: usize) -> Case {
             let nb = [4, 2 * hd * 4, 2 * hd * n_head * 4, 2 * hd * n_head * n * 4];
             let q = g.view(x[0], [hd, n_head, n, 1], nb, 0)?;
             g.rms_norm_mul(q, x[1], EPS)
+        },
+    )
+}
+
+/// Qwen3.5/3.6's rope: NEOX, 64 of 256 dims, interleaved sections, base 1e7.
+const QWEN35_ROPE: RopeParams =
+    RopeParams { n_rot: 64, freq_base: 1e7, pairing: RopePairing::Neox, sections: Some([11, 11, 10, 0]) };
+/// Qwen3's rope: NEOX over the whole head of 128, one position per token, base 1e6.
+const QWEN3_ROPE: RopeParams = RopeParams { n_rot: 128, freq_base: 1e6, pairing: RopePairing::Neox, sections: None };
+
+/// How `rms_norm_mul_rope`'s `x` is laid out: a tensor of its own, or q / k viewed in a joint
+/// projection `[row, n_tokens]` at row offset `first` with head stride `head_stride` elements
+/// (qwen35's q interleaved with its gate: stride 2 hd; qwen3's k in the stacked q/k/v rows).
+#[derive(Clone, Copy)]
+enum Heads {
+    Own(Layout),
+    Joint { row: usize, first: usize, head_stride: usize },
+}
+
+fn rms_norm_mul_rope(out: &mut Vec<Case>) {
+    let own = Heads::Own(Layout::Contiguous);
+    // qwen35: q viewed in the joint q+gate projection (16 heads of 256), k in the stacked q/k/v
+    // rows (2 heads), decode and a few tokens.
+    for n in [1, 3] {
+        let q = Heads::Joint { row: 2 * 256 * 16, first: 0, head_stride: 512 };
+        out.push(norm_rope_case([256, 16, n, 1], [256, 1, 1, 1], QWEN35_ROPE, q));
+        let k = Heads::Joint { row: 2 * 256 * 16 + 2 * 2 * 256, first: 2 * 256 * 16, head_stride: 256 };
+        out.push(norm_rope_case([256, 2, n, 1], [256, 1, 1, 1], QWEN35_ROPE, k));
+    }
+    // qwen3 (head dim 128, plain NEOX over the whole head): q and k in the stacked q/k/v rows.
+    for n in [1, 5] {
+        let qkv = 128 * (32 + 4 + 4);
+        out.push(norm_rope_case(
+            [128, 32, n, 1],
+            [128, 1, 1, 1],
+            QWEN3_ROPE,
+            Heads::Joint { row: qkv, first: 0, head_stride: 128 },
+        ));
+        out.push(norm_rope_case(
+            [128, 4, n, 1],
+            [128, 1, 1, 1],
+            QWEN3_ROPE,
+            Heads::Joint { row: qkv, first: 128 * 32, head_stride: 128 },
+        ));
+    }
+    out.push(norm_rope_case([256, 16, 4, 1], [256, 1, 1, 1], QWEN35_ROPE, own));
+    out.push(norm_rope_case([128, 8, 7, 1], [128, 1, 1, 1], QWEN3_ROPE, own));
+    // Odd heads and rotations: partial NEOX, adjacent pairs, the smallest head, a head past one
+    // warp (300: CUDA leaves it to the CPU), heads and tokens swapped (rows apart).
+    let rope = |n_rot, pairing, sections| RopeParams { n_rot, freq_base: 1e4, pairing, sections };
+    out.push(norm_rope_case([33, 5, 3, 1], [33, 1, 1, 1], rope(32, RopePairing::Neox, None), own));
+    out.push(norm_rope_case([6, 7, 2, 1], [6, 1, 1, 1], rope(4, RopePairing::Adjacent, None), own));
+    out.push(norm_rope_case([2, 3, 1, 1], [2, 1, 1, 1], rope(2, RopePairing::Neox, Some([1, 0, 0, 0])), own));
+    out.push(norm_rope_case([70, 3, 5, 1], [70, 1, 1, 1], rope(40, RopePairing::Neox, Some([2, 3, 1, 1])), own));
+    out.push(norm_rope_case([300, 2, 3, 1], [300, 1, 1, 1], rope(64, RopePairing::Neox, None), own));
+    out.push(norm_rope_case([64, 4, 6, 1], [64, 1, 1, 1], QWEN35_ROPE, Heads::Own(Layout::SWAP12)));
+    // Broadcast weights: per head, scalar, tiled along the head.
+    out.push(norm_rope_case([64, 4, 3, 1], [64, 4, 1, 1], QWEN3_ROPE_64, own));
+    out.push(norm_rope_case([64, 4, 3, 1], [1, 1, 1, 1], QWEN3_ROPE_64, own));
+    out.push(norm_rope_case([64, 4, 3, 1], [16, 1, 1, 1], QWEN3_ROPE_64, own));
+}
+
+/// [`QWEN3_ROPE`] for heads of 64.
+const QWEN3_ROPE_64: RopeParams = RopeParams { n_rot: 64, ..QWEN3_ROPE };
+
+fn norm_rope_case(x: [usize; 4], w: [usize; 4], p: RopeParams, heads: Heads) -> Case {
+    let [hd, n_head, n, _] = x;
+    let n_pos = n * if p.sections.is_some() { 4 } else { 1 };
+    let sections = p.sections.map_or(String::new(), |s| format!(",sections={}", sh(s)));
+    let pairing = match p.pairing {
+        RopePairing::Neox => "neox",
+        RopePairing::Adjacent => "adjacent",
+    };
+    let rope = format!("n_rot={},base={:e},{pairing}{sections}", p.n_rot, p.freq_base);
+    let (x_in, view) = match heads {
+        Heads::Own(layout) => (In::new("x", F32, x).layout(layout), String::new()),
+        Heads::Joint { row, first, head_stride } => {
+            (In::new("proj", F32, [row, n, 1, 1]), format!(",in=[{row},{n}]@{first},head_stride={head_stride}"))
+        }
+    };
+    let pos = In::new("pos", I32, [n_pos, 1, 1, 1]).init(Init::Ids { rows: 32_768, unique: false });
+    Case::new(
+        "rms_norm_mul_rope",
+        format_args!("ne={}{view},{},{rope},eps={EPS:e}", sh(x), w_label(w)),
+        vec![x_in, In::new("w", F32, w).init(Init::POSITIVE), pos],
+        move |g, t| {
+            let x = match heads {
+                Heads::Own(_) => t[0],
+                Heads::Joint { first, head_stride, .. } => {
+                    let nb = t[0].meta().nb;
+                    g.view(t[0], [hd, n_head, n, 1], [4, 4 * head_stride, nb[1], nb[2]], 4 * first)?
+                }
+            };
+            g.rms_norm_mul_rope(x, t[1], t[2], EPS, p)
         },
     )
 }
@@ -660,6 +756,11 @@ fn unfused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Te
             let h = g.rms_norm(x[0], EPS)?;
             g.mul(h, x[1])
         }
+        // what the pass before it leaves: rms_norm_mul, then the rotation
+        "rms_norm_mul_rope" => {
+            let h = g.rms_norm_mul(x[0], x[1], EPS)?;
+            g.rope_multi(h, x[2], QWEN35_ROPE)
+        }
         "gated_rms_norm" => {
             let h = g.rms_norm(x[0], EPS)?;
             let h = g.mul(h, x[1])?;
@@ -707,6 +808,7 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
     match op {
         "add_rms_norm_mul" => g.add_rms_norm_mul(x[0], x[1], x[2], EPS),
         "rms_norm_mul" => g.rms_norm_mul(x[0], x[1], EPS),
+        "rms_norm_mul_rope" => g.rms_norm_mul_rope(x[0], x[1], x[2], EPS, QWEN35_ROPE),
         "gated_rms_norm" => g.gated_rms_norm(x[0], x[1], x[2], EPS),
         "softmax_top_k" => g.softmax_top_k(x[0], k),
         "moe_weights" => g.moe_weights(x[0], x[1]),
@@ -719,21 +821,30 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
 
 /// Perf cases at the 35B-A3B shapes for 1, 8, 32 and 512 tokens, each fused op next to the chain
 /// it replaces (same label with `unfused`): the residual add + norm of n_embd 2048, the final
-/// norm, the DeltaNet gate norm (128 x 32 heads), the router (8 of 256); and the FFN's gate and
-/// up projections with their GLU (q8_0 and nvfp4): the routed experts (2048 -> 512, 8 of 256) at
-/// 1, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8; the routed down
+/// norm, the q norm and rotation (16 heads of 256, imrope; unfused: rms_norm_mul then
+/// rope_multi), the DeltaNet gate norm (128 x 32 heads), the router (8 of 256); and the FFN's gate
+/// and up projections with their GLU (q8_0 and nvfp4): the routed experts (2048 -> 512, 8 of 256)
+/// at 1, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8; the routed down
 /// projection weighted and summed over the slots (512 -> 2048) at 1, 8 and 16.
 pub(super) fn perf_cases() -> Vec<Case> {
     let mut out = gate_up_perf_cases();
     const E: usize = 2048;
     const K: usize = 8;
     for n in [1, 8, 32, 512] {
-        let specs: [(&'static str, Vec<In>); 5] = [
+        let specs: [(&'static str, Vec<In>); 6] = [
             (
                 "add_rms_norm_mul",
                 vec![In::new("a", F32, [E, n, 1, 1]), In::new("b", F32, [E, n, 1, 1]), In::new("w", F32, [E, 1, 1, 1])],
             ),
             ("rms_norm_mul", vec![In::new("x", F32, [E, n, 1, 1]), In::new("w", F32, [E, 1, 1, 1])]),
+            (
+                "rms_norm_mul_rope",
+                vec![
+                    In::new("x", F32, [256, 16, n, 1]),
+                    In::new("w", F32, [256, 1, 1, 1]),
+                    In::new("pos", I32, [4 * n, 1, 1, 1]).init(Init::Ids { rows: 32_768, unique: false }),
+                ],
+            ),
             (
                 "gated_rms_norm",
                 vec![

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tessera_graph::{Graph, GraphError, Tensor};
-use tessera_ops::{BinaryOp, DType, UnaryOp};
+use tessera_ops::{BinaryOp, DType, RopePairing, RopeParams, UnaryOp};
 
 use super::{FusionCase, PassGenerator};
 use crate::case::{Init, InputSpec as In, Layout, Shape};
@@ -33,12 +33,14 @@ pub(super) fn generators() -> Vec<PassGenerator> {
         PassGenerator { pass: "add_rms_norm_mul", cases: add_rms_norm_mul },
         PassGenerator { pass: "gated_rms_norm", cases: gated_rms_norm },
         PassGenerator { pass: "rms_norm_mul", cases: rms_norm_mul },
+        PassGenerator { pass: "rms_norm_mul_rope", cases: rms_norm_mul_rope },
         PassGenerator { pass: "softmax_top_k", cases: softmax_top_k },
         PassGenerator { pass: "moe_weights", cases: moe_weights },
         PassGenerator { pass: "fold_scales", cases: fold_scales },
         PassGenerator { pass: "elementwise_chains", cases: elementwise_chains },
         PassGenerator { pass: "gate_up_swiglu", cases: gate_up_swiglu },
         PassGenerator { pass: "moe_weighted_sum", cases: moe_weighted_sum },
+        PassGenerator { pass: "delta_net_prep", cases: super::delta_net::cases },
     ]
 }
 
@@ -497,6 +499,137 @@ fn rms_norm_mul() -> Vec<FusionCase> {
         let h = g.rms_norm(x[0], EPS)?;
         g.set_rows(x[0], x[2], x[3])?;
         g.mul(h, x[1])
+    }));
+    out
+}
+
+// ---- rms_norm_mul_rope: rope_multi(rms_norm_mul(x, w), positions) ----
+
+const RNMR: &str = "rms_norm_mul_rope";
+
+/// Qwen3.5's rope (NEOX, 64 of 256 dims, interleaved sections), and qwen3's (NEOX, whole head).
+const ROPE_QWEN35: RopeParams =
+    RopeParams { n_rot: 64, freq_base: 1e7, pairing: RopePairing::Neox, sections: Some([11, 11, 10, 0]) };
+const ROPE_QWEN3: RopeParams = RopeParams { n_rot: 128, freq_base: 1e6, pairing: RopePairing::Neox, sections: None };
+
+fn rnmr(g: &mut Graph, x: Tensor, w: Tensor, pos: Tensor, p: RopeParams) -> R {
+    let h = g.rms_norm_mul(x, w, EPS)?;
+    g.rope_multi(h, pos, p)
+}
+
+/// `x [hd, n_head, n]`, its weight `[hd]` and the positions `p` needs for `n` tokens.
+fn rnmr_inputs(ne: [usize; 4], p: RopeParams) -> Vec<In> {
+    let n_pos = ne[2] * if p.sections.is_some() { 4 } else { 1 };
+    vec![
+        In::new("x", F32, ne),
+        In::new("w", F32, [ne[0], 1, 1, 1]).init(Init::POSITIVE),
+        In::new("pos", I32, [n_pos, 1, 1, 1]).init(Init::Ids { rows: 32_768, unique: false }),
+    ]
+}
+
+fn rope_label(p: RopeParams) -> String {
+    format!("n_rot={},{:?},sections={:?}", p.n_rot, p.pairing, p.sections)
+}
+
+fn rms_norm_mul_rope() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    let small = |n_rot, pairing, sections| RopeParams { n_rot, freq_base: 1e4, pairing, sections };
+    // The tiny models' heads (32), qwen35's q and k heads (256, imrope), qwen3's (128, plain),
+    // odd heads (partial NEOX, adjacent pairs, the smallest), a head past one CUDA warp.
+    let mut shapes = vec![
+        ([32, 2, 5, 1], small(32, RopePairing::Neox, Some([4, 4, 4, 4]))),
+        ([32, 1, 1, 1], small(16, RopePairing::Neox, None)),
+        ([256, 16, 3, 1], ROPE_QWEN35),
+        ([256, 2, 1, 1], ROPE_QWEN35),
+        ([128, 8, 2, 1], ROPE_QWEN3),
+        ([6, 3, 5, 1], small(4, RopePairing::Adjacent, None)),
+        ([2, 1, 1, 1], small(2, RopePairing::Neox, None)),
+        ([300, 2, 2, 1], small(64, RopePairing::Neox, None)),
+    ];
+    // Drawn heads: an even head dim, rotated in full, over drawn heads and 2 tokens.
+    shapes.extend(drawn(RNMR, 2, 200, 9).into_iter().map(|[e, h, _, _]| {
+        let hd = (e + e % 2).max(2);
+        ([hd, h, 2, 1], small(hd, RopePairing::Neox, None))
+    }));
+    for (ne, p) in shapes {
+        for ctx in CTXS {
+            let c = core(move |g, x| rnmr(g, x[0], x[1], x[2], p));
+            let params = format!("ne={},{}", Shape(ne), rope_label(p));
+            out.push(embed(RNMR, params, rnmr_inputs(ne, p), 1, ctx, c, halve));
+        }
+    }
+    let (ne, p) = ([32, 4, 3, 1], small(16, RopePairing::Neox, Some([2, 2, 2, 2])));
+    // x through views: heads and tokens swapped, rows apart, the q half of a joint q+gate
+    // projection (qwen35's attention); both q and k of one layer.
+    for (name, layout) in [("swap12", Layout::SWAP12), ("window", Layout::WINDOW)] {
+        let mut inputs = rnmr_inputs(ne, p);
+        inputs[0] = inputs[0].clone().layout(layout);
+        out.push(plain(RNMR, format_args!("x={name}"), inputs, 1, move |g, x| rnmr(g, x[0], x[1], x[2], p)));
+    }
+    let mut joint = rnmr_inputs(ne, p);
+    joint[0] = In::new("qg", F32, [2 * 32 * 4, 3, 1, 1]);
+    out.push(plain(RNMR, "x=q_view", joint, 1, move |g, x| {
+        let (hd, nh, n) = (32, 4, 3);
+        let nb = [4, 2 * hd * 4, 2 * hd * nh * 4, 2 * hd * nh * n * 4];
+        let q = g.view(x[0], [hd, nh, n, 1], nb, 0)?;
+        rnmr(g, q, x[1], x[2], p)
+    }));
+    let mut qk = rnmr_inputs(ne, p);
+    qk.push(In::new("k", F32, [32, 2, 3, 1]));
+    qk.push(In::new("kw", F32, [32, 1, 1, 1]).init(Init::POSITIVE));
+    out.push(plain(RNMR, "q_and_k", qk, 2, move |g, x| {
+        let q = rnmr(g, x[0], x[1], x[2], p)?;
+        let k = rnmr(g, x[3], x[4], x[2], p)?;
+        let k = g.scale(k, 0.5)?;
+        g.mark_output(k)?;
+        Ok(q)
+    }));
+
+    // Near-misses.
+    out.push(plain(RNMR, "miss=norm_two_readers", rnmr_inputs(ne, p), 0, move |g, x| {
+        let h = g.rms_norm_mul(x[0], x[1], EPS)?;
+        let other = g.neg(h)?;
+        g.mark_output(other)?;
+        g.rope_multi(h, x[2], p)
+    }));
+    out.push(plain(RNMR, "miss=norm_output", rnmr_inputs(ne, p), 0, move |g, x| {
+        let h = g.rms_norm_mul(x[0], x[1], EPS)?;
+        g.mark_output(h)?;
+        g.rope_multi(h, x[2], p)
+    }));
+    // The chain before rms_norm_mul ran (this pass alone does not take rms_norm and mul).
+    out.push(plain(RNMR, "miss=unfused_norm", rnmr_inputs(ne, p), 0, move |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        let h = g.mul(h, x[1])?;
+        g.rope_multi(h, x[2], p)
+    }));
+    let mut no_weight = rnmr_inputs(ne, p);
+    no_weight.remove(1);
+    out.push(plain(RNMR, "miss=plain_norm", no_weight, 0, move |g, x| {
+        let h = g.rms_norm(x[0], EPS)?;
+        g.rope_multi(h, x[1], p)
+    }));
+    out.push(plain(RNMR, "miss=gated_norm", rnmr_inputs(ne, p), 0, move |g, x| {
+        let h = g.gated_rms_norm(x[0], x[1], x[0], EPS)?;
+        g.rope_multi(h, x[2], p)
+    }));
+    out.push(plain(RNMR, "miss=view_of_norm", rnmr_inputs(ne, p), 0, move |g, x| {
+        let h = g.rms_norm_mul(x[0], x[1], EPS)?;
+        let v = g.view(h, h.ne(), h.meta().nb, 0)?;
+        g.rope_multi(v, x[2], p)
+    }));
+    out.push(plain(RNMR, "miss=scale_between", rnmr_inputs(ne, p), 0, move |g, x| {
+        let h = g.rms_norm_mul(x[0], x[1], EPS)?;
+        let h = g.scale(h, 2.0)?;
+        g.rope_multi(h, x[2], p)
+    }));
+    let mut written = rnmr_inputs(ne, p);
+    written[0] = written[0].clone().state();
+    written.extend(write_into(ne));
+    out.push(plain(RNMR, "miss=in_place_between", written, 0, move |g, x| {
+        let h = g.rms_norm_mul(x[0], x[1], EPS)?;
+        g.set_rows(x[0], x[3], x[4])?;
+        g.rope_multi(h, x[2], p)
     }));
     out
 }
