@@ -71,7 +71,7 @@ pub(crate) const ERR_VALUE_OUT_OF_RANGE: u32 = 3;
 pub(crate) const ERR_BAD_VALUE: u32 = 4;
 
 /// The ops that can report data errors, by the code kernels store in `ErrorRecord::op`.
-pub(crate) const OPS_WITH_ERRORS: [&str; 11] = [
+pub(crate) const OPS_WITH_ERRORS: [&str; 12] = [
     "get_rows",
     "set_rows",
     "mul_mat_id",
@@ -83,6 +83,7 @@ pub(crate) const OPS_WITH_ERRORS: [&str; 11] = [
     "moe_weights",
     "mul_mat_id_swiglu",
     "mul_mat_id_weighted_sum",
+    "gated_delta_net_fused",
 ];
 
 /// The code kernels pass as `op` for the op named `name` (its index in [`OPS_WITH_ERRORS`]).

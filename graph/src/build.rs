@@ -1,8 +1,8 @@
 //! Typed builders: one method per op, each a thin wrapper over [`Graph::op`].
 
 use tessera_ops::{
-    BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetParams, Op, RmsNormMulRopeParams, GatedDeltaNetFusedParams,
-    RmsNormParams, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
+    BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetFusedParams, GatedDeltaNetParams, Op,
+    RmsNormMulRopeParams, RmsNormParams, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
 };
 
 use crate::{Graph, GraphError, Tensor};

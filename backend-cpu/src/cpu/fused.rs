@@ -10,12 +10,12 @@
 //! gate-and-up projections run the mul_mat (mul_mat_id) kernel twice into scratch and swiglu's
 //! kernel from there.
 
-use tessera_ops::{BinaryOp, DType, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp, GatedDeltaNetFusedParams};
+use tessera_ops::{BinaryOp, DType, GatedDeltaNetFusedParams, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp};
 
 use super::math::{map_in_place, silu, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
 use super::sum::{sum, sum_squares};
-use super::{data, elementwise, matmul, reduce, rope, StateMut, delta_net};
+use super::{StateMut, data, delta_net, elementwise, matmul, reduce, rope};
 
 /// Per-task scratch rows: the output (when it cannot be written in place), the weight, the gate.
 #[derive(Default)]

@@ -55,8 +55,6 @@ const MAX_S_K: usize = 256;
 /// kernels (chunked algorithm) or the tiled serial kernel.
 const SHORT: i64 = 16;
 
-const OP: &str = "gated_delta_net";
-
 /// The seq_offsets argument of a dense call: a null tensor.
 const DENSE: TensorArg = TensorArg { data: 0, ne: [0; 4], nb: [0; 4] };
 
@@ -228,7 +226,8 @@ fn delta_rule(
     if s_k > MAX_S_K || n_seq > 65535 || h_v > 65535 || n_seq == 0 {
         return Err(unsupported(task, "S_k above 256, no sequence, or more than 65535 heads or sequences"));
     }
-    let (err, code) = (cx.errors, op_code(OP));
+    // (errors name the op the graph holds: gated_delta_net or gated_delta_net_fused)
+    let (err, code) = (cx.errors, op_code(task.op.name()));
     let idt = |i: usize| dt(metas[i].dtype);
     let (qdt, kdt, vdt, gdt, bdt) = (idt(0), idt(1), idt(2), idt(3), idt(4));
     let (h_k, grouped) = (k.ne[1] as i32, i32::from(p.head_map == HeadMap::Grouped));

@@ -233,7 +233,9 @@ pub(crate) fn can_repeat(small: &[usize; 4], big: &[usize; 4]) -> bool {
 #[cfg(test)]
 mod tests {
     use crate::{
-        BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams, GatedDeltaNetParams, HeadMap, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams, GatedDeltaNetFusedParams,
+        BinaryOp, DType, DeltaNetAlgo, ElemArg, ElemInstr, ElemProgram, Family, FlashAttnParams,
+        GatedDeltaNetFusedParams, GatedDeltaNetParams, HeadMap, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing,
+        RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
     };
 
     /// One op of every variant.
