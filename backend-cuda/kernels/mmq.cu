@@ -61,21 +61,43 @@ __device__ __forceinline__ void mq_pack_rows(Tensor b, char* x, float* xs, i64 w
         i64 i1, i2, i3;
         row_coords(b, r, i1, i2, i3);
         const char* src = b.data + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
+        // dense aligned rows: a lane's 8-value groups c = lane + 32 j as two float4 each, several
+        // groups' loads in flight (the scalar loop's one load an iteration made an 8-row pack of
+        // 2048 values 7 us); the second pass reads them again, from L1
+        const bool vec = b.nb[0] == 4 && ((u64)src & 15) == 0;
+        const float4* v4 = (const float4*)src;
         float amax = 0.0f;
-        for (i64 i = lane; i < k; i += 32) amax = fmaxf(amax, fabsf(*(const float*)(src + i * b.nb[0])));
+        if (vec) {
+#pragma unroll 4
+            for (i64 c = lane; c < k / 8; c += 32) {
+                const float4 p = v4[2 * c], q = v4[2 * c + 1];
+                amax = fmaxf(amax, fmaxf(fmaxf(fmaxf(fabsf(p.x), fabsf(p.y)), fmaxf(fabsf(p.z), fabsf(p.w))),
+                                         fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w)))));
+            }
+        } else {
+            for (i64 i = lane; i < k; i += 32) amax = fmaxf(amax, fabsf(*(const float*)(src + i * b.nb[0])));
+        }
         amax = warp_max(amax);
         int e = 0;
         if (amax > 0.0f && amax <= 3.0e38f) frexpf(amax, &e);
         e = max(e, -100);
         const float scale = ldexpf(1.0f, 15 - e);
         if (lane == 0) xs[r] = ldexpf(1.0f, e - 15);
+        const auto pair = [scale](float a, float b) { return (u32)f32_to_f16(a * scale) | ((u32)f32_to_f16(b * scale) << 16); };
+        if (vec) {
+#pragma unroll 4
+            for (i64 c = lane; c < k / 8; c += 32) {
+                const float4 p = v4[2 * c], q = v4[2 * c + 1];
+                *(uint4*)(x + (r * (k / MQ_BK) + c / 8) * MQ_ROW + (c % 8) * 16) =
+                    make_uint4(pair(p.x, p.y), pair(p.z, p.w), pair(q.x, q.y), pair(q.z, q.w));
+            }
+            continue;
+        }
         for (i64 c = lane; c < k / 8; c += 32) {
             u32 h[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const float v0 = *(const float*)(src + (8 * c + 2 * j) * b.nb[0]) * scale;
-                const float v1 = *(const float*)(src + (8 * c + 2 * j + 1) * b.nb[0]) * scale;
-                h[j] = (u32)f32_to_f16(v0) | ((u32)f32_to_f16(v1) << 16);
+                h[j] = pair(*(const float*)(src + (8 * c + 2 * j) * b.nb[0]), *(const float*)(src + (8 * c + 2 * j + 1) * b.nb[0]));
             }
             *(uint4*)(x + (r * (k / MQ_BK) + c / 8) * MQ_ROW + (c % 8) * 16) = make_uint4(h[0], h[1], h[2], h[3]);
         }
@@ -720,18 +742,23 @@ __device__ __forceinline__ void me_frag_b(u32 (&B)[8], const char* xr, int c) {
 }
 
 // One work item: `rows` (<= ME_ROWS) weight rows from `w` (row m0 of its expert), the expert's
-// pairs list[first .. first + count), n8 tiles a pass, and k-chunks over all passes (`units`).
+// pairs list[first .. first + count), n8 tiles a pass, and k-chunks over all passes (`units`);
+// `up`: the rows are the up experts' (the second half of a gate-and-up launch).
 struct MeItem {
     const char* w;
     i64 m0;
-    int rows, first, count, nt, units;
+    int rows, first, count, nt, units, up;
 };
 
-__device__ __forceinline__ MeItem me_item(const Tensor& as, const MeExpert* listed, i64 i, int tiles, int chunks) {
-    const int4 ex = __ldg((const int4*)(listed + 1 + i / tiles));
+// Item i of a launch: the listed experts' 32-row tiles of `as`, then (with `as_up`, `n_half`
+// items each) the same tiles of the up experts, whose shape and strides are as's.
+__device__ __forceinline__ MeItem me_item(const Tensor& as, const char* as_up, i64 n_half, const MeExpert* listed, i64 i, int tiles, int chunks) {
     MeItem it;
+    it.up = i >= n_half;
+    if (it.up) i -= n_half;
+    const int4 ex = __ldg((const int4*)(listed + 1 + i / tiles));
     it.m0 = (i % tiles) * ME_ROWS;
-    it.w = as.data + ex.x * as.nb[2] + it.m0 * as.nb[1];
+    it.w = (it.up ? as_up : as.data) + ex.x * as.nb[2] + it.m0 * as.nb[1];
     it.rows = (int)min((i64)ME_ROWS, as.ne[1] - it.m0);
     it.first = ex.y, it.count = ex.z;
     it.nt = ex.z <= 8 ? 1 : ex.z <= 16 ? 2 : 4;
@@ -743,7 +770,8 @@ __device__ __forceinline__ MeItem me_item(const Tensor& as, const MeExpert* list
 template <int QT>
 struct MeLoader {
     MeItem it;
-    i64 i, n_items, step;
+    const char* as_up;
+    i64 i, n_items, n_half, step;
     int tiles, chunks, q;
 
     // Copies the next k-chunk (if any) into the stage at shared address `dst`; always commits a
@@ -766,7 +794,7 @@ struct MeLoader {
             if (++q == it.units) {
                 q = 0;
                 i += step;
-                if (i < n_items) it = me_item(as, listed, i, tiles, chunks);
+                if (i < n_items) it = me_item(as, as_up, n_half, listed, i, tiles, chunks);
             }
         }
         tc_commit();
@@ -852,44 +880,49 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
 
 // out[:, u, t] = as[:, :, e]^T b[:, u mod n_b, t] for the pairs of the experts `moe_prep` listed,
 // x, xs the packed rows of b. as: [K, N, E] q8_0 / nvfp4, K % 256 == 0, 16-byte aligned rows and
-// experts. Grid: any number of blocks of ME_WARPS warps (the host: one wave); dynamic shared
-// memory ME_WARPS * ME_STAGES * me_stage_bytes.
+// experts. With `as_up` (not null: experts of as's shape and strides, mul_mat_id_swiglu's up
+// experts) the same products of those go to `out_up`, in the same launch over the same grouping.
+// Grid: any number of blocks of ME_WARPS warps (the host: one wave); dynamic shared memory
+// ME_WARPS * ME_STAGES * me_stage_bytes.
 template <int QT>
-__device__ __forceinline__ void moe_mma_body(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+__device__ __forceinline__ void moe_mma_body(Tensor as, const char* as_up, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out, Tensor out_up) {
     extern __shared__ __align__(16) char me_smem[];
     constexpr int STAGE = me_stage_bytes(QT);
     const int warp = threadIdx.x >> 5;
     MeLoader<QT> ld;
     ld.chunks = (int)(as.ne[0] / (64 * ME_UNITS));
     ld.tiles = (int)((as.ne[1] + ME_ROWS - 1) / ME_ROWS);
-    ld.n_items = (i64)__ldg(&listed[0].e) * ld.tiles;
+    ld.as_up = as_up;
+    ld.n_half = (i64)__ldg(&listed[0].e) * ld.tiles;
+    ld.n_items = as_up ? 2 * ld.n_half : ld.n_half;
     ld.step = (i64)gridDim.x * ME_WARPS;
     ld.i = (i64)blockIdx.x * ME_WARPS + warp;
     ld.q = 0;
     if (ld.i >= ld.n_items) return;
-    ld.it = me_item(as, listed, ld.i, ld.tiles, ld.chunks);
+    ld.it = me_item(as, as_up, ld.n_half, listed, ld.i, ld.tiles, ld.chunks);
     char* ring = me_smem + warp * ME_STAGES * STAGE;
 #pragma unroll
     for (int s = 0; s < ME_STAGES - 1; s++) ld.issue(as, listed, tc_smem(ring + s * STAGE));
     int slot = 0;
     for (i64 i = (i64)blockIdx.x * ME_WARPS + warp; i < ld.n_items; i += ld.step) {
-        const MeItem it = me_item(as, listed, i, ld.tiles, ld.chunks);
+        const MeItem it = me_item(as, as_up, ld.n_half, listed, i, ld.tiles, ld.chunks);
+        const Tensor& o = it.up ? out_up : out;
         if (it.nt == 1) {
-            me_run_item<QT, 1>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, out);
+            me_run_item<QT, 1>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
         } else if (it.nt == 2) {
-            me_run_item<QT, 2>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, out);
+            me_run_item<QT, 2>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
         } else {
-            me_run_item<QT, 4>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, out);
+            me_run_item<QT, 4>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
         }
     }
     tc_wait<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_q8_0(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_q8_0(Tensor as, const char* as_up, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out, Tensor out_up) {
     grid_begin();
-    moe_mma_body<DT_Q8_0>(as, x, xs, n_used, n_b, list, listed, out);
+    moe_mma_body<DT_Q8_0>(as, as_up, x, xs, n_used, n_b, list, listed, out, out_up);
 }
-extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_nvfp4(Tensor as, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out) {
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_nvfp4(Tensor as, const char* as_up, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out, Tensor out_up) {
     grid_begin();
-    moe_mma_body<DT_NVFP4>(as, x, xs, n_used, n_b, list, listed, out);
+    moe_mma_body<DT_NVFP4>(as, as_up, x, xs, n_used, n_b, list, listed, out, out_up);
 }

@@ -184,17 +184,20 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode(Tensor as, i
     grid_begin();
     moe_decode_body<false>(as, as, adt, x, ldx, n_b, ids, out, err, op);
 }
-extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_glu(Tensor as, Tensor as_up, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
+// (at most 56 registers: a decode step's 9 slots x 128 blocks run in one wave)
+extern "C" __global__ void __launch_bounds__(GF_THREADS, 9) moe_decode_glu(Tensor as, Tensor as_up, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor out, u64 err, u32 op) {
     grid_begin();
     moe_decode_body<true>(as, as_up, adt, x, ldx, n_b, ids, out, err, op);
 }
 
 // mul_mat_id_weighted_sum for a few tokens: block (x, t) runs the rows x * 4 .. + 3 (a warp each)
 // of every slot u of token t, out[m, t] = sum_u w[0, u, t] * (expert ids[u, t] row m . activation
-// row (u mod n_b) + n_b t), the activations as `moe_decode` reads them. The slots go 4 at a time
-// with their loads in flight; a bad id is reported (block 0) and its slot skipped.
-#define MDS_SLOTS 4
-extern "C" __global__ void __launch_bounds__(GF_THREADS) moe_decode_sum(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor w, Tensor out, u64 err, u32 op) {
+// row (u mod n_b) + n_b t), the activations as `moe_decode` reads them. The slots go 9 at a time
+// (a qwen35moe token's 8 routed and its shared expert) with their loads in flight, at most 128
+// registers so that a token's blocks run in one wave; a bad id is reported (block 0) and its slot
+// skipped.
+#define MDS_SLOTS 9
+extern "C" __global__ void __launch_bounds__(GF_THREADS, 4) moe_decode_sum(Tensor as, int adt, const char* x, i64 ldx, i64 n_b, Tensor ids, Tensor w, Tensor out, u64 err, u32 op) {
     grid_begin();
     const i64 n_used = ids.ne[0], t = blockIdx.y;
     const int lane = threadIdx.x & 31;

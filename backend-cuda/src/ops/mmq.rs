@@ -366,7 +366,7 @@ pub(super) fn dense_mma(
             ne: [out.ne[0], 1, n, 1],
             nb: [4, 4 * out.ne[0], 4 * out.ne[0], 4 * out.ne[0] * n],
         };
-        moe_mma(cx, a, d, 1, 1, n, &g, x, xs, out3)
+        moe_mma(cx, a, d, 1, 1, n, &g, x, xs, out3, None)
     };
     Some(run(cx))
 }
@@ -416,7 +416,9 @@ pub(super) fn moe_prep(
 
 /// `out` for the pairs of the experts `moe_prep` listed in `g` (experts `w` that `moe_fits`),
 /// with b packed at `x`, `xs`: a grid of one wave, or fewer blocks when there are fewer items
-/// (32-row tiles of the at most min(n_expert, n_pairs) routed experts) than warps.
+/// (32-row tiles of the at most min(n_expert, n_pairs) routed experts) than warps. With `up` (a
+/// second set of experts of w's shape and strides, and its output of out's shape), the same
+/// launch also writes those products: mul_mat_id_swiglu's gate and up over one grouping.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moe_mma(
     cx: &mut Cx<'_>,
@@ -429,21 +431,33 @@ pub(super) fn moe_mma(
     x: u64,
     xs: u64,
     out: TensorArg,
+    up: Option<(TensorArg, TensorArg)>,
 ) -> Result<(), BackendError> {
+    if up.is_some_and(|(wu, ou)| wu.ne != w.ne || wu.nb != w.nb || ou.ne != out.ne) {
+        return Err(BackendError::Device {
+            backend: crate::errors::NAME.into(),
+            detail: "moe_mma: the up experts or their output differ in shape from the gate's".into(),
+        });
+    }
     let kernel = MOE_MMA[usize::from(d == DType::NvFp4)];
     let shared = moe_shared_bytes(d) as u32;
     cx.allow_shared(kernel, shared)?;
     let resident = cx.resident_blocks(kernel, ME_WARPS * 32, shared)?;
-    let items = w.ne[2].min(n_pairs).max(1) as u64 * tiles(w.ne[1], ME_ROWS).max(1) as u64;
+    let sets = if up.is_some() { 2 } else { 1 };
+    let items = sets * w.ne[2].min(n_pairs).max(1) as u64 * tiles(w.ne[1], ME_ROWS).max(1) as u64;
     let blocks = items.div_ceil(u64::from(ME_WARPS)).min(resident).max(1) as u32;
+    let (w_up, out_up) = up.map_or((0, out), |(wu, ou)| (wu.data, ou));
     let mut args = cx.kernel(kernel)?;
-    args.arg(&w).arg(&x).arg(&xs).arg(&n_used).arg(&n_b).arg(&g.list).arg(&g.listed).arg(&out);
-    // SAFETY: `moe_mma_*(as, x, xs, n_used, n_b, list, listed, out)`: work item i < listed[0] *
-    // ceil(N / ME_ROWS) reads rows of its listed expert e < n_expert only, in whole 16-byte pieces
-    // of k-chunks inside each row (`moe_fits`: K % 256 == 0, rows 16-byte aligned), rows past N
+    args.arg(&w).arg(&w_up).arg(&x).arg(&xs).arg(&n_used).arg(&n_b).arg(&g.list).arg(&g.listed);
+    args.arg(&out).arg(&out_up);
+    // SAFETY: `moe_mma_*(as, as_up, x, xs, n_used, n_b, list, listed, out, out_up)`: work item i <
+    // listed[0] * ceil(N / ME_ROWS) (twice that with as_up, checked above to have as's shape and
+    // strides) reads rows of its listed expert e < n_expert only, in whole 16-byte pieces of
+    // k-chunks inside each row (`moe_fits`: K % 256 == 0, rows 16-byte aligned), rows past N
     // zero-filled instead; its pairs list[first .. first + count) are valid pairs s = u + n_used t
     // (`moe_prep`), so the packed row (u mod n_b) + n_b t exists in x, xs (`packed_bytes(b)`) and
-    // out[:, u, t] lies in out [N, n_used, T]; `shared` bytes (each warp's ring) were allowed above.
+    // out[:, u, t] lies in out [N, n_used, T] (out_up likewise); `shared` bytes (each warp's ring)
+    // were allowed above.
     unsafe { args.launch(config((blocks, 1, 1), (ME_WARPS * 32, 1, 1), shared)) }?;
     Ok(())
 }

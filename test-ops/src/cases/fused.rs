@@ -673,6 +673,16 @@ fn mul_mat_id_swiglu(out: &mut Vec<Case>) {
             GateUpId { layout_w: BLOCK_WINDOW, layout_x: Layout::SWAP12, ..GateUpId::new(type_a, 8, 2, 2, 16, 128, 3) };
         out.push(strided.case());
     }
+    // A prefill-like batch where expert 0 takes slot 0 of every token (48 pairs: the tiled
+    // kernels' busy expert) and the other slots spread over the rest (the few-pairs kernels): both
+    // paths over one grouping, for the gate and the up experts.
+    for type_a in QUANTS {
+        let busy = GateUpId {
+            ids: Some(("busy0", Init::Generated(Generator { f: busy_expert0_ids, args: [8.0, 0.0, 0.0, 0.0] }))),
+            ..GateUpId::new(type_a, 8, 4, 1, 64, 256, 48)
+        };
+        out.push(busy.case());
+    }
     // An out-of-range id: the run fails like the judge's, naming the fused op.
     for type_a in GATE_UP_TYPES {
         let bad = GateUpId {
@@ -681,6 +691,20 @@ fn mul_mat_id_swiglu(out: &mut Vec<Case>) {
         };
         out.push(bad.case().expect_error());
     }
+}
+
+/// Ids `[n_used, n_tokens]` over `args[0]` experts: slot 0 of every token expert 0, the other
+/// slots distinct experts drawn from the rest.
+fn busy_expert0_ids(ne: [usize; 4], args: [f32; 4], seed: u64) -> Vec<f32> {
+    let (n_used, n_tokens, n_expert) = (ne[0], ne[1] * ne[2] * ne[3], args[0] as usize);
+    let mut g = Mix(seed);
+    let mut out = Vec::with_capacity(n_used * n_tokens);
+    for _ in 0..n_tokens {
+        let mut rest: Vec<usize> = (1..n_expert).collect();
+        let others = (1..n_used).map(|_| rest.swap_remove(g.below(rest.len())) as f32);
+        out.extend(std::iter::once(0.0).chain(others.collect::<Vec<_>>()));
+    }
+    out
 }
 
 /// A routed down-projection-and-combine case (`Routed`'s experts, activations and ids) with

@@ -157,7 +157,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     let dtype = task.inputs.first().map(|t| t.meta.dtype);
     match (task.op, ins, dtype) {
         (Op::MulMat, [a, b], Some(d)) => mul_mat(cx, *a, d, *b, out),
-        (Op::MulMatId, [w, b, ids], Some(d)) => mul_mat_id(cx, *w, d, *b, *ids, out, op_code("mul_mat_id")),
+        (Op::MulMatId, [w, b, ids], Some(d)) => mul_mat_id(cx, *w, d, *b, *ids, out, None, op_code("mul_mat_id")),
         (Op::MulMatSwiglu, [wg, wu, b], Some(d)) => {
             if glu_gemv_fits(wg, wu, d, b) {
                 return gemv_fast_glu(cx, *wg, *wu, d, *b, out);
@@ -173,8 +173,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             }
             let up = glu_up(cx, task, out)?;
             let op = op_code("mul_mat_id_swiglu");
-            mul_mat_id(cx, *wg, d, *b, *ids, out, op)?;
-            mul_mat_id(cx, *wu, d, *b, *ids, up, op)?;
+            mul_mat_id(cx, *wg, d, *b, *ids, out, Some((*wu, up)), op)?;
             super::elementwise::swiglu_f32(cx, out, up, out)
         }
         (Op::MulMatIdWeightedSum, [w, b, ids, rw], Some(d)) => {
@@ -187,7 +186,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             let ne = [w.ne[1], ids.ne[0], ids.ne[1], 1];
             let nb = [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]];
             let y = TensorArg { data: cx.scratch + at as u64, ne, nb };
-            mul_mat_id(cx, *w, d, *b, *ids, y, op)?;
+            mul_mat_id(cx, *w, d, *b, *ids, y, None, op)?;
             weighted_slot_sum(cx, y, *rw, out)
         }
         _ => Err(unsupported(task, "not a matmul op with its inputs")),
@@ -201,6 +200,9 @@ fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
     let strides_ok = (1..4).all(|i| a.ne[i] <= 1 || a.nb[i] % 16 == 0);
     a.data.is_multiple_of(16) && row_bytes.is_multiple_of(16) && strides_ok
 }
+
+/// Tokens at which mul_mat runs the one-token ring GEMV once per token instead of `gemv_fast`.
+const RING_PER_TOKEN: i64 = 2;
 
 fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     let n = b.ne[1];
@@ -225,6 +227,19 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let bulk = cx.info.compute_capability.0 >= 9;
     if let Some(plan) = gemv_ring_plan(&a, d, &b, cx.info.max_shared_per_block, stages, bulk) {
         return gemv_ring(cx, a, d, b, out, plan);
+    }
+    // Two tokens against a matrix the ring GEMV takes: the ring GEMV once per token. It reads
+    // the matrix twice, yet beats `gemv_fast_2`, whose loads of the activations for each 16-value
+    // unit bound it (docs/perf-log/kernels-matmul.md).
+    if n == RING_PER_TOKEN && b.ne[2] * b.ne[3] == 1 && out.ne[2] * out.ne[3] == 1 {
+        let column =
+            |t: &TensorArg, i: i64| TensorArg { data: t.data + (i * t.nb[1]) as u64, ne: [t.ne[0], 1, 1, 1], nb: t.nb };
+        if let Some(plan) = gemv_ring_plan(&a, d, &column(&b, 0), cx.info.max_shared_per_block, stages, bulk) {
+            for i in 0..n {
+                gemv_ring(cx, a, d, column(&b, i), column(&out, i), plan)?;
+            }
+            return Ok(());
+        }
     }
     if let Some(kernel) = word_gemv(&a, d, &b) {
         return gemv_words(cx, a, b, out, kernel);

@@ -90,7 +90,10 @@ fn moe_groups_bytes(n_expert: usize, n_pairs: usize) -> usize {
 }
 
 /// mul_mat_id; `op` is the code device errors (a bad expert id) name: mul_mat_id's, or that of
-/// the fused op running it.
+/// the fused op running it. With `up` (mul_mat_id_swiglu's up experts, of w's shape and strides,
+/// and where their products go) both products are written; on `moe_mma_*` they share one grouping
+/// and one launch.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn mul_mat_id(
     cx: &mut Cx<'_>,
     w: TensorArg,
@@ -98,11 +101,20 @@ pub(super) fn mul_mat_id(
     b: TensorArg,
     ids: TensorArg,
     out: TensorArg,
+    up: Option<(TensorArg, TensorArg)>,
     op: u32,
 ) -> Result<(), BackendError> {
     let n_expert = w.ne[2];
     let n_pairs = ids.nelements();
     let mma = moe_mma_fits(cx, &w, d, &ids);
+    let shared_grouping = up.is_some_and(|(wu, _)| wu.nb == w.nb && wu.ne == w.ne && moe_mma_fits(cx, &wu, d, &ids));
+    if let Some((wu, out_up)) = up
+        && !(mma && shared_grouping && !moe_decode_taken(&w, d, &ids, mma))
+    {
+        // each product on its own path
+        mul_mat_id(cx, w, d, b, ids, out, None, op)?;
+        return mul_mat_id(cx, wu, d, b, ids, out_up, None, op);
+    }
     if moe_decode_taken(&w, d, &ids, mma) {
         return moe_decode(cx, w, None, d, b, ids, out, op);
     }
@@ -115,11 +127,14 @@ pub(super) fn mul_mat_id(
         let tiled = n_pairs > MOE_TILED_AVG * n_expert && mmq::tiled_id_fits(cx, &w, d);
         let max_pairs = if tiled { MOE_MMA_MAX } else { i32::MAX };
         let xs = mmq::moe_prep(cx, ids, n_expert, &g, max_pairs, b, Some(packed), op)?;
-        mmq::moe_mma(cx, w, d, b.ne[1], n_used, n_pairs, &g, packed, xs, out)?;
+        mmq::moe_mma(cx, w, d, b.ne[1], n_used, n_pairs, &g, packed, xs, out, up)?;
         if tiled {
             let (offsets, list) = (g.offsets, g.list);
-            let busy = mmq::mul_mat_id(cx, w, d, b, n_used, n_pairs, offsets, list, max_pairs, out, packed, Some(xs));
-            return busy.unwrap_or_else(|| Err(unsupported_id("the tiled kernels refused experts they fit")));
+            for (w, out) in std::iter::once((w, out)).chain(up) {
+                let busy =
+                    mmq::mul_mat_id(cx, w, d, b, n_used, n_pairs, offsets, list, max_pairs, out, packed, Some(xs));
+                busy.unwrap_or_else(|| Err(unsupported_id("the tiled kernels refused experts they fit")))?;
+            }
         }
         return Ok(());
     }
