@@ -1,7 +1,7 @@
 //! Fused ops (`kernels/fused.cu`), one launch each: the norms (add_rms_norm_mul, rms_norm_mul,
 //! gated_rms_norm) a warp or a block per row, rms_norm_mul_rope a warp per head row in blocks of
-//! one token's heads (rope.cu's grid; not yet run on a GPU when it was written), the router (softmax_top_k a block per row,
-//! moe_weights a warp per row) over rows of up to [`ROUTER_MAX`] logits, its probabilities
+//! one token's heads (rope.cu's grid), the router (softmax_top_k a block per row, moe_weights a
+//! warp per row) over rows of up to [`ROUTER_MAX`] logits, its probabilities
 //! computed as reduce.cu's softmax computes them (TAG(softmax-probs)).
 
 use tessera_graph::{BackendError, Task};
