@@ -1,4 +1,5 @@
-// fused.cu: fused ops, each one launch computing what the subgraph it replaces computes.
+// fused.cu: fused ops, each one launch computing what the subgraph it replaces computes (with
+// norm.cuh's row walk and rope.cuh's angles).
 //
 // Norm rows (add_rms_norm_mul, rms_norm_mul, gated_rms_norm; rms_norm_mul_rope below): f32 rows with dense elements (the
 // shape rules), any outer strides; the weight w (any strides) broadcasts to the rows by ggml's
@@ -18,27 +19,6 @@
 // and the row's (max, sum).
 
 #define FZ_ROWS_PER_WARP_BLOCK 8
-
-// The row a thread works on, its lane within the row's group and the group's size (a warp in
-// WARP mode, else the block).
-template <bool WARP>
-struct FzRows {
-    i64 first, step;
-    int lane, size;
-    __device__ __forceinline__ FzRows() {
-        if (WARP) {
-            first = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-            step = (i64)gridDim.x * (blockDim.x >> 5);
-            lane = threadIdx.x & 31;
-            size = 32;
-        } else {
-            first = blockIdx.x;
-            step = gridDim.x;
-            lane = threadIdx.x;
-            size = blockDim.x;
-        }
-    }
-};
 
 __device__ __forceinline__ i64 fz_row_off(const Tensor& t, i64 i1, i64 i2, i64 i3) {
     return i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
@@ -80,7 +60,7 @@ __device__ __forceinline__ float fz_norm_value(float e, float scale, float wt, f
 template <bool WARP, int NV, int MODE>
 __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {
     __shared__ float sh[32];
-    FzRows<WARP> g;
+    RowGroup<WARP> g;
     const i64 n = x.ne[0], rows = x.ne[1] * x.ne[2] * x.ne[3];
     const bool w_full = w.ne[0] == n;
     for (i64 r = g.first; r < rows; r += g.step) {
@@ -167,41 +147,20 @@ FZ_NORM_KERNELS(FZ_ADD, add_rms_norm_mul)
 // outer strides: q is a view of the joint q+gate projection), hd <= FZ_ROPE_HD_MAX; w f32
 // broadcasting to x; pos i32 as rope_multi's (n_tokens, or 4 * n_tokens stream-major with
 // sections); y f32 contiguous. Grid (n_tokens, head groups) of 256 threads, as rope.cu: the block
-// computes its token's n_rot / 2 (cos, sin) once, exactly as rope.cu does (TAG(rope-angle)), then
+// computes its token's n_rot / 2 (cos, sin) once with rope.cuh's code, as rope.cu does, then
 // each warp takes one head row at a time: the norm as rms_norm_mul_warp computes it (the same
 // NV = 8 registers per lane, the same sum order: the same bits), the weighted row into shared
-// memory, then each element rotated with its pair partner as rope.cu rotates it.
+// memory, then each element rotated with its pair partner by rope.cuh's rotation.
 
 #define FZ_ROPE_HD_MAX 256
 #define FZ_ROPE_WARPS 8
-#define FZ_ROPE_NEOX 0
-
-// rope.cu's rope_stream (TAG(rope-angle)): the position stream of pair `pair`.
-__device__ __forceinline__ int fz_rope_stream(int has_sections, int s0, int s1, int s2, int s3, int pair) {
-    if (!has_sections) return 0;
-    int s = pair % (s0 + s1 + s2 + s3);
-    if (s % 3 == 1 && s < 3 * s1) return 1;
-    if (s % 3 == 2 && s < 3 * s2) return 2;
-    if (s % 3 == 0 && s < 3 * s0) return 0;
-    return 3;
-}
 
 extern "C" __global__ void rms_norm_mul_rope(Tensor y, Tensor x, Tensor w, Tensor pos, float eps, int n_rot, float freq_base, int pairing, int has_sections, int s0, int s1, int s2, int s3, int heads_per_block) {
     grid_begin();
     __shared__ float table[FZ_ROPE_HD_MAX];                   // n_rot / 2 cosines, then n_rot / 2 sines
     __shared__ float rows[FZ_ROPE_WARPS][FZ_ROPE_HD_MAX];     // each warp's weighted norm row
-    const int half = n_rot >> 1;
-    const i64 t = blockIdx.x, n_tokens = x.ne[2];
-    // TAG(rope-angle): rope.cu's table, term for term.
-    for (int p = threadIdx.x; p < half; p += blockDim.x) {
-        int stream = fz_rope_stream(has_sections, s0, s1, s2, s3, p);
-        double position = (double)*(const int*)(pos.data + (stream * n_tokens + t) * pos.nb[0]);
-        double inv_freq = pow((double)freq_base, (-2.0 * (double)p) / (double)n_rot);
-        double sn, cs;
-        sincos(position * inv_freq, &sn, &cs);
-        table[p] = (float)cs;
-        table[half + p] = (float)sn;
-    }
+    const i64 t = blockIdx.x;
+    rope_table(table, pos, t, x.ne[2], n_rot, freq_base, has_sections, s0, s1, s2, s3);
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = (int)x.ne[0];
@@ -232,27 +191,8 @@ extern "C" __global__ void rms_norm_mul_rope(Tensor y, Tensor x, Tensor w, Tenso
         }
         __syncwarp();
         float* yr = (float*)(y.data + h * y.nb[1] + t * y.nb[2]);
-        // rope.cu's rotation of element i0 (TAG(rope-angle)).
         for (int i0 = lane; i0 < n; i0 += 32) {
-            float out;
-            if (i0 < n_rot) {
-                int p, a, b;
-                if (pairing == FZ_ROPE_NEOX) {
-                    p = i0 < half ? i0 : i0 - half;
-                    a = p;
-                    b = p + half;
-                } else {
-                    p = i0 >> 1;
-                    a = 2 * p;
-                    b = a + 1;
-                }
-                float xa = sh[a], xb = sh[b];
-                float c = table[p], s = table[half + p];
-                out = i0 == a ? xa * c - xb * s : xa * s + xb * c;
-            } else {
-                out = sh[i0];
-            }
-            yr[i0] = out;
+            yr[i0] = i0 < n_rot ? rope_rotated(i0, n_rot, pairing, table, [sh](int d) { return sh[d]; }) : sh[i0];
         }
         // The row is read by the whole warp before the next head overwrites it.
         __syncwarp();

@@ -30,6 +30,7 @@ use crate::CudaError;
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const MATMUL: &str = include_str!("../kernels/matmul.cuh");
 const NORM: &str = include_str!("../kernels/norm.cuh");
+const ROPE: &str = include_str!("../kernels/rope.cuh");
 
 /// One kernel source file: an op family, or one kernel family of mul_mat / mul_mat_id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -132,6 +133,8 @@ impl Module {
         match self {
             Module::Pack | Module::Gemv | Module::Moe => &[("matmul.cuh", MATMUL)],
             Module::Reduce | Module::DeltaNet => &[("norm.cuh", NORM)],
+            Module::Rope => &[("rope.cuh", ROPE)],
+            Module::Fused => &[("norm.cuh", NORM), ("rope.cuh", ROPE)],
             _ => &[],
         }
     }

@@ -130,8 +130,8 @@ fn norms_match_their_compositions() {
 
 /// `rms_norm_mul_rope` against `rope_multi(rms_norm_mul(..))` on the GPU: qwen35's q viewed in
 /// the joint q+gate projection (256 wide, 64 rotated, imrope) and qwen3's heads (128, plain),
-/// at decode and a few tokens. The kernel repeats rms_norm_mul_warp's norm and rope.cu's angles
-/// (TAG(rope-angle)), so the two agree to rounding.
+/// at decode and a few tokens. The kernel repeats rms_norm_mul_warp's norm and uses rope.cu's
+/// angles (`rope.cuh`), so the two agree to rounding.
 #[test]
 fn rms_norm_mul_rope_matches_its_composition() {
     use tessera_ops::{RopePairing, RopeParams};

@@ -72,7 +72,8 @@ fn refused_ops_fall_back_to_the_second_backend_with_identical_results() {
 #[test]
 fn a_refused_state_update_is_an_error_naming_the_op() {
     let f = file("tiny");
-    let mut first = Refusing::new(CpuBackend::new(), &["gated_delta_net"]);
+    // (with the passes on the step holds gated_delta_net_fused; without, gated_delta_net)
+    let mut first = Refusing::new(CpuBackend::new(), &["gated_delta_net", "gated_delta_net_fused"]);
     let m = Model::load(&f, &mut first, opts()).unwrap();
     let mut e =
         Engine::with_fallback(m, Box::new(first), Box::new(CpuBackend::new()), EngineConfig { max_tokens_per_step: 8 })

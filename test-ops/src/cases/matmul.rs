@@ -125,10 +125,11 @@ fn quantized(out: &mut Vec<Case>) {
             out.push(MulMat::new(type_a, m, 1, k).case());
         }
         out.push(MulMat::new(type_a, 300, 1, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
-        // Two tokens of windowed (and of transposed) activations against contiguous rows (a
-        // backend may run a 1-token GEMV once a token over views of the columns).
+        // Two and four tokens of windowed (and of transposed) activations against contiguous
+        // rows (a backend may run a 1-token GEMV once a token over views of the columns).
         out.push(MulMat::new(type_a, 300, 2, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
         out.push(MulMat::new(type_a, 300, 2, 512).layouts(Layout::Contiguous, Layout::TRANSPOSED).case());
+        out.push(MulMat::new(type_a, 700, 4, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
         // 2 to 8 tokens over enough rows for a backend to share each activation load among
         // several rows a block, with row counts that leave a short last block, and batches.
         for (m, n, k) in [(1058, 5, 256), (1100, 2, 512), (601, 8, 1024), (2049, 3, 256)] {

@@ -18,7 +18,8 @@
 //!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
-//!   0) takes the ring GEMV `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (`gemv_ring_plan`): rows
+//!   0) takes the ring GEMV `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (`gemv_ring_plan`), and so
+//!   does each of 2-4 tokens (`RING_PER_TOKEN_MAX`): rows
 //!   streamed through a ring of shared-memory stages (bulk copies on sm_90+), a thread per
 //!   64-value unit of the row with its activations quantized in the kernel and kept in
 //!   registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
@@ -201,8 +202,9 @@ fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
     a.data.is_multiple_of(16) && row_bytes.is_multiple_of(16) && strides_ok
 }
 
-/// Tokens at which mul_mat runs the one-token ring GEMV once per token instead of `gemv_fast`.
-const RING_PER_TOKEN: i64 = 2;
+/// Most tokens for which mul_mat runs the one-token ring GEMV once per token (from 2) instead of
+/// `gemv_fast`.
+const RING_PER_TOKEN_MAX: i64 = 4;
 
 fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     let n = b.ne[1];
@@ -228,10 +230,10 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if let Some(plan) = gemv_ring_plan(&a, d, &b, cx.info.max_shared_per_block, stages, bulk) {
         return gemv_ring(cx, a, d, b, out, plan);
     }
-    // Two tokens against a matrix the ring GEMV takes: the ring GEMV once per token. It reads
-    // the matrix twice, yet beats `gemv_fast_2`, whose loads of the activations for each 16-value
-    // unit bound it (docs/perf-log/kernels-matmul.md).
-    if n == RING_PER_TOKEN && b.ne[2] * b.ne[3] == 1 && out.ne[2] * out.ne[3] == 1 {
+    // 2-4 tokens against a matrix the ring GEMV takes: the ring GEMV once per token. It reads
+    // the matrix once a token, yet beats `gemv_fast_2` / `_4`, whose loads of the activations for
+    // each 16-value unit bound them (docs/perf-log/kernels-matmul.md).
+    if (2..=RING_PER_TOKEN_MAX).contains(&n) && b.ne[2] * b.ne[3] == 1 && out.ne[2] * out.ne[3] == 1 {
         let column =
             |t: &TensorArg, i: i64| TensorArg { data: t.data + (i * t.nb[1]) as u64, ne: [t.ne[0], 1, 1, 1], nb: t.nb };
         if let Some(plan) = gemv_ring_plan(&a, d, &column(&b, 0), cx.info.max_shared_per_block, stages, bulk) {
