@@ -107,15 +107,16 @@ pub(super) fn mul_mat_id(
     let n_expert = w.ne[2];
     let n_pairs = ids.nelements();
     let mma = moe_mma_fits(cx, &w, d, &ids);
-    let shared_grouping = up.is_some_and(|(wu, _)| wu.nb == w.nb && wu.ne == w.ne && moe_mma_fits(cx, &wu, d, &ids));
-    if let Some((wu, out_up)) = up
-        && !(mma && shared_grouping && !moe_decode_taken(&w, d, &ids, mma))
-    {
-        // each product on its own path
-        mul_mat_id(cx, w, d, b, ids, out, None, op)?;
-        return mul_mat_id(cx, wu, d, b, ids, out_up, None, op);
+    let decode = moe_decode_taken(&w, d, &ids, mma);
+    if let Some((wu, out_up)) = up {
+        let one_launch = mma && !decode && wu.nb == w.nb && wu.ne == w.ne && moe_mma_fits(cx, &wu, d, &ids);
+        if !one_launch {
+            // each product on its own path
+            mul_mat_id(cx, w, d, b, ids, out, None, op)?;
+            return mul_mat_id(cx, wu, d, b, ids, out_up, None, op);
+        }
     }
-    if moe_decode_taken(&w, d, &ids, mma) {
+    if decode {
         return moe_decode(cx, w, None, d, b, ids, out, op);
     }
     let n_used = ids.ne[0];
@@ -124,7 +125,9 @@ pub(super) fn mul_mat_id(
         + moe_packed_at(n_expert as usize, n_pairs as usize, b.nelements() as usize, b.ne[0] as usize) as u64;
     if mma {
         // many pairs an expert: the busiest experts take 128-column tiles
-        let tiled = n_pairs > MOE_TILED_AVG * n_expert && mmq::tiled_id_fits(cx, &w, d);
+        let tiled = n_pairs > MOE_TILED_AVG * n_expert
+            && mmq::tiled_id_fits(cx, &w, d)
+            && up.is_none_or(|(wu, _)| mmq::tiled_id_fits(cx, &wu, d));
         let max_pairs = if tiled { MOE_MMA_MAX } else { i32::MAX };
         let xs = mmq::moe_prep(cx, ids, n_expert, &g, max_pairs, b, Some(packed), op)?;
         mmq::moe_mma(cx, w, d, b.ne[1], n_used, n_pairs, &g, packed, xs, out, up)?;
