@@ -18,11 +18,10 @@
 //!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
-//!   0) takes the ring GEMV `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (`gemv_ring_plan`), and so
-//!   does each of 2-4 tokens (`RING_PER_TOKEN_MAX`): rows
-//!   streamed through a ring of shared-memory stages (bulk copies on sm_90+), a thread per
-//!   64-value unit of the row with its activations quantized in the kernel and kept in
-//!   registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
+//!   0), and each of 2-4 tokens in turn (`RING_PER_TOKEN_MAX`), takes the ring GEMV
+//!   `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (`gemv_ring_plan`): rows streamed through a ring
+//!   of shared-memory stages (bulk copies on sm_90+), a thread per 64-value unit of the row with
+//!   its activations quantized in the kernel and kept in registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
 //!   takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a
 //!   thread. Both come closer to the copy bandwidth at one token than the GEMVs before them
 //!   (docs/perf-log/kernels-matmul.md). 5-8 tokens against contiguous q8_0 / nvfp4 matrices of
