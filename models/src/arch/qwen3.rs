@@ -14,7 +14,10 @@ use tessera_graph::{Backend, Tensor};
 use tessera_ops::{RopePairing, RopeParams};
 
 use crate::arch::{ArchSpec, Architecture, LayerCacheNeed, StepBuilder};
-use crate::config::{Arch, BlockPart, ConfigError, Dim, Ffn, Field, KeySpec, ModelConfig, TensorGroup, t};
+use crate::config::{
+    Arch, BlockPart, ConfigError, Dim, EMBEDDING_AND_FINAL_NORM, Ffn, Field, KeySpec, ModelConfig, TensorGroup,
+    UNTIED_HEAD, t,
+};
 use crate::layers::attention::{self, AttentionSpec};
 use crate::layers::ffn::{self, MoeSpec};
 use crate::layers::norm::{rms_norm, token_embedding};
@@ -48,7 +51,7 @@ pub static QWEN3: ArchSpec = ArchSpec {
     name: "qwen3",
     hf_names: &["Qwen3ForCausalLM", "qwen3"],
     keys: common_keys![KeySpec::required("feed_forward_length", Field::FeedForwardLength)],
-    tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, DENSE_FFN],
+    tensors: &[EMBEDDING_AND_FINAL_NORM, UNTIED_HEAD, BLOCK, DENSE_FFN],
     make: Qwen3::make,
     presets: &[
         ("qwen3-tiny", || preset(Arch::of(&QWEN3), 4, 64, 2, 1, 32, Ffn::Dense { n_ff: 128 }, 256)),
@@ -65,7 +68,7 @@ pub static QWEN3MOE: ArchSpec = ArchSpec {
         KeySpec::required("expert_used_count", Field::ExpertUsedCount),
         KeySpec::required("expert_feed_forward_length", Field::ExpertFeedForwardLength),
     ],
-    tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, MOE_FFN],
+    tensors: &[EMBEDDING_AND_FINAL_NORM, UNTIED_HEAD, BLOCK, MOE_FFN],
     make: Qwen3::make,
     presets: &[
         ("qwen3moe-tiny", || {
@@ -114,14 +117,6 @@ fn preset(
 
 // The tensors (llama.cpp's `LLM_TENSOR_NAMES`, `create_tensor` calls of qwen3.cpp / qwen3moe.cpp),
 // shapes in ggml order, in file order.
-
-const GLOBAL: TensorGroup = TensorGroup {
-    part: BlockPart::Global,
-    tensors: &[t("token_embd.weight", &[Dim::Embd, Dim::Vocab]), t("output_norm.weight", &[Dim::Embd])],
-};
-
-const UNTIED_HEAD: TensorGroup =
-    TensorGroup { part: BlockPart::UntiedHead, tensors: &[t("output.weight", &[Dim::Embd, Dim::Vocab])] };
 
 const BLOCK: TensorGroup = TensorGroup {
     part: BlockPart::Block,

@@ -15,7 +15,8 @@ use tessera_ops::{RopePairing, RopeParams};
 
 use crate::arch::{ArchSpec, Architecture, LayerCacheNeed, StepBuilder};
 use crate::config::{
-    Arch, BlockPart, ConfigError, Dim, Ffn, Field, KeySpec, LayerKind, ModelConfig, SsmConfig, TensorGroup, t,
+    Arch, BlockPart, ConfigError, Dim, EMBEDDING_AND_FINAL_NORM, Ffn, Field, KeySpec, LayerKind, ModelConfig,
+    SsmConfig, TensorGroup, UNTIED_HEAD, t,
 };
 use crate::layers::attention::{self, AttentionSpec, GateLayout};
 use crate::layers::delta_net::{self, DeltaNetSpec};
@@ -62,7 +63,7 @@ pub static QWEN35: ArchSpec = ArchSpec {
     name: "qwen35",
     hf_names: &["Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForConditionalGeneration", "qwen3_5"],
     keys: qwen35_keys![KeySpec::required("feed_forward_length", Field::FeedForwardLength);],
-    tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, DENSE_FFN],
+    tensors: &[EMBEDDING_AND_FINAL_NORM, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, DENSE_FFN],
     make: Qwen35::make,
     presets: &[
         ("tiny", || tiny(Arch::of(&QWEN35))),
@@ -88,7 +89,7 @@ pub static QWEN35MOE: ArchSpec = ArchSpec {
         KeySpec::required("expert_feed_forward_length", Field::ExpertFeedForwardLength),
         KeySpec::required("expert_shared_feed_forward_length", Field::ExpertSharedFeedForwardLength),
     ],
-    tensors: &[GLOBAL, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, MOE_FFN, SHARED_EXPERT],
+    tensors: &[EMBEDDING_AND_FINAL_NORM, UNTIED_HEAD, BLOCK, ATTENTION, RECURRENT, MOE_FFN, SHARED_EXPERT],
     make: Qwen35::make,
     presets: &[
         ("tiny-moe", || ModelConfig {
@@ -159,14 +160,6 @@ fn real(arch: Arch) -> ModelConfig {
 
 // The tensors (llama.cpp's `LLM_TENSOR_NAMES`, llama-arch.cpp), shapes in ggml order (notes §6.3),
 // in file order.
-
-const GLOBAL: TensorGroup = TensorGroup {
-    part: BlockPart::Global,
-    tensors: &[t("token_embd.weight", &[Dim::Embd, Dim::Vocab]), t("output_norm.weight", &[Dim::Embd])],
-};
-
-const UNTIED_HEAD: TensorGroup =
-    TensorGroup { part: BlockPart::UntiedHead, tensors: &[t("output.weight", &[Dim::Embd, Dim::Vocab])] };
 
 const BLOCK: TensorGroup = TensorGroup {
     part: BlockPart::Block,

@@ -126,7 +126,9 @@ mod tensors;
 
 pub use keys::{Field, KeySpec, Presence};
 pub(crate) use tensors::merged_gate_up;
-pub use tensors::{BlockPart, Dim, TensorGroup, TensorProblem, TensorSpec, TensorTemplate, t};
+pub use tensors::{
+    BlockPart, Dim, EMBEDDING_AND_FINAL_NORM, TensorGroup, TensorProblem, TensorSpec, TensorTemplate, UNTIED_HEAD, t,
+};
 
 /// Most blocks (`block_count`) a config may have; also the largest `full_attention_interval`.
 pub const MAX_LAYERS: usize = 4096;

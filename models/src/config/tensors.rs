@@ -92,6 +92,16 @@ pub const fn t(name: &'static str, shape: &'static [Dim]) -> TensorTemplate {
     TensorTemplate { name, shape }
 }
 
+/// The token embedding and final norm, as every llama.cpp decoder names them.
+pub const EMBEDDING_AND_FINAL_NORM: TensorGroup = TensorGroup {
+    part: BlockPart::Global,
+    tensors: &[t("token_embd.weight", &[Dim::Embd, Dim::Vocab]), t("output_norm.weight", &[Dim::Embd])],
+};
+
+/// The LM head of a model whose head is not the embedding (`output.weight`).
+pub const UNTIED_HEAD: TensorGroup =
+    TensorGroup { part: BlockPart::UntiedHead, tensors: &[t("output.weight", &[Dim::Embd, Dim::Vocab])] };
+
 /// One weight tensor: its llama.cpp name and shape in ggml order (`ne[0]` innermost, padded with 1s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
