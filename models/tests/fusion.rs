@@ -4,28 +4,18 @@
 
 use tessera_cpu::CpuBackend;
 use tessera_models::gguf::GgufFile;
-use tessera_models::model::{Bucket, Logits, Model, ModelOptions};
+use tessera_models::model::{Bucket, Logits, Model};
 use tessera_ops::DType;
 
+mod model_steps;
 mod synth_file;
+use model_steps::opts;
 use synth_file::synth_file;
 
 const PRESETS: [&str; 2] = ["tiny", "tiny-moe"];
 
 fn file(preset: &str) -> GgufFile {
     synth_file(preset, DType::F32, 11)
-}
-
-fn opts() -> ModelOptions {
-    ModelOptions {
-        kv_blocks: 32,
-        block_size: 4,
-        max_context: 64,
-        kv_dtype: DType::F32,
-        merge_projections: true,
-        route_shared_expert: 64,
-        ..ModelOptions::default()
-    }
 }
 
 /// Every logit of a 9-token prompt, then of a 3-sequence mixed step.

@@ -11,21 +11,9 @@ use tessera_ops::DType;
 
 mod model_steps;
 mod synth_file;
-use model_steps::{assert_close, file, load, nmse, run_chunks, tokens};
+use model_steps::{assert_close, file, load, nmse, opts, run_chunks, tokens};
 
 const PRESETS: [&str; 2] = ["tiny", "tiny-moe"];
-
-fn opts() -> ModelOptions {
-    ModelOptions {
-        kv_blocks: 32,
-        block_size: 4,
-        max_context: 64,
-        kv_dtype: DType::F32,
-        merge_projections: true,
-        route_shared_expert: 64,
-        ..ModelOptions::default()
-    }
-}
 
 #[test]
 fn logits_are_finite_and_shaped() {

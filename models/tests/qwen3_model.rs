@@ -5,24 +5,12 @@
 
 use tessera_models::config::{ConfigError, ModelConfig};
 use tessera_models::model::{Logits, ModelOptions};
-use tessera_ops::DType;
 
 mod model_steps;
 mod synth_file;
-use model_steps::{assert_close, load, run_chunks, tokens};
+use model_steps::{assert_close, load, opts, run_chunks, tokens};
 
 const PRESETS: [&str; 2] = ["qwen3-tiny", "qwen3moe-tiny"];
-
-fn opts() -> ModelOptions {
-    ModelOptions {
-        kv_blocks: 32,
-        block_size: 4,
-        max_context: 64,
-        kv_dtype: DType::F32,
-        merge_projections: true,
-        ..ModelOptions::default()
-    }
-}
 
 #[test]
 fn the_file_loads_as_its_family() {

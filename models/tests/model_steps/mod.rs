@@ -1,4 +1,4 @@
-//! Helpers of the model-level CPU tests (`qwen35_model.rs`, `qwen3_model.rs`): a preset's f32
+//! Helpers of the model-level CPU tests (`qwen35_model.rs`, `qwen3_model.rs`, `fusion.rs`): a preset's f32
 //! checkpoint loaded on the CPU backend, seeded token streams, NMSE, and prompts fed in chunks.
 //! The test file declares `mod synth_file;` beside `mod model_steps;`.
 
@@ -21,6 +21,21 @@ pub fn load(preset: &str, opts: ModelOptions) -> (Model, CpuBackend) {
     let mut be = CpuBackend::new();
     let m = Model::load(&file(preset), &mut be, opts).unwrap();
     (m, be)
+}
+
+/// The small models' options: 32 blocks of 4 cells (64 tokens of context), f32 KV, the
+/// projections stacked, a MoE block's shared expert routed with the experts (for a family with
+/// one).
+pub fn opts() -> ModelOptions {
+    ModelOptions {
+        kv_blocks: 32,
+        block_size: 4,
+        max_context: 64,
+        kv_dtype: DType::F32,
+        merge_projections: true,
+        route_shared_expert: 64,
+        ..ModelOptions::default()
+    }
 }
 
 /// `n` token ids below 256 (every tiny preset's vocabulary), a different stream per `seed`.
