@@ -591,22 +591,16 @@ fn override_value(slot: &Value, key: &str, value: &str) -> Result<Value, ConfigE
     Ok(match slot {
         Value::U32(_) => Value::U32(value.parse().map_err(|_| bad(key, value, "u32"))?),
         Value::F32(_) => Value::F32(value.parse().map_err(|_| bad(key, value, "f32"))?),
-        Value::Array(Array::I32(_)) => Value::Array(Array::I32(
-            value
-                .split(',')
-                .map(|s| s.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| bad(key, value, "comma-separated i32 list"))?,
-        )),
-        Value::Array(Array::Bool(_)) => Value::Array(Array::Bool(
-            value
-                .split(',')
-                .map(|s| s.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| bad(key, value, "comma-separated bool list"))?,
-        )),
+        Value::Array(Array::I32(_)) => Value::Array(Array::I32(list(key, value, "i32")?)),
+        Value::Array(Array::Bool(_)) => Value::Array(Array::Bool(list(key, value, "bool")?)),
         other => return Err(bad(key, value, &other.type_description())),
     })
+}
+
+/// `value` as a comma-separated list of `T` (`what` names T in the error).
+fn list<T: std::str::FromStr>(key: &str, value: &str, what: &str) -> Result<Vec<T>, ConfigError> {
+    let parsed = value.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>();
+    parsed.map_err(|_| bad(key, value, &format!("comma-separated {what} list")))
 }
 
 /// The config of `f`, read with the declarations of its family.
