@@ -5,8 +5,9 @@
 //! computed as reduce.cu's softmax computes them (TAG(softmax-probs)).
 
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{Op, RmsNormMulRopeParams, RopePairing, TensorMeta};
+use tessera_ops::{Op, RmsNormMulRopeParams, TensorMeta};
 
+use super::rope::RopeGrid;
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
 use crate::launch::{Cx, TensorArg, blocks_for, config, unsupported};
@@ -201,23 +202,11 @@ fn norm_rope(
     if y.nelements() == 0 {
         return Ok(());
     }
-    let groups = (512 / n_tokens.max(1)).clamp(1, n_head.max(1));
-    let heads_per_block = ((n_head + groups - 1) / groups).max((n_head + 65534) / 65535).max(1);
-    let groups = ((n_head + heads_per_block - 1) / heads_per_block).max(1) as u32;
-    let r = &p.rope;
-    let n_rot = r.n_rot as i32;
-    let pairing: i32 = match r.pairing {
-        RopePairing::Neox => 0,
-        RopePairing::Adjacent => 1,
-    };
-    let (has_sections, sec) = match r.sections {
-        Some(s) => (1i32, s.map(|v| v as i32)),
-        None => (0i32, [0; 4]),
-    };
-    let hpb = heads_per_block as i32;
+    let grid = RopeGrid::new(&p.rope, n_head, n_tokens);
     let mut a = cx.kernel(RMS_NORM_MUL_ROPE)?;
-    a.arg(&y).arg(&x).arg(&w).arg(&pos).arg(&p.norm.eps).arg(&n_rot).arg(&r.freq_base).arg(&pairing);
-    a.arg(&has_sections).arg(&sec[0]).arg(&sec[1]).arg(&sec[2]).arg(&sec[3]).arg(&hpb);
+    a.arg(&y).arg(&x).arg(&w).arg(&pos).arg(&p.norm.eps);
+    grid.angle_args(&mut a);
+    a.arg(&grid.heads_per_block);
     // SAFETY: `rms_norm_mul_rope(y, x, w, pos, eps, n_rot, freq_base, pairing, has_sections,
     // s0..s3, heads_per_block)`; grid (n_tokens, groups) with groups * heads_per_block >= n_head,
     // each block's heads clipped to n_head; x f32 [hd, n_head, n_tokens, 1] with dense rows and hd
@@ -226,5 +215,5 @@ fn norm_rope(
     // to x (read at i mod w.ne0, head mod w.ne1, token mod w.ne2); positions hold streams *
     // n_tokens i32 (shape rules), read at stream * n_tokens + t; y (contiguous, x's shape)
     // written at i < hd of each (head, token) row; 256 threads = FZ_ROPE_WARPS warps.
-    unsafe { a.launch(config((n_tokens as u32, groups, 1), (ROPE_THREADS, 1, 1), 0)) }
+    unsafe { a.launch(config((n_tokens as u32, grid.groups, 1), (ROPE_THREADS, 1, 1), 0)) }
 }

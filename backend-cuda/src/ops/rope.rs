@@ -2,10 +2,10 @@
 //! heads) computes the token's angles once (in f64, like the CPU) and writes its heads.
 
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{DType, Op, RopePairing, TensorMeta};
+use tessera_ops::{DType, Op, RopePairing, RopeParams, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, config, dt, unsupported};
+use crate::launch::{Cx, Launch, TensorArg, config, dt, unsupported};
 
 const ROPE_MULTI: Kernel = Kernel::new(Module::Rope, "rope_multi");
 
@@ -26,6 +26,54 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     float_x && small && p.n_rot <= MAX_N_ROT && sections_fit
 }
 
+/// The grid of a rope kernel over `n_head` heads of `n_tokens` tokens and the angle arguments of
+/// `rope.cuh`, as rope_multi and rms_norm_mul_rope take them. About 512 blocks: enough to fill
+/// the chip at decode, and at prefill one angle table per token (its f64 sines and cosines are the
+/// slow part of a block).
+pub(super) struct RopeGrid {
+    /// Head groups: grid (n_tokens, groups), groups * heads_per_block >= n_head.
+    pub groups: u32,
+    pub heads_per_block: i32,
+    n_rot: i32,
+    freq_base: f32,
+    pairing: i32,
+    has_sections: i32,
+    sections: [i32; 4],
+}
+
+impl RopeGrid {
+    pub(super) fn new(p: &RopeParams, n_head: i64, n_tokens: i64) -> RopeGrid {
+        let groups = (512 / n_tokens.max(1)).clamp(1, n_head.max(1));
+        let heads_per_block = ((n_head + groups - 1) / groups).max((n_head + 65534) / 65535).max(1);
+        let groups = ((n_head + heads_per_block - 1) / heads_per_block).max(1) as u32;
+        let pairing = match p.pairing {
+            RopePairing::Neox => 0,
+            RopePairing::Adjacent => 1,
+        };
+        let (has_sections, sections) = match p.sections {
+            Some(s) => (1, s.map(|v| v as i32)),
+            None => (0, [0; 4]),
+        };
+        RopeGrid {
+            groups,
+            heads_per_block: heads_per_block as i32,
+            n_rot: p.n_rot as i32,
+            freq_base: p.freq_base,
+            pairing,
+            has_sections,
+            sections,
+        }
+    }
+
+    /// Adds `n_rot, freq_base, pairing, has_sections, s0, s1, s2, s3` to a launch.
+    pub(super) fn angle_args<'a>(&'a self, a: &mut Launch<'a>) {
+        a.arg(&self.n_rot).arg(&self.freq_base).arg(&self.pairing).arg(&self.has_sections);
+        for s in &self.sections {
+            a.arg(s);
+        }
+    }
+}
+
 #[allow(dead_code)]
 pub(crate) fn scratch_bytes(_task: &Task<'_>) -> usize {
     0
@@ -40,28 +88,15 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     if out.nelements() == 0 {
         return Ok(());
     }
-    // About 512 blocks: enough to fill the chip at decode, and at prefill one angle table per
-    // token (its f64 sines and cosines are the slow part of a block).
-    let groups = (512 / n_tokens.max(1)).clamp(1, n_head.max(1));
-    let heads_per_block = ((n_head + groups - 1) / groups).max((n_head + 65534) / 65535).max(1);
-    let groups = ((n_head + heads_per_block - 1) / heads_per_block).max(1) as u32;
-    let n_rot = p.n_rot as i32;
-    let pairing: i32 = match p.pairing {
-        RopePairing::Neox => 0,
-        RopePairing::Adjacent => 1,
-    };
-    let (has_sections, sec) = match p.sections {
-        Some(s) => (1i32, s.map(|v| v as i32)),
-        None => (0i32, [0; 4]),
-    };
-    let hpb = heads_per_block as i32;
+    let grid = RopeGrid::new(p, n_head, n_tokens);
     let mut a = cx.kernel(ROPE_MULTI)?;
-    a.arg(&out).arg(&x).arg(&sdt).arg(&pos).arg(&n_rot).arg(&p.freq_base).arg(&pairing).arg(&has_sections);
-    a.arg(&sec[0]).arg(&sec[1]).arg(&sec[2]).arg(&sec[3]).arg(&hpb);
+    a.arg(&out).arg(&x).arg(&sdt).arg(&pos);
+    grid.angle_args(&mut a);
+    a.arg(&grid.heads_per_block);
     let shared = (p.n_rot * 4) as u32;
     // SAFETY: `rope_multi(dst, src, src_dt, pos, n_rot, freq_base, pairing, has_sections, s0..s3,
     // heads_per_block)`; grid (n_tokens, groups) with groups * heads_per_block >= n_head; dst has
     // x's shape; positions hold streams * n_tokens i32 (shape rules), read at stream * n_tokens +
     // t; n_rot <= head_dim and the shared table is n_rot f32s (<= 32 KiB, supports).
-    unsafe { a.launch(config((n_tokens as u32, groups, 1), (THREADS, 1, 1), shared)) }
+    unsafe { a.launch(config((n_tokens as u32, grid.groups, 1), (THREADS, 1, 1), shared)) }
 }
