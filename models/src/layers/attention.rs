@@ -91,9 +91,9 @@ pub fn attention(
             let step = qg.total * f;
             let nb = [f, 2 * hd * f, step, step * n];
             let q = g.view(qg.product, [hd, nh, n, 1], nb, qg.first * f)?;
+            // read in place by the gating below (no copy: the output has the view's shape)
             let gate = g.view(qg.product, [hd, nh, n, 1], nb, (qg.first + hd) * f)?;
-            let gate = g.cont(gate)?;
-            (q, Some(g.reshape(gate, &[hd * nh, n])?))
+            (q, Some(gate))
         }
         None => (qg.heads(g, hd, nh)?, None),
     };
@@ -129,11 +129,11 @@ pub fn attention(
     let q = g.permute(q, [0, 2, 1, 3])?; // [hd, n, nh, 1]
     let scale = 1.0 / (hd as f32).sqrt();
     let (bt, offs, lens) = (Some(l.block_table), l.seq_offsets, l.kv_lens);
-    let o = g.flash_attn_ext_ragged(q, kc, vc, None, bt, offs, lens, scale, 0.0)?; // [hd, nh, n, 1]
-    let mut o = g.reshape(o, &[hd * nh, n])?;
+    let mut o = g.flash_attn_ext_ragged(q, kc, vc, None, bt, offs, lens, scale, 0.0)?; // [hd, nh, n, 1]
     if let Some(gate) = gate {
         let sg = g.sigmoid(gate)?;
         o = g.mul(o, sg)?;
     }
+    let o = g.reshape(o, &[hd * nh, n])?;
     Ok(g.mul_mat(wo, o)?)
 }

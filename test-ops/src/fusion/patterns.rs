@@ -1110,6 +1110,17 @@ fn elementwise_chains() -> Vec<FusionCase> {
             out.push(embed(ELEM, format!("shexp_gate,ne=[{e},{n}]"), sh.clone(), 1, ctx, c, halve));
         }
     }
+    // qwen35's attention gate as the model builds it: the gate read in place from the joint
+    // q+gate projection (each head's q, then its gate), the attention output [hd, nh, n].
+    for (hd, nh, n) in [(32, 2, 1), (64, 4, 5)] {
+        let inputs = vec![In::new("o", F32, [hd, nh, n, 1]), In::new("qg", F32, [2 * hd * nh, n, 1, 1])];
+        out.push(plain(ELEM, format_args!("attn_gate=q_view,hd={hd},nh={nh},n={n}"), inputs, 1, move |g, x| {
+            let nb = [4, 2 * hd * 4, 2 * hd * nh * 4, 2 * hd * nh * n * 4];
+            let gate = g.view(x[1], [hd, nh, n, 1], nb, hd * 4)?;
+            let s = g.sigmoid(gate)?;
+            g.mul(x[0], s)
+        }));
+    }
     // Drawn chains over broadcast inputs, a transposed first input now and then, each in one of
     // the surroundings.
     for i in 0..16u64 {
