@@ -9,14 +9,15 @@
 // The arithmetic is the CPU's: s = a + b, scale = 1 / sqrt(sum(s^2) / n + eps), y = (s * scale) *
 // w (* silu(z)).
 //
-// Router rows (softmax_top_k, moe_weights) of n_expert <= 1024 logits: one warp per row computes
+// Router rows (softmax_top_k, moe_weights, moe_router) of n_expert <= 1024 logits: one warp per row computes
 // the probabilities exactly as reduce.cu's softmax kernels do for the same row
 // (TAG(softmax-probs)): softmax_vec_warp for dense 16-byte aligned rows with n % 4 == 0
 // (ROUTER_VEC), softmax_warp otherwise (ROUTER_GEN), so the ids equal top_k(softmax(x)) run as two
 // kernels even where f32 rounding makes two probabilities equal. top_k then takes the k smallest
 // u64 ranks (reduce.cu's sort_rank, TAG(sort-rank)), each placed by counting the smaller ones over
 // the row's block; moe_weights recomputes the probability of each routed expert from its logit
-// and the row's (max, sum).
+// and the row's (max, sum); moe_router, softmax_top_k's kernel, keeps the row's probabilities in
+// shared memory and divides the chosen ones by their sum.
 
 #define FZ_ROWS_PER_WARP_BLOCK 8
 
@@ -311,9 +312,14 @@ __device__ __forceinline__ u64 fz_warp_min_u64(u64 v) {
 // (ranks are distinct: they carry the index). The count reads two ranks a shared load into four
 // independent sums, and a warp whose elements all have k smaller ones stops early: the latency
 // of a decode step's router is this loop.
-template <bool VEC>
-__device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail) {
+// ROUTE (moe_router): dst is i32 [k + m, rows, 2] and plane 1 gets the weights as f32 bits, the
+// k selected probabilities divided by their sum (moe_weights' arithmetic on the probabilities
+// kept in shared memory), then sigmoid(gate) for the m tail slots.
+template <bool VEC, bool ROUTE>
+__device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
     __shared__ __align__(16) u64 ranks[ROUTER_MAX];
+    __shared__ float probs[ROUTE ? ROUTER_MAX : 1];
+    __shared__ int chosen[ROUTE ? ROUTER_MAX : 1];
     const i64 rows = src.ne[1], n = src.ne[0], n8 = (n + 7) & ~(i64)7;
     const int lane = threadIdx.x & 31;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -323,7 +329,10 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail) {
 #pragma unroll
             for (int q = 0; q < 32; q++) {
                 const i64 i = fz_elem<VEC>(lane, q);
-                if (i < n) ranks[i] = fz_rank_desc(p[q], i);
+                if (i < n) {
+                    ranks[i] = fz_rank_desc(p[q], i);
+                    if (ROUTE) probs[i] = p[q];
+                }
             }
             if (n + lane < n8) ranks[n + lane] = FZ_RANK_NONE;
         }
@@ -343,17 +352,48 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail) {
                 if (__all_sync(0xffffffffu, c[0] + c[1] + c[2] + c[3] >= k)) break;
             }
             const int before = (c[0] + c[1]) + (c[2] + c[3]);
-            if (i < n && before < k) *(int*)(y + before * dst.nb[0]) = (int)i;
+            if (i < n && before < k) {
+                *(int*)(y + before * dst.nb[0]) = (int)i;
+                if (ROUTE) chosen[before] = (int)i;
+            }
         }
         for (i64 i = threadIdx.x; i < tail.ne[0]; i += blockDim.x) {
             *(int*)(y + (k + i) * dst.nb[0]) = *(const int*)(tail.data + i * tail.nb[0] + r * tail.nb[1]);
+        }
+        if (ROUTE) {
+            __syncthreads();
+            if (threadIdx.x < 32) {
+                char* w = y + dst.nb[2];
+                float acc = 0.0f;
+                for (int s = lane; s < k; s += 32) acc += probs[chosen[s]];
+                const float total = warp_sum(acc);
+                for (int s = lane; s < k; s += 32) *(float*)(w + s * dst.nb[0]) = probs[chosen[s]] / total;
+                for (i64 j = lane; j < gate.ne[0]; j += 32) {
+                    const float z = *(const float*)(gate.data + j * gate.nb[0] + r * gate.nb[1]);
+                    *(float*)(w + (k + j) * dst.nb[0]) = sigmoid_f(z);
+                }
+            }
         }
         __syncthreads();
     }
 }
 
-extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k, Tensor tail) { grid_begin(); fz_softmax_top_k<true>(dst, src, k, tail); }
-extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k, Tensor tail) { grid_begin(); fz_softmax_top_k<false>(dst, src, k, tail); }
+extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k, Tensor tail) {
+    grid_begin();
+    fz_softmax_top_k<true, false>(dst, src, k, tail, tail);
+}
+extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k, Tensor tail) {
+    grid_begin();
+    fz_softmax_top_k<false, false>(dst, src, k, tail, tail);
+}
+extern "C" __global__ void moe_router_vec(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
+    grid_begin();
+    fz_softmax_top_k<true, true>(dst, src, k, tail, gate);
+}
+extern "C" __global__ void moe_router_gen(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
+    grid_begin();
+    fz_softmax_top_k<false, true>(dst, src, k, tail, gate);
+}
 
 // ---- moe_weights ----
 

@@ -2,7 +2,8 @@
 
 use tessera_ops::{
     BinaryOp, DType, ElemInstr, ElemProgram, FlashAttnParams, GatedDeltaNetFusedParams, GatedDeltaNetParams, Op,
-    RmsNormMulRopeParams, RmsNormParams, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp, ViewParams,
+    RmsNormMulRopeParams, RmsNormParams, RopeParams, ScaleParams, SoftmaxParams, SortOrder, TensorMeta, UnaryOp,
+    ViewParams,
 };
 
 use crate::{Graph, GraphError, Tensor};
@@ -81,6 +82,12 @@ impl Graph {
     /// Swaps dimensions 0 and 1.
     pub fn transpose(&mut self, x: Tensor) -> R {
         self.op(Op::Transpose, &[x])
+    }
+
+    /// The same bytes read as `dtype` (an unquantized dtype of `x`'s element size), shape and
+    /// strides unchanged.
+    pub fn bitcast(&mut self, x: Tensor, dtype: DType) -> R {
+        self.op(Op::Bitcast(dtype), &[x])
     }
 
     // ---- elementwise ----
@@ -248,6 +255,27 @@ impl Graph {
     /// weights: f32 `[1, k + 1, n]` (a shared expert's gated weight).
     pub fn moe_weights_gated(&mut self, logits: Tensor, ids: Tensor, gate: Tensor) -> R {
         self.op(Op::MoeWeights, &[logits, ids, gate])
+    }
+
+    /// The whole router: `softmax_top_k(logits, k)` and `moe_weights` of those ids, packed as
+    /// i32 `[k, n, 2]` (plane 1 the f32 weights' bits); [`Graph::router_planes`] splits it.
+    pub fn moe_router(&mut self, logits: Tensor, k: usize) -> R {
+        self.op(Op::MoeRouter { k }, &[logits])
+    }
+
+    /// [`Graph::moe_router`] with a tail: the ids of `tail` (i32 `[m, n]`) appended to each
+    /// token's and `sigmoid(gate)` (`gate` f32 `[m, n]`) to its weights: i32 `[k + m, n, 2]`.
+    pub fn moe_router_then(&mut self, logits: Tensor, k: usize, tail: Tensor, gate: Tensor) -> R {
+        self.op(Op::MoeRouter { k }, &[logits, tail, gate])
+    }
+
+    /// The ids (i32 `[k', n]`) and the weights (f32 `[1, k', n]`) of a [`Graph::moe_router`]
+    /// output, as views of its planes.
+    pub fn router_planes(&mut self, router: Tensor) -> Result<(Tensor, Tensor), GraphError> {
+        let (ids, weights) = router_planes(router.meta);
+        let ids = self.op(Op::View(ids), &[router])?;
+        let w = self.op(Op::View(weights), &[router])?;
+        Ok((ids, self.bitcast(w, DType::F32)?))
     }
 
     /// The routing weights: `logits` f32 `[n_expert, n]`, `ids` i32 `[k, n]` -> f32 `[1, k, n]`,
@@ -473,4 +501,14 @@ impl Graph {
         inputs.extend(seq_offsets);
         self.op(Op::GatedDeltaNetFused(GatedDeltaNetFusedParams { net, eps }), &inputs)
     }
+}
+
+/// The views of a `moe_router` output `[k', n, 2]` (contiguous): its ids `[k', n]` and the
+/// weights' plane `[1, k', n]` (still i32; bitcast it to f32).
+pub fn router_planes(router: TensorMeta) -> (ViewParams, ViewParams) {
+    let [slots, n, _, _] = router.ne;
+    let nb = router.nb;
+    let ids = ViewParams { ne: [slots, n, 1, 1], nb: [nb[0], nb[1], nb[2], nb[2]], offset: 0 };
+    let weights = ViewParams { ne: [1, slots, n, 1], nb: [nb[0], nb[0], nb[1], nb[2]], offset: nb[2] };
+    (ids, weights)
 }

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use smallvec::SmallVec;
-use tessera_ops::{Op, TensorMeta, ViewParams};
+use tessera_ops::{DType, Op, TensorMeta, ViewParams};
 
 use crate::graph::{Graph, GraphError, NodeId, NodeKind, Tensor};
 
@@ -45,6 +45,20 @@ pub enum FusedOutput {
     Whole,
     /// A view of the fused node's result (e.g. one plane of a packed output).
     View(ViewParams),
+    /// A view of the fused node's result read as another dtype of the same element size (a
+    /// plane of another dtype: `moe_router`'s f32 weights beside its i32 ids).
+    Bitcast(ViewParams, DType),
+}
+
+impl FusedOutput {
+    /// The view ops that make the stand-in from the fused node, in order.
+    pub fn views(self) -> SmallVec<[Op; 2]> {
+        match self {
+            FusedOutput::Whole => SmallVec::new(),
+            FusedOutput::View(v) => smallvec::smallvec![Op::View(v)],
+            FusedOutput::Bitcast(v, dtype) => smallvec::smallvec![Op::View(v), Op::Bitcast(dtype)],
+        }
+    }
 }
 
 /// Where each node of a graph went when it was rebuilt by [`Graph::fuse`].
@@ -161,10 +175,10 @@ impl Graph {
                         let inputs: SmallVec<[Tensor; 4]> = fu.inputs.iter().map(|&x| get(&map, x)).collect();
                         let fused = g.op(fu.op.clone(), &inputs)?;
                         for &(node, how) in &fu.outputs {
-                            let t = match how {
-                                FusedOutput::Whole => fused,
-                                FusedOutput::View(v) => g.op(Op::View(v), &[fused])?,
-                            };
+                            let mut t = fused;
+                            for view in how.views() {
+                                t = g.op(view, &[t])?;
+                            }
                             let want = self.node(node).meta;
                             if t.meta != want {
                                 let op = fu.op.name();
@@ -210,10 +224,10 @@ impl Graph {
         let metas: Vec<&TensorMeta> = fusion.inputs.iter().map(|&i| &self.node(i).meta).collect();
         let fused = tessera_ops::infer(&fusion.op, &metas)?;
         for &(node, how) in &fusion.outputs {
-            let got = match how {
-                FusedOutput::Whole => fused,
-                FusedOutput::View(v) => tessera_ops::infer(&Op::View(v), &[&fused])?,
-            };
+            let mut got = fused;
+            for view in how.views() {
+                got = tessera_ops::infer(&view, &[&got])?;
+            }
             let want = self.node(node).meta;
             if got != want {
                 return Err(FusionError::Descriptor { fusion: 0, op: fusion.op.name(), node, want, got }.into());

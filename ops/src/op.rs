@@ -301,6 +301,10 @@ pub enum Op {
     Permute { axes: [usize; 4] },
     /// `[src]`: swaps dimensions 0 and 1.
     Transpose,
+    /// `[src]`: the same bytes read as `dtype`, shape and strides unchanged; `src` and `dtype` are
+    /// both unquantized with one element size (f32 <-> i32, f16 <-> bf16). How a packed output
+    /// hands out a plane of another dtype (`moe_router`'s weights).
+    Bitcast(DType),
 
     // ---- elementwise ----
     /// `[x]`
@@ -449,6 +453,14 @@ pub enum Op {
     /// `get_rows` / `sum_rows` / `div` chain). An id outside `0..n_expert` is
     /// `KernelError::IndexOutOfRange`.
     MoeWeights,
+    /// `[logits]`, or `[logits, tail, gate]`: the whole router, `softmax_top_k` and
+    /// `moe_weights` of the same logits in one op. Without a tail: `ids = softmax_top_k(logits,
+    /// k)`, `w = moe_weights(logits, ids)`; with `tail` i32 and `gate` f32, both `[m, n, 1, 1]`:
+    /// `ids = softmax_top_k(logits, k, tail)` (the tail appended), `w = concat(moe_weights(logits,
+    /// the first k ids), reshape(sigmoid(gate), [1, m, n]), 1)`. Output i32 `[k + m, n, 2, 1]`:
+    /// plane 0 the ids, plane 1 the bits of the f32 weights (read them through `Bitcast(F32)` of
+    /// a view of the plane): graph nodes have one output of one dtype.
+    MoeRouter { k: usize },
     /// `[wg, wu, x]`: `swiglu(mul_mat(wg, x), mul_mat(wu, x))`, a gated FFN's gate and up
     /// projections with their GLU: `wg` and `wu` of one dtype and shape (mul_mat's weights), `x`
     /// mul_mat's f32 activations. Output f32, mul_mat's shape.
@@ -487,6 +499,7 @@ impl Op {
             Op::Reshape { .. } => "reshape",
             Op::Permute { .. } => "permute",
             Op::Transpose => "transpose",
+            Op::Bitcast(_) => "bitcast",
             Op::Unary(u) => u.name(),
             Op::Binary(b) => b.name(),
             Op::Scale(_) => "scale",
@@ -515,6 +528,7 @@ impl Op {
             Op::GatedDeltaNetFused(_) => "gated_delta_net_fused",
             Op::SoftmaxTopK { .. } => "softmax_top_k",
             Op::MoeWeights => "moe_weights",
+            Op::MoeRouter { .. } => "moe_router",
             Op::MulMatSwiglu => "mul_mat_swiglu",
             Op::MulMatIdSwiglu => "mul_mat_id_swiglu",
             Op::MulMatIdWeightedSum => "mul_mat_id_weighted_sum",
@@ -529,7 +543,7 @@ impl Op {
             Op::GetRows | Op::SetRows | Op::Cpy | Op::Cast(_) | Op::Cont | Op::Concat { .. } | Op::Repeat { .. } => {
                 Family::Data
             }
-            Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => Family::View,
+            Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose | Op::Bitcast(_) => Family::View,
             Op::Unary(_) | Op::Binary(_) | Op::Scale(_) | Op::Swiglu => Family::Elementwise,
             Op::RmsNorm(_)
             | Op::L2Norm { .. }
@@ -552,6 +566,7 @@ impl Op {
             | Op::GatedDeltaNetFused(_)
             | Op::SoftmaxTopK { .. }
             | Op::MoeWeights
+            | Op::MoeRouter { .. }
             | Op::MulMatSwiglu
             | Op::MulMatIdSwiglu
             | Op::MulMatIdWeightedSum => Family::Fused,
@@ -562,7 +577,7 @@ impl Op {
     /// True for zero-copy views: the output shares its first input's memory and no backend
     /// computes anything for it.
     pub fn is_view(&self) -> bool {
-        matches!(self, Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose)
+        self.family() == Family::View
     }
 
     /// The input this op writes in place and whose memory its output is, if any.
@@ -612,6 +627,8 @@ impl fmt::Display for Op {
                 p.eps, p.net.scale, p.net.head_map, p.net.algo, p.net.ragged
             ),
             Op::SoftmaxTopK { k } => write!(f, "softmax_top_k({k})"),
+            Op::MoeRouter { k } => write!(f, "moe_router({k})"),
+            Op::Bitcast(d) => write!(f, "bitcast({d})"),
             Op::Elementwise(p) => write!(f, "elementwise({p})"),
             Op::Softmax(p) => write!(f, "softmax(scale={})", p.scale),
             Op::L2Norm { eps } => write!(f, "l2_norm(eps={eps})"),
@@ -787,8 +804,10 @@ impl Op {
             | Op::MulMatSwiglu
             | Op::MulMatIdSwiglu
             | Op::MulMatIdWeightedSum => P::None,
-            Op::Cast(d) | Op::Quantize(d) => P::DType(*d),
-            Op::Concat { dim: n } | Op::TopK { k: n } | Op::SoftmaxTopK { k: n } => P::Index(*n),
+            Op::Cast(d) | Op::Quantize(d) | Op::Bitcast(d) => P::DType(*d),
+            Op::Concat { dim: n } | Op::TopK { k: n } | Op::SoftmaxTopK { k: n } | Op::MoeRouter { k: n } => {
+                P::Index(*n)
+            }
             Op::Repeat { ne: d } | Op::Reshape { ne: d } | Op::Permute { axes: d } => P::Dims(*d),
             Op::View(p) => P::View(p),
             Op::Unary(u) => P::Unary(*u),

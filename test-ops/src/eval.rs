@@ -3,7 +3,7 @@
 //! (recurrent state, caches).
 
 use tessera_graph::{Backend, BackendError, ExecError, Session, SessionOptions, Tensor};
-use tessera_ops::{DType, host};
+use tessera_ops::{DType, Op, host};
 
 use crate::case::{Built, Case};
 use crate::check::{Comparison, compare_exact, compare_float};
@@ -136,19 +136,20 @@ pub fn eval_case(case: &Case, backend: &mut dyn Backend, judge: &mut dyn Backend
     let mut reasons = Vec::new();
     let compared = built.checked.iter().chain(&built.updated);
     for ((t, got), want) in compared.zip(&got).zip(&want) {
-        let dtype = t.dtype();
-        let own = case.judge().filter(|_| t.id() == built.output.id());
-        let (bound, comparison) = if let Some(judge) = own {
-            (0.0, judge(&seen_inputs(&built, &data), got, want))
-        } else if dtype.is_float() {
-            let bound = case.nmse_bound(dtype);
-            (bound, compare_float(got, want, bound))
-        } else {
-            (0.0, compare_exact(got, want))
-        };
-        let node = node_label(&built, t);
-        reasons.extend(comparison.mismatches.iter().map(|m| format!("{node}: {m}")));
-        result.checks.push(OutputCheck { node, dtype, bound, comparison });
+        for (part, dtype, got, want) in parts(&built, t, got, want) {
+            let own = case.judge().filter(|_| t.id() == built.output.id());
+            let (bound, comparison) = if let Some(judge) = own {
+                (0.0, judge(&seen_inputs(&built, &data), &got, &want))
+            } else if dtype.is_float() {
+                let bound = case.nmse_bound(dtype);
+                (bound, compare_float(&got, &want, bound))
+            } else {
+                (0.0, compare_exact(&got, &want))
+            };
+            let node = node_label(&built, t) + part;
+            reasons.extend(comparison.mismatches.iter().map(|m| format!("{node}: {m}")));
+            result.checks.push(OutputCheck { node, dtype, bound, comparison });
+        }
     }
     if !reasons.is_empty() {
         result.outcome = Outcome::Failed(reasons);
@@ -225,6 +226,21 @@ fn seen_inputs(built: &Built, data: &[Vec<u8>]) -> Vec<Vec<f64>> {
 }
 
 /// `op#index`, e.g. `cont#2`; `state:name#index` for a leaf updated in place.
+/// A node's value as the parts compared on their own: the whole at its dtype, or for
+/// `moe_router`'s packed output its ids (`[ids]`, i32) and its weights (`[weights]`, the bits of
+/// plane 1 read as f32).
+fn parts(built: &Built, t: &Tensor, got: &[f64], want: &[f64]) -> Vec<(&'static str, DType, Vec<f64>, Vec<f64>)> {
+    let Some(Op::MoeRouter { .. }) = built.graph.node(t.id()).op() else {
+        return vec![("", t.dtype(), got.to_vec(), want.to_vec())];
+    };
+    let weights = |v: &[f64]| -> Vec<f64> { v.iter().map(|&b| f64::from(f32::from_bits(b as i32 as u32))).collect() };
+    let ((got_ids, got_w), (want_ids, want_w)) = (got.split_at(got.len() / 2), want.split_at(want.len() / 2));
+    vec![
+        ("[ids]", DType::I32, got_ids.to_vec(), want_ids.to_vec()),
+        ("[weights]", DType::F32, weights(got_w), weights(want_w)),
+    ]
+}
+
 fn node_label(built: &Built, t: &Tensor) -> String {
     let node = built.graph.node(t.id());
     match node.op() {

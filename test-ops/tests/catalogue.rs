@@ -32,6 +32,7 @@ fn every_op() -> Vec<Op> {
         Op::Reshape { ne: [1; 4] },
         Op::Permute { axes: [0, 1, 2, 3] },
         Op::Transpose,
+        Op::Bitcast(tessera_ops::DType::I32),
         Op::Scale(tessera_ops::ScaleParams { scale: 1.0, bias: 0.0 }),
         Op::Swiglu,
         Op::RmsNorm(tessera_ops::RmsNormParams { eps: 0.0 }),
@@ -84,6 +85,7 @@ fn every_op() -> Vec<Op> {
         Op::GatedRmsNorm(norm),
         Op::SoftmaxTopK { k: 1 },
         Op::MoeWeights,
+        Op::MoeRouter { k: 1 },
         Op::MulMatSwiglu,
         Op::MulMatIdSwiglu,
         Op::MulMatIdWeightedSum,
@@ -120,6 +122,7 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Transpose
+        | Op::Bitcast(_)
         | Op::Unary(_)
         | Op::Binary(_)
         | Op::Scale(_)
@@ -148,6 +151,7 @@ fn variant_name(op: &Op) -> &'static str {
         | Op::GatedDeltaNetFused(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
+        | Op::MoeRouter { .. }
         | Op::MulMatSwiglu
         | Op::MulMatIdSwiglu
         | Op::MulMatIdWeightedSum

@@ -1,5 +1,5 @@
 //! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
-//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
+//! moe_weights, moe_router, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
 //!
 //! Each computes exactly what this backend's kernels of the subgraph it replaces compute: the
 //! same f32 operations in the same order (the same `sum_squares`, `silu`, `exp` and `sum`), so a
@@ -206,7 +206,7 @@ pub(super) fn softmax_top_k(
 /// The routing weights: per token `t`, `p[ids[j, t], t] / Σ_j p[ids[j, t], t]` with `p` the
 /// softmax kernel's probabilities, summed by sum_rows' `sum` and divided as div does. Every id is
 /// checked before anything is written; the first bad one (logical order) is the error. With a
-/// `gate`, `concat(.., reshape(sigmoid(gate), [1, 1, n]), 1)`: the weights and the sigmoid into
+/// `gate` `[m, n]`, `concat(.., reshape(sigmoid(gate), [1, m, n]), 1)`: the weights and the sigmoid into
 /// scratch, then concat's kernel.
 pub(super) fn moe_weights(
     logits: Src<'_>,
@@ -217,17 +217,40 @@ pub(super) fn moe_weights(
 ) -> Result<(), KernelError> {
     let op = "moe_weights";
     let Some(gate) = gate else { return routing_weights(logits, ids, out, out_meta) };
-    let [_, k, n, _] = out_meta.ne;
-    let w_meta = scratch_meta(op, DType::F32, [1, k - 1, n, 1])?;
+    let [_, slots, n, _] = out_meta.ne;
+    let m = gate.ne()[0];
+    let w_meta = scratch_meta(op, DType::F32, [1, slots - m, n, 1])?;
     let mut w = vec![0f32; w_meta.nelements()];
     routing_weights(logits, ids, bytemuck::cast_slice_mut(&mut w), &w_meta)?;
-    // sigmoid(gate) [1, n], read back as [1, 1, n] (the same bytes)
-    let mut g = vec![0f32; n];
-    let g_rows = scratch_meta(op, DType::F32, [1, n, 1, 1])?;
+    // sigmoid(gate) [m, n], read back as [1, m, n] (the same bytes)
+    let mut g = vec![0f32; m * n];
+    let g_rows = scratch_meta(op, DType::F32, [m, n, 1, 1])?;
     elementwise::unary(UnaryOp::Sigmoid, gate, &mut Dst::new(bytemuck::cast_slice_mut(&mut g), g_rows)?);
-    let g_meta = scratch_meta(op, DType::F32, [1, 1, n, 1])?;
+    let g_meta = scratch_meta(op, DType::F32, [1, m, n, 1])?;
     let (w, g) = (src(op, bytemuck::cast_slice(&w), w_meta)?, src(op, bytemuck::cast_slice(&g), g_meta)?);
     data::concat(w, g, 1, &mut Dst::new(out, *out_meta)?)
+}
+
+/// The whole router: [`softmax_top_k`] into plane 0 of the output, then [`moe_weights`] of the
+/// plane's first `k` ids into plane 1, whose i32 elements then hold the f32 weights' bits (the
+/// kernels write bytes, so the weights are written there as f32).
+pub(super) fn moe_router(
+    k: usize,
+    logits: Src<'_>,
+    tail: Option<Src<'_>>,
+    gate: Option<Src<'_>>,
+    out: &mut [u8],
+    out_meta: &TensorMeta,
+) -> Result<(), KernelError> {
+    let op = "moe_router";
+    let [slots, n, _, _] = out_meta.ne;
+    let nb = out_meta.nb;
+    let (ids, weights) = out.split_at_mut(nb[2]);
+    let ids_meta = TensorMeta { dtype: DType::I32, ne: [slots, n, 1, 1], nb: [nb[0], nb[1], nb[2], nb[2]] };
+    softmax_top_k(k, logits, tail, &mut Dst::new(ids, ids_meta)?)?;
+    let routed = TensorMeta { ne: [k, n, 1, 1], ..ids_meta };
+    let w_meta = TensorMeta { dtype: DType::F32, ne: [1, slots, n, 1], nb: [nb[0], nb[0], nb[1], nb[2]] };
+    moe_weights(logits, src(op, ids, routed)?, gate, weights, &w_meta)
 }
 
 /// A contiguous descriptor for scratch or a plane of `op`'s output.

@@ -409,11 +409,12 @@ fn dispatch(
     match op {
         Op::MulMat => return matmul::mul_mat(input(0)?, input(1)?, out, out_meta),
         Op::MulMatId => return matmul::mul_mat_id(input(0)?, input(1)?, input(2)?, out, out_meta),
-        // These two address their output's bytes themselves (two planes; rows of k weights).
+        // These address their output's bytes themselves (two planes; rows of k weights).
         Op::AddRmsNormMul(p) => {
             return fused::add_rms_norm_mul(p.eps, input(0)?, input(1)?, input(2)?, out, out_meta);
         }
         Op::MoeWeights => return fused::moe_weights(input(0)?, input(1)?, optional(2), out, out_meta),
+        Op::MoeRouter { k } => return fused::moe_router(*k, input(0)?, optional(1), optional(2), out, out_meta),
         Op::MulMatIdWeightedSum => {
             return fused::mul_mat_id_weighted_sum(input(0)?, input(1)?, input(2)?, input(3)?, out, out_meta);
         }
@@ -506,11 +507,16 @@ fn dispatch(
             Ok(())
         }
         // Returned above: they address their output's bytes themselves.
-        Op::MulMat | Op::MulMatId | Op::AddRmsNormMul(_) | Op::MoeWeights | Op::MulMatIdWeightedSum => {
+        Op::MulMat
+        | Op::MulMatId
+        | Op::AddRmsNormMul(_)
+        | Op::MoeWeights
+        | Op::MoeRouter { .. }
+        | Op::MulMatIdWeightedSum => {
             unreachable!("{op} is computed before the row kernels")
         }
         // `check_task` refuses views: the executor resolves them.
-        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose => {
+        Op::View(_) | Op::Reshape { .. } | Op::Permute { .. } | Op::Transpose | Op::Bitcast(_) => {
             Err(KernelError::Unsupported { op: op.name(), why: "not computed by a row kernel".into() })
         }
     }

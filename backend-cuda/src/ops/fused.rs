@@ -1,7 +1,7 @@
 //! Fused ops (`kernels/fused.cu`), one launch each: the norms (add_rms_norm_mul, rms_norm_mul,
 //! gated_rms_norm) a warp or a block per row, rms_norm_mul_rope a warp per head row in blocks of
-//! one token's heads (rope.cu's grid), the router (softmax_top_k a block per row, moe_weights a
-//! warp per row) over rows of up to [`ROUTER_MAX`] logits, its probabilities
+//! one token's heads (rope.cu's grid), the router (softmax_top_k and moe_router a block per row,
+//! moe_weights a warp per row) over rows of up to [`ROUTER_MAX`] logits, its probabilities
 //! computed as reduce.cu's softmax computes them (TAG(softmax-probs)).
 
 use tessera_graph::{BackendError, Task};
@@ -37,6 +37,8 @@ const SOFTMAX_TOP_K_VEC: Kernel = Kernel::new(Module::Fused, "softmax_top_k_vec"
 const SOFTMAX_TOP_K_GEN: Kernel = Kernel::new(Module::Fused, "softmax_top_k_gen");
 const MOE_WEIGHTS_VEC: Kernel = Kernel::new(Module::Fused, "moe_weights_vec");
 const MOE_WEIGHTS_GEN: Kernel = Kernel::new(Module::Fused, "moe_weights_gen");
+const MOE_ROUTER_VEC: Kernel = Kernel::new(Module::Fused, "moe_router_vec");
+const MOE_ROUTER_GEN: Kernel = Kernel::new(Module::Fused, "moe_router_gen");
 
 /// Elements a thread keeps in registers in the norm kernels (their `NV`).
 const NV: i64 = 8;
@@ -63,7 +65,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
             });
             x.ne[0] <= ROPE_HEAD_MAX && x.ne[0].saturating_mul(x.ne[1]) <= i32::MAX as usize && sections_fit
         }),
-        Op::SoftmaxTopK { .. } => inputs.first().is_some_and(|l| l.ne[0] <= ROUTER_MAX),
+        Op::SoftmaxTopK { .. } | Op::MoeRouter { .. } => inputs.first().is_some_and(|l| l.ne[0] <= ROUTER_MAX),
         Op::MoeWeights => match inputs {
             [logits, ids, ..] => logits.ne[0] <= ROUTER_MAX && ids.nelements() < (1 << 31),
             _ => false,
@@ -73,7 +75,7 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
 }
 
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
-    let router = matches!(task.op, Op::SoftmaxTopK { .. } | Op::MoeWeights);
+    let router = matches!(task.op, Op::SoftmaxTopK { .. } | Op::MoeWeights | Op::MoeRouter { .. });
     if router && ins.first().is_none_or(|l| l.ne[0] > ROUTER_MAX as i64) {
         return Err(unsupported(task, format!("router rows longer than {ROUTER_MAX} logits")));
     }
@@ -102,9 +104,22 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // tail i32 [m, rows] or no rows (shape rules), so dst (i32 [k + m, rows]) gets k ids
             // then the m of tail per row, each row written by one block (at least a warp: warp 0
             // computes the probabilities).
-            let threads = (logits.ne[0].clamp(32, TOP_K_THREADS) as u32).next_multiple_of(32);
-            let grid = (logits.ne[1].clamp(1, 1 << 30) as u32, 1, 1);
-            unsafe { a.launch(config(grid, (threads, 1, 1), 0)) }
+            unsafe { a.launch(top_k_config(&logits)) }
+        }
+        (Op::MoeRouter { k }, &[logits, ref rest @ ..]) => {
+            let kernel = if router_vec(&logits) { MOE_ROUTER_VEC } else { MOE_ROUTER_GEN };
+            let k = *k as i32;
+            let (tail, gate) = match rest {
+                [tail, gate] => (*tail, *gate),
+                _ => (NO_ROWS, NO_ROWS),
+            };
+            let mut a = cx.kernel(kernel)?;
+            a.arg(&out).arg(&logits).arg(&k).arg(&tail).arg(&gate);
+            // SAFETY: `moe_router_*(dst, src, k, tail, gate)`; src, k and tail as for
+            // softmax_top_k, gate f32 of tail's shape [m, rows] or no rows (shape rules); dst i32
+            // [k + m, rows, 2]: plane 0 as softmax_top_k's output, plane 1 (at nb[2]) the k + m
+            // weights of each row, written by warp 0 of the row's block.
+            unsafe { a.launch(top_k_config(&logits)) }
         }
         (Op::MoeWeights, &[logits, ids, ref gate @ ..]) => {
             let kernel = if router_vec(&logits) { MOE_WEIGHTS_VEC } else { MOE_WEIGHTS_GEN };
@@ -129,6 +144,13 @@ const NO_ROWS: TensorArg = TensorArg { data: 0, ne: [0, 1, 1, 1], nb: [4, 4, 4, 
 /// Most threads of a `softmax_top_k` block (one block a row; each thread places n / threads of
 /// its elements).
 const TOP_K_THREADS: i64 = 256;
+
+/// A `softmax_top_k` / `moe_router` launch: a block per row of up to [`TOP_K_THREADS`].
+fn top_k_config(logits: &TensorArg) -> cudarc::driver::LaunchConfig {
+    let threads = (logits.ne[0].clamp(32, TOP_K_THREADS) as u32).next_multiple_of(32);
+    let grid = (logits.ne[1].clamp(1, 1 << 30) as u32, 1, 1);
+    config(grid, (threads, 1, 1), 0)
+}
 
 /// A router launch: a warp per row, 8 rows per block, over a grid-stride loop (any grid covers
 /// the rows).

@@ -25,14 +25,14 @@ pub use delta_net::DeltaNetPrep;
 pub use elementwise::ElementwiseChains;
 pub use fold_scales::FoldScales;
 pub use gate_up::GateUpSwiglu;
-pub use moe_router::{MoeWeights, SoftmaxTopK};
+pub use moe_router::{MoeRouter, MoeWeights, SoftmaxTopK};
 pub use moe_weighted_sum::MoeWeightedSum;
 pub use norms::{AddRmsNormMul, GatedRmsNorm, RmsNormMul, RmsNormMulRope};
 
 use tessera_ops::{Op, TensorMeta};
 
 use crate::graph::{Graph, GraphError, NodeId};
-use crate::rewrite::{FusedOutput, Fusion, Remap};
+use crate::rewrite::{Fusion, Remap};
 
 /// A graph rewrite: finds fusions in a graph.
 pub trait Pass: Send + Sync {
@@ -122,6 +122,7 @@ pub fn standard() -> Pipeline {
         .with(RmsNormMulRope)
         .with(SoftmaxTopK)
         .with(MoeWeights)
+        .with(MoeRouter)
         .with(MoeWeightedSum)
         .with(FoldScales)
         .with(ElementwiseChains)
@@ -246,10 +247,12 @@ fn fused_clusters(new: &Graph, remap: &Remap, kept: &[Fusion], old: &Graph, pass
         .filter_map(|f| {
             let mut ids = Vec::new();
             for &(node, how) in &f.outputs {
-                let t = remap.tensor(old.tensor(node)?).ok()?;
-                ids.push(t.id());
-                if let FusedOutput::View(_) = how {
-                    ids.push(new.node(t.id()).inputs[0]);
+                // the stand-in, then each view under it down to the fused node
+                let mut id = remap.tensor(old.tensor(node)?).ok()?.id();
+                ids.push(id);
+                for _ in how.views() {
+                    id = new.node(id).inputs[0];
+                    ids.push(id);
                 }
             }
             ids.sort_unstable();

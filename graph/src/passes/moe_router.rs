@@ -19,12 +19,15 @@
 //! ```
 //!
 //! `softmax_top_k` runs first: afterwards the softmax is read only by the weights' chain, which
-//! `moe_weights` then swallows whole.
+//! `moe_weights` then swallows whole. `moe_router` then merges the two fused ops of the same
+//! logits into one (its output packs the ids and the weights' bits as two i32 planes; the
+//! readers get views of them, the weights' bitcast to f32).
 
 use tessera_ops::{BinaryOp, DType, Op, SoftmaxParams, UnaryOp};
 
 use super::Pass;
 use super::pattern::Matcher;
+use crate::build::router_planes;
 use crate::graph::{Graph, NodeId};
 use crate::rewrite::{FusedOutput, Fusion};
 
@@ -163,4 +166,59 @@ fn gated(m: &Matcher<'_>, w: NodeId) -> Option<(NodeId, NodeId, [NodeId; 3])> {
         && m.meta(gate).dtype == DType::F32
         && m.meta(gate).ne == [1, n, 1, 1];
     ok.then_some((concat, gate, [sig, shaped, concat]))
+}
+
+/// See the module doc.
+pub struct MoeRouter;
+
+impl Pass for MoeRouter {
+    fn name(&self) -> &'static str {
+        "moe_router"
+    }
+
+    fn find(&self, g: &Graph) -> Vec<Fusion> {
+        let m = Matcher::new(g);
+        m.ops().filter_map(|(w, op)| (*op == Op::MoeWeights).then(|| router(&m, w)).flatten()).collect()
+    }
+}
+
+/// `w = moe_weights(logits, ids[, gate])` whose ids are `top = softmax_top_k(logits, k)`, or,
+/// with a gate, the first `k` rows of `top = softmax_top_k(logits, k, tail)` (a view), `tail`
+/// and `gate` of one shape.
+fn router(m: &Matcher<'_>, w: NodeId) -> Option<Fusion> {
+    let (logits, ids) = (m.input(w, 0)?, m.input(w, 1)?);
+    let gate = m.input(w, 2);
+    let (top, window) = match (m.op(ids)?, gate) {
+        (Op::SoftmaxTopK { .. }, None) => (ids, None),
+        (Op::View(v), Some(_)) if v.offset == 0 => (m.input(ids, 0)?, Some(ids)),
+        _ => return None,
+    };
+    let Op::SoftmaxTopK { k } = *m.op(top)? else { return None };
+    let tail = m.input(top, 1);
+    let n = m.meta(top).ne[1];
+    if m.input(top, 0)? != logits || m.meta(ids).ne != [k, n, 1, 1] || tail.is_some() != gate.is_some() {
+        return None;
+    }
+    // the window must be the first k ids of each token: top's own rows, cut short
+    if window.is_some() && m.meta(ids).nb[1] != m.meta(top).nb[1] {
+        return None;
+    }
+    let mut inputs = vec![logits];
+    if let (Some(tail), Some(gate)) = (tail, gate) {
+        if m.meta(tail).ne != m.meta(gate).ne {
+            return None;
+        }
+        inputs.extend([tail, gate]);
+    }
+    let mut nodes = vec![top, w];
+    nodes.extend(window.filter(|&v| m.only_reader(v) == Some(w)));
+    let packed = tessera_ops::infer(&Op::MoeRouter { k }, &inputs.iter().map(|&i| m.meta(i)).collect::<Vec<_>>());
+    let (id_plane, w_plane) = router_planes(packed.ok()?);
+    Some(Fusion {
+        nodes,
+        op: Op::MoeRouter { k },
+        inputs,
+        outputs: vec![(top, FusedOutput::View(id_plane)), (w, FusedOutput::Bitcast(w_plane, DType::F32))],
+        recomputes: vec![],
+    })
 }

@@ -52,6 +52,27 @@ pub(super) fn compute_fused(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> 
                 None => w,
             }
         }
+        // plane 0: softmax_top_k(logits, k[, tail]); plane 1: the bits of the f32 weights,
+        // moe_weights(logits, the first k ids), then concat(.., reshape(sigmoid(gate), [1, m, n]), 1)
+        Op::MoeRouter { k } => {
+            let mut ids_in = vec![f32s(&inputs[0])];
+            ids_in.extend(inputs.get(1).map(|tail| (tail.clone(), DType::I32)));
+            let ids = step(op, Op::SoftmaxTopK { k: *k }, &ids_in)?;
+            let [slots, n, _, _] = ids.ne;
+            let routed = ids.data.chunks(slots).flat_map(|row| &row[..*k]).copied().collect();
+            let routed = (RefTensor::new([*k, n, 1, 1], routed), DType::I32);
+            let w = step(op, Op::MoeWeights, &[f32s(&inputs[0]), routed])?;
+            let w = match inputs.get(2) {
+                Some(gate) => {
+                    let g = step(op, Op::Unary(UnaryOp::Sigmoid), &[f32s(gate)])?;
+                    let g = RefTensor::new([1, g.ne[0], n, 1], g.data);
+                    step(op, Op::Concat { dim: 1 }, &[(w, DType::F32), (g, DType::F32)])?
+                }
+                None => w,
+            };
+            let bits = w.data.iter().map(|&v| f64::from((v as f32).to_bits() as i32));
+            RefTensor::new([slots, n, 2, 1], ids.data.iter().copied().chain(bits).collect())
+        }
         // swiglu(mul_mat(wg, x), mul_mat(wu, x)), the weights as their values
         Op::MulMatSwiglu => {
             let gate = step(op, Op::MulMat, &[f32s(&inputs[0]), f32s(&inputs[2])])?;
@@ -261,6 +282,24 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err, KernelError::IndexOutOfRange { op: "moe_weights", index: 3, limit: 3, what: "expert id" });
+    }
+
+    #[test]
+    fn moe_router_packs_the_ids_and_the_bits_of_their_weights() {
+        // probabilities proportional to [1, 2, 4]: the top 2 are experts 2 and 1, weights [2/3, 1/3];
+        // the tail appends expert 7 with the sigmoid of its gate logit 0
+        let logits = (DType::F32, [3, 1, 1, 1], vec![0., 2f64.ln(), 4f64.ln()]);
+        let bits = |w: f64| f64::from((w as f32).to_bits() as i32);
+        let y = run_typed(&Op::MoeRouter { k: 2 }, &[logits.clone()]).unwrap();
+        assert_eq!(y.ne, [2, 1, 2, 1]);
+        assert_eq!(y.data[..2], [2., 1.]);
+        assert_eq!(y.data[2..], [bits(2. / 3.), bits(1. / 3.)]);
+        let tail = (DType::I32, [1, 1, 1, 1], vec![7.]);
+        let gate = (DType::F32, [1, 1, 1, 1], vec![0.]);
+        let y = run_typed(&Op::MoeRouter { k: 2 }, &[logits, tail, gate]).unwrap();
+        assert_eq!(y.ne, [3, 1, 2, 1]);
+        assert_eq!(y.data[..3], [2., 1., 7.]);
+        assert_eq!(y.data[5], bits(0.5));
     }
 
     fn silu(x: f64) -> f64 {

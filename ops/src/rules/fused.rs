@@ -1,5 +1,5 @@
 //! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
-//! moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
+//! moe_weights, moe_router, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
 //!
 //! Each is defined by the subgraph it replaces (docs/OPS.md, "Fused ops"), so its rules are that
 //! subgraph's rules narrowed to what the fusion passes emit: f32 everywhere (the composition would
@@ -80,32 +80,27 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
         }
         Op::SoftmaxTopK { k } => {
             expect_arity_in(op, inputs, 1..=2, "1 or 2")?;
-            let logits = inputs[0];
-            expect_logits(op, logits)?;
-            if *k == 0 || *k > logits.ne[0] {
-                return Err(OpError::InvalidParam {
-                    op: name,
-                    why: format!("k = {k} must be in 1..={} (n_expert, ne[0] of logits {:?})", logits.ne[0], logits.ne),
-                });
-            }
-            // The optional tail: rows of ids appended after each token's k (a shared expert).
-            let tail = match inputs.get(1) {
-                Some(tail) => {
-                    expect_dtype(op, 1, tail, DType::I32, "i32 ids to append")?;
-                    if tail.ne[1] != logits.ne[1] || tail.ne[2] != 1 || tail.ne[3] != 1 {
-                        return Err(OpError::ShapeMismatch {
-                            op: name,
-                            lhs: logits.ne,
-                            rhs: tail.ne,
-                            why: "the appended ids must be [m, n_tokens, 1, 1] for logits [n_expert, n_tokens, 1, 1]"
-                                .into(),
-                        });
-                    }
-                    tail.ne[0]
-                }
-                None => 0,
+            top_k_ids(op, *k, inputs[0], inputs.get(1).copied())
+        }
+        Op::MoeRouter { k } => {
+            let (logits, tail, gate) = match inputs {
+                [logits] => (*logits, None, None),
+                [logits, tail, gate] => (*logits, Some(*tail), Some(*gate)),
+                _ => return Err(OpError::Arity { op: name, expected: "1 or 3", got: inputs.len() }),
             };
-            contiguous(op, DType::I32, [*k + tail, logits.ne[1], 1, 1])
+            let ids = top_k_ids(op, *k, logits, tail)?;
+            if let (Some(tail), Some(gate)) = (tail, gate) {
+                expect_dtype(op, 2, gate, DType::F32, "f32 gate logits")?;
+                if gate.ne != tail.ne {
+                    return Err(OpError::ShapeMismatch {
+                        op: name,
+                        lhs: tail.ne,
+                        rhs: gate.ne,
+                        why: "the gate logits must have the appended ids' shape [m, n_tokens, 1, 1]".into(),
+                    });
+                }
+            }
+            contiguous(op, DType::I32, [ids.ne[0], ids.ne[1], 2, 1])
         }
         Op::MoeWeights => {
             expect_arity_in(op, inputs, 2..=3, "2 or 3")?;
@@ -303,6 +298,35 @@ fn expect_logits(op: &Op, logits: &TensorMeta) -> Result<(), OpError> {
     Ok(())
 }
 
+/// `top_k(softmax(logits), k)`'s ids, then `tail`'s appended (softmax_top_k, moe_router).
+fn top_k_ids(op: &Op, k: usize, logits: &TensorMeta, tail: Option<&TensorMeta>) -> Result<TensorMeta, OpError> {
+    let name = op.name();
+    expect_logits(op, logits)?;
+    if k == 0 || k > logits.ne[0] {
+        return Err(OpError::InvalidParam {
+            op: name,
+            why: format!("k = {k} must be in 1..={} (n_expert, ne[0] of logits {:?})", logits.ne[0], logits.ne),
+        });
+    }
+    // The optional tail: rows of ids appended after each token's k (a shared expert).
+    let tail = match tail {
+        Some(tail) => {
+            expect_dtype(op, 1, tail, DType::I32, "i32 ids to append")?;
+            if tail.ne[1] != logits.ne[1] || tail.ne[2] != 1 || tail.ne[3] != 1 {
+                return Err(OpError::ShapeMismatch {
+                    op: name,
+                    lhs: logits.ne,
+                    rhs: tail.ne,
+                    why: "the appended ids must be [m, n_tokens, 1, 1] for logits [n_expert, n_tokens, 1, 1]".into(),
+                });
+            }
+            tail.ne[0]
+        }
+        None => 0,
+    };
+    contiguous(op, DType::I32, [k + tail, logits.ne[1], 1, 1])
+}
+
 /// Flops of a fused op: the sum of the ops it replaces (rules/mod.rs counts: add / mul 1,
 /// rms_norm 3, silu 7 per element; softmax 5 and top_k 8 per logit; sum_rows 1 and div 1 per
 /// selected weight).
@@ -317,6 +341,8 @@ pub(super) fn flops(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
             .saturating_add(n_in.saturating_mul(6).saturating_mul(p.rope.n_rot as u64) / inputs[0].ne[0].max(1) as u64),
         Op::GatedRmsNorm(_) => n_in.saturating_mul(12),
         Op::SoftmaxTopK { .. } => n_in.saturating_mul(13),
+        // softmax_top_k's, then 2 a weight to sum and divide (the gates' sigmoids counted so)
+        Op::MoeRouter { .. } => n_in.saturating_mul(13).saturating_add((out.nelements() as u64 / 2).saturating_mul(2)),
         // (the gate's sigmoid, when there is one, counted as a weight)
         Op::MoeWeights => n_in.saturating_mul(5).saturating_add((out.nelements() as u64).saturating_mul(2)),
         // the product's 2 K per expert output, then 2 to weigh and sum it

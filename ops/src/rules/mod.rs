@@ -86,6 +86,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::GatedDeltaNetFused(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
+        | Op::MoeRouter { .. }
         | Op::MulMatSwiglu
         | Op::MulMatIdSwiglu
         | Op::MulMatIdWeightedSum => fused::flops(op, inputs, out),
@@ -101,7 +102,8 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::View(_)
         | Op::Reshape { .. }
         | Op::Permute { .. }
-        | Op::Transpose => 0,
+        | Op::Transpose
+        | Op::Bitcast(_) => 0,
     };
     match op {
         // Only the gathered rows of the source are read.
@@ -137,6 +139,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Transpose
+        | Op::Bitcast(_)
         | Op::Unary(_)
         | Op::Binary(_)
         | Op::Scale(_)
@@ -160,6 +163,7 @@ pub fn cost(op: &Op, inputs: &[&TensorMeta], out: &TensorMeta) -> Cost {
         | Op::GatedRmsNorm(_)
         | Op::SoftmaxTopK { .. }
         | Op::MoeWeights
+        | Op::MoeRouter { .. }
         | Op::MulMatSwiglu
         | Op::Elementwise(_) => {}
     }
@@ -258,6 +262,7 @@ mod tests {
             Op::Reshape { ne: [1; 4] },
             Op::Permute { axes: [0, 1, 2, 3] },
             Op::Transpose,
+            Op::Bitcast(DType::I32),
             Op::Unary(UnaryOp::Exp),
             Op::Binary(BinaryOp::Add),
             Op::Scale(ScaleParams { scale: 2.0, bias: 0.0 }),
@@ -286,6 +291,7 @@ mod tests {
             Op::GatedRmsNorm(norm),
             Op::SoftmaxTopK { k: 1 },
             Op::MoeWeights,
+            Op::MoeRouter { k: 1 },
             Op::MulMatSwiglu,
             Op::MulMatIdSwiglu,
             Op::MulMatIdWeightedSum,

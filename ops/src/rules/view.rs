@@ -1,4 +1,4 @@
-//! view, reshape, permute, transpose: zero-copy windows onto their source's memory.
+//! view, reshape, permute, transpose, bitcast: zero-copy windows onto their source's memory.
 
 use super::expect_arity;
 use crate::{Op, OpError, TensorMeta};
@@ -102,6 +102,18 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             out.ne.swap(0, 1);
             out.nb.swap(0, 1);
             Ok(out)
+        }
+        Op::Bitcast(dtype) => {
+            let unquantized = !src.dtype.is_quantized() && !dtype.is_quantized();
+            if !unquantized || src.dtype.block_bytes() != dtype.block_bytes() {
+                return Err(OpError::DType {
+                    op: name,
+                    input: 0,
+                    dtype: src.dtype,
+                    expected: "an unquantized dtype of the target's element size (f32 <-> i32, f16 <-> bf16)",
+                });
+            }
+            Ok(TensorMeta { dtype: *dtype, ..*src })
         }
         _ => unreachable!("view::infer called for {op}"),
     }

@@ -1,5 +1,5 @@
 //! Fused ops (issue 21): add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm,
-//! softmax_top_k, moe_weights, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, judged
+//! softmax_top_k, moe_weights, moe_router, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, judged
 //! like every op (the CPU by the f64 reference, which is the composition of the replaced ops;
 //! other backends by the CPU).
 //!
@@ -30,6 +30,7 @@ pub(super) fn cases(out: &mut Vec<Case>) {
     gated_rms_norm(out);
     softmax_top_k(out);
     moe_weights(out);
+    moe_router(out);
     mul_mat_swiglu(out);
     mul_mat_id_swiglu(out);
     mul_mat_id_weighted_sum(out);
@@ -516,6 +517,58 @@ fn route(g: &mut Graph, logits: Tensor, k: usize) -> Result<Tensor, GraphError> 
     g.moe_weights(logits, sel)
 }
 
+fn moe_router(out: &mut Vec<Case>) {
+    // 8 of 256 at decode and a few tokens; odd counts (the CUDA kernel's general layout), k past
+    // one warp's lanes, the longest CUDA router row; strided logits.
+    for (ne, k, layout) in [
+        ([256, 1, 1, 1], 8, Layout::Contiguous),
+        ([256, 7, 1, 1], 8, Layout::Contiguous),
+        ([256, 32, 1, 1], 8, Layout::Contiguous),
+        ([1, 1, 1, 1], 1, Layout::Contiguous),
+        ([7, 3, 1, 1], 7, Layout::Contiguous),
+        ([250, 3, 1, 1], 40, Layout::Contiguous),
+        ([1024, 2, 1, 1], 8, Layout::Contiguous),
+        ([256, 3, 1, 1], 8, Layout::WINDOW),
+        ([40, 6, 1, 1], 4, Layout::TRANSPOSED),
+    ] {
+        out.push(Case::new(
+            "moe_router",
+            format_args!("ne={},k={k}", sh(ne)),
+            vec![In::new("logits", F32, ne).layout(layout).init(Init::Distinct)],
+            move |g, x| {
+                let r = g.moe_router(x[0], k)?;
+                planes(g, r)
+            },
+        ));
+    }
+    // A tail of m ids and gates (qwen35's shared expert: m = 1, its gate logit a row of the
+    // stacked router's), contiguous and strided.
+    for (n_expert, n, k, m, layout) in
+        [(256, 1, 8, 1, Layout::Contiguous), (256, 5, 8, 1, Layout::WINDOW), (33, 4, 5, 3, Layout::Contiguous)]
+    {
+        out.push(Case::new(
+            "moe_router",
+            format_args!("ne=[{n_expert},{n},1,1],k={k},tail={m}"),
+            vec![
+                In::new("logits", F32, [n_expert, n, 1, 1]).layout(layout).init(Init::Distinct),
+                In::new("tail", I32, [m, n, 1, 1]).layout(layout).init(Init::Ids { rows: n_expert + 1, unique: false }),
+                In::new("gate", F32, [m, n, 1, 1]).layout(layout).init(Init::Uniform { lo: -8.0, hi: 8.0 }),
+            ],
+            move |g, x| {
+                let r = g.moe_router_then(x[0], k, x[1], x[2])?;
+                planes(g, r)
+            },
+        ));
+    }
+}
+
+/// A router's two planes as outputs: the ids (compared exactly) and the weights (f32).
+fn planes(g: &mut Graph, router: Tensor) -> Result<Tensor, GraphError> {
+    let (ids, w) = g.router_planes(router)?;
+    g.mark_output(ids)?;
+    Ok(w)
+}
+
 /// f32 weights and the two block formats.
 const GATE_UP_TYPES: [DType; 3] = [F32, QUANTS[0], QUANTS[1]];
 
@@ -823,6 +876,12 @@ fn unfused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Te
             let w = g.div(w, total)?;
             g.reshape(w, &[1, k, n])
         }
+        // what the passes before it leave: softmax_top_k, then moe_weights
+        "moe_router" => {
+            let ids = g.softmax_top_k(x[0], k)?;
+            g.mark_output(ids)?;
+            g.moe_weights(x[0], ids)
+        }
         _ => unreachable!("unfused: unknown op {op}"),
     }
 }
@@ -836,6 +895,10 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
         "gated_rms_norm" => g.gated_rms_norm(x[0], x[1], x[2], EPS),
         "softmax_top_k" => g.softmax_top_k(x[0], k),
         "moe_weights" => g.moe_weights(x[0], x[1]),
+        "moe_router" => {
+            let r = g.moe_router(x[0], k)?;
+            planes(g, r)
+        }
         "mul_mat_swiglu" => g.mul_mat_swiglu(x[0], x[1], x[2]),
         "mul_mat_id_swiglu" => g.mul_mat_id_swiglu(x[0], x[1], x[2], x[3]),
         "mul_mat_id_weighted_sum" => g.mul_mat_id_weighted_sum(x[0], x[1], x[2], x[3]),
@@ -846,7 +909,8 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
 /// Perf cases at the 35B-A3B shapes for 1, 8, 32 and 512 tokens, each fused op next to the chain
 /// it replaces (same label with `unfused`): the residual add + norm of n_embd 2048, the final
 /// norm, the q norm and rotation (16 heads of 256, imrope; unfused: rms_norm_mul then
-/// rope_multi), the DeltaNet gate norm (128 x 32 heads), the router (8 of 256); and the FFN's gate
+/// rope_multi), the DeltaNet gate norm (128 x 32 heads), the router (8 of 256: softmax_top_k,
+/// moe_weights, and moe_router against the two); and the FFN's gate
 /// and up projections with their GLU (q8_0 and nvfp4): the routed experts (2048 -> 512, 8 of 256)
 /// at 1, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8; the routed down
 /// projection weighted and summed over the slots (512 -> 2048) at 1, 8 and 16.
@@ -855,7 +919,7 @@ pub(super) fn perf_cases() -> Vec<Case> {
     const E: usize = 2048;
     const K: usize = 8;
     for n in [1, 8, 32, 512] {
-        let specs: [(&'static str, Vec<In>); 6] = [
+        let specs: [(&'static str, Vec<In>); 7] = [
             (
                 "add_rms_norm_mul",
                 vec![In::new("a", F32, [E, n, 1, 1]), In::new("b", F32, [E, n, 1, 1]), In::new("w", F32, [E, 1, 1, 1])],
@@ -885,6 +949,7 @@ pub(super) fn perf_cases() -> Vec<Case> {
                     In::new("ids", I32, [K, n, 1, 1]).init(Init::Ids { rows: 256, unique: true }),
                 ],
             ),
+            ("moe_router", vec![In::new("logits", F32, [256, n, 1, 1]).init(Init::Distinct)]),
         ];
         for (op, inputs) in specs {
             let shape = sh(inputs[0].ne);

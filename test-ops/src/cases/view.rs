@@ -1,4 +1,4 @@
-//! Views as ops: view, reshape, permute and transpose, each followed by an op that reads the view
+//! Views as ops: view, reshape, permute, transpose and bitcast, each followed by an op that reads the view
 //! (`cont`, or an elementwise op), since a view alone computes nothing. Views as *inputs* of other
 //! ops are covered everywhere through [`crate::Layout`].
 
@@ -13,6 +13,7 @@ pub(super) fn cases(out: &mut Vec<Case>) {
     transpose(out);
     reshape(out);
     view(out);
+    bitcast(out);
 }
 
 fn permute(out: &mut Vec<Case>) {
@@ -165,6 +166,34 @@ fn view(out: &mut Vec<Case>) {
             let v = window(g, x[0], [30, 6, 2, 1], [3, 2, 0, 0])?;
             let w = window(g, v, [20, 3, 1, 1], [5, 1, 1, 0])?;
             g.sigmoid(w)
+        },
+    ));
+}
+
+fn bitcast(out: &mut Vec<Case>) {
+    // f32 bits as i32 (compared exactly), f16 bits as bf16, each copied out.
+    for (from, to, ne) in [(F32, I32, [9, 4, 1, 1]), (F16, BF16, [64, 3, 2, 1])] {
+        out.push(Case::new(
+            "bitcast",
+            format_args!("type={from},to={to},ne={}", sh(ne)),
+            vec![In::new("x", from, ne)],
+            move |g, x| {
+                let b = g.bitcast(x[0], to)?;
+                g.cont(b)
+            },
+        ));
+    }
+    // A round trip through i32 of a strided window, read by an elementwise op: the plane of a
+    // packed output read in place (moe_router's weights).
+    out.push(Case::new(
+        "bitcast",
+        "type=f32,ne=[33,6,2,1],window=[30,4,2,1],at=[3,1,0,0],to=i32,then=bitcast(f32),silu",
+        vec![In::new("x", F32, [33, 6, 2, 1])],
+        |g, x| {
+            let v = window(g, x[0], [30, 4, 2, 1], [3, 1, 0, 0])?;
+            let i = g.bitcast(v, DType::I32)?;
+            let f = g.bitcast(i, DType::F32)?;
+            g.silu(f)
         },
     ));
 }

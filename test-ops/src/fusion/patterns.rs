@@ -36,6 +36,7 @@ pub(super) fn generators() -> Vec<PassGenerator> {
         PassGenerator { pass: "rms_norm_mul_rope", cases: rms_norm_mul_rope },
         PassGenerator { pass: "softmax_top_k", cases: softmax_top_k },
         PassGenerator { pass: "moe_weights", cases: moe_weights },
+        PassGenerator { pass: "moe_router", cases: moe_router },
         PassGenerator { pass: "fold_scales", cases: fold_scales },
         PassGenerator { pass: "elementwise_chains", cases: elementwise_chains },
         PassGenerator { pass: "gate_up_swiglu", cases: gate_up_swiglu },
@@ -731,6 +732,109 @@ fn softmax_top_k() -> Vec<FusionCase> {
         let p = g.softmax(x[0], 1.0, None)?;
         g.set_rows(x[0], x[1], x[2])?;
         g.top_k(p, k)
+    }));
+    out
+}
+
+// ---- moe_router: softmax_top_k and moe_weights of the same logits ----
+
+const MR: &str = "moe_router";
+
+/// The router as the two passes before this one leave it: the ids (an output), the weights.
+fn fused_router(g: &mut Graph, logits: Tensor, k: usize) -> R {
+    let ids = g.softmax_top_k(logits, k)?;
+    g.mark_output(ids)?;
+    g.moe_weights(logits, ids)
+}
+
+/// [`shared_router`] as the two passes before this one leave it: the ids with the shared id
+/// appended (an output), the weights of their first `k` with the gate's sigmoid appended.
+fn fused_shared_router(g: &mut Graph, x: &[Tensor], k: usize) -> R {
+    let [e1, n, ..] = x[0].ne();
+    let row = 4 * e1;
+    let logits = g.view(x[0], [e1 - 1, n, 1, 1], [4, row, row * n, row * n], 0)?;
+    let gate = g.view(x[0], [1, n, 1, 1], [4, row, row * n, row * n], 4 * (e1 - 1))?;
+    let ids = g.softmax_top_k_then(logits, k, x[1])?;
+    g.mark_output(ids)?;
+    let slot = 4 * (k + 1);
+    let routed = g.view(ids, [k, n, 1, 1], [4, slot, slot * n, slot * n], 0)?;
+    g.moe_weights_gated(logits, routed, gate)
+}
+
+fn moe_router() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    let mut shapes = vec![
+        ([8, 1, 1, 1], 2),
+        ([8, 6, 1, 1], 2),
+        ([256, 1, 1, 1], 8),
+        ([256, 7, 1, 1], 8),
+        ([7, 3, 1, 1], 7),
+        ([250, 3, 1, 1], 40),
+        ([1, 1, 1, 1], 1),
+    ];
+    shapes.extend(drawn(MR, 2, 300, 9).into_iter().map(|ne| (ne, ne[0].min(8))));
+    for (ne, k) in shapes {
+        for ctx in CTXS {
+            let c = core(move |g, x| fused_router(g, x[0], k));
+            out.push(embed(MR, format!("ne={},k={k}", Shape(ne)), vec![logits(ne)], 1, ctx, c, halve));
+        }
+    }
+    for (e, n, k) in SHARED_ROUTERS {
+        let params = format_args!("shared_slot,e={e},n={n},k={k}");
+        out.push(plain(MR, params, shared_router_inputs(e, n), 1, move |g, x| fused_shared_router(g, x, k)));
+    }
+    // The ids read by the experts' product, the weights scaling it (the ids and the weights then
+    // reach their readers as views of the two planes).
+    let (ne, k) = ([8, 6, 1, 1], 2);
+    let experts = vec![logits(ne), In::new("as", F32, [16, 4, 8, 1]), In::new("b", F32, [16, 1, 6, 1])];
+    out.push(plain(MR, "weighted_experts", experts, 1, move |g, x| {
+        let ids = g.softmax_top_k(x[0], k)?;
+        let w = g.moe_weights(x[0], ids)?;
+        let y = g.mul_mat_id(x[1], x[2], ids)?;
+        g.mul(y, w)
+    }));
+
+    // Near-misses.
+    let two = vec![logits(ne), logits(ne)];
+    out.push(plain(MR, "miss=other_logits", two, 0, move |g, x| {
+        let ids = g.softmax_top_k(x[0], k)?;
+        g.mark_output(ids)?;
+        g.moe_weights(x[1], ids)
+    }));
+    out.push(plain(MR, "miss=ids_input", vec![logits(ne), ids_input(8, k, 6, true)], 0, |g, x| {
+        g.moe_weights(x[0], x[1])
+    }));
+    // A tail without a gate, and the weights of the wrong window of the ids (slots 1 ..= k).
+    let (e, n) = (8, 3);
+    out.push(plain(MR, "miss=tail_without_gate", shared_router_inputs(e, n), 0, move |g, x| {
+        let logits = g.view(x[0], [e, n, 1, 1], [4, 36, 108, 108], 0)?;
+        let ids = g.softmax_top_k_then(logits, k, x[1])?;
+        g.mark_output(ids)?;
+        let routed = g.view(ids, [k, n, 1, 1], [4, 12, 36, 36], 0)?;
+        g.moe_weights(logits, routed)
+    }));
+    out.push(plain(MR, "miss=shifted_window", shared_router_inputs(e, n), 0, move |g, x| {
+        let logits = g.view(x[0], [e, n, 1, 1], [4, 36, 108, 108], 0)?;
+        let gate = g.view(x[0], [1, n, 1, 1], [4, 36, 108, 108], 4 * e)?;
+        let ids = g.softmax_top_k_then(logits, k, x[1])?;
+        g.mark_output(ids)?;
+        let routed = g.view(ids, [k, n, 1, 1], [4, 12, 36, 36], 4)?;
+        g.moe_weights_gated(logits, routed, gate)
+    }));
+    // The ids read before the weights exist (the fused op, placed at the weights, comes too late
+    // for that reader), and the logits rewritten between the two.
+    out.push(plain(MR, "miss=ids_read_first", vec![logits(ne)], 0, move |g, x| {
+        let ids = g.softmax_top_k(x[0], k)?;
+        let early = g.cont(ids)?;
+        g.mark_output(early)?;
+        g.moe_weights(x[0], ids)
+    }));
+    let written = vec![logits(ne).state(), write_into(ne)[0].clone(), write_into(ne)[1].clone()];
+    out.push(plain(MR, "miss=in_place_between", written, 0, move |g, x| {
+        let ids = g.softmax_top_k(x[0], k)?;
+        g.mark_output(ids)?;
+        g.set_rows(x[0], x[1], x[2])?;
+        g.moe_weights(x[0], ids)
     }));
     out
 }
