@@ -18,6 +18,11 @@
 // softcap * tanh(dot * scale / softcap); plus mask[j, t, 0, s % mask.ne3]; a row whose logits are
 // all -inf comes out as zeros. Query head h reads kv head h / (n_head / n_head_kv).
 //
+// Gated (`gate.data` non-null): every kernel writes an output element o as o * sigmoid(gate) at
+// the same coordinates (`fa_store`): mul(attention, sigmoid(gate)) with the unfused kernels'
+// arithmetic (common.cuh's sigmoid_f, one rounded product), the attention's output gate without
+// a launch of its own.
+//
 // Ragged batches (`offsets.data` non-null; the dense layout passes a null offsets tensor and none
 // of this runs): q packs every sequence's tokens in one sequence slot; sequence s owns tokens
 // offsets[s] .. offsets[s + 1] and its L tokens are the last of its kv_lens[s] positions, token i
@@ -90,6 +95,15 @@ __device__ __forceinline__ float fa_sum8(const float* v, int lane) {
     z += __shfl_xor_sync(0xffffffffu, z, 2);
     z += __shfl_xor_sync(0xffffffffu, z, 1);
     return z;
+}
+
+// Output element (e, h, t, s) = o, times sigmoid(gate[e, h, t, s]) when gated.
+__device__ __forceinline__ void fa_store(const Tensor& out, const Tensor& gate, i64 e, i64 h, i64 t, i64 s, float o) {
+    if (gate.data) {
+        const float z = *(const float*)(gate.data + e * gate.nb[0] + h * gate.nb[1] + t * gate.nb[2] + s * gate.nb[3]);
+        o = __fmul_rn(o, sigmoid_f(z));
+    }
+    *(float*)(out.data + e * out.nb[0] + h * out.nb[1] + t * out.nb[2] + s * out.nb[3]) = o;
 }
 
 // ---- ragged batches ----
@@ -219,9 +233,9 @@ __device__ bool fa_ragged_valid_warp(const Tensor& offsets, const Tensor& kv_len
 
 template <int DT, bool VEC>
 __device__ __forceinline__ void fa_partial_impl(
-    Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, int kdt,
-    int vdt, int mdt, int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb, int tb,
-    int h_blocks, int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {
+    Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, Tensor gate,
+    int kdt, int vdt, int mdt, int has_mask, int paged, float scale, float softcap, int n_splits, int split_len, int hb,
+    int tb, int h_blocks, int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {
     __shared__ float s_p[FA_W][FA_R][32];
     __shared__ float s_m[FA_W][FA_R];
     __shared__ float s_l[FA_W][FA_R];
@@ -428,8 +442,7 @@ __device__ __forceinline__ void fa_partial_impl(
         }
         const int h = h0 + r / tn, t = t0 + r % tn;
         if (n_splits == 1) {
-            float o = mm == -TS_INF ? 0.0f : a / ll;
-            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)qs * out.nb[3]) = o;
+            fa_store(out, gate, e, h, t, qs, mm == -TS_INF ? 0.0f : a / ll);
         } else {
             const i64 g = ((i64)qs * n_head + h) * n_tokens + t;
             const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
@@ -446,11 +459,12 @@ __device__ __forceinline__ void fa_partial_impl(
 #define FA_PARTIAL(NAME, DT, VEC)                                                                              \
     extern "C" __global__ void __launch_bounds__(FA_W * 32, 3) NAME(                                              \
         Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out,   \
+        Tensor gate,                                                                                           \
         int kdt, int vdt, int mdt, int has_mask, int paged, float scale, float softcap, int n_splits,          \
         int split_len, int hb, int tb, int h_blocks, int t_blocks, int seq_stride, float* part, u64 err,       \
         u32 opcode) {                                                                                          \
         grid_begin();                                                                                          \
-        fa_partial_impl<DT, VEC>(q, k, v, mask, table, offsets, kv_lens, out, kdt, vdt, mdt, has_mask, paged,  \
+        fa_partial_impl<DT, VEC>(q, k, v, mask, table, offsets, kv_lens, out, gate, kdt, vdt, mdt, has_mask, paged,  \
                                  scale, softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks, seq_stride,  \
                                  part, err, opcode);                                                           \
     }
@@ -463,8 +477,8 @@ FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 // Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: one block per row
 // g = (s * n_head + h) * n_tokens + t (blockDim a multiple of 32). With a ragged batch tiled by
 // sequence (`seq_stride > 0`), rows of tokens the split-K kernel did not take are left alone.
-extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor offsets, Tensor kv_lens, int seq_stride,
-                                      int n_splits, int dv, int n_tokens, int n_head) {
+extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate, Tensor offsets, Tensor kv_lens,
+                                      int seq_stride, int n_splits, int dv, int n_tokens, int n_head) {
     grid_begin();
     __shared__ float scratch[32];
     const i64 g = blockIdx.x;
@@ -486,12 +500,11 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor offs
     for (int i = threadIdx.x; i < n_splits; i += blockDim.x) ll += pg[i * split_stride + 1] * expf(pg[i * split_stride] - ms);
     ll = block_sum(ll, scratch);
     const int t = (int)(g % n_tokens), h = (int)((g / n_tokens) % n_head), s = (int)(g / ((i64)n_tokens * n_head));
-    char* orow = out.data + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)s * out.nb[3];
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
         float a = 0.0f;
 #pragma unroll 8
         for (int i = 0; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * expf(pg[i * split_stride] - ms);
-        *(float*)(orow + (i64)e * out.nb[0]) = mm == -TS_INF ? 0.0f : a / ll;
+        fa_store(out, gate, e, h, t, s, mm == -TS_INF ? 0.0f : a / ll);
     }
 }
 
@@ -536,8 +549,8 @@ __device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
 
 template <int DT, int D>
 __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
-                                            Tensor kv_lens, Tensor out, int mdt, int has_mask, int paged, float scale,
-                                            float softcap, int l_min, u64 err, u32 opcode) {
+                                            Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
+                                            float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
     __shared__ int s_cell[FT_BN];
     __shared__ int s_work[3];
@@ -588,8 +601,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             const i64 spare = (i64)(gridDim.x - s_work[2]) * gridDim.y;
             for (i64 r = (i64)(blockIdx.x - s_work[2]) * gridDim.y + h; r < rows; r += spare) {
                 const int tp = (int)(r / n_head), hr = (int)(r % n_head), t = tp < lead ? tp : tail + (tp - lead);
-                char* orow = out.data + (i64)hr * out.nb[1] + (i64)t * out.nb[2];
-                for (int e = tid; e < (int)out.ne[0]; e += blockDim.x) *(float*)(orow + (i64)e * out.nb[0]) = 0.0f;
+                for (int e = tid; e < (int)out.ne[0]; e += blockDim.x) fa_store(out, gate, e, hr, t, 0, 0.0f);
             }
             return;
         }
@@ -727,13 +739,12 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
         if (tok[rr] >= t_end) continue;
-        char* orow = out.data + (i64)h * out.nb[1] + (i64)tok[rr] * out.nb[2] + (i64)qs * out.nb[3];
         const float inv = m[rr] == -TS_INF ? 0.0f : 1.0f / l[rr];
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             const int d = n * 8 + 2 * tq;
-            *(float*)(orow + (i64)d * out.nb[0]) = o[n][2 * rr] * inv;
-            *(float*)(orow + (i64)(d + 1) * out.nb[0]) = o[n][2 * rr + 1] * inv;
+            fa_store(out, gate, d, h, tok[rr], qs, o[n][2 * rr] * inv);
+            fa_store(out, gate, d + 1, h, tok[rr], qs, o[n][2 * rr + 1] * inv);
         }
     }
 }
@@ -741,9 +752,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #define FA_MMA(NAME, DT, D)                                                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                                          \
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
+             Tensor gate,                                                                                        \
              int mdt, int has_mask, int paged, float scale, float softcap, int l_min, u64 err, u32 opcode) {     \
         grid_begin();                                                                                            \
-        fa_mma_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale, softcap,  \
+        fa_mma_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged, scale, softcap,  \
                            l_min, err, opcode);                                                                \
     }
 
@@ -780,9 +792,9 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 
 template <int DT, int D>
 __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
-                                            Tensor kv_lens, Tensor out, int mdt, int has_mask, int paged, float scale,
-                                            float softcap, int split_len, int hb, int tb, int h_blocks, int t_blocks,
-                                            int seq_stride, float* part, u64 err, u32 opcode) {
+                                            Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
+                                            float scale, float softcap, int split_len, int hb, int tb, int h_blocks,
+                                            int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 fd_smem[];
     __shared__ u32 s_valid[FD_W][FD_S];
     __shared__ float s_m[FD_W][16];
@@ -1044,8 +1056,7 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         }
         const int h = h0 + r / tn, t = t0 + r % tn;
         if (n_splits == 1) {
-            const float ov = mm == -TS_INF ? 0.0f : a / ll;
-            *(float*)(out.data + (i64)e * out.nb[0] + (i64)h * out.nb[1] + (i64)t * out.nb[2] + (i64)qs * out.nb[3]) = ov;
+            fa_store(out, gate, e, h, t, qs, mm == -TS_INF ? 0.0f : a / ll);
         } else {
             const i64 gi = ((i64)qs * n_head + h) * n_tokens + t;
             const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
@@ -1062,10 +1073,11 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #define FA_DEC(NAME, DT, D)                                                                                    \
     extern "C" __global__ void __launch_bounds__(FD_W * 32, 1)                                                 \
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
+             Tensor gate,                                                                                        \
              int mdt, int has_mask, int paged, float scale, float softcap, int split_len, int hb, int tb,        \
              int h_blocks, int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {                     \
         grid_begin();                                                                                            \
-        fa_dec_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale, softcap,  \
+        fa_dec_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged, scale, softcap,  \
                            split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode);              \
     }
 

@@ -363,8 +363,14 @@ impl Graph {
         scale: f32,
         softcap: f32,
     ) -> R {
-        let params =
-            FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: false };
+        let params = FlashAttnParams {
+            scale,
+            softcap,
+            mask: mask.is_some(),
+            paged: block_table.is_some(),
+            ragged: false,
+            gate: false,
+        };
         let inputs: Vec<Tensor> = [Some(q), Some(k), Some(v), mask, block_table].into_iter().flatten().collect();
         self.op(Op::FlashAttnExt(params), &inputs)
     }
@@ -390,8 +396,14 @@ impl Graph {
         scale: f32,
         softcap: f32,
     ) -> R {
-        let params =
-            FlashAttnParams { scale, softcap, mask: mask.is_some(), paged: block_table.is_some(), ragged: true };
+        let params = FlashAttnParams {
+            scale,
+            softcap,
+            mask: mask.is_some(),
+            paged: block_table.is_some(),
+            ragged: true,
+            gate: false,
+        };
         let inputs: Vec<Tensor> = [Some(q), Some(k), Some(v), mask, block_table, Some(seq_offsets), Some(kv_lens)]
             .into_iter()
             .flatten()

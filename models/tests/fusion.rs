@@ -60,15 +60,20 @@ fn the_passes_fire_on_the_model_and_keep_its_logits() {
         // ... and each q/k norm then takes its rotation along (one op fewer each).
         let rope = s.reports.iter().find(|r| r.pass == "rms_norm_mul_rope").expect("the pass ran");
         assert_eq!((rope.applied, rope.nodes_removed), (2 * attn, 2 * attn), "{p}: q and k of each attention");
+        // The attention output gate mul(o, sigmoid(gate)) goes into the attention (two ops).
+        let gate = s.reports.iter().find(|r| r.pass == "attention_gate").expect("the pass ran");
+        assert_eq!((gate.applied, gate.nodes_removed), (attn, 2 * attn), "{p}");
         let moe = matches!(c.ffn, tessera_models::config::Ffn::Moe { .. });
         assert_eq!(applied("softmax_top_k"), if moe { layers } else { 0 }, "{p}");
         assert_eq!(applied("moe_weights"), if moe { layers } else { 0 }, "{p}");
-        // elementwise_chains: the DeltaNet decay mul(softplus(add(alpha, dt_bias)), a) (3 ops), the
-        // attention output gate mul(o, sigmoid(gate)) (2). (The shared expert is routed as one
-        // more slot, so its gate add(moe, mul(sh, sigmoid(gate))) is not in the graph.)
+        // ... and the two router ops of each MoE block become one.
+        assert_eq!(applied("moe_router"), if moe { layers } else { 0 }, "{p}");
+        // elementwise_chains: the DeltaNet decay mul(softplus(add(alpha, dt_bias)), a) (3 ops).
+        // (The shared expert is routed as one more slot, so its gate add(moe, mul(sh,
+        // sigmoid(gate))) is not in the graph.)
         let chains = s.reports.iter().find(|r| r.pass == "elementwise_chains").expect("the pass ran");
-        assert_eq!(chains.applied, layers, "{p}");
-        assert_eq!(chains.nodes_removed, 2 * (layers - attn) + attn, "{p}");
+        assert_eq!(chains.applied, layers - attn, "{p}");
+        assert_eq!(chains.nodes_removed, 2 * (layers - attn), "{p}");
         // delta_net_prep: every DeltaNet layer's l2_norm of q and k, beta's sigmoid and the decay
         // program (what elementwise_chains left) go into its delta rule: three ops a layer.
         let prep = s.reports.iter().find(|r| r.pass == "delta_net_prep").expect("the pass ran");

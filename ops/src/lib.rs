@@ -24,8 +24,8 @@ pub use error::OpError;
 pub use kernel_error::{KernelError, checked_ragged_slots, checked_seq_offsets, checked_slots};
 pub use meta::{MAX_DIMS, TensorMeta};
 pub use op::{
-    BinaryOp, DeltaNetAlgo, Family, FlashAttnParams, GatedDeltaNetFusedParams, GatedDeltaNetParams, HeadMap, Op,
-    RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder, UnaryOp,
-    ViewParams,
+    BinaryOp, DeltaNetAlgo, Family, FlashAttnInputs, FlashAttnParams, GatedDeltaNetFusedParams, GatedDeltaNetParams,
+    HeadMap, Op, RmsNormMulRopeParams, RmsNormParams, RopePairing, RopeParams, ScaleParams, SoftmaxParams, SortOrder,
+    UnaryOp, ViewParams,
 };
 pub use rules::{Cost, cost, infer};

@@ -142,6 +142,45 @@ pub struct FlashAttnParams {
     /// n_head, 1]`) and two i32 inputs come last, `seq_offsets [n_seq + 1]` and `kv_lens [n_seq]`;
     /// attention is causal, bottom-right aligned per sequence (see `Op::FlashAttnExt`).
     pub ragged: bool,
+    /// A gate input comes last: the output is multiplied by `sigmoid(gate)`, `gate` f32 of the
+    /// output's shape (any strides): qwen35's attention output gate, folded in by the
+    /// `attention_gate` pass (`mul(flash_attn_ext(..), sigmoid(gate))`).
+    pub gate: bool,
+}
+
+/// Where a flash_attn_ext node's inputs sit: `q, k, v`, then each optional one whose flag is set,
+/// in this order (see [`FlashAttnParams::inputs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlashAttnInputs {
+    pub mask: Option<usize>,
+    pub table: Option<usize>,
+    /// `seq_offsets`; `kv_lens` is the next input.
+    pub ragged: Option<usize>,
+    pub gate: Option<usize>,
+    /// How many inputs the node takes.
+    pub count: usize,
+}
+
+impl FlashAttnParams {
+    /// The positions of the optional inputs: the one map every rule, reference and kernel reads.
+    pub fn inputs(&self) -> FlashAttnInputs {
+        let mut next = 3;
+        let mut take = |present: bool, n: usize| {
+            let at = present.then_some(next);
+            next += if present { n } else { 0 };
+            at
+        };
+        let mask = take(self.mask, 1);
+        let table = take(self.paged, 1);
+        let ragged = take(self.ragged, 2);
+        let gate = take(self.gate, 1);
+        FlashAttnInputs { mask, table, ragged, gate, count: next }
+    }
+
+    /// These parameters without the gate: the attention that the gate then scales.
+    pub fn ungated(self) -> FlashAttnParams {
+        FlashAttnParams { gate: false, ..self }
+    }
 }
 
 /// Sort direction of `argsort`.
@@ -642,8 +681,13 @@ impl fmt::Display for Op {
             ),
             Op::FlashAttnExt(p) => write!(
                 f,
-                "flash_attn_ext(scale={}, softcap={}, mask={}, paged={}, ragged={})",
-                p.scale, p.softcap, p.mask, p.paged, p.ragged
+                "flash_attn_ext(scale={}, softcap={}, mask={}, paged={}, ragged={}{})",
+                p.scale,
+                p.softcap,
+                p.mask,
+                p.paged,
+                p.ragged,
+                if p.gate { ", gated" } else { "" }
             ),
             Op::SsmConvUpdate { silu, ragged } => write!(f, "ssm_conv_update_inplace(silu={silu}, ragged={ragged})"),
             Op::GatedDeltaNet(p) => {
@@ -739,9 +783,9 @@ impl RmsNormMulRopeParams {
 }
 
 impl FlashAttnParams {
-    fn key(&self) -> (Bits, Bits, bool, bool, bool) {
-        let FlashAttnParams { scale, softcap, mask, paged, ragged } = *self;
-        (scale.into(), softcap.into(), mask, paged, ragged)
+    fn key(&self) -> (Bits, Bits, [bool; 4]) {
+        let FlashAttnParams { scale, softcap, mask, paged, ragged, gate } = *self;
+        (scale.into(), softcap.into(), [mask, paged, ragged, gate])
     }
 }
 

@@ -58,6 +58,7 @@ fn every_op() -> Vec<Op> {
             mask: false,
             paged: false,
             ragged: false,
+            gate: false,
         }),
         Op::SsmConv,
         Op::SsmConvUpdate { silu: true, ragged: false },

@@ -1,5 +1,5 @@
 //! Fused ops: add_rms_norm_mul, rms_norm_mul, rms_norm_mul_rope, gated_rms_norm, softmax_top_k,
-//! moe_weights, moe_router, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
+//! moe_weights, moe_router, gated flash_attn_ext, mul_mat_swiglu, mul_mat_id_swiglu, mul_mat_id_weighted_sum, gated_delta_net_fused.
 //!
 //! Each computes exactly what this backend's kernels of the subgraph it replaces compute: the
 //! same f32 operations in the same order (the same `sum_squares`, `silu`, `exp` and `sum`), so a
@@ -10,7 +10,9 @@
 //! gate-and-up projections run the mul_mat (mul_mat_id) kernel twice into scratch and swiglu's
 //! kernel from there.
 
-use tessera_ops::{BinaryOp, DType, GatedDeltaNetFusedParams, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp};
+use tessera_ops::{
+    BinaryOp, DType, FlashAttnParams, GatedDeltaNetFusedParams, KernelError, RmsNormMulRopeParams, TensorMeta, UnaryOp,
+};
 
 use super::math::{map_in_place, silu, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
@@ -251,6 +253,31 @@ pub(super) fn moe_router(
     let routed = TensorMeta { ne: [k, n, 1, 1], ..ids_meta };
     let w_meta = TensorMeta { dtype: DType::F32, ne: [1, slots, n, 1], nb: [nb[0], nb[0], nb[1], nb[2]] };
     moe_weights(logits, src(op, ids, routed)?, gate, weights, &w_meta)
+}
+
+/// Gated attention, `mul(flash_attn_ext(..), sigmoid(gate))`: the attention kernel and the
+/// sigmoid into scratch, then mul's kernel into the output.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gated_attention(
+    p: &FlashAttnParams,
+    q: Src<'_>,
+    k: Src<'_>,
+    v: Src<'_>,
+    mask: Option<Src<'_>>,
+    table: Option<Src<'_>>,
+    ragged: Option<(Src<'_>, Src<'_>)>,
+    gate: Src<'_>,
+    dst: &mut Dst<'_>,
+) -> Result<(), KernelError> {
+    let op = "flash_attn_ext";
+    let meta = scratch_meta(op, DType::F32, gate.ne())?;
+    let (mut attn, mut sig) = (vec![0f32; meta.nelements()], vec![0f32; meta.nelements()]);
+    let mut attn_dst = Dst::new(bytemuck::cast_slice_mut(&mut attn), meta)?;
+    super::attention::flash_attn_ext(&p.ungated(), q, k, v, mask, table, ragged, &mut attn_dst)?;
+    elementwise::unary(UnaryOp::Sigmoid, gate, &mut Dst::new(bytemuck::cast_slice_mut(&mut sig), meta)?);
+    let (attn, sig) = (src(op, bytemuck::cast_slice(&attn), meta)?, src(op, bytemuck::cast_slice(&sig), meta)?);
+    elementwise::binary(BinaryOp::Mul, attn, sig, dst);
+    Ok(())
 }
 
 /// A contiguous descriptor for scratch or a plane of `op`'s output.

@@ -429,11 +429,15 @@ fn dispatch(
         Op::Quantize(_) | Op::Dequantize => quant::convert(input(0)?, &mut dst),
         Op::RopeMulti(p) => rope::rope_multi(p, input(0)?, input(1)?, &mut dst),
         Op::FlashAttnExt(p) => {
-            let mask = if p.mask { Some(input(3)?) } else { None };
-            let table = if p.paged { Some(input(3 + usize::from(p.mask))?) } else { None };
-            let at = 3 + usize::from(p.mask) + usize::from(p.paged);
-            let ragged = if p.ragged { Some((input(at)?, input(at + 1)?)) } else { None };
-            attention::flash_attn_ext(p, input(0)?, input(1)?, input(2)?, mask, table, ragged, &mut dst)
+            let at = p.inputs();
+            let mask = at.mask.map(input).transpose()?;
+            let table = at.table.map(input).transpose()?;
+            let ragged = at.ragged.map(|i| Ok((input(i)?, input(i + 1)?))).transpose()?;
+            let (q, k, v) = (input(0)?, input(1)?, input(2)?);
+            match at.gate {
+                None => attention::flash_attn_ext(p, q, k, v, mask, table, ragged, &mut dst),
+                Some(g) => fused::gated_attention(p, q, k, v, mask, table, ragged, input(g)?, &mut dst),
+            }
         }
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),
         Op::Sample => sample::sample(input(0)?, input(1)?, &mut dst),

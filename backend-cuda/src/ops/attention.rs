@@ -198,15 +198,15 @@ fn ragged_mma_tiles(n_tokens: usize, n_seq: usize, min_len: usize) -> usize {
 
 /// The (seq_offsets, kv_lens) inputs of a ragged task.
 fn ragged_inputs<'t>(p: &FlashAttnParams, inputs: &'t [TensorMeta]) -> Option<(&'t TensorMeta, &'t TensorMeta)> {
-    let n = inputs.len();
-    (p.ragged && n >= 5).then(|| (&inputs[n - 2], &inputs[n - 1]))
+    let at = p.inputs().ragged?;
+    Some((inputs.get(at)?, inputs.get(at + 1)?))
 }
 
 /// Head dims up to 256 and grid dimensions in range; anything else stays on the CPU.
 pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     let Op::FlashAttnExt(p) = op else { return false };
     let [q, k, v, ..] = inputs else { return false };
-    let table = if p.paged { inputs.get(3 + usize::from(p.mask)) } else { None };
+    let table = p.inputs().table.and_then(|i| inputs.get(i));
     let tokens = if p.ragged { Tokens::Ragged { slots: q.ne[1], seq_stride: 0 } } else { Tokens::Dense };
     let pl = plan(q, k, v, table, tokens);
     let n_seq = ragged_inputs(p, inputs).map_or(q.ne[3], |(o, _)| o.ne[0].saturating_sub(1));
@@ -228,7 +228,7 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     let Op::FlashAttnExt(p) = task.op else { return 0 };
     let m: Vec<TensorMeta> = task.inputs.iter().map(|t| t.meta).collect();
     let [q, k, v, ..] = m.as_slice() else { return 0 };
-    let table = if p.paged { m.get(3 + usize::from(p.mask)) } else { None };
+    let table = p.inputs().table.and_then(|i| m.get(i));
     // The kernels' choice depends on alignment (unknown here): room for every plan that may run.
     let plans = match ragged_inputs(p, &m) {
         None => vec![plan(q, k, v, table, Tokens::Dense), dec_plan(q, k, v, table, Tokens::Dense)],
@@ -310,29 +310,31 @@ fn dec_kernel(
 }
 
 /// The optional operands of a flash_attn_ext task as every kernel takes them: the mask, the
-/// block table and the ragged offsets and kv lengths (an empty descriptor, null data, when
-/// absent: the kernels' dense layout), the mask's dtype code, and the table's descriptor for
-/// planning.
+/// block table, the ragged offsets and kv lengths and the gate (an empty descriptor, null data,
+/// when absent: the kernels' dense, ungated layout), the mask's dtype code, and the table's
+/// descriptor for planning.
 struct Optional<'t> {
     mask: TensorArg,
     table: TensorArg,
     offsets: TensorArg,
     kv_lens: TensorArg,
+    gate: TensorArg,
     mask_dt: i32,
     table_meta: Option<&'t TensorMeta>,
 }
 
 fn optional_operands<'t>(p: &FlashAttnParams, task: &'t Task<'_>, ins: &[TensorArg]) -> Optional<'t> {
     let none = TensorArg { data: 0, ne: [1; 4], nb: [0; 4] };
-    let table_at = 3 + usize::from(p.mask);
-    let n = ins.len();
+    let at = p.inputs();
+    let arg = |i: Option<usize>| i.map_or(none, |i| ins[i]);
     Optional {
-        mask: if p.mask { ins[3] } else { none },
-        table: if p.paged { ins[table_at] } else { none },
-        offsets: if p.ragged { ins[n - 2] } else { none },
-        kv_lens: if p.ragged { ins[n - 1] } else { none },
-        mask_dt: dt(if p.mask { task.inputs[3].meta.dtype } else { DType::F32 }),
-        table_meta: p.paged.then(|| &task.inputs[table_at].meta),
+        mask: arg(at.mask),
+        table: arg(at.table),
+        offsets: arg(at.ragged),
+        kv_lens: arg(at.ragged.map(|i| i + 1)),
+        gate: arg(at.gate),
+        mask_dt: dt(at.mask.map_or(DType::F32, |i| task.inputs[i].meta.dtype)),
+        table_meta: at.table.map(|i| &task.inputs[i].meta),
     }
 }
 
@@ -360,7 +362,8 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
 fn run_ragged(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     let (kdt, vdt) = (task.inputs[1].meta.dtype, task.inputs[2].meta.dtype);
     let (q, k, v) = (&ins[0], &ins[1], &ins[2]);
-    let n_seq = (ins[ins.len() - 2].ne[0] as usize).saturating_sub(1);
+    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
+    let n_seq = p.inputs().ragged.map_or(0, |i| (ins[i].ne[0] as usize).saturating_sub(1));
     let (mma, dec) = (mma_kernel(cx, q, k, v, kdt, vdt), dec_kernel(cx, q, k, v, kdt, vdt));
     let tensor_cores = mma.is_some() && dec.is_some();
     let rp = ragged_plan(q.ne[1] as usize, n_seq, tensor_cores);
@@ -387,7 +390,7 @@ fn run_simt(
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let meta = |i: usize| &task.inputs[i].meta;
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, offsets, kv_lens, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
+    let Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
     let pl = plan(meta(0), meta(1), meta(2), table_meta, tokens);
     let (kdt, vdt) = (meta(1).dtype, meta(2).dtype);
     let vec = kdt == vdt && q.ne[0] % 8 == 0 && v.ne[0] % 8 == 0 && rows_aligned(&k) && rows_aligned(&v);
@@ -406,23 +409,24 @@ fn run_simt(
     let (part, err, opcode) = (cx.scratch, cx.errors, crate::errors::op_code("flash_attn_ext"));
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (WARPS * 32, 1, 1), 0);
     let mut a = cx.kernel(kernel)?;
-    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out).arg(&gate);
     a.arg(&kdt).arg(&vdt).arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
     a.arg(&n_splits).arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);
     a.arg(&part).arg(&err).arg(&opcode);
-    // SAFETY: `fa_partial(q, k, v, mask, table, offsets, kv_lens, out, kdt, vdt, mdt, has_mask,
-    // paged, scale, softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks, seq_stride, part,
-    // err, opcode)`. The shape rules fix q [d_k, n_t, n_h, n_s] (n_s = 1 ragged), k/v [d,
-    // n_cells, n_h_kv, n_s or 1] with dense rows, the mask [n_kv, >= n_t, 1, 1 or n_s], the table
-    // [n_kv, n_s], offsets [n_s + 1] and kv_lens [n_s] (ragged; null data otherwise) and out
-    // [d_v, n_h, n_t, n_s]; `supports` keeps d_k, d_v <= 256 (the kernel's lane layout). The grid
+    // SAFETY: `fa_partial(q, k, v, mask, table, offsets, kv_lens, out, gate, kdt, vdt, mdt,
+    // has_mask, paged, scale, softcap, n_splits, split_len, hb, tb, h_blocks, t_blocks,
+    // seq_stride, part, err, opcode)`. The shape rules fix q [d_k, n_t, n_h, n_s] (n_s = 1
+    // ragged), k/v [d, n_cells, n_h_kv, n_s or 1] with dense rows, the mask [n_kv, >= n_t, 1, 1
+    // or n_s], the table [n_kv, n_s], offsets [n_s + 1] and kv_lens [n_s] (ragged; null data
+    // otherwise), out [d_v, n_h, n_t, n_s] and the gate f32 of out's shape (null data ungated;
+    // read only where out is written); `supports` keeps d_k, d_v <= 256 (the kernel's lane layout). The grid
     // is exactly tiles x splits x n_seq of `plan`; ragged blocks check every offset and kv length
     // before using one (and read positions below kv_lens[s] <= n_kv only); table entries are
     // checked against n_cells before any K/V read; the vector kernels run only on 16-byte aligned
     // rows of one dtype with dims multiple of 8; with n_splits > 1 `part` holds splits * rows *
     // (d_v + 2) f32 (`scratch_bytes`).
     unsafe { a.launch(cfg) }?;
-    combine(cx, pl, q, offsets, kv_lens, out)
+    combine(cx, pl, q, offsets, kv_lens, out, gate)
 }
 
 /// Merges the split-K partials of `pl` into `out` (nothing with one split).
@@ -433,16 +437,17 @@ fn combine(
     offsets: TensorArg,
     kv_lens: TensorArg,
     out: TensorArg,
+    gate: TensorArg,
 ) -> Result<(), BackendError> {
     if pl.splits > 1 {
         let (part, n_splits, seq_stride) = (cx.scratch, pl.splits as i32, pl.seq_stride as i32);
         let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
         let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
         let mut a = cx.kernel(COMBINE)?;
-        a.arg(&part).arg(&out).arg(&offsets).arg(&kv_lens).arg(&seq_stride);
+        a.arg(&part).arg(&out).arg(&gate).arg(&offsets).arg(&kv_lens).arg(&seq_stride);
         a.arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
-        // SAFETY: `fa_combine(part, out, offsets, kv_lens, seq_stride, n_splits, dv, n_tokens,
-        // n_head)`: one block per output row; `part` holds n_splits * rows partials of d_v + 2
+        // SAFETY: `fa_combine(part, out, gate, offsets, kv_lens, seq_stride, n_splits, dv,
+        // n_tokens, n_head)`: one block per output row (the gate, when not null, of out's shape); `part` holds n_splits * rows partials of d_v + 2
         // floats, all written above for the rows it merges (with a ragged batch tiled by sequence
         // it skips the rows of other launches, finding a row's sequence within offsets [n_seq + 1]).
         unsafe { a.launch(cfg) }?;
@@ -463,7 +468,7 @@ fn run_mma(
 ) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, offsets, kv_lens, mask_dt: mdt, .. } = optional_operands(p, task, ins);
+    let Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, .. } = optional_operands(p, task, ins);
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap, l_min) = (p.scale, p.softcap, min_len as i32);
     let (err, opcode) = (cx.errors, crate::errors::op_code("flash_attn_ext"));
@@ -477,10 +482,10 @@ fn run_mma(
     };
     let cfg = config(grid, (128, 1, 1), shared);
     let mut a = cx.kernel(kernel)?;
-    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out).arg(&gate);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&l_min).arg(&err).arg(&opcode);
-    // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale,
-    // softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
+    // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged,
+    // scale, softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
     // checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4
     // loads); `shared` is the kernel's 3 * 64 * (D + 8) halves and within the device limit
     // (raised above). Dense: the grid covers ceil(n_tokens / 64) x n_head x n_seq and rows past
@@ -506,7 +511,7 @@ fn run_dec(
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let meta = |i: usize| &task.inputs[i].meta;
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, offsets, kv_lens, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
+    let Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
     let pl = dec_plan(meta(0), meta(1), meta(2), table_meta, tokens);
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap, split_len) = (p.scale, p.softcap, pl.split_len as i32);
@@ -516,12 +521,12 @@ fn run_dec(
     cx.allow_shared(kernel, shared)?;
     let cfg = config((pl.tiles as u32, pl.splits as u32, pl.n_seq as u32), (DEC_WARPS * 32, 1, 1), shared);
     let mut a = cx.kernel(kernel)?;
-    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out);
+    a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out).arg(&gate);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap);
     a.arg(&split_len).arg(&hb).arg(&tb).arg(&h_blocks).arg(&t_blocks).arg(&seq_stride);
     a.arg(&part).arg(&err).arg(&opcode);
-    // SAFETY: `fa_dec(q, k, v, mask, table, offsets, kv_lens, out, mdt, has_mask, paged, scale,
-    // softcap, split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode)`: shapes as
+    // SAFETY: `fa_dec(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged,
+    // scale, softcap, split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode)`: shapes as
     // for `fa_partial` (shape rules); `dec_kernel` checked one f16/bf16 dtype, d_k = d_v = the
     // kernel's D and 16-byte aligned rows (its 16-byte cp.async copies); `shared` is the kernel's
     // (FD_W * FD_S * 2 * 16 + 16) rows of D + 8 halves, within the device limit (raised above);
@@ -531,7 +536,7 @@ fn run_dec(
     // any K/V read; with splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`
     // takes the largest plan).
     unsafe { a.launch(cfg) }?;
-    combine(cx, pl, q, offsets, kv_lens, out)
+    combine(cx, pl, q, offsets, kv_lens, out, gate)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! Writing a pass: docs/FUSION.md. The [`pattern::Matcher`] answers the questions a pattern asks
 //! (which op, who reads it, may it be swallowed) with the guards that keep a rewrite safe.
 
+mod attention_gate;
 mod delta_net;
 mod elementwise;
 mod fold_scales;
@@ -21,6 +22,7 @@ mod moe_weighted_sum;
 mod norms;
 pub mod pattern;
 
+pub use attention_gate::AttentionGate;
 pub use delta_net::DeltaNetPrep;
 pub use elementwise::ElementwiseChains;
 pub use fold_scales::FoldScales;
@@ -120,6 +122,7 @@ pub fn standard() -> Pipeline {
         .with(GatedRmsNorm)
         .with(RmsNormMul)
         .with(RmsNormMulRope)
+        .with(AttentionGate)
         .with(SoftmaxTopK)
         .with(MoeWeights)
         .with(MoeRouter)

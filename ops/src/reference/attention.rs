@@ -12,9 +12,11 @@
 //! of sequence `s` (the same formula over those positions; the mask row is the packed token's).
 //! Tokens of no sequence stay zero. Checked first, in this order: the offsets, the kv lengths of
 //! the sequences with tokens (`L <= kv_lens[s] <= n_kv`), then the table entries that are read.
+//!
+//! Gated: the result times `sigmoid(gate)` (the reference sigmoid and mul, in f64).
 
 use super::RefTensor;
-use crate::{KernelError, Op, TensorMeta, checked_seq_offsets};
+use crate::{BinaryOp, KernelError, Op, TensorMeta, UnaryOp, checked_seq_offsets};
 
 /// The query rows of one sequence: `tokens` of q's (and the output's) sequence slot `qs`; token
 /// `tokens.start + i` reads logical positions `0..visible(i)` of sequence `s`.
@@ -41,7 +43,9 @@ fn sequences(
             .map(|s| Seq { s, qs: s, tokens: 0..n_tokens, first_visible: n_kv, causal: false })
             .collect());
     }
-    let (offsets, kv_lens) = (&inputs[inputs.len() - 2], &inputs[inputs.len() - 1]);
+    let Op::FlashAttnExt(p) = op else { unreachable!("reference attention::sequences called for {op}") };
+    let at = p.inputs().ragged.unwrap_or(3);
+    let (offsets, kv_lens) = (&inputs[at], &inputs[at + 1]);
     let offsets = checked_seq_offsets(op.name(), offsets.data.iter().map(|&x| x as i64), n_tokens)?;
     let mut seqs = Vec::new();
     for (s, w) in offsets.windows(2).enumerate() {
@@ -68,9 +72,16 @@ fn sequences(
 
 pub(super) fn compute(op: &Op, inputs: &[RefTensor], out: &TensorMeta) -> Result<RefTensor, KernelError> {
     let Op::FlashAttnExt(p) = op else { unreachable!("reference attention::compute called for {op}") };
+    let at = p.inputs();
+    if let Some(gate) = at.gate {
+        // mul(flash_attn_ext(..), sigmoid(gate)), the composition the gate stands for
+        let attn = compute(&Op::FlashAttnExt(p.ungated()), &inputs[..gate], out)?;
+        let sig = super::compute(&Op::Unary(UnaryOp::Sigmoid), &inputs[gate..], out)?;
+        return super::compute(&Op::Binary(BinaryOp::Mul), &[attn, sig], out);
+    }
     let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
-    let mask = p.mask.then(|| &inputs[3]);
-    let table = p.paged.then(|| &inputs[3 + usize::from(p.mask)]);
+    let mask = at.mask.map(|i| &inputs[i]);
+    let table = at.table.map(|i| &inputs[i]);
     let [d_k, n_tokens, n_head, _] = q.ne;
     let (d_v, n_head_kv, n_rows) = (v.ne[0], k.ne[2], k.ne[1]);
     let group = n_head / n_head_kv;
@@ -150,7 +161,7 @@ mod tests {
     use crate::{DType, FlashAttnParams};
 
     fn op(scale: f32, softcap: f32, mask: bool, paged: bool) -> Op {
-        Op::FlashAttnExt(FlashAttnParams { scale, softcap, mask, paged, ragged: false })
+        Op::FlashAttnExt(FlashAttnParams { scale, softcap, mask, paged, ragged: false, gate: false })
     }
 
     fn run(op: &Op, inputs: &[RefTensor]) -> Result<RefTensor, KernelError> {
@@ -236,8 +247,14 @@ mod tests {
         // d = 1, one head. Sequence 0: tokens 1..3 (L = 2) over kv length 3, so token 1 sees
         // positions 0..=1 and token 2 sees 0..=2; sequence 1: no tokens (garbage kv length);
         // sequence 2: token 3 over kv length 1 (position 0). Tokens 0 and 4 are padding.
-        let ragged =
-            Op::FlashAttnExt(FlashAttnParams { scale: 1.0, softcap: 0.0, mask: false, paged: false, ragged: true });
+        let ragged = Op::FlashAttnExt(FlashAttnParams {
+            scale: 1.0,
+            softcap: 0.0,
+            mask: false,
+            paged: false,
+            ragged: true,
+            gate: false,
+        });
         let q = RefTensor::new([1, 5, 1, 1], vec![9.0, 1.0, 1.0, 1.0, 9.0]);
         let k = RefTensor::new([1, 3, 1, 3], vec![0.0, 3f64.ln(), 50.0, 0.0, 0.0, 0.0, 7.0, 0.0, 0.0]);
         let v = RefTensor::new([1, 3, 1, 3], vec![4.0, 8.0, 100.0, 0.0, 0.0, 0.0, -2.0, 0.0, 0.0]);

@@ -10,6 +10,9 @@
 //! i32 inputs come last, `seq_offsets [n_seq + 1, 1, 1, 1]` and `kv_lens [n_seq, 1, 1, 1]` (n_seq
 //! comes from the offsets), the mask is `[n_kv, >= n_tokens, 1, 1]` and the output
 //! `[d_v, n_head, n_tokens, 1]`. Their values are checked at run time.
+//!
+//! Gated (`params.gate`): a last input `gate` f32 of the output's shape (any strides); the
+//! output is multiplied by `sigmoid(gate)`.
 
 use super::contiguous;
 use crate::{DType, FlashAttnParams, Op, OpError, TensorMeta};
@@ -23,34 +26,44 @@ struct Inputs<'a> {
     table: Option<&'a TensorMeta>,
     /// `(seq_offsets, kv_lens)` when ragged.
     ragged: Option<(&'a TensorMeta, &'a TensorMeta)>,
+    gate: Option<&'a TensorMeta>,
 }
 
-/// The number of inputs a node with these params takes, and how an arity error names them.
-fn arity(p: &FlashAttnParams) -> (usize, &'static str) {
-    match (p.mask, p.paged, p.ragged) {
-        (false, false, false) => (3, "3 (q, k, v)"),
-        (true, false, false) => (4, "4 (q, k, v, mask)"),
-        (false, true, false) => (4, "4 (q, k, v, block_table)"),
-        (true, true, false) => (5, "5 (q, k, v, mask, block_table)"),
-        (false, false, true) => (5, "5 (q, k, v, seq_offsets, kv_lens)"),
-        (true, false, true) => (6, "6 (q, k, v, mask, seq_offsets, kv_lens)"),
-        (false, true, true) => (6, "6 (q, k, v, block_table, seq_offsets, kv_lens)"),
-        (true, true, true) => (7, "7 (q, k, v, mask, block_table, seq_offsets, kv_lens)"),
+/// How an arity error names the inputs a node with these params takes.
+fn arity_text(p: &FlashAttnParams) -> &'static str {
+    match (p.mask, p.paged, p.ragged, p.gate) {
+        (false, false, false, false) => "3 (q, k, v)",
+        (true, false, false, false) => "4 (q, k, v, mask)",
+        (false, true, false, false) => "4 (q, k, v, block_table)",
+        (true, true, false, false) => "5 (q, k, v, mask, block_table)",
+        (false, false, true, false) => "5 (q, k, v, seq_offsets, kv_lens)",
+        (true, false, true, false) => "6 (q, k, v, mask, seq_offsets, kv_lens)",
+        (false, true, true, false) => "6 (q, k, v, block_table, seq_offsets, kv_lens)",
+        (true, true, true, false) => "7 (q, k, v, mask, block_table, seq_offsets, kv_lens)",
+        (false, false, false, true) => "4 (q, k, v, gate)",
+        (true, false, false, true) => "5 (q, k, v, mask, gate)",
+        (false, true, false, true) => "5 (q, k, v, block_table, gate)",
+        (true, true, false, true) => "6 (q, k, v, mask, block_table, gate)",
+        (false, false, true, true) => "6 (q, k, v, seq_offsets, kv_lens, gate)",
+        (true, false, true, true) => "7 (q, k, v, mask, seq_offsets, kv_lens, gate)",
+        (false, true, true, true) => "7 (q, k, v, block_table, seq_offsets, kv_lens, gate)",
+        (true, true, true, true) => "8 (q, k, v, mask, block_table, seq_offsets, kv_lens, gate)",
     }
 }
 
 fn split<'a>(op: &Op, p: &FlashAttnParams, inputs: &[&'a TensorMeta]) -> Result<Inputs<'a>, OpError> {
-    let (want, expected) = arity(p);
-    if inputs.len() != want {
-        return Err(OpError::Arity { op: op.name(), expected, got: inputs.len() });
+    let at = p.inputs();
+    if inputs.len() != at.count {
+        return Err(OpError::Arity { op: op.name(), expected: arity_text(p), got: inputs.len() });
     }
     Ok(Inputs {
         q: inputs[0],
         k: inputs[1],
         v: inputs[2],
-        mask: p.mask.then(|| inputs[3]),
-        table: p.paged.then(|| inputs[3 + usize::from(p.mask)]),
-        ragged: p.ragged.then(|| (inputs[want - 2], inputs[want - 1])),
+        mask: at.mask.map(|i| inputs[i]),
+        table: at.table.map(|i| inputs[i]),
+        ragged: at.ragged.map(|i| (inputs[i], inputs[i + 1])),
+        gate: at.gate.map(|i| inputs[i]),
     })
 }
 
@@ -66,7 +79,7 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             why: format!("softcap must be finite and >= 0 (0 turns it off), got {}", p.softcap),
         });
     }
-    let Inputs { q, k, v, mask, table, ragged } = split(op, p, inputs)?;
+    let Inputs { q, k, v, mask, table, ragged, gate } = split(op, p, inputs)?;
     if q.dtype != DType::F32 {
         return Err(OpError::DType { op: name, input: 0, dtype: q.dtype, expected: "f32 queries" });
     }
@@ -98,7 +111,7 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
     let (n_tokens, n_head) = (q.ne[1], q.ne[2]);
     let n_seq = match ragged {
         None => q.ne[3],
-        Some((offsets, kv_lens)) => ragged_n_seq(op, q, offsets, kv_lens, inputs.len())?,
+        Some((offsets, kv_lens)) => ragged_n_seq(op, q, offsets, kv_lens, p.inputs().ragged.unwrap_or(3))?,
     };
     if !n_head.is_multiple_of(k.ne[2]) {
         return Err(mismatch(q, k, "the query head count ne[2] must be a multiple of the kv head count"));
@@ -119,7 +132,7 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             if t.dtype != DType::I32 {
                 return Err(OpError::DType {
                     op: name,
-                    input: inputs.len() - 1,
+                    input: p.inputs().table.unwrap_or(3),
                     dtype: t.dtype,
                     expected: "i32 cells",
                 });
@@ -155,7 +168,17 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorMeta]) -> Result<TensorMeta, OpErr
             return Err(mismatch(m, q, &format!("the mask must be [n_kv, >= n_tokens, 1, 1 or n_seq = {n_seq}]")));
         }
     }
-    contiguous(op, DType::F32, [v.ne[0], n_head, n_tokens, q.ne[3]])
+    let out = contiguous(op, DType::F32, [v.ne[0], n_head, n_tokens, q.ne[3]])?;
+    if let Some(g) = gate {
+        let input = p.inputs().gate.unwrap_or(3);
+        if g.dtype != DType::F32 {
+            return Err(OpError::DType { op: name, input, dtype: g.dtype, expected: "f32 gate logits" });
+        }
+        if g.ne != out.ne {
+            return Err(mismatch(g, &out, "the gate must have the output's shape [d_v, n_head, n_tokens, n_seq]"));
+        }
+    }
+    Ok(out)
 }
 
 /// A ragged batch's n_seq (`seq_offsets.ne[0] - 1`), after checking q's single sequence and the
@@ -165,7 +188,7 @@ fn ragged_n_seq(
     q: &TensorMeta,
     offsets: &TensorMeta,
     kv_lens: &TensorMeta,
-    n_inputs: usize,
+    at: usize,
 ) -> Result<usize, OpError> {
     let name = op.name();
     let mismatch = |lhs: &TensorMeta, rhs: &TensorMeta, why: &str| OpError::ShapeMismatch {
@@ -177,7 +200,7 @@ fn ragged_n_seq(
     if q.ne[3] != 1 {
         return Err(mismatch(q, offsets, "ragged q packs every sequence's tokens: [d_k, n_tokens, n_head, 1]"));
     }
-    for (i, m, what) in [(n_inputs - 2, offsets, "i32 seq_offsets"), (n_inputs - 1, kv_lens, "i32 kv_lens")] {
+    for (i, m, what) in [(at, offsets, "i32 seq_offsets"), (at + 1, kv_lens, "i32 kv_lens")] {
         if m.dtype != DType::I32 {
             return Err(OpError::DType { op: name, input: i, dtype: m.dtype, expected: what });
         }
@@ -195,25 +218,28 @@ fn ragged_n_seq(
 /// The number of logical kv positions (the block table's length when paged, else `k.ne[1]`) and
 /// the number of sequences.
 fn kv_and_seqs(p: &FlashAttnParams, inputs: &[&TensorMeta]) -> (usize, usize) {
-    let n_kv = if p.paged { inputs[3 + usize::from(p.mask)].ne[0] } else { inputs[1].ne[1] };
-    let n_seq = if p.ragged { inputs[inputs.len() - 2].ne[0].saturating_sub(1) } else { inputs[0].ne[3] };
+    let at = p.inputs();
+    let n_kv = at.table.map_or(inputs[1].ne[1], |i| inputs[i].ne[0]);
+    let n_seq = at.ragged.map_or(inputs[0].ne[3], |i| inputs[i].ne[0].saturating_sub(1));
     (n_kv, n_seq)
 }
 
 /// `n_seq * n_head * n_tokens * n_kv * (2 (d_k + d_v) + 5)`: the two products, plus about five
-/// operations per logit for scaling, masking and the softmax. A ragged batch counts its packed
+/// operations per logit for scaling, masking and the softmax (and 7 per output element gated). A ragged batch counts its packed
 /// `n_tokens` over all `n_kv` positions (the same count as the dense layout of that work: its
 /// causal rule skips positions, as a dense call's mask does).
-pub(super) fn flops(p: &FlashAttnParams, inputs: &[&TensorMeta], _out: &TensorMeta) -> u64 {
+pub(super) fn flops(p: &FlashAttnParams, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     let (q, v) = (inputs[0], inputs[2]);
     let (n_kv, _) = kv_and_seqs(p, inputs);
     let logits = [q.ne[1], q.ne[2], q.ne[3], n_kv].iter().fold(1u64, |a, &x| a.saturating_mul(x as u64));
-    logits.saturating_mul(2 * (q.ne[0] as u64 + v.ne[0] as u64) + 5)
+    // the gate: sigmoid's 6 and the product's 1 per output element
+    let gate = if p.gate { 7 * out.nelements() as u64 } else { 0 };
+    logits.saturating_mul(2 * (q.ne[0] as u64 + v.ne[0] as u64) + 5).saturating_add(gate)
 }
 
 /// q, the K/V rows actually read (`n_kv` rows per kv head per sequence, through the table when
 /// paged), the mask rows read (`n_tokens` per mask sequence), the table, the ragged offsets and
-/// kv lengths, and the output.
+/// kv lengths, the gate, and the output.
 pub(super) fn bytes(p: &FlashAttnParams, inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let (n_kv, n_seq) = kv_and_seqs(p, inputs);
@@ -222,8 +248,9 @@ pub(super) fn bytes(p: &FlashAttnParams, inputs: &[&TensorMeta], out: &TensorMet
     let mut total = (q.nbytes_contiguous() as u64)
         .saturating_add(rows.saturating_mul(kv_row))
         .saturating_add(out.nbytes_contiguous() as u64);
-    for extra in &inputs[3..] {
-        let b = if extra.dtype == DType::I32 {
+    let gate = p.inputs().gate;
+    for (i, extra) in inputs.iter().enumerate().skip(3) {
+        let b = if extra.dtype == DType::I32 || Some(i) == gate {
             extra.nbytes_contiguous() as u64
         } else {
             // the mask: n_tokens rows of n_kv per mask sequence
@@ -243,7 +270,7 @@ mod tests {
     }
 
     fn op(mask: bool, paged: bool) -> Op {
-        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask, paged, ragged: false })
+        Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask, paged, ragged: false, gate: false })
     }
 
     const F32: DType = DType::F32;
@@ -294,8 +321,14 @@ mod tests {
         let mut kt = k;
         kt.nb = [128, 2, 1280, 5120]; // transposed rows
         assert!(matches!(infer(&op(false, false), &[&q, &kt, &v]), Err(OpError::NotContiguous { input: 1, .. })));
-        let bad =
-            Op::FlashAttnExt(FlashAttnParams { scale: 1.0, softcap: -1.0, mask: false, paged: false, ragged: false });
+        let bad = Op::FlashAttnExt(FlashAttnParams {
+            scale: 1.0,
+            softcap: -1.0,
+            mask: false,
+            paged: false,
+            ragged: false,
+            gate: false,
+        });
         assert!(matches!(infer(&bad, &[&q, &k, &v]), Err(OpError::InvalidParam { .. })));
         // block table: dtype and shape
         let tf = meta(F32, [10, 1, 1, 1]);
@@ -306,8 +339,9 @@ mod tests {
 
     #[test]
     fn ragged_packs_tokens_and_takes_n_seq_from_the_offsets() {
-        let ragged =
-            |mask, paged| Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask, paged, ragged: true });
+        let ragged = |mask, paged| {
+            Op::FlashAttnExt(FlashAttnParams { scale: 0.125, softcap: 0.0, mask, paged, ragged: true, gate: false })
+        };
         let (q, k) = (meta(F32, [256, 40, 16, 1]), meta(F16, [256, 5000, 2, 1]));
         let (t, o, l) =
             (meta(DType::I32, [512, 3, 1, 1]), meta(DType::I32, [4, 1, 1, 1]), meta(DType::I32, [3, 1, 1, 1]));

@@ -246,7 +246,7 @@ mod tests {
     fn every_variant() -> Vec<Op> {
         let norm = RmsNormParams { eps: 1e-6 };
         let rope = RopeParams { n_rot: 4, freq_base: 1e4, pairing: RopePairing::Neox, sections: None };
-        let attn = FlashAttnParams { scale: 1.0, softcap: 0.0, mask: false, paged: false, ragged: false };
+        let attn = FlashAttnParams { scale: 1.0, softcap: 0.0, mask: false, paged: false, ragged: false, gate: false };
         let dn =
             GatedDeltaNetParams { scale: 1.0, head_map: HeadMap::Tiled, algo: DeltaNetAlgo::Serial, ragged: false };
         let program = ElemProgram::new(2, vec![ElemInstr::Binary(BinaryOp::Add, ElemArg::Input(0), ElemArg::Input(1))]);

@@ -18,7 +18,7 @@
 //! 0, a kv length below its sequence's tokens or past n_kv, a bad table entry among the positions
 //! read), which must fail with the judge's error.
 
-use tessera_ops::DType;
+use tessera_ops::{DType, FlashAttnParams, Op};
 
 use super::{BF16, F16, F32, I32, chunk_then_decode, iota};
 use crate::case::{Case, Init, InputSpec as In, Layout};
@@ -171,6 +171,8 @@ struct Fa {
     mask_layout: Layout,
     /// A ragged batch (`n_tokens`, `n_seq` and `n_kv` are its) instead of dense sequences.
     ragged: Option<RaggedFa>,
+    /// An output gate (the output times `sigmoid(gate)`), laid out so.
+    gate: Option<Layout>,
 }
 
 impl Fa {
@@ -193,6 +195,7 @@ impl Fa {
             v_layout: Layout::Contiguous,
             mask_layout: Layout::Contiguous,
             ragged: None,
+            gate: None,
         }
     }
 
@@ -249,6 +252,12 @@ impl Fa {
         self
     }
 
+    /// The output gated by `sigmoid(gate)`, the gate laid out as `l`.
+    fn gated(mut self, l: Layout) -> Self {
+        self.gate = Some(l);
+        self
+    }
+
     fn case(self) -> Case {
         let Fa { kv, d_k, d_v, n_tokens, n_head, n_head_kv, n_kv, n_seq, mask, cells, softcap, ragged, .. } = self;
         let rows = cells.unwrap_or(n_kv);
@@ -282,19 +291,20 @@ impl Fa {
             inputs.push(In::new("kv_lens", I32, [n_seq, 1, 1, 1]).init(Init::Fixed(r.kv_lens)));
             label.push_str(&format!(",ragged={}", r.name));
         }
+        if let Some(l) = self.gate {
+            inputs.push(In::new("gate", F32, [d_v, n_head, n_tokens, q_seq]).layout(l));
+            label.push_str(",gated");
+        }
         let scale = 1.0 / (d_k as f32).sqrt();
-        let (has_mask, has_table) = (mask.is_some(), cells.is_some());
-        let case = Case::new("flash_attn_ext", label, inputs, move |g, x| {
-            let m = has_mask.then(|| x[3]);
-            let t = has_table.then(|| x[3 + usize::from(has_mask)]);
-            match ragged {
-                None => g.flash_attn_ext(x[0], x[1], x[2], m, t, scale, softcap),
-                Some(_) => {
-                    let n = x.len();
-                    g.flash_attn_ext_ragged(x[0], x[1], x[2], m, t, x[n - 2], x[n - 1], scale, softcap)
-                }
-            }
-        });
+        let params = FlashAttnParams {
+            scale,
+            softcap,
+            mask: mask.is_some(),
+            paged: cells.is_some(),
+            ragged: ragged.is_some(),
+            gate: self.gate.is_some(),
+        };
+        let case = Case::new("flash_attn_ext", label, inputs, move |g, x| g.op(Op::FlashAttnExt(params), x));
         if ragged.is_some_and(|r| r.bad) { case.expect_error() } else { case }
     }
 }
@@ -305,6 +315,22 @@ pub(crate) fn cases(out: &mut Vec<Case>) {
     paged(out);
     layouts(out);
     ragged(out);
+    gated(out);
+}
+
+/// The output gate on every kernel's store: SIMT (one split and split with its combine), the
+/// tensor-core decode, both ragged tilings with the prefill kernel's padding rows; the gate
+/// contiguous and strided (qwen35 reads it in place from the joint q+gate projection).
+fn gated(out: &mut Vec<Case>) {
+    let [mix, decode, lead, _, qwen_mix, ..] = RAGGED_EVAL;
+    out.push(Fa::new(7, 3, 2, 1, 13, 1).kv(F32).d_v(5).mask(F32).gated(Layout::Contiguous).case());
+    out.push(Fa::new(32, 4, 4, 2, 900, 2).kv(F32).gated(Layout::TRANSPOSED).case());
+    out.push(Fa::new(256, 1, 16, 2, 257, 2).kv(BF16).mask(F32).gated(Layout::WINDOW).case());
+    out.push(Fa::new(256, 1, 24, 4, 300, 2).mask_per_seq(F16, 0).paged(640).gated(Layout::Contiguous).case());
+    out.push(Fa::ragged(64, 4, 2, decode).kv(F32).paged(1600).gated(Layout::WINDOW).case());
+    out.push(Fa::ragged(33, 6, 3, mix).d_v(20).paged(400).gated(Layout::Contiguous).case());
+    out.push(Fa::ragged(256, 16, 2, qwen_mix).paged(6 * 300).gated(Layout::WINDOW).case());
+    out.push(Fa::ragged(128, 8, 2, lead).gated(Layout::Contiguous).case());
 }
 
 /// Ragged batches on every CUDA tiling, and the error cases.

@@ -34,6 +34,7 @@ pub(super) fn generators() -> Vec<PassGenerator> {
         PassGenerator { pass: "gated_rms_norm", cases: gated_rms_norm },
         PassGenerator { pass: "rms_norm_mul", cases: rms_norm_mul },
         PassGenerator { pass: "rms_norm_mul_rope", cases: rms_norm_mul_rope },
+        PassGenerator { pass: "attention_gate", cases: attention_gate },
         PassGenerator { pass: "softmax_top_k", cases: softmax_top_k },
         PassGenerator { pass: "moe_weights", cases: moe_weights },
         PassGenerator { pass: "moe_router", cases: moe_router },
@@ -631,6 +632,97 @@ fn rms_norm_mul_rope() -> Vec<FusionCase> {
         let h = g.rms_norm_mul(x[0], x[1], EPS)?;
         g.set_rows(x[0], x[3], x[4])?;
         g.rope_multi(h, x[2], p)
+    }));
+    out
+}
+
+// ---- attention_gate: mul(flash_attn_ext(..), sigmoid(gate)) ----
+
+const AG: &str = "attention_gate";
+
+/// Attention inputs: q `[d, n_t, n_h, n_s]`, f16 K/V `[d, n_kv, n_kv_h, n_s]`, a gate of the
+/// output's shape `[d, n_h, n_t, n_s]`.
+fn attention_inputs(d: usize, n_t: usize, n_h: usize, n_kv_h: usize, n_kv: usize, n_s: usize) -> Vec<In> {
+    vec![
+        In::new("q", F32, [d, n_t, n_h, n_s]),
+        In::new("k", F16, [d, n_kv, n_kv_h, n_s]),
+        In::new("v", F16, [d, n_kv, n_kv_h, n_s]),
+        In::new("gate", F32, [d, n_h, n_t, n_s]),
+    ]
+}
+
+fn attend(g: &mut Graph, x: &[Tensor]) -> R {
+    let scale = 1.0 / (x[0].ne()[0] as f32).sqrt();
+    g.flash_attn_ext(x[0], x[1], x[2], None, None, scale, 0.0)
+}
+
+fn attention_gate() -> Vec<FusionCase> {
+    let mut out = Vec::new();
+    // Decode and a short prefill at the 35B-A3B's heads (16 over 2, d 256), odd sizes (the
+    // SIMT kernel), several sequences; the attention first or second in the product.
+    let shapes = [(256, 1, 16, 2, 70, 1), (256, 9, 16, 2, 40, 1), (40, 3, 6, 3, 33, 2), (16, 1, 4, 2, 300, 3)];
+    for (d, n_t, n_h, n_kv_h, n_kv, n_s) in shapes {
+        let params = format!("d={d},n_t={n_t},n_h={n_h},n_kv_h={n_kv_h},n_kv={n_kv},n_s={n_s}");
+        for ctx in CTXS {
+            let c = core(|g, x| {
+                let a = attend(g, x)?;
+                let s = g.sigmoid(x[3])?;
+                g.mul(a, s)
+            });
+            out.push(embed(AG, params.clone(), attention_inputs(d, n_t, n_h, n_kv_h, n_kv, n_s), 1, ctx, c, halve));
+        }
+        out.push(plain(
+            AG,
+            format_args!("{params},gate_first"),
+            attention_inputs(d, n_t, n_h, n_kv_h, n_kv, n_s),
+            1,
+            |g, x| {
+                let s = g.sigmoid(x[3])?;
+                let a = attend(g, x)?;
+                g.mul(s, a)
+            },
+        ));
+    }
+    // The gate read in place from a wider projection (qwen35's q+gate rows).
+    let mut strided = attention_inputs(256, 2, 16, 2, 50, 1);
+    strided[3] = strided[3].clone().layout(Layout::WINDOW);
+    out.push(plain(AG, "gate=window", strided, 1, |g, x| {
+        let a = attend(g, x)?;
+        let s = g.sigmoid(x[3])?;
+        g.mul(a, s)
+    }));
+
+    // Near-misses: the attention or the sigmoid read again, a broadcast gate, another
+    // activation, another product.
+    let small = || attention_inputs(16, 2, 4, 2, 20, 1);
+    out.push(plain(AG, "miss=attention_read_again", small(), 0, |g, x| {
+        let a = attend(g, x)?;
+        g.mark_output(a)?;
+        let s = g.sigmoid(x[3])?;
+        g.mul(a, s)
+    }));
+    out.push(plain(AG, "miss=sigmoid_read_again", small(), 0, |g, x| {
+        let a = attend(g, x)?;
+        let s = g.sigmoid(x[3])?;
+        g.mark_output(s)?;
+        g.mul(a, s)
+    }));
+    let mut broadcast = small();
+    broadcast[3] = In::new("gate", F32, [16, 1, 2, 1]);
+    out.push(plain(AG, "miss=broadcast_gate", broadcast, 0, |g, x| {
+        let a = attend(g, x)?;
+        let s = g.sigmoid(x[3])?;
+        g.mul(a, s)
+    }));
+    out.push(plain(AG, "miss=silu", small(), 0, |g, x| {
+        let a = attend(g, x)?;
+        let s = g.silu(x[3])?;
+        g.mul(a, s)
+    }));
+    out.push(plain(AG, "miss=add", small(), 0, |g, x| {
+        let a = attend(g, x)?;
+        let s = g.sigmoid(x[3])?;
+        g.add(a, s)
     }));
     out
 }
