@@ -290,7 +290,7 @@ mod tests {
         // the tail appends expert 7 with the sigmoid of its gate logit 0
         let logits = (DType::F32, [3, 1, 1, 1], vec![0., 2f64.ln(), 4f64.ln()]);
         let bits = |w: f64| f64::from((w as f32).to_bits() as i32);
-        let y = run_typed(&Op::MoeRouter { k: 2 }, &[logits.clone()]).unwrap();
+        let y = run_typed(&Op::MoeRouter { k: 2 }, std::slice::from_ref(&logits)).unwrap();
         assert_eq!(y.ne, [2, 1, 2, 1]);
         assert_eq!(y.data[..2], [2., 1.]);
         assert_eq!(y.data[2..], [bits(2. / 3.), bits(1. / 3.)]);
