@@ -271,7 +271,8 @@ __device__ __forceinline__ void fa_partial_impl(
     int tok[FA_R];
 #pragma unroll
     for (int r = 0; r < FA_R; r++) tok[r] = t0 + (r < nrows ? r % tn : 0);
-    for (int idx = threadIdx.x; idx < FA_R * FA_D; idx += blockDim.x) {
+#pragma unroll 8
+    for (int idx = threadIdx.x; idx < FA_R * FA_D; idx += FA_W * 32) {
         const int r = idx / FA_D, i = idx % FA_D;
         float x = 0.0f;
         if (r < nrows && i < dk) {
@@ -477,10 +478,14 @@ FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 // Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: one block per row
 // g = (s * n_head + h) * n_tokens + t (blockDim a multiple of 32). With a ragged batch tiled by
 // sequence (`seq_stride > 0`), rows of tokens the split-K kernel did not take are left alone.
+// Each split's factor e^(max_i - max) is computed once into shared memory, and a thread's loads of
+// its element's partials are issued 16 at a time (n_splits <= FC_SPLITS: TAG(fa-splits)).
+#define FC_SPLITS 384
 extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate, Tensor offsets, Tensor kv_lens,
                                       int seq_stride, int n_splits, int dv, int n_tokens, int n_head) {
     grid_begin();
     __shared__ float scratch[32];
+    __shared__ float factor[FC_SPLITS];
     const i64 g = blockIdx.x;
     if (offsets.data && seq_stride > 0) {
         // offsets were checked by the split-K kernel; with bad ones its output is not used
@@ -493,17 +498,25 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
     const i64 stride = dv + 2, split_stride = n_rows_g * stride;
     const float* pg = part + g * stride;
     float mm = -TS_INF;
-    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) mm = fmaxf(mm, pg[i * split_stride]);
-    mm = block_max(mm, scratch);
+    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
+        const float m = pg[i * split_stride];
+        factor[i] = m;
+        mm = fmaxf(mm, m);
+    }
+    mm = block_max(mm, scratch);  // its barriers also order the writes to factor
     const float ms = mm == -TS_INF ? 0.0f : mm;
     float ll = 0.0f;
-    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) ll += pg[i * split_stride + 1] * expf(pg[i * split_stride] - ms);
+    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
+        const float f = expf(factor[i] - ms);
+        factor[i] = f;
+        ll += pg[i * split_stride + 1] * f;
+    }
     ll = block_sum(ll, scratch);
     const int t = (int)(g % n_tokens), h = (int)((g / n_tokens) % n_head), s = (int)(g / ((i64)n_tokens * n_head));
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
         float a = 0.0f;
-#pragma unroll 8
-        for (int i = 0; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * expf(pg[i * split_stride] - ms);
+#pragma unroll 16
+        for (int i = 0; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * factor[i];
         fa_store(out, gate, e, h, t, s, mm == -TS_INF ? 0.0f : a / ll);
     }
 }
@@ -540,6 +553,41 @@ template <int DT>
 __device__ __forceinline__ u32 ft_pack(float lo, float hi) {
     return (u32)ft_half<DT>(lo) | ((u32)ft_half<DT>(hi) << 16);
 }
+// Copies a tile's query rows into sQ (ROWS rows of D halves, LD apart), rounded to the K/V type:
+// row r is f32 at row(r) with element stride nb0 (float4 loads where nb0 == 4 and aligned), or
+// zeros where row(r) is null. A thread issues a round's loads (up to 8 groups of 4) before it
+// stores any of them, so one memory latency covers the round; a load-then-store loop waited one
+// latency per element, which dominated the one-token decode.
+template <int DT, int ROWS, int D, int LD, int THREADS, typename Row>
+__device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row) {
+    constexpr int PER = ROWS * D / 4 / THREADS, BATCH = PER < 8 ? PER : 8;
+    static_assert(ROWS * D % (4 * THREADS) == 0 && PER % BATCH == 0, "whole rounds per thread");
+#pragma unroll 1
+    for (int b0 = 0; b0 < PER; b0 += BATCH) {
+        float4 x[BATCH];
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int gi = threadIdx.x + (b0 + i) * THREADS, r = gi / (D / 4), c = gi % (D / 4) * 4;
+            const char* p = row(r);
+            x[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (p) {
+                p += c * nb0;
+                if (nb0 == 4 && ((unsigned long long)p & 15) == 0) {
+                    x[i] = *(const float4*)p;
+                } else {
+                    const float* f = (const float*)p;
+                    x[i] = make_float4(f[0], *(const float*)(p + nb0), *(const float*)(p + 2 * nb0),
+                                       *(const float*)(p + 3 * nb0));
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int gi = threadIdx.x + (b0 + i) * THREADS, r = gi / (D / 4), c = gi % (D / 4) * 4;
+            *(uint2*)&sQ[r * LD + c] = make_uint2(ft_pack<DT>(x[i].x, x[i].y), ft_pack<DT>(x[i].z, x[i].w));
+        }
+    }
+}
 // c += a * b for one m16n8k16 tile (row.col, f32 accumulators).
 template <int DT>
 __device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
@@ -554,7 +602,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     extern __shared__ __align__(16) u16 ft_smem[];
     __shared__ int s_cell[FT_BN];
     __shared__ int s_work[3];
-    const int LD = D + FT_PAD;
+    constexpr int LD = D + FT_PAD;
     u16* sQ = ft_smem;
     u16* sK = sQ + FT_BM * LD;
     u16* sV = sK + FT_BN * LD;
@@ -619,11 +667,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
 
-    for (int idx = tid; idx < FT_BM * D; idx += blockDim.x) {
-        const int r = idx / D, c = idx % D, t = t0 + r;
-        const float x = t < t_end ? *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3]) : 0.0f;
-        sQ[r * LD + c] = ft_half<DT>(x);
-    }
+    ft_load_q<DT, FT_BM, D, LD, 128>(sQ, q.nb[0], [&](int r) -> const char* {
+        const int t = t0 + r;
+        return t < t_end ? q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3] : nullptr;
+    });
 
     float o[D / 8][4];
 #pragma unroll
@@ -927,15 +974,11 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     mask_bits(0, mb);
     // The tile's query rows (rounded to the K/V type, zero rows past nrows), while the first
     // chunks' copies are under way.
-    for (int idx = tid; idx < 16 * D; idx += blockDim.x) {
-        const int r = idx / D, c = idx % D;
-        float x = 0.0f;
-        if (r < nrows) {
-            const int h = h0 + r / tn, t = t0 + r % tn;
-            x = *(const float*)(q.data + (i64)c * q.nb[0] + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3]);
-        }
-        sQ[r * LD + c] = ft_half<DT>(x);
-    }
+    ft_load_q<DT, 16, D, LD, FD_W * 32>(sQ, q.nb[0], [&](int r) -> const char* {
+        if (r >= nrows) return nullptr;
+        const int h = h0 + r / tn, t = t0 + r % tn;
+        return q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
+    });
     __syncthreads();  // sQ written
     for (int it = 0; it < my_chunks; it++) {
         const int nx = it + FD_S - 1;

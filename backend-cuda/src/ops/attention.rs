@@ -47,6 +47,10 @@ const TARGET_BLOCKS: usize = 384;
 /// Fewest kv positions per split.
 const MIN_SPLIT: usize = 128;
 const COMBINE_THREADS: u32 = 256;
+/// Most splits `fa_combine` merges: FC_SPLITS in attention.cu (TAG(fa-splits)). A plan's splits
+/// never exceed its target block count.
+const COMBINE_MAX_SPLITS: usize = 384;
+const _: () = assert!(TARGET_BLOCKS <= COMBINE_MAX_SPLITS && DEC_TARGET_BLOCKS <= COMBINE_MAX_SPLITS);
 /// TAG(fa-mma-tile): FT_BM, FT_BN and FT_PAD in attention.cu.
 const MMA_BM: usize = 64;
 const MMA_BN: usize = 64;
@@ -440,6 +444,10 @@ fn combine(
     gate: TensorArg,
 ) -> Result<(), BackendError> {
     if pl.splits > 1 {
+        if pl.splits > COMBINE_MAX_SPLITS {
+            let detail = format!("flash_attn_ext: {} splits, fa_combine merges {COMBINE_MAX_SPLITS}", pl.splits);
+            return Err(BackendError::Device { backend: crate::errors::NAME.into(), detail });
+        }
         let (part, n_splits, seq_stride) = (cx.scratch, pl.splits as i32, pl.seq_stride as i32);
         let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
         let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
@@ -447,7 +455,8 @@ fn combine(
         a.arg(&part).arg(&out).arg(&gate).arg(&offsets).arg(&kv_lens).arg(&seq_stride);
         a.arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
         // SAFETY: `fa_combine(part, out, gate, offsets, kv_lens, seq_stride, n_splits, dv,
-        // n_tokens, n_head)`: one block per output row (the gate, when not null, of out's shape); `part` holds n_splits * rows partials of d_v + 2
+        // n_tokens, n_head)`: one block per output row (the gate, when not null, of out's shape);
+        // n_splits <= FC_SPLITS (checked above); `part` holds n_splits * rows partials of d_v + 2
         // floats, all written above for the rows it merges (with a ragged batch tiled by sequence
         // it skips the rows of other launches, finding a row's sequence within offsets [n_seq + 1]).
         unsafe { a.launch(cfg) }?;
