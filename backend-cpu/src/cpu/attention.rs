@@ -143,19 +143,21 @@ fn cells(table: Option<Src<'_>>, n_rows: usize, segs: &mut [Segment]) -> Result<
     Ok(out)
 }
 
+/// A flash_attn_ext task's attention operands (`ragged`: `(seq_offsets, kv_lens)` of a ragged
+/// batch); a gate, when the op has one, is applied by `fused::gated_attention`.
+pub(super) struct Operands<'a> {
+    pub q: Src<'a>,
+    pub k: Src<'a>,
+    pub v: Src<'a>,
+    pub mask: Option<Src<'a>>,
+    pub table: Option<Src<'a>>,
+    pub ragged: Option<(Src<'a>, Src<'a>)>,
+}
+
 /// `out[:, h, t, s] = softmax_j(logit(q[:, t, h, s], k_j) + mask[j, t, 0, s]) . v_j` (see the
-/// module doc and `Op::FlashAttnExt`); `ragged` is `(seq_offsets, kv_lens)` of a ragged batch.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn flash_attn_ext(
-    p: &FlashAttnParams,
-    q: Src<'_>,
-    k: Src<'_>,
-    v: Src<'_>,
-    mask: Option<Src<'_>>,
-    table: Option<Src<'_>>,
-    ragged: Option<(Src<'_>, Src<'_>)>,
-    dst: &mut Dst<'_>,
-) -> Result<(), KernelError> {
+/// module doc and `Op::FlashAttnExt`).
+pub(super) fn flash_attn_ext(p: &FlashAttnParams, x: Operands<'_>, dst: &mut Dst<'_>) -> Result<(), KernelError> {
+    let Operands { q, k, v, mask, table, ragged } = x;
     let [d_k, n_tokens, n_head, q_seq] = q.ne();
     let (d_v, n_rows, n_head_kv) = (v.ne()[0], k.ne()[1], k.ne()[2]);
     if !k.dense_rows() || !v.dense_rows() {

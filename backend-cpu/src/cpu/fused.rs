@@ -17,7 +17,7 @@ use tessera_ops::{
 use super::math::{map_in_place, silu, zip_in_place};
 use super::strided::{Dst, Src, row_coords};
 use super::sum::{sum, sum_squares};
-use super::{StateMut, data, delta_net, elementwise, matmul, reduce, rope};
+use super::{StateMut, attention, data, delta_net, elementwise, matmul, reduce, rope};
 
 /// Per-task scratch rows: the output (when it cannot be written in place), the weight, the gate.
 #[derive(Default)]
@@ -257,23 +257,16 @@ pub(super) fn moe_router(
 
 /// Gated attention, `mul(flash_attn_ext(..), sigmoid(gate))`: the attention kernel and the
 /// sigmoid into scratch, then mul's kernel into the output.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn gated_attention(
     p: &FlashAttnParams,
-    q: Src<'_>,
-    k: Src<'_>,
-    v: Src<'_>,
-    mask: Option<Src<'_>>,
-    table: Option<Src<'_>>,
-    ragged: Option<(Src<'_>, Src<'_>)>,
+    x: attention::Operands<'_>,
     gate: Src<'_>,
     dst: &mut Dst<'_>,
 ) -> Result<(), KernelError> {
     let op = "flash_attn_ext";
     let meta = scratch_meta(op, DType::F32, gate.ne())?;
     let (mut attn, mut sig) = (vec![0f32; meta.nelements()], vec![0f32; meta.nelements()]);
-    let mut attn_dst = Dst::new(bytemuck::cast_slice_mut(&mut attn), meta)?;
-    super::attention::flash_attn_ext(&p.ungated(), q, k, v, mask, table, ragged, &mut attn_dst)?;
+    attention::flash_attn_ext(&p.ungated(), x, &mut Dst::new(bytemuck::cast_slice_mut(&mut attn), meta)?)?;
     elementwise::unary(UnaryOp::Sigmoid, gate, &mut Dst::new(bytemuck::cast_slice_mut(&mut sig), meta)?);
     let (attn, sig) = (src(op, bytemuck::cast_slice(&attn), meta)?, src(op, bytemuck::cast_slice(&sig), meta)?);
     elementwise::binary(BinaryOp::Mul, attn, sig, dst);

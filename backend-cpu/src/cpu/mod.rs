@@ -433,10 +433,10 @@ fn dispatch(
             let mask = at.mask.map(input).transpose()?;
             let table = at.table.map(input).transpose()?;
             let ragged = at.ragged.map(|i| Ok((input(i)?, input(i + 1)?))).transpose()?;
-            let (q, k, v) = (input(0)?, input(1)?, input(2)?);
+            let x = attention::Operands { q: input(0)?, k: input(1)?, v: input(2)?, mask, table, ragged };
             match at.gate {
-                None => attention::flash_attn_ext(p, q, k, v, mask, table, ragged, &mut dst),
-                Some(g) => fused::gated_attention(p, q, k, v, mask, table, ragged, input(g)?, &mut dst),
+                None => attention::flash_attn_ext(p, x, &mut dst),
+                Some(g) => fused::gated_attention(p, x, input(g)?, &mut dst),
             }
         }
         Op::SsmConv => conv::ssm_conv(input(0)?, input(1)?, &mut dst),

@@ -750,27 +750,38 @@ fn gather(g: &mut Graph, ids: Tensor, x: &[Tensor]) -> R {
     g.get_rows(p3, ids)
 }
 
-fn softmax_top_k() -> Vec<FusionCase> {
+/// Router shapes `(logits ne, k)`: the tiny-moe router (2 of 8), the 35B-A3B's (8 of 256), odd
+/// counts, then `more` and two drawn from `pass`'s generator.
+fn router_shapes(pass: &str, more: &[([usize; 4], usize)]) -> Vec<([usize; 4], usize)> {
+    let mut shapes = vec![([8, 1, 1, 1], 2), ([8, 6, 1, 1], 2), ([256, 1, 1, 1], 8), ([256, 7, 1, 1], 8)];
+    shapes.extend_from_slice(&[([7, 3, 1, 1], 7), ([1, 1, 1, 1], 1)]);
+    shapes.extend_from_slice(more);
+    shapes.extend(drawn(pass, 2, 300, 9).into_iter().map(|ne| (ne, ne[0].min(8))));
+    shapes
+}
+
+/// `router(g, logits, k)` of `pass` at each shape in every surrounding, its result read by
+/// `consume`.
+fn router_cases(
+    pass: &'static str,
+    shapes: Vec<([usize; 4], usize)>,
+    router: fn(&mut Graph, Tensor, usize) -> R,
+    consume: Consume,
+) -> Vec<FusionCase> {
     let mut out = Vec::new();
-    // The tiny-moe router (2 of 8), the 35B-A3B's (8 of 256), odd counts, the longest CUDA row.
-    let mut shapes = vec![
-        ([8, 1, 1, 1], 2),
-        ([8, 6, 1, 1], 2),
-        ([256, 1, 1, 1], 8),
-        ([256, 7, 1, 1], 8),
-        ([256, 32, 1, 1], 8),
-        ([7, 3, 1, 1], 7),
-        ([33, 5, 1, 1], 5),
-        ([1024, 3, 1, 1], 8),
-        ([1, 1, 1, 1], 1),
-    ];
-    shapes.extend(drawn(STK, 2, 300, 9).into_iter().map(|ne| (ne, ne[0].min(8))));
     for (ne, k) in shapes {
         for ctx in CTXS {
-            let c = core(move |g, x| stk(g, x[0], k));
-            out.push(embed(STK, format!("ne={},k={k}", Shape(ne)), vec![logits(ne)], 1, ctx, c, gather));
+            let c = core(move |g, x| router(g, x[0], k));
+            out.push(embed(pass, format!("ne={},k={k}", Shape(ne)), vec![logits(ne)], 1, ctx, c, consume));
         }
     }
+    out
+}
+
+fn softmax_top_k() -> Vec<FusionCase> {
+    // Also the longest CUDA row and a 32-token step.
+    let shapes = router_shapes(STK, &[([256, 32, 1, 1], 8), ([33, 5, 1, 1], 5), ([1024, 3, 1, 1], 8)]);
+    let mut out = router_cases(STK, shapes, stk, gather);
     let (ne, k) = ([64, 3, 1, 1], 4);
     // The probabilities read by the weights too (they stay), strided logits.
     out.push(plain(STK, "probs_read_again", vec![logits(ne)], 1, move |g, x| {
@@ -854,23 +865,8 @@ fn fused_shared_router(g: &mut Graph, x: &[Tensor], k: usize) -> R {
 }
 
 fn moe_router() -> Vec<FusionCase> {
-    let mut out = Vec::new();
-    let mut shapes = vec![
-        ([8, 1, 1, 1], 2),
-        ([8, 6, 1, 1], 2),
-        ([256, 1, 1, 1], 8),
-        ([256, 7, 1, 1], 8),
-        ([7, 3, 1, 1], 7),
-        ([250, 3, 1, 1], 40),
-        ([1, 1, 1, 1], 1),
-    ];
-    shapes.extend(drawn(MR, 2, 300, 9).into_iter().map(|ne| (ne, ne[0].min(8))));
-    for (ne, k) in shapes {
-        for ctx in CTXS {
-            let c = core(move |g, x| fused_router(g, x[0], k));
-            out.push(embed(MR, format!("ne={},k={k}", Shape(ne)), vec![logits(ne)], 1, ctx, c, halve));
-        }
-    }
+    // Also k past one warp's lanes.
+    let mut out = router_cases(MR, router_shapes(MR, &[([250, 3, 1, 1], 40)]), fused_router, halve);
     for (e, n, k) in SHARED_ROUTERS {
         let params = format_args!("shared_slot,e={e},n={n},k={k}");
         out.push(plain(MR, params, shared_router_inputs(e, n), 1, move |g, x| fused_shared_router(g, x, k)));
@@ -1006,22 +1002,9 @@ fn ids_input(e: usize, k: usize, n: usize, unique: bool) -> In {
 }
 
 fn moe_weights() -> Vec<FusionCase> {
-    let mut out = Vec::new();
-    let mut shapes = vec![
-        ([8, 1, 1, 1], 2),
-        ([8, 6, 1, 1], 2),
-        ([256, 1, 1, 1], 8),
-        ([256, 7, 1, 1], 8),
-        ([7, 3, 1, 1], 7),
-        ([33, 5, 1, 1], 12),
-        ([1, 1, 1, 1], 1),
-    ];
-    shapes.extend(drawn(MOE, 2, 300, 9).into_iter().map(|ne| (ne, ne[0].min(8))));
+    let shapes = router_shapes(MOE, &[([33, 5, 1, 1], 12)]);
+    let mut out = router_cases(MOE, shapes.clone(), router, halve);
     for (ne, k) in shapes {
-        for ctx in CTXS {
-            let c = core(move |g, x| router(g, x[0], k));
-            out.push(embed(MOE, format!("ne={},k={k}", Shape(ne)), vec![logits(ne)], 1, ctx, c, halve));
-        }
         // Ids as an input (repeats allowed where k > 4), the probabilities swallowed.
         let inputs = vec![logits(ne), ids_input(ne[0], k, ne[1], k <= 4)];
         out.push(plain(MOE, format_args!("ne={},k={k},ids=input", Shape(ne)), inputs, 1, |g, x| {
