@@ -629,6 +629,16 @@ impl Op {
         }
     }
 
+    /// The planes (along dimension 2) of an output that packs results of different dtypes into
+    /// one tensor of the first's element size, each plane's name and dtype; empty when the output
+    /// is one dtype. A reader takes a plane through a view and `Bitcast`.
+    pub fn packed_planes(&self) -> &'static [(&'static str, DType)] {
+        match self {
+            Op::MoeRouter { .. } => &[("ids", DType::I32), ("weights", DType::F32)],
+            _ => &[],
+        }
+    }
+
     /// The input this op updates in place as a side effect while producing a separate output
     /// (recurrent state). Such ops run even when nothing reads their output.
     pub fn updates_input(&self) -> Option<usize> {

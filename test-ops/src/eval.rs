@@ -146,7 +146,7 @@ pub fn eval_case(case: &Case, backend: &mut dyn Backend, judge: &mut dyn Backend
             } else {
                 (0.0, compare_exact(&got, &want))
             };
-            let node = node_label(&built, t) + part;
+            let node = node_label(&built, t) + &part;
             reasons.extend(comparison.mismatches.iter().map(|m| format!("{node}: {m}")));
             result.checks.push(OutputCheck { node, dtype, bound, comparison });
         }
@@ -226,19 +226,36 @@ fn seen_inputs(built: &Built, data: &[Vec<u8>]) -> Vec<Vec<f64>> {
 }
 
 /// `op#index`, e.g. `cont#2`; `state:name#index` for a leaf updated in place.
-/// A node's value as the parts compared on their own: the whole at its dtype, or for
-/// `moe_router`'s packed output its ids (`[ids]`, i32) and its weights (`[weights]`, the bits of
-/// plane 1 read as f32).
-fn parts(built: &Built, t: &Tensor, got: &[f64], want: &[f64]) -> Vec<(&'static str, DType, Vec<f64>, Vec<f64>)> {
-    let Some(Op::MoeRouter { .. }) = built.graph.node(t.id()).op() else {
-        return vec![("", t.dtype(), got.to_vec(), want.to_vec())];
+/// A node's value as the parts compared on their own: the whole at its dtype, or for an output
+/// of packed planes (`Op::packed_planes`: `moe_router`'s ids and weights) each plane at its own
+/// dtype, the stored bits reinterpreted (`[name]` after the node's label).
+fn parts(built: &Built, t: &Tensor, got: &[f64], want: &[f64]) -> Vec<(String, DType, Vec<f64>, Vec<f64>)> {
+    let planes = built.graph.node(t.id()).op().map_or(&[][..], Op::packed_planes);
+    if planes.is_empty() {
+        return vec![(String::new(), t.dtype(), got.to_vec(), want.to_vec())];
+    }
+    let stored = t.dtype();
+    let plane = |v: &[f64], i: usize, dtype: DType| -> Vec<f64> {
+        let len = v.len() / planes.len();
+        v[i * len..(i + 1) * len].iter().map(|&x| reinterpret(x, stored, dtype)).collect()
     };
-    let weights = |v: &[f64]| -> Vec<f64> { v.iter().map(|&b| f64::from(f32::from_bits(b as i32 as u32))).collect() };
-    let ((got_ids, got_w), (want_ids, want_w)) = (got.split_at(got.len() / 2), want.split_at(want.len() / 2));
-    vec![
-        ("[ids]", DType::I32, got_ids.to_vec(), want_ids.to_vec()),
-        ("[weights]", DType::F32, weights(got_w), weights(want_w)),
-    ]
+    planes
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, d))| (format!("[{name}]"), d, plane(got, i, d), plane(want, i, d)))
+        .collect()
+}
+
+/// A value read as `from` (its logical f64), with its bits read as `to` (both 4-byte types).
+fn reinterpret(x: f64, from: DType, to: DType) -> f64 {
+    let bits = match from {
+        DType::I32 => x as i32 as u32,
+        _ => (x as f32).to_bits(),
+    };
+    match to {
+        DType::I32 => f64::from(bits as i32),
+        _ => f64::from(f32::from_bits(bits)),
+    }
 }
 
 fn node_label(built: &Built, t: &Tensor) -> String {
