@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::gpu;
+use common::{gpu, nmse};
 use tessera_graph::{Graph, Session, Tensor};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetParams, HeadMap};
 
@@ -81,15 +81,6 @@ fn step(
     s.set_i32(to, offsets).unwrap();
     s.run().unwrap();
     Some((s.get_f32(o).unwrap(), s.get_f32(state).unwrap()))
-}
-
-fn nmse(got: &[f32], want: &[f32]) -> f64 {
-    let (mut err, mut norm) = (0.0, 0.0);
-    for (&g, &w) in got.iter().zip(want) {
-        err += (f64::from(g) - f64::from(w)).powi(2);
-        norm += f64::from(w).powi(2);
-    }
-    if err == 0.0 { 0.0 } else { err / norm }
 }
 
 #[test]

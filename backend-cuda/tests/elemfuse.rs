@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::gpu;
+use common::{gpu, nmse};
 use tessera_graph::{Backend, Graph, GraphError, Session, Tensor};
 use tessera_ops::{BinaryOp, DType, ElemArg, ElemInstr, ElemProgram, ScaleParams, UnaryOp};
 
@@ -35,12 +35,6 @@ fn unfused(g: &mut Graph, p: &ElemProgram, x: &[Tensor]) -> Result<Tensor, Graph
         r.map_err(|e| err = Some(e)).ok()
     });
     y.ok_or_else(|| err.expect("a failed step records its error"))
-}
-
-fn nmse(got: &[f32], want: &[f32]) -> f64 {
-    let err: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
-    let norm: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum();
-    if err == 0.0 { 0.0 } else { err / norm }
 }
 
 /// `(program, input shapes, transpose input 1)`: the model chains and a 6-input program.

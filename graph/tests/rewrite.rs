@@ -21,6 +21,11 @@ fn hash_of<T: Hash>(x: &T) -> u64 {
     h.finish()
 }
 
+/// Dense attention with a mask, no table, no gate.
+fn masked_attention(scale: f32, softcap: f32) -> FlashAttnParams {
+    FlashAttnParams { scale, softcap, mask: true, paged: false, ragged: false, gate: false }
+}
+
 fn ids(ts: &[Tensor]) -> Vec<NodeId> {
     ts.iter().map(|t| t.id()).collect()
 }
@@ -51,22 +56,8 @@ fn float_ops(x: f32) -> Vec<Op> {
         Op::Softmax(SoftmaxParams { scale: x }),
         Op::L2Norm { eps: x },
         Op::RopeMulti(rope(x)),
-        Op::FlashAttnExt(FlashAttnParams {
-            scale: x,
-            softcap: 0.0,
-            mask: true,
-            paged: false,
-            ragged: false,
-            gate: false,
-        }),
-        Op::FlashAttnExt(FlashAttnParams {
-            scale: 0.125,
-            softcap: x,
-            mask: true,
-            paged: false,
-            ragged: false,
-            gate: false,
-        }),
+        Op::FlashAttnExt(masked_attention(x, 0.0)),
+        Op::FlashAttnExt(masked_attention(0.125, x)),
         Op::GatedDeltaNet(GatedDeltaNetParams {
             scale: x,
             head_map: HeadMap::Tiled,
@@ -124,22 +115,9 @@ fn equal_ops_hash_equal_and_differing_ops_differ() {
         Op::RopeMulti(rope(1e6)),
         Op::RopeMulti(RopeParams { sections: None, ..rope(1e6) }),
         Op::RopeMulti(RopeParams { pairing: RopePairing::Adjacent, ..rope(1e6) }),
-        Op::FlashAttnExt(FlashAttnParams {
-            scale: 0.125,
-            softcap: 0.0,
-            mask: true,
-            paged: false,
-            ragged: false,
-            gate: false,
-        }),
-        Op::FlashAttnExt(FlashAttnParams {
-            scale: 0.125,
-            softcap: 0.0,
-            mask: true,
-            paged: true,
-            ragged: false,
-            gate: false,
-        }),
+        Op::FlashAttnExt(masked_attention(0.125, 0.0)),
+        Op::FlashAttnExt(FlashAttnParams { paged: true, ..masked_attention(0.125, 0.0) }),
+        Op::FlashAttnExt(FlashAttnParams { gate: true, ..masked_attention(0.125, 0.0) }),
         Op::SsmConvUpdate { silu: true, ragged: false },
         Op::SsmConvUpdate { silu: false, ragged: false },
         Op::SsmConvUpdate { silu: true, ragged: true },

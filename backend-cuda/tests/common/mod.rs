@@ -13,3 +13,11 @@ pub fn gpu() -> Option<CudaBackend> {
         }
     }
 }
+
+/// Normalised mean squared error of `got` against `want` (0 when equal).
+#[allow(dead_code)] // not every test binary compares values
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    let err: f64 = got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - f64::from(w)).powi(2)).sum();
+    let norm: f64 = want.iter().map(|&w| f64::from(w).powi(2)).sum();
+    if err == 0.0 { 0.0 } else { err / norm }
+}
