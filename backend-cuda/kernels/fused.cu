@@ -378,6 +378,59 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail, Ten
     }
 }
 
+// The same selection and weights with a warp per row, for many rows (the block kernel keeps one
+// row's latency short but leaves most of its block idle while warp 0 computes the probabilities):
+// k <= 32 rounds, each taking the smallest rank left among the lanes' (a warp minimum; the winning
+// lane marks its slot), so the ids are the block kernel's. Lane s keeps the s-th chosen
+// probability for the weights. Rows in a grid-stride loop, 8 a block.
+template <bool VEC, bool ROUTE>
+__device__ void fz_top_k_warp(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
+    const i64 rows = src.ne[1], n = src.ne[0];
+    const int lane = threadIdx.x & 31;
+    const i64 step = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += step) {
+        float p[32];
+        fz_router_row<VEC>(src.data + r * src.nb[1], src.nb[0], n, lane, p);
+        char* y = dst.data + r * dst.nb[1];
+        u32 taken = 0;
+        float chosen = 0.0f;
+        for (int s = 0; s < k; s++) {
+            u64 best = FZ_RANK_NONE;
+            float best_p = 0.0f;
+            int best_q = -1;
+#pragma unroll
+            for (int q = 0; q < 32; q++) {
+                const i64 i = fz_elem<VEC>(lane, q);
+                const u64 rank = fz_rank_desc(p[q], i);
+                if (i < n && !((taken >> q) & 1u) && rank < best) {
+                    best = rank;
+                    best_p = p[q];
+                    best_q = q;
+                }
+            }
+            const u64 win = fz_warp_min_u64(best);
+            const bool mine = best_q >= 0 && best == win;  // ranks are distinct: one lane
+            if (mine) taken |= 1u << best_q;
+            const int from = __ffs(__ballot_sync(0xffffffffu, mine)) - 1;
+            const float pw = __shfl_sync(0xffffffffu, best_p, from < 0 ? 0 : from);
+            if (lane == s) chosen = pw;
+            if (lane == 0) *(int*)(y + s * dst.nb[0]) = (int)(u32)win;
+        }
+        for (i64 i = lane; i < tail.ne[0]; i += 32) {
+            *(int*)(y + (k + i) * dst.nb[0]) = *(const int*)(tail.data + i * tail.nb[0] + r * tail.nb[1]);
+        }
+        if (ROUTE) {
+            char* w = y + dst.nb[2];
+            const float total = warp_sum(lane < k ? chosen : 0.0f);
+            if (lane < k) *(float*)(w + lane * dst.nb[0]) = chosen / total;
+            for (i64 j = lane; j < gate.ne[0]; j += 32) {
+                const float z = *(const float*)(gate.data + j * gate.nb[0] + r * gate.nb[1]);
+                *(float*)(w + (k + j) * dst.nb[0]) = sigmoid_f(z);
+            }
+        }
+    }
+}
+
 extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k, Tensor tail) {
     grid_begin();
     fz_softmax_top_k<true, false>(dst, src, k, tail, tail);
@@ -393,6 +446,22 @@ extern "C" __global__ void moe_router_vec(Tensor dst, Tensor src, int k, Tensor 
 extern "C" __global__ void moe_router_gen(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
     grid_begin();
     fz_softmax_top_k<false, true>(dst, src, k, tail, gate);
+}
+extern "C" __global__ void softmax_top_k_warp_vec(Tensor dst, Tensor src, int k, Tensor tail) {
+    grid_begin();
+    fz_top_k_warp<true, false>(dst, src, k, tail, tail);
+}
+extern "C" __global__ void softmax_top_k_warp_gen(Tensor dst, Tensor src, int k, Tensor tail) {
+    grid_begin();
+    fz_top_k_warp<false, false>(dst, src, k, tail, tail);
+}
+extern "C" __global__ void moe_router_warp_vec(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
+    grid_begin();
+    fz_top_k_warp<true, true>(dst, src, k, tail, gate);
+}
+extern "C" __global__ void moe_router_warp_gen(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
+    grid_begin();
+    fz_top_k_warp<false, true>(dst, src, k, tail, gate);
 }
 
 // ---- moe_weights ----

@@ -39,6 +39,10 @@ const MOE_WEIGHTS_VEC: Kernel = Kernel::new(Module::Fused, "moe_weights_vec");
 const MOE_WEIGHTS_GEN: Kernel = Kernel::new(Module::Fused, "moe_weights_gen");
 const MOE_ROUTER_VEC: Kernel = Kernel::new(Module::Fused, "moe_router_vec");
 const MOE_ROUTER_GEN: Kernel = Kernel::new(Module::Fused, "moe_router_gen");
+const SOFTMAX_TOP_K_WARP_VEC: Kernel = Kernel::new(Module::Fused, "softmax_top_k_warp_vec");
+const SOFTMAX_TOP_K_WARP_GEN: Kernel = Kernel::new(Module::Fused, "softmax_top_k_warp_gen");
+const MOE_ROUTER_WARP_VEC: Kernel = Kernel::new(Module::Fused, "moe_router_warp_vec");
+const MOE_ROUTER_WARP_GEN: Kernel = Kernel::new(Module::Fused, "moe_router_warp_gen");
 
 /// Elements a thread keeps in registers in the norm kernels (their `NV`).
 const NV: i64 = 8;
@@ -93,21 +97,33 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             norm(cx, &ADD_RMS_NORM_MUL, plane(1), plane(0), a, b, w, p.eps)
         }
         (Op::SoftmaxTopK { k }, &[logits, ref tail @ ..]) => {
-            let kernel = if router_vec(&logits) { SOFTMAX_TOP_K_VEC } else { SOFTMAX_TOP_K_GEN };
+            let (vec, warp) = (router_vec(&logits), warp_rows(&logits, *k));
+            let kernel = match (warp, vec) {
+                (true, true) => SOFTMAX_TOP_K_WARP_VEC,
+                (true, false) => SOFTMAX_TOP_K_WARP_GEN,
+                (false, true) => SOFTMAX_TOP_K_VEC,
+                (false, false) => SOFTMAX_TOP_K_GEN,
+            };
             let k = *k as i32;
             let tail = tail.first().copied().unwrap_or(NO_ROWS);
             let mut a = cx.kernel(kernel)?;
             a.arg(&out).arg(&logits).arg(&k).arg(&tail);
             // SAFETY: `softmax_top_k_*(dst, src, k, tail)`; src f32 [n, rows, 1, 1] with n <=
-            // ROUTER_MAX (supports), read at i < n of each row through its strides (the vec kernel
+            // ROUTER_MAX (supports), read at i < n of each row through its strides (the vec kernels
             // only when router_vec holds: dense 16-byte aligned rows, n % 4 == 0); 1 <= k <= n and
             // tail i32 [m, rows] or no rows (shape rules), so dst (i32 [k + m, rows]) gets k ids
             // then the m of tail per row, each row written by one block (at least a warp: warp 0
-            // computes the probabilities).
-            unsafe { a.launch(top_k_config(&logits)) }
+            // computes the probabilities) or, with k <= 32 (`warp_rows`), by one warp.
+            unsafe { a.launch(if warp { router_config(logits.ne[1]) } else { top_k_config(&logits) }) }
         }
         (Op::MoeRouter { k }, &[logits, ref rest @ ..]) => {
-            let kernel = if router_vec(&logits) { MOE_ROUTER_VEC } else { MOE_ROUTER_GEN };
+            let (vec, warp) = (router_vec(&logits), warp_rows(&logits, *k));
+            let kernel = match (warp, vec) {
+                (true, true) => MOE_ROUTER_WARP_VEC,
+                (true, false) => MOE_ROUTER_WARP_GEN,
+                (false, true) => MOE_ROUTER_VEC,
+                (false, false) => MOE_ROUTER_GEN,
+            };
             let k = *k as i32;
             let (tail, gate) = match rest {
                 [tail, gate] => (*tail, *gate),
@@ -118,8 +134,8 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             // SAFETY: `moe_router_*(dst, src, k, tail, gate)`; src, k and tail as for
             // softmax_top_k, gate f32 of tail's shape [m, rows] or no rows (shape rules); dst i32
             // [k + m, rows, 2]: plane 0 as softmax_top_k's output, plane 1 (at nb[2]) the k + m
-            // weights of each row, written by warp 0 of the row's block.
-            unsafe { a.launch(top_k_config(&logits)) }
+            // weights of each row, written by warp 0 of the row's block or by the row's warp.
+            unsafe { a.launch(if warp { router_config(logits.ne[1]) } else { top_k_config(&logits) }) }
         }
         (Op::MoeWeights, &[logits, ids, ref gate @ ..]) => {
             let kernel = if router_vec(&logits) { MOE_WEIGHTS_VEC } else { MOE_WEIGHTS_GEN };
@@ -144,6 +160,17 @@ const NO_ROWS: TensorArg = TensorArg { data: 0, ne: [0, 1, 1, 1], nb: [4, 4, 4, 
 /// Most threads of a `softmax_top_k` block (one block a row; each thread places n / threads of
 /// its elements).
 const TOP_K_THREADS: i64 = 256;
+
+/// From this many rows `softmax_top_k` / `moe_router` run a warp per row (`fz_top_k_warp`: k
+/// rounds of a warp minimum) instead of a block per row, whose other warps wait while warp 0
+/// computes the probabilities; decode steps of up to 32 sequences keep the block kernel.
+const WARP_ROUTER_ROWS: i64 = 64;
+
+/// Whether a router launch takes the warp-per-row kernels: many rows and k <= 32 (each lane keeps
+/// one chosen probability).
+fn warp_rows(logits: &TensorArg, k: usize) -> bool {
+    logits.ne[1] >= WARP_ROUTER_ROWS && k <= 32
+}
 
 /// A `softmax_top_k` / `moe_router` launch: a block per row of up to [`TOP_K_THREADS`].
 fn top_k_config(logits: &TensorArg) -> cudarc::driver::LaunchConfig {

@@ -320,8 +320,24 @@ fn softmax_top_k(out: &mut Vec<Case>) {
             move |g, x| g.softmax_top_k_then(x[0], k, x[1]),
         ));
     }
-    // Probabilities tied by f32 rounding at the cut, in both CUDA layouts.
-    for (ne, layout) in [([256, 4, 1, 1], Layout::Contiguous), ([256, 3, 1, 1], Layout::WINDOW)] {
+    // Many rows (the CUDA warp-per-row kernel from 64, k <= 32): both layouts, k = 32, and
+    // k = 33 (the block kernel again).
+    for (ne, k, layout) in [
+        ([256, 100, 1, 1], 8, Layout::Contiguous),
+        ([250, 70, 1, 1], 8, Layout::Contiguous),
+        ([1024, 64, 1, 1], 32, Layout::Contiguous),
+        ([256, 65, 1, 1], 33, Layout::Contiguous),
+        ([40, 80, 1, 1], 4, Layout::TRANSPOSED),
+    ] {
+        out.push(top_k_case(ne, k, layout, Init::Distinct));
+    }
+    // Probabilities tied by f32 rounding at the cut, in both CUDA layouts and both kernels.
+    for (ne, layout) in [
+        ([256, 4, 1, 1], Layout::Contiguous),
+        ([256, 3, 1, 1], Layout::WINDOW),
+        ([256, 80, 1, 1], Layout::Contiguous),
+        ([256, 66, 1, 1], Layout::WINDOW),
+    ] {
         out.push(ties_case(ne, 8, layout));
     }
 }
@@ -530,6 +546,11 @@ fn moe_router(out: &mut Vec<Case>) {
         ([1024, 2, 1, 1], 8, Layout::Contiguous),
         ([256, 3, 1, 1], 8, Layout::WINDOW),
         ([40, 6, 1, 1], 4, Layout::TRANSPOSED),
+        // many rows: the CUDA warp-per-row kernel (from 64 rows, k <= 32)
+        ([256, 128, 1, 1], 8, Layout::Contiguous),
+        ([33, 64, 1, 1], 5, Layout::Contiguous),
+        ([1024, 70, 1, 1], 32, Layout::Contiguous),
+        ([40, 80, 1, 1], 4, Layout::TRANSPOSED),
     ] {
         out.push(Case::new(
             "moe_router",
@@ -543,9 +564,13 @@ fn moe_router(out: &mut Vec<Case>) {
     }
     // A tail of m ids and gates (qwen35's shared expert: m = 1, its gate logit a row of the
     // stacked router's), contiguous and strided.
-    for (n_expert, n, k, m, layout) in
-        [(256, 1, 8, 1, Layout::Contiguous), (256, 5, 8, 1, Layout::WINDOW), (33, 4, 5, 3, Layout::Contiguous)]
-    {
+    for (n_expert, n, k, m, layout) in [
+        (256, 1, 8, 1, Layout::Contiguous),
+        (256, 5, 8, 1, Layout::WINDOW),
+        (33, 4, 5, 3, Layout::Contiguous),
+        (256, 96, 8, 1, Layout::WINDOW),
+        (33, 64, 5, 3, Layout::Contiguous),
+    ] {
         out.push(Case::new(
             "moe_router",
             format_args!("ne=[{n_expert},{n},1,1],k={k},tail={m}"),
