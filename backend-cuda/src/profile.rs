@@ -1,8 +1,10 @@
 //! Per-op device time of eager steps, for finding where a step's time goes
 //! (`TESSERA_CUDA_PROFILE=1`): each task is bracketed by two CUDA events, the step waits for its
-//! end, and the times add up per op and input shapes. The report is printed to stderr when the
+//! end, and the times are kept per op and input shapes. The report is printed to stderr when the
 //! backend is dropped. Profiling runs steps eagerly (no graph capture) and synchronises after each
-//! one, so it measures kernels, not the step's throughput.
+//! one, so it measures kernels, not the step's throughput. A row's time a step is its median launch
+//! times its launches a step: the first launch of a kernel also waits for its module to compile or
+//! load, which in a sum outweighed hundreds of real launches.
 
 use std::collections::HashMap;
 
@@ -14,8 +16,8 @@ use crate::errors::CudaError;
 /// Device time per op and shapes.
 #[derive(Debug, Default)]
 pub(crate) struct Profile {
-    /// `op [shapes of the inputs]` -> (launches, seconds).
-    rows: HashMap<String, (u64, f64)>,
+    /// `op [shapes of the inputs]` -> the seconds of each launch.
+    rows: HashMap<String, Vec<f64>>,
     steps: u64,
 }
 
@@ -58,30 +60,39 @@ impl Profile {
                 let _ = result::event::destroy(m.end);
                 ms
             };
-            let row = self.rows.entry(m.label).or_default();
-            row.0 += 1;
-            row.1 += ms as f64 * 1e-3;
+            self.rows.entry(m.label).or_default().push(ms as f64 * 1e-3);
         }
         Ok(())
     }
 
-    /// The rows, most time first, as a printable table.
+    /// The rows, most time first, as a printable table: per row the launches a step, the median
+    /// launch and the time a step (median times launches), and the shares of the steps' total.
     pub fn report(&self) -> String {
-        let mut rows: Vec<(&String, &(u64, f64))> = self.rows.iter().collect();
-        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
-        let total: f64 = rows.iter().map(|r| r.1.1).sum();
-        let per_step = |s: f64| s / self.steps.max(1) as f64 * 1e6;
+        let steps = self.steps.max(1) as f64;
+        let mut rows: Vec<(&String, f64, f64)> = self
+            .rows
+            .iter()
+            .map(|(label, times)| {
+                let mut t = times.clone();
+                t.sort_by(f64::total_cmp);
+                let median = t[t.len() / 2];
+                (label, t.len() as f64 / steps, median)
+            })
+            .collect();
+        rows.sort_by(|a, b| (b.1 * b.2).total_cmp(&(a.1 * a.2)));
+        let total: f64 = rows.iter().map(|r| r.1 * r.2).sum();
         let mut out = format!(
-            "tessera-cuda profile: {} steps, {:.1} us of kernels a step\n  us/step  share  launches/step  op and inputs\n",
+            "tessera-cuda profile: {} steps, {:.1} us of kernels a step (median launches)\n  us/step  share  launches/step  us/launch  op and inputs\n",
             self.steps,
-            per_step(total)
+            total * 1e6
         );
-        for (label, (n, secs)) in rows.iter().take(40) {
+        for (label, launches, median) in rows.iter().take(40) {
             out += &format!(
-                "  {:8.1}  {:4.1}%  {:6.1}  {label}\n",
-                per_step(*secs),
-                100.0 * secs / total.max(1e-12),
-                *n as f64 / self.steps.max(1) as f64
+                "  {:8.1}  {:4.1}%  {:6.1}  {:9.1}  {label}\n",
+                launches * median * 1e6,
+                100.0 * launches * median / total.max(1e-12),
+                launches,
+                median * 1e6
             );
         }
         out
