@@ -807,13 +807,49 @@ __device__ __forceinline__ i64 me_xrow(u32 s, u32 n_used, u32 n_b) {
     return (i64)(u % n_b) + (i64)n_b * t;
 }
 
-// The warp's passes over one item (NT n8 tiles a pass), consuming its chunks from the ring.
+// One 64-value unit of a staged chunk (`st`, unit `ub`) times the B fragments of its NT n8 tiles,
+// into the accumulators of both m16 tiles.
+template <int QT, int NT>
+__device__ __forceinline__ void me_mma_unit(float (&acc)[2][NT][4], const u32 (&B)[NT][8], const char* st, int ub) {
+    constexpr int STRIDE = me_row_stride(QT), RAW = mq_raw_bytes(QT);
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        u32 lo[8], hi[8];
+        me_frag_a<QT>(lo, st + (mt * 16 + g) * STRIDE + ub * RAW, c);
+        me_frag_a<QT>(hi, st + (mt * 16 + 8 + g) * STRIDE + ub * RAW, c);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u32 a[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) tc_mma_f16(acc[mt][nt], a, B[nt][2 * j], B[nt][2 * j + 1]);
+        }
+    }
+}
+
+// The B fragments of unit u (counted over the whole row) of each n8 tile's column.
+template <int QT, int NT>
+__device__ __forceinline__ void me_load_b(u32 (&B)[NT][8], const char* const (&xcol)[NT], int u) {
+    const int c = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) me_frag_b<QT>(B[nt], xcol[nt] + (i64)u * 128, c);
+}
+
+// The warp's passes over one item (NT n8 tiles a pass), consuming its chunks from the ring. The
+// activations (B fragments, read through L1 from L2) are loaded a unit ahead of the unit that
+// multiplies them, into a second set of registers, so that their latency overlaps the previous
+// unit's decode and mma (four units a chunk in order, each starting with its own loads, left
+// the warp stalled on them). With NT = 4 (experts of more than 16 pairs) one set: the two would
+// need 32 more registers a thread, and every path of the kernel shares its register count.
 template <int QT, int NT>
 __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, const Tensor& as, const MeExpert* listed, char* ring, int& slot, const char* x, const float* xs, u32 n_used, u32 n_b, const int* list, const Tensor& out) {
-    constexpr int STRIDE = me_row_stride(QT), STAGE = me_stage_bytes(QT), RAW = mq_raw_bytes(QT);
+    constexpr int STAGE = me_stage_bytes(QT);
+    constexpr bool AHEAD = NT <= 2;
+    static_assert(ME_UNITS % 2 == 0, "units go in pairs");
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const i64 xbytes = 2 * as.ne[0];
     const float back = QT == DT_NVFP4 ? 256.0f : 1.0f;
+    const int n_units = ld.chunks * ME_UNITS;
     for (int p0 = 0; p0 < it.count; p0 += 8 * NT) {
         const int np = min(8 * NT, it.count - p0);
         const int* pairs = list + it.first + p0;
@@ -827,6 +863,8 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
         }
+        u32 B0[NT][8], B1[NT][8];
+        if (AHEAD) me_load_b<QT, NT>(B0, xcol, 0);
         for (int ch = 0; ch < ld.chunks; ch++) {
             // this chunk has landed (every lane's copies: the warp barrier), and every lane is done
             // with the stage the next copies refill
@@ -834,23 +872,21 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
             __syncwarp();
             ld.issue(as, listed, tc_smem(ring + (slot == 0 ? ME_STAGES - 1 : slot - 1) * STAGE));
             const char* st = ring + slot * STAGE;
-            // (one unit at a time: unrolled, the loads of all four were hoisted into 240 registers)
+            // two units an iteration, ping-ponging B0 / B1 (not unrolled further: unrolled, the
+            // loads of all four units were hoisted into 240 registers)
 #pragma unroll 1
-            for (int ub = 0; ub < ME_UNITS; ub++) {
-                u32 B[NT][8];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) me_frag_b<QT>(B[nt], xcol[nt] + (i64)(ch * ME_UNITS + ub) * 128, c);
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    u32 lo[8], hi[8];
-                    me_frag_a<QT>(lo, st + (mt * 16 + g) * STRIDE + ub * RAW, c);
-                    me_frag_a<QT>(hi, st + (mt * 16 + 8 + g) * STRIDE + ub * RAW, c);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const u32 a[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++) tc_mma_f16(acc[mt][nt], a, B[nt][2 * j], B[nt][2 * j + 1]);
-                    }
+            for (int ub = 0; ub < ME_UNITS; ub += 2) {
+                const int u = ch * ME_UNITS + ub;
+                if (AHEAD) {
+                    me_load_b<QT, NT>(B1, xcol, u + 1);
+                    me_mma_unit<QT, NT>(acc, B0, st, ub);
+                    if (u + 2 < n_units) me_load_b<QT, NT>(B0, xcol, u + 2);
+                    me_mma_unit<QT, NT>(acc, B1, st, ub + 1);
+                } else {
+                    me_load_b<QT, NT>(B0, xcol, u);
+                    me_mma_unit<QT, NT>(acc, B0, st, ub);
+                    me_load_b<QT, NT>(B0, xcol, u + 1);
+                    me_mma_unit<QT, NT>(acc, B0, st, ub + 1);
                 }
             }
             slot = slot + 1 == ME_STAGES ? 0 : slot + 1;
