@@ -524,11 +524,18 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
 // ---- prefill on tensor cores ----
 //
 // `fa_mma_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256). A block takes FT_BM = 64 tokens of
-// one query head (16 per warp) and walks the kv positions in tiles of FT_BN = 64: the tile's K
-// and V rows (through the block table when paged) go to shared memory, S = Q K^T and O += P V run
-// as mma.sync m16n8k16 (Q and P rounded to the K/V type, f32 accumulators), with the online
-// softmax on the S fragments in f32. Rows are padded by FT_PAD halves so that ldmatrix is free of
-// bank conflicts. Dynamic shared memory: 3 * 64 * (D + FT_PAD) halves.
+// one query head (16 per warp) and walks the kv positions in tiles of FT_BN = 64: S = Q K^T and
+// O += P V run as mma.sync m16n8k16 (Q and P rounded to the K/V type, f32 accumulators), with the
+// online softmax on the S fragments in f32. A tile's K and V rows (through the block table when
+// paged) are copied into shared memory with 16-byte cp.async, staggered so that copies overlap
+// the tensor cores: V of tile j lands while S of tile j is computed, K of tile j + 1 while O
+// takes P V of tile j (one K and one V buffer, two barriers a tile). An f16 mask with 16-byte
+// aligned rows rides along with K (FT_BN columns of the block's 64 rows, read from shared
+// memory by the softmax); other masks are read from global memory. With a mask, the block first
+// finds its last tile that any of its rows can see (scanning tiles from the end while all of
+// them are -inf), so a causal mask's upper triangle costs neither copies nor tensor-core work.
+// Rows are padded by FT_PAD halves so that ldmatrix is free of bank conflicts. Dynamic shared
+// memory: 3 * 64 * (D + FT_PAD) halves and the mask tile, FT_BM * FT_MLD halves.
 //
 // Ragged: a block takes 64 tokens of one sequence of at least `l_min` tokens (tile x counts such
 // sequences' ceil(L / 64) tiles in order: warp 0 finds this block's by a running scan) and stops
@@ -539,6 +546,7 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
 #define FT_BM 64
 #define FT_BN 64
 #define FT_PAD 8
+#define FT_MLD 72  // halves between the mask tile's rows (144 bytes: a fragment's 32 reads hit 32 banks)
 
 __device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -600,12 +608,13 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
                                             float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
-    __shared__ int s_cell[FT_BN];
+    __shared__ int s_cell[2][FT_BN];
     __shared__ int s_work[3];
     constexpr int LD = D + FT_PAD;
     u16* sQ = ft_smem;
     u16* sK = sQ + FT_BM * LD;
     u16* sV = sK + FT_BN * LD;
+    u16* sM = sV + FT_BN * LD;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
@@ -666,6 +675,69 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
     const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
+    // the mask goes through shared memory when it is f16 with 16-byte aligned rows of whole pieces
+    const bool mstage = has_mask && mdt == DT_F16 && mask.nb[0] == 2 && (mask.nb[1] & 15) == 0 &&
+                        ((u64)(mask.data + m_seq) & 15) == 0 && (mask.ne[0] & 7) == 0;
+
+    // cells[r]: the K/V row of position j0 + r, or -1 past j_stop (an out-of-range table entry is
+    // reported and reads as -1 too)
+    auto find_cells = [&](int j0, int* cells) {
+        if (tid < FT_BN) {
+            const int j = j0 + tid;
+            int cell = -1;
+            if (j < j_stop) {
+                const int raw = paged ? *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]) : j;
+                if (raw < 0 || raw >= n_cells) {
+                    report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
+                } else {
+                    cell = raw;
+                }
+            }
+            cells[tid] = cell;
+        }
+    };
+    // copies the tile's rows of K or V (zeros for cells of -1) into dst
+    auto copy_rows = [&](u16* dst, const char* base, i64 nb1, const int* cells) {
+#pragma unroll 2
+        for (int idx = tid; idx < FT_BN * (D / 8); idx += 128) {
+            const int r = idx / (D / 8), c8 = idx % (D / 8), cell = cells[r];
+            tc_cp16(&dst[r * LD + c8 * 8], base + (i64)max(cell, 0) * nb1 + c8 * 16, cell >= 0);
+        }
+    };
+    // copies the mask's columns j0 .. j0 + 63 of the block's rows into sM
+    auto copy_mask = [&](int j0) {
+        for (int idx = tid; idx < FT_BM * (FT_BN / 8); idx += 128) {
+            const int r = idx / (FT_BN / 8), j = j0 + idx % (FT_BN / 8) * 8, t = t0 + r;
+            const bool ok = t < t_end && j < (int)mask.ne[0];
+            tc_cp16(&sM[r * FT_MLD + j - j0], ok ? mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq : mask.data, ok);
+        }
+    };
+
+    // the first tile's copies fly while the mask is scanned and Q is loaded (its cells are the
+    // same for any j_stop the scan leaves: at least one whole tile)
+    find_cells(0, s_cell[0]);
+    __syncthreads();
+    if (j_stop > 0) {
+        copy_rows(sK, kbase, k.nb[1], s_cell[0]);
+        if (mstage) copy_mask(0);
+    }
+    tc_commit();
+    if (has_mask) {
+        // The last tile any of this block's rows sees: tiles past it are all -inf (a causal
+        // mask's upper triangle) and cost nothing. A NaN counts as seen (it reaches the output).
+        int last = (j_stop + FT_BN - 1) / FT_BN - 1;
+        for (; last > 0; last--) {
+            bool seen = false;
+            for (int idx = tid; idx < FT_BM * FT_BN; idx += blockDim.x) {
+                const int t = t0 + idx / FT_BN, j = last * FT_BN + idx % FT_BN;
+                if (t < t_end && j < j_stop) {
+                    seen |= !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF);
+                }
+            }
+            if (__syncthreads_or(seen)) break;
+        }
+        j_stop = min(j_stop, (last + 1) * FT_BN);
+    }
 
     ft_load_q<DT, FT_BM, D, LD, 128>(sQ, q.nb[0], [&](int r) -> const char* {
         const int t = t0 + r;
@@ -678,33 +750,14 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
     const int tok[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
 
-    for (int j0 = 0; j0 < j_stop; j0 += FT_BN) {
-        __syncthreads();  // the previous tile is consumed (and sQ is written on the first pass)
-        if (tid < FT_BN) {
-            const int j = j0 + tid;
-            int cell = -1;
-            if (j < j_stop) {
-                const int raw = paged ? *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]) : j;
-                if (raw < 0 || raw >= n_cells) {
-                    report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
-                } else {
-                    cell = raw;
-                }
-            }
-            s_cell[tid] = cell;
-        }
-        __syncthreads();
-        for (int idx = tid; idx < FT_BN * (D / 8); idx += blockDim.x) {
-            const int r = idx / (D / 8), c8 = idx % (D / 8), cell = s_cell[r];
-            uint4 kk = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (cell >= 0) {
-                kk = *(const uint4*)(kbase + (i64)cell * k.nb[1] + c8 * 16);
-                vv = *(const uint4*)(vbase + (i64)cell * v.nb[1] + c8 * 16);
-            }
-            *(uint4*)&sK[r * LD + c8 * 8] = kk;
-            *(uint4*)&sV[r * LD + c8 * 8] = vv;
-        }
-        __syncthreads();
+    for (int j0 = 0, buf = 0; j0 < j_stop; j0 += FT_BN, buf ^= 1) {
+        const int* cell = s_cell[buf];
+        tc_wait<0>();
+        __syncthreads();  // K and the mask of this tile landed (and sQ is written); V is free
+        copy_rows(sV, vbase, v.nb[1], cell);
+        tc_commit();
+        const bool more = j0 + FT_BN < j_stop;
+        if (more) find_cells(j0 + FT_BN, s_cell[buf ^ 1]);
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
         float sc[FT_BN / 8][4];
@@ -731,9 +784,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                 const int col = n * 8 + 2 * tq + (i & 1), rr = i >> 1, j = j0 + col;
                 float x = softcap > 0.0f ? softcap * tanhf(sc[n][i] * inner) : sc[n][i] * scale;
                 if (has_mask && j < j_stop && tok[rr] < t_end) {
-                    x += load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[rr] * mask.nb[1] + m_seq, mdt);
+                    x += mstage ? f16_to_f32(sM[(warp * 16 + g + 8 * rr) * FT_MLD + col])
+                                : load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[rr] * mask.nb[1] + m_seq, mdt);
                 }
-                x = s_cell[col] >= 0 && j <= tok[rr] + causal ? x : -TS_INF;
+                x = cell[col] >= 0 && j <= tok[rr] + causal ? x : -TS_INF;
                 sc[n][i] = x;
                 mx[rr] = fmaxf(mx[rr], x);
             }
@@ -766,6 +820,13 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                 l[i >> 1] += p;
             }
         }
+        tc_wait<0>();
+        __syncthreads();  // V of this tile landed; every warp is done with K, the mask and `cell`
+        if (more) {
+            copy_rows(sK, kbase, k.nb[1], s_cell[buf ^ 1]);
+            if (mstage) copy_mask(j0 + FT_BN);
+        }
+        tc_commit();
         // O += P V.
 #pragma unroll
         for (int kk = 0; kk < FT_BN / 16; kk++) {

@@ -683,40 +683,63 @@ __device__ __forceinline__ u32 me_hmul2(u32 a, u32 b) {
     return r;
 }
 
-// The E2M1 codes in bits 12-15 of each half of x as f16 value * 2^-14 (see above).
-__device__ __forceinline__ u32 me_e2m1_place(u32 x) { return ((x >> 3) & 0x0E000E00u) | (x & 0x80008000u); }
+// The E2M1 codes in the high nibbles of x's four bytes (sign bit 7, magnitude bits 4-6) as the
+// high bytes of f16 value * 2^-14 (sign bit 7, magnitude bits 1-3; see above): three
+// instructions for four values.
+__device__ __forceinline__ u32 me_e2m1_hi(u32 x) { return (x & 0x80808080u) | ((x >> 3) & 0x0E0E0E0Eu); }
 
-// This lane's weights of one staged 64-value unit of one row (`row`, 4-byte aligned) as f16
-// pairs: A[2j] and A[2j + 1] are the row's halves of step j's a0 / a2 (or a1 / a3) fragment
-// registers, k-slots (2c, 2c + 1) and (2c + 8, 2c + 9).
+// The staged words a lane decodes of one 64-value unit of one row (`row`, 4-byte aligned): nvfp4
+// the scale word and sub-block c's two code words; q8_0 both blocks' scales and the five words
+// that hold its 8 + 8 quants. Loading them apart from the decode lets a warp issue a unit's
+// shared-memory loads while it still decodes the previous one.
 template <int QT>
-__device__ __forceinline__ void me_frag_a(u32 (&A)[8], const char* row, int c) {
+struct MeRaw {
+    u32 w[QT == DT_NVFP4 ? 3 : 7];
+};
+template <int QT>
+__device__ __forceinline__ void me_raw_a(MeRaw<QT>& r, const char* row, int c) {
+    const u32* w = (const u32*)row;
     if (QT == DT_NVFP4) {
-        // sub-block c: scale byte c, code bytes 4 + 8c .. (byte i: value i low, value i + 8 high)
-        const u32 sw = *(const u32*)row, w0 = *(const u32*)(row + 4 + 8 * c), w1 = *(const u32*)(row + 8 + 8 * c);
-        const u32 d = mq_ue4m3_f16_div256((sw >> (8 * c)) & 0xFF);
-        const u32 d2 = me_hmul2(d | (d << 16), 0x74007400u);  // scale * 2^6
-        A[0] = me_hmul2(me_e2m1_place(w0 << 12), d2);  // values 0, 2
-        A[1] = me_hmul2(me_e2m1_place(w0 << 8), d2);   // 8, 10
-        A[2] = me_hmul2(me_e2m1_place(w0 << 4), d2);   // 1, 3
-        A[3] = me_hmul2(me_e2m1_place(w0), d2);        // 9, 11
-        A[4] = me_hmul2(me_e2m1_place(w1 << 12), d2);  // 4, 6
-        A[5] = me_hmul2(me_e2m1_place(w1 << 8), d2);   // 12, 14
-        A[6] = me_hmul2(me_e2m1_place(w1 << 4), d2);   // 5, 7
-        A[7] = me_hmul2(me_e2m1_place(w1), d2);        // 13, 15
+        r.w[0] = w[0], r.w[1] = w[1 + 2 * c], r.w[2] = w[2 + 2 * c];
     } else {
         // block h: f16 scale at 34 h, quants from 34 h + 2; this lane's are 8c .. 8c + 7 of each
         // (block 0's start mid-word)
-        const u32* w = (const u32*)row;
-        const u32 s0 = w[0] & 0xFFFFu, s1 = w[8] >> 16, d0 = s0 | (s0 << 16), d1 = s1 | (s1 << 16);
-        const u32 a = w[2 * c], b = w[2 * c + 1], e = w[2 * c + 2];
+        r.w[0] = w[0], r.w[1] = w[8], r.w[2] = w[2 * c], r.w[3] = w[2 * c + 1], r.w[4] = w[2 * c + 2];
+        r.w[5] = w[9 + 2 * c], r.w[6] = w[10 + 2 * c];
+    }
+}
+
+// This lane's weights of a unit of one row, from its staged words, as f16 pairs: A[2j] and
+// A[2j + 1] are the row's halves of step j's a0 / a2 (or a1 / a3) fragment registers, k-slots
+// (2c, 2c + 1) and (2c + 8, 2c + 9).
+template <int QT>
+__device__ __forceinline__ void me_frag_a(u32 (&A)[8], const MeRaw<QT>& r, int c) {
+    if (QT == DT_NVFP4) {
+        // sub-block c: scale byte c, code bytes 4 + 8c .. (byte i: value i low, value i + 8 high)
+        const u32 sw = r.w[0];
+        const u32 d = mq_ue4m3_f16_div256((sw >> (8 * c)) & 0xFF);
+        const u32 d2 = me_hmul2(d | (d << 16), 0x74007400u);  // scale * 2^6
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // word h holds values 4h .. 4h + 3 (low nibbles) and 8 + 4h .. (high nibbles); each
+            // byte of lo / hi becomes one value's f16 high byte (me_e2m1_hi), placed by byte_perm
+            // above a zero low byte: pairs (0, 2), (1, 3) of the low and of the high nibbles
+            const u32 w = r.w[1 + h], lo = me_e2m1_hi(w << 4), hi = me_e2m1_hi(w);
+            A[4 * h + 0] = me_hmul2(__byte_perm(lo, 0u, 0x2404), d2);
+            A[4 * h + 1] = me_hmul2(__byte_perm(hi, 0u, 0x2404), d2);
+            A[4 * h + 2] = me_hmul2(__byte_perm(lo, 0u, 0x3414), d2);
+            A[4 * h + 3] = me_hmul2(__byte_perm(hi, 0u, 0x3414), d2);
+        }
+    } else {
+        const u32 s0 = r.w[0] & 0xFFFFu, s1 = r.w[1] >> 16, d0 = s0 | (s0 << 16), d1 = s1 | (s1 << 16);
+        const u32 a = r.w[2], b = r.w[3], e = r.w[4];
         uint2 t = mq_q8x4_f16(__byte_perm(a, b, 0x5432), d0);
         A[0] = t.x, A[1] = t.y;
         t = mq_q8x4_f16(__byte_perm(b, e, 0x5432), d0);
         A[2] = t.x, A[3] = t.y;
-        t = mq_q8x4_f16(w[9 + 2 * c], d1);
+        t = mq_q8x4_f16(r.w[5], d1);
         A[4] = t.x, A[5] = t.y;
-        t = mq_q8x4_f16(w[10 + 2 * c], d1);
+        t = mq_q8x4_f16(r.w[6], d1);
         A[6] = t.x, A[7] = t.y;
     }
 }
@@ -807,17 +830,32 @@ __device__ __forceinline__ i64 me_xrow(u32 s, u32 n_used, u32 n_b) {
     return (i64)(u % n_b) + (i64)n_b * t;
 }
 
-// One 64-value unit of a staged chunk (`st`, unit `ub`) times the B fragments of its NT n8 tiles,
-// into the accumulators of both m16 tiles.
-template <int QT, int NT>
-__device__ __forceinline__ void me_mma_unit(float (&acc)[2][NT][4], const u32 (&B)[NT][8], const char* st, int ub) {
+// The staged words of one 64-value unit (`ub`) of a chunk (`st`) for rows g, g + 8 of both m16 tiles.
+template <int QT>
+struct MeUnit {
+    MeRaw<QT> r[2][2];
+};
+template <int QT>
+__device__ __forceinline__ void me_load_unit(MeUnit<QT>& u, const char* st, int ub) {
     constexpr int STRIDE = me_row_stride(QT), RAW = mq_raw_bytes(QT);
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) me_raw_a<QT>(u.r[mt][h], st + (mt * 16 + h * 8 + g) * STRIDE + ub * RAW, c);
+    }
+}
+
+// A unit's weights (its staged words) times the B fragments of its NT n8 tiles, into the
+// accumulators of both m16 tiles.
+template <int QT, int NT>
+__device__ __forceinline__ void me_mma_unit(float (&acc)[2][NT][4], const u32 (&B)[NT][8], const MeUnit<QT>& u) {
+    const int c = threadIdx.x & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
         u32 lo[8], hi[8];
-        me_frag_a<QT>(lo, st + (mt * 16 + g) * STRIDE + ub * RAW, c);
-        me_frag_a<QT>(hi, st + (mt * 16 + 8 + g) * STRIDE + ub * RAW, c);
+        me_frag_a<QT>(lo, u.r[mt][0], c);
+        me_frag_a<QT>(hi, u.r[mt][1], c);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const u32 a[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
@@ -839,12 +877,13 @@ __device__ __forceinline__ void me_load_b(u32 (&B)[NT][8], const char* const (&x
 // activations (B fragments, read through L1 from L2) are loaded a unit ahead of the unit that
 // multiplies them, into a second set of registers, so that their latency overlaps the previous
 // unit's decode and mma (four units a chunk in order, each starting with its own loads, left
-// the warp stalled on them). With NT = 4 (experts of more than 16 pairs) one set: the two would
-// need 32 more registers a thread, and every path of the kernel shares its register count.
+// the warp stalled on them); with NT = 1 and nvfp4 the unit's staged weight words too. The wider
+// passes keep fewer sets: every path of the kernel shares its register count, which with 168
+// still allows three blocks a multiprocessor.
 template <int QT, int NT>
 __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, const Tensor& as, const MeExpert* listed, char* ring, int& slot, const char* x, const float* xs, u32 n_used, u32 n_b, const int* list, const Tensor& out) {
     constexpr int STAGE = me_stage_bytes(QT);
-    constexpr bool AHEAD = NT <= 2;
+    constexpr bool AHEAD = NT <= 2, AHEAD_A = NT == 1 && QT == DT_NVFP4;
     static_assert(ME_UNITS % 2 == 0, "units go in pairs");
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const i64 xbytes = 2 * as.ne[0];
@@ -872,22 +911,20 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
             __syncwarp();
             ld.issue(as, listed, tc_smem(ring + (slot == 0 ? ME_STAGES - 1 : slot - 1) * STAGE));
             const char* st = ring + slot * STAGE;
-            // two units an iteration, ping-ponging B0 / B1 (not unrolled further: unrolled, the
-            // loads of all four units were hoisted into 240 registers)
+            // two units an iteration, ping-ponging B0 / B1 and U0 / U1 (not unrolled further:
+            // unrolled, the loads of all four units were hoisted into 240 registers)
+            MeUnit<QT> U0, U1;
+            if (AHEAD_A) me_load_unit<QT>(U0, st, 0);
 #pragma unroll 1
             for (int ub = 0; ub < ME_UNITS; ub += 2) {
                 const int u = ch * ME_UNITS + ub;
-                if (AHEAD) {
-                    me_load_b<QT, NT>(B1, xcol, u + 1);
-                    me_mma_unit<QT, NT>(acc, B0, st, ub);
-                    if (u + 2 < n_units) me_load_b<QT, NT>(B0, xcol, u + 2);
-                    me_mma_unit<QT, NT>(acc, B1, st, ub + 1);
-                } else {
-                    me_load_b<QT, NT>(B0, xcol, u);
-                    me_mma_unit<QT, NT>(acc, B0, st, ub);
-                    me_load_b<QT, NT>(B0, xcol, u + 1);
-                    me_mma_unit<QT, NT>(acc, B0, st, ub + 1);
-                }
+                me_load_b<QT, NT>(AHEAD ? B1 : B0, xcol, AHEAD ? u + 1 : u);
+                me_load_unit<QT>(AHEAD_A ? U1 : U0, st, AHEAD_A ? ub + 1 : ub);
+                me_mma_unit<QT, NT>(acc, B0, U0);
+                if (!AHEAD || u + 2 < n_units) me_load_b<QT, NT>(B0, xcol, AHEAD ? u + 2 : u + 1);
+                if (!AHEAD_A) me_load_unit<QT>(U1, st, ub + 1);
+                else if (ub + 2 < ME_UNITS) me_load_unit<QT>(U0, st, ub + 2);
+                me_mma_unit<QT, NT>(acc, AHEAD ? B1 : B0, U1);
             }
             slot = slot + 1 == ME_STAGES ? 0 : slot + 1;
         }

@@ -51,10 +51,12 @@ const COMBINE_THREADS: u32 = 256;
 /// never exceed its target block count.
 const COMBINE_MAX_SPLITS: usize = 384;
 const _: () = assert!(TARGET_BLOCKS <= COMBINE_MAX_SPLITS && DEC_TARGET_BLOCKS <= COMBINE_MAX_SPLITS);
-/// TAG(fa-mma-tile): FT_BM, FT_BN and FT_PAD in attention.cu.
+/// TAG(fa-mma-tile): FT_BM, FT_BN, FT_PAD and FT_MLD in attention.cu.
 const MMA_BM: usize = 64;
 const MMA_BN: usize = 64;
 const MMA_PAD: usize = 8;
+/// Halves between the rows of the prefill kernel's staged mask tile (MMA_BM rows).
+const MMA_MASK_LD: usize = 72;
 /// TAG(fa-dec-tile): FD_W, FD_S and FD_N in attention.cu (query rows per block: one mma M tile).
 const DEC_WARPS: u32 = 4;
 const DEC_STAGES: usize = 2;
@@ -288,7 +290,7 @@ fn mma_kernel(
         (DType::BF16, 128) => MMA_BF16_D128,
         _ => MMA_BF16_D256,
     };
-    let shared = (MMA_BM + 2 * MMA_BN) * (d + MMA_PAD) * 2;
+    let shared = (MMA_BM + 2 * MMA_BN) * (d + MMA_PAD) * 2 + MMA_BM * MMA_MASK_LD * 2;
     (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
 }
 
@@ -496,7 +498,7 @@ fn run_mma(
     // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged,
     // scale, softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
     // checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4
-    // loads); `shared` is the kernel's 3 * 64 * (D + 8) halves and within the device limit
+    // loads); `shared` is the kernel's 3 * 64 * (D + 8) + 64 * 72 halves and within the device limit
     // (raised above). Dense: the grid covers ceil(n_tokens / 64) x n_head x n_seq and rows past
     // n_tokens are not written. Ragged: blocks check every offset and kv length first, take the
     // tiles of `ragged_mma_tiles` (a bound on their count, plus a spare row) and write only their

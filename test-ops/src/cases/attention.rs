@@ -20,8 +20,8 @@
 
 use tessera_ops::{DType, FlashAttnParams, Op};
 
-use super::{BF16, F16, F32, I32, chunk_then_decode, iota};
-use crate::case::{Case, Init, InputSpec as In, Layout};
+use super::{BF16, F16, F32, I32, Mix, chunk_then_decode, iota};
+use crate::case::{Case, Generator, Init, InputSpec as In, Layout};
 
 /// A ragged attention batch: `n_tokens` packed tokens, sequence `s` owning tokens
 /// `offsets[s] .. offsets[s + 1]` and seeing the first `kv_lens[s]` of `n_kv` positions; an
@@ -162,6 +162,8 @@ struct Fa {
     n_seq: usize,
     /// Mask dtype, its ne[3] (1 or n_seq) and extra padding rows beyond n_tokens.
     mask: Option<(DType, usize, usize)>,
+    /// The mask is causal (`causal_mask`) rather than `Init::Mask`'s scattered -inf.
+    causal: bool,
     /// Cells of the shared paged cache (`None`: contiguous K/V).
     cells: Option<usize>,
     softcap: f32,
@@ -188,6 +190,7 @@ impl Fa {
             n_kv,
             n_seq,
             mask: None,
+            causal: false,
             cells: None,
             softcap: 0.0,
             q_layout: Layout::Contiguous,
@@ -217,6 +220,12 @@ impl Fa {
     /// A shared mask (ne[3] = 1) of `dtype`.
     fn mask(mut self, dtype: DType) -> Self {
         self.mask = Some((dtype, 1, 0));
+        self
+    }
+
+    /// A causal mask instead of scattered -inf (see `causal_mask`).
+    fn causal(mut self) -> Self {
+        self.causal = true;
         self
     }
 
@@ -272,8 +281,18 @@ impl Fa {
             format!("kv={kv},dk={d_k},dv={d_v},nt={n_tokens},nh={n_head},nh_kv={n_head_kv},n_kv={n_kv},ns={n_seq}");
         if let Some((dt, ne3, pad)) = mask {
             let ne = [n_kv, n_tokens + pad, 1, ne3];
-            inputs.push(In::new("mask", dt, ne).layout(self.mask_layout).init(Init::Mask));
-            label.push_str(&format!(",mask={dt}[{},{},1,{ne3}]", ne[0], ne[1]));
+            let init = if self.causal {
+                Init::Generated(Generator { f: causal_mask, args: [n_tokens as f32, 0.0, 0.0, 0.0] })
+            } else {
+                Init::Mask
+            };
+            inputs.push(In::new("mask", dt, ne).layout(self.mask_layout).init(init));
+            label.push_str(&format!(
+                ",mask={dt}[{},{},1,{ne3}]{}",
+                ne[0],
+                ne[1],
+                if self.causal { ",causal" } else { "" }
+            ));
         }
         if let Some(c) = cells {
             let init = match ragged.and_then(|r| r.table) {
@@ -389,6 +408,11 @@ fn qwen(out: &mut Vec<Case>) {
     out.push(Fa::new(256, 1, 24, 4, 200, 2).case());
     out.push(Fa::new(256, 7, 24, 4, 7 + 57, 1).mask(F16).case());
     out.push(Fa::new(256, 7, 24, 4, 7, 1).kv(F32).mask(F32).case());
+    // causal masks over several 64-token tiles: the tensor-core prefill skips the kv tiles past a
+    // tile's last visible position (f16 masks staged in shared memory, f32 read from global)
+    out.push(Fa::new(256, 130, 8, 2, 200, 1).mask(F16).causal().case());
+    out.push(Fa::new(128, 100, 4, 2, 160, 2).kv(BF16).mask_per_seq(F32, 0).causal().case());
+    out.push(Fa::new(128, 192, 4, 1, 192, 1).mask(F16).causal().paged(256).case());
     // 35B-A3B MoE: 16 query heads, 2 kv heads, head dim 256.
     out.push(Fa::new(256, 1, 16, 2, 100, 3).mask_per_seq(F16, 0).case());
     out.push(Fa::new(256, 1, 16, 2, 257, 2).kv(BF16).mask(F32).case());
@@ -429,8 +453,8 @@ fn layouts(out: &mut Vec<Case>) {
 }
 
 /// Model-sized runs for perf mode: decode over 4096 cached positions (contiguous and paged, 4 and
-/// 32 sequences, f16 and bf16 K/V), and a 512-token causal-shaped prefill, at the 27B and 35B-A3B
-/// head counts.
+/// 32 sequences, f16 and bf16 K/V), and 512-token prefills over 512 and 2048 positions (scattered
+/// and causal masks), at the 27B and 35B-A3B head counts.
 pub(super) fn perf_cases() -> Vec<Case> {
     let mut out = vec![
         Fa::new(256, 1, 24, 4, 4096, 1).mask(F16).case(),
@@ -440,6 +464,8 @@ pub(super) fn perf_cases() -> Vec<Case> {
         Fa::new(256, 1, 16, 2, 4096, 32).kv(BF16).mask_per_seq(F16, 0).paged(32 * 4096 + 256).case(),
         Fa::new(256, 512, 24, 4, 512, 1).mask(F16).q_layout(Layout::SWAP12).case(),
         Fa::new(256, 512, 16, 2, 2048, 1).kv(BF16).mask(F16).case(),
+        Fa::new(256, 512, 24, 4, 512, 1).mask(F16).causal().q_layout(Layout::SWAP12).case(),
+        Fa::new(256, 512, 16, 2, 2048, 1).kv(BF16).mask(F16).causal().case(),
     ];
     // The 35B-A3B attention layer (16 query heads over 2 kv heads of dim 256, f16 paged cache),
     // dense next to ragged for the same work: decodes of 1 to 128 sequences (dense: one token per
@@ -457,6 +483,23 @@ pub(super) fn perf_cases() -> Vec<Case> {
             out.push(Fa::new(256, 1, 16, 2, n_kv, 31).paged(cells).case());
         }
         out.push(Fa::ragged(256, 16, 2, r).paged(cells).case());
+    }
+    out
+}
+
+/// A causal mask `[n_kv, rows, 1, ne3]` for `args[0]` query tokens that are the last of the n_kv
+/// positions: token t sees positions j <= t + n_kv - n_tokens (values uniform in [-1, 1)), the
+/// rest are -inf, so whole tiles past the diagonal are masked.
+fn causal_mask(ne: [usize; 4], args: [f32; 4], seed: u64) -> Vec<f32> {
+    let mut rng = Mix(seed);
+    let (n_kv, n_tokens) = (ne[0], args[0] as usize);
+    let mut out = Vec::with_capacity(ne.iter().product());
+    for _ in 0..ne[2] * ne[3] {
+        for t in 0..ne[1] {
+            for j in 0..n_kv {
+                out.push(if j + n_tokens <= t + n_kv { rng.unit() * 2.0 - 1.0 } else { f32::NEG_INFINITY });
+            }
+        }
     }
     out
 }
