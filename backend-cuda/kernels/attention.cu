@@ -608,7 +608,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
                                             float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
-    __shared__ int s_cell[2][FT_BN];
+    __shared__ __align__(8) int s_cell[2][FT_BN];
     __shared__ int s_work[3];
     constexpr int LD = D + FT_PAD;
     u16* sQ = ft_smem;
@@ -775,19 +775,52 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                 ft_mma<DT>(sc[n + 1], a, b[2], b[3]);
             }
         }
-        // Logits and the online-softmax update (rows g and g + 8 of the warp's 16).
+        // Logits and the online-softmax update (rows g and g + 8 of the warp's 16). The softcap
+        // and mask choices are uniform branches around whole loops: taken per element, every
+        // element inlined tanhf and the mask's dtype switch, and the loop outgrew the
+        // instruction cache.
+        if (softcap > 0.0f) {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[n][i] = softcap * tanhf(sc[n][i] * inner);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[n][i] *= scale;
+            }
+        }
+        if (mstage) {
+            // rows past t_end were zero-filled; columns past j_stop become -inf below
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const u32 mm = *(const u32*)&sM[(warp * 16 + g + 8 * rr) * FT_MLD + n * 8 + 2 * tq];
+                    sc[n][2 * rr] += f16_to_f32((u16)mm);
+                    sc[n][2 * rr + 1] += f16_to_f32((u16)(mm >> 16));
+                }
+            }
+        } else if (has_mask) {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = j0 + n * 8 + 2 * tq + (i & 1), t = tok[i >> 1];
+                    if (j < j_stop && t < t_end) sc[n][i] += load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt);
+                }
+            }
+        }
         float mx[2] = {-TS_INF, -TS_INF};
 #pragma unroll
         for (int n = 0; n < FT_BN / 8; n++) {
+            const int2 cc = *(const int2*)&cell[n * 8 + 2 * tq];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int col = n * 8 + 2 * tq + (i & 1), rr = i >> 1, j = j0 + col;
-                float x = softcap > 0.0f ? softcap * tanhf(sc[n][i] * inner) : sc[n][i] * scale;
-                if (has_mask && j < j_stop && tok[rr] < t_end) {
-                    x += mstage ? f16_to_f32(sM[(warp * 16 + g + 8 * rr) * FT_MLD + col])
-                                : load_f32(mask.data + (i64)j * mask.nb[0] + (i64)tok[rr] * mask.nb[1] + m_seq, mdt);
-                }
-                x = cell[col] >= 0 && j <= tok[rr] + causal ? x : -TS_INF;
+                const int j = j0 + n * 8 + 2 * tq + (i & 1), rr = i >> 1;
+                const float x = ((i & 1) ? cc.y : cc.x) >= 0 && j <= tok[rr] + causal ? sc[n][i] : -TS_INF;
                 sc[n][i] = x;
                 mx[rr] = fmaxf(mx[rr], x);
             }
