@@ -413,6 +413,10 @@ fn qwen(out: &mut Vec<Case>) {
     out.push(Fa::new(256, 130, 8, 2, 200, 1).mask(F16).causal().case());
     out.push(Fa::new(128, 100, 4, 2, 160, 2).kv(BF16).mask_per_seq(F32, 0).causal().case());
     out.push(Fa::new(128, 192, 4, 1, 192, 1).mask(F16).causal().paged(256).case());
+    // few query tiles over many positions; the first query tile's later half entirely masked
+    out.push(Fa::new(128, 20, 4, 2, 700, 2).mask(F16).causal().case());
+    out.push(Fa::new(128, 600, 1, 1, 600, 1).kv(BF16).mask(F16).causal().case());
+    out.push(Fa::new(256, 64, 8, 2, 1024, 1).paged(1100).gated(Layout::Contiguous).case());
     // 35B-A3B MoE: 16 query heads, 2 kv heads, head dim 256.
     out.push(Fa::new(256, 1, 16, 2, 100, 3).mask_per_seq(F16, 0).case());
     out.push(Fa::new(256, 1, 16, 2, 257, 2).kv(BF16).mask(F32).case());
