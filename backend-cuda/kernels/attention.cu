@@ -596,6 +596,13 @@ __device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row) {
         }
     }
 }
+// e^x as one ex2.approx (2 ulp; results below 2^-126 flush to 0, which a softmax sum of at least
+// 1 cannot see): CUDA's expf added range reduction for every logit of the prefill kernel.
+__device__ __forceinline__ float ft_exp(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    return r;
+}
 // c += a * b for one m16n8k16 tile (row.col, f32 accumulators).
 template <int DT>
 __device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
@@ -830,25 +837,31 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
             mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
         }
-        float ms[2];
+        float ms[2], alpha[2];
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const float m_new = fmaxf(m[rr], mx[rr]);
             ms[rr] = m_new == -TS_INF ? 0.0f : m_new;
-            const float alpha = expf(m[rr] - ms[rr]);
-            l[rr] *= alpha;
+            alpha[rr] = expf(m[rr] - ms[rr]);
+            l[rr] *= alpha[rr];
             m[rr] = m_new;
+        }
+        // O is rescaled only when some row of the warp has a new maximum (after the first tiles
+        // most have not; times 1 would change nothing)
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
-                o[n][2 * rr] *= alpha;
-                o[n][2 * rr + 1] *= alpha;
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
             }
         }
 #pragma unroll
         for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float p = expf(sc[n][i] - ms[i >> 1]);
+                const float p = ft_exp(sc[n][i] - ms[i >> 1]);
                 sc[n][i] = p;
                 l[i >> 1] += p;
             }
