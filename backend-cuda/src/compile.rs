@@ -197,10 +197,82 @@ pub fn compile(module: Module, target: &str) -> Result<Vec<u8>, CudaError> {
 
 /// Compiles a whole translation unit `source` (named `label` in errors) to a CUBIN for `target`.
 pub fn compile_source(label: &'static str, source: &str, target: &str) -> Result<Vec<u8>, CudaError> {
+    compile_with(label, source, target, false).map(|(cubin, _)| cubin)
+}
+
+/// [`compile`], also returning what ptxas reports for each kernel entry (registers, spills,
+/// stack, static shared memory): the same CUBIN, compiled with `--ptxas-options=-v`.
+pub fn compile_reporting(module: Module, target: &str) -> Result<(Vec<u8>, Vec<KernelResources>), CudaError> {
+    compile_with(module.name(), &module.source(), target, true).map(|(cubin, log)| (cubin, parse_resources(&log)))
+}
+
+/// What ptxas reports for one kernel entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelResources {
+    pub name: String,
+    pub registers: u32,
+    pub stack_bytes: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    /// Static (`__shared__`) bytes; dynamic shared memory is the launch's.
+    pub static_shared: u32,
+}
+
+/// The kernel entries of a `--ptxas-options=-v` log, in the order ptxas compiled them. ptxas
+/// writes, per entry, "Compiling entry function 'NAME'", "Function properties for NAME" followed by
+/// the stack and spill bytes, then "Used R registers, ... S bytes smem"; device functions that
+/// were not inlined get properties lines too, which are skipped.
+pub fn parse_resources(log: &str) -> Vec<KernelResources> {
+    // the integer just before `unit` in `line` ("12 bytes spill stores" -> 12 for "bytes spill stores")
+    fn count(line: &str, unit: &str) -> Option<u32> {
+        let at = line.find(unit)?;
+        line[..at].split(|c: char| !c.is_ascii_digit()).rfind(|w| !w.is_empty())?.parse().ok()
+    }
+    fn quoted(line: &str) -> Option<&str> {
+        line.split('\'').nth(1)
+    }
+    let mut out: Vec<KernelResources> = Vec::new();
+    let mut props_for_entry = false;
+    for line in log.lines() {
+        if line.contains("Compiling entry function") {
+            if let Some(name) = quoted(line) {
+                out.push(KernelResources { name: name.to_string(), ..Default::default() });
+            }
+        } else if let Some(rest) = line.split("Function properties for ").nth(1) {
+            props_for_entry = out.last().is_some_and(|k| k.name == rest.trim());
+        } else if line.contains("bytes stack frame") {
+            if props_for_entry && let Some(k) = out.last_mut() {
+                k.stack_bytes = count(line, "bytes stack frame").unwrap_or(0);
+                k.spill_stores = count(line, "bytes spill stores").unwrap_or(0);
+                k.spill_loads = count(line, "bytes spill loads").unwrap_or(0);
+            }
+            props_for_entry = false;
+        } else if line.contains("Used ")
+            && line.contains(" registers")
+            && let Some(k) = out.last_mut()
+        {
+            k.registers = count(line, " registers").unwrap_or(0);
+            k.static_shared = count(line, " bytes smem").unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// Compiles `source` for `target`; with `verbose`, ptxas reports each entry's resources into the
+/// returned log (the CUBIN is the same).
+fn compile_with(
+    label: &'static str,
+    source: &str,
+    target: &str,
+    verbose: bool,
+) -> Result<(Vec<u8>, String), CudaError> {
     crate::device::nvrtc_version()?;
     let src = CString::new(source).map_err(|_| CudaError::Nvrtc("kernel source contains a NUL byte".into()))?;
     let name = CString::new(format!("{label}.cu")).expect("module names have no NUL");
-    let opts = options(target);
+    let mut opts = options(target);
+    if verbose {
+        opts.push("--ptxas-options=-v".into());
+    }
     let fail = |what: &str, r: nvrtc_sys::nvrtcResult| CudaError::Nvrtc(format!("{what} for {label}: {r:?}"));
     let mut prog: nvrtc_sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid C strings that outlive the program; no headers are passed.
@@ -238,7 +310,7 @@ pub fn compile_source(label: &'static str, source: &str, target: &str) -> Result
     if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
         return Err(fail("nvrtcGetCUBIN", r));
     }
-    Ok(cubin)
+    Ok((cubin, log))
 }
 
 fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
@@ -470,7 +542,34 @@ pub(crate) fn kernels_without_grid_begin(source: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Module, kernels_without_grid_begin, store_in_cache};
+    use super::{KernelResources, Module, kernels_without_grid_begin, parse_resources, store_in_cache};
+
+    #[test]
+    fn ptxas_reports_parse_per_entry() {
+        // NVRTC 13.0's log for two entries and a device function that was not inlined
+        let log = "ptxas info    : 145 bytes gmem
+ptxas info    : Compiling entry function 'rope_multi' for 'sm_90'
+ptxas info    : Function properties for rope_multi
+ptxas         .     40 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 39 registers, used 1 barriers, 40 bytes cumulative stack size
+ptxas info    : Compile time = 64.088 ms
+ptxas info    : Function properties for __internal_accurate_pow
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Compiling entry function 'fa_mma_f16_d256' for 'sm_90'
+ptxas info    : Function properties for fa_mma_f16_d256
+ptxas         .     0 bytes stack frame, 16 bytes spill stores, 24 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 544 bytes smem";
+        let k = |name: &str, registers, stack_bytes, spill_stores, spill_loads, static_shared| KernelResources {
+            name: name.into(),
+            registers,
+            stack_bytes,
+            spill_stores,
+            spill_loads,
+            static_shared,
+        };
+        assert_eq!(parse_resources(log), [k("rope_multi", 39, 40, 0, 0, 0), k("fa_mma_f16_d256", 255, 0, 16, 24, 544)]);
+        assert_eq!(parse_resources(""), []);
+    }
 
     #[test]
     fn every_kernel_begins_by_waiting_for_the_previous_grid() {
