@@ -97,13 +97,11 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             norm(cx, &ADD_RMS_NORM_MUL, plane(1), plane(0), a, b, w, p.eps)
         }
         (Op::SoftmaxTopK { k }, &[logits, ref tail @ ..]) => {
-            let (vec, warp) = (router_vec(&logits), warp_rows(&logits, *k));
-            let kernel = match (warp, vec) {
-                (true, true) => SOFTMAX_TOP_K_WARP_VEC,
-                (true, false) => SOFTMAX_TOP_K_WARP_GEN,
-                (false, true) => SOFTMAX_TOP_K_VEC,
-                (false, false) => SOFTMAX_TOP_K_GEN,
-            };
+            let (kernel, warp) = router_kernel(
+                [SOFTMAX_TOP_K_GEN, SOFTMAX_TOP_K_VEC, SOFTMAX_TOP_K_WARP_GEN, SOFTMAX_TOP_K_WARP_VEC],
+                &logits,
+                *k,
+            );
             let k = *k as i32;
             let tail = tail.first().copied().unwrap_or(NO_ROWS);
             let mut a = cx.kernel(kernel)?;
@@ -117,13 +115,8 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             unsafe { a.launch(if warp { router_config(logits.ne[1]) } else { top_k_config(&logits) }) }
         }
         (Op::MoeRouter { k }, &[logits, ref rest @ ..]) => {
-            let (vec, warp) = (router_vec(&logits), warp_rows(&logits, *k));
-            let kernel = match (warp, vec) {
-                (true, true) => MOE_ROUTER_WARP_VEC,
-                (true, false) => MOE_ROUTER_WARP_GEN,
-                (false, true) => MOE_ROUTER_VEC,
-                (false, false) => MOE_ROUTER_GEN,
-            };
+            let (kernel, warp) =
+                router_kernel([MOE_ROUTER_GEN, MOE_ROUTER_VEC, MOE_ROUTER_WARP_GEN, MOE_ROUTER_WARP_VEC], &logits, *k);
             let k = *k as i32;
             let (tail, gate) = match rest {
                 [tail, gate] => (*tail, *gate),
@@ -170,6 +163,13 @@ const WARP_ROUTER_ROWS: i64 = 64;
 /// one chosen probability).
 fn warp_rows(logits: &TensorArg, k: usize) -> bool {
     logits.ne[1] >= WARP_ROUTER_ROWS && k <= 32
+}
+
+/// A router op's kernel among its variants [block gen, block vec, warp gen, warp vec] for these
+/// logits, and whether it runs a warp per row (`warp_rows`; the vec kernels where `router_vec`).
+fn router_kernel(variants: [Kernel; 4], logits: &TensorArg, k: usize) -> (Kernel, bool) {
+    let warp = warp_rows(logits, k);
+    (variants[2 * usize::from(warp) + usize::from(router_vec(logits))], warp)
 }
 
 /// A `softmax_top_k` / `moe_router` launch: a block per row of up to [`TOP_K_THREADS`].
@@ -265,4 +265,23 @@ fn norm_rope(
     // n_tokens i32 (shape rules), read at stream * n_tokens + t; y (contiguous, x's shape)
     // written at i < hd of each (head, token) row; 256 threads = FZ_ROPE_WARPS warps.
     unsafe { a.launch(config((n_tokens as u32, grid.groups, 1), (ROPE_THREADS, 1, 1), 0)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_kernels_by_rows_k_and_alignment() {
+        let logits =
+            |rows: i64, data: u64| TensorArg { data, ne: [256, rows, 1, 1], nb: [4, 1024, 1024 * rows, 1024 * rows] };
+        let v = [SOFTMAX_TOP_K_GEN, SOFTMAX_TOP_K_VEC, SOFTMAX_TOP_K_WARP_GEN, SOFTMAX_TOP_K_WARP_VEC];
+        let name = |(k, warp): (Kernel, bool)| (k.name, warp);
+        // decode steps keep a block a row; from 64 rows a warp a row (k <= 32)
+        assert_eq!(name(router_kernel(v, &logits(32, 4096), 8)), ("softmax_top_k_vec", false));
+        assert_eq!(name(router_kernel(v, &logits(64, 4096), 8)), ("softmax_top_k_warp_vec", true));
+        assert_eq!(name(router_kernel(v, &logits(512, 4100), 8)), ("softmax_top_k_warp_gen", true));
+        assert_eq!(name(router_kernel(v, &logits(512, 4096), 33)), ("softmax_top_k_vec", false));
+        assert_eq!(name(router_kernel(v, &logits(8, 4100), 8)), ("softmax_top_k_gen", false));
+    }
 }
