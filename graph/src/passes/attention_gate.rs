@@ -19,14 +19,10 @@ impl Pass for AttentionGate {
     }
 
     fn find(&self, g: &Graph) -> Vec<Fusion> {
-        let m = Matcher::new(g);
-        m.ops()
-            .filter(|(_, op)| **op == Op::Binary(BinaryOp::Mul))
-            .filter_map(|(mul, _)| {
-                let (a, b) = (m.input(mul, 0)?, m.input(mul, 1)?);
-                gated(&m, mul, a, b).or_else(|| gated(&m, mul, b, a))
-            })
-            .collect()
+        Matcher::new(g).fusions_at(&Op::Binary(BinaryOp::Mul), |m, mul| {
+            let (a, b) = (m.input(mul, 0)?, m.input(mul, 1)?);
+            gated(m, mul, a, b).or_else(|| gated(m, mul, b, a))
+        })
     }
 }
 

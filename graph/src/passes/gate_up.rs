@@ -31,8 +31,7 @@ impl Pass for GateUpSwiglu {
     }
 
     fn find(&self, g: &Graph) -> Vec<Fusion> {
-        let m = Matcher::new(g);
-        m.ops().filter_map(|(glu, op)| (*op == Op::Swiglu).then(|| gate_up(&m, glu)).flatten()).collect()
+        Matcher::new(g).fusions_at(&Op::Swiglu, gate_up)
     }
 }
 

@@ -90,8 +90,7 @@ impl Pass for MoeWeights {
     }
 
     fn find(&self, g: &Graph) -> Vec<Fusion> {
-        let m = Matcher::new(g);
-        m.ops().filter_map(|(get, op)| (*op == Op::GetRows).then(|| weights_chain(&m, get)).flatten()).collect()
+        Matcher::new(g).fusions_at(&Op::GetRows, weights_chain)
     }
 }
 
@@ -177,8 +176,7 @@ impl Pass for MoeRouter {
     }
 
     fn find(&self, g: &Graph) -> Vec<Fusion> {
-        let m = Matcher::new(g);
-        m.ops().filter_map(|(w, op)| (*op == Op::MoeWeights).then(|| router(&m, w)).flatten()).collect()
+        Matcher::new(g).fusions_at(&Op::MoeWeights, router)
     }
 }
 

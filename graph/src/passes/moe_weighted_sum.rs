@@ -27,8 +27,7 @@ impl Pass for MoeWeightedSum {
     }
 
     fn find(&self, g: &Graph) -> Vec<Fusion> {
-        let m = Matcher::new(g);
-        m.ops().filter_map(|(mmid, op)| (*op == Op::MulMatId).then(|| combine(&m, mmid)).flatten()).collect()
+        Matcher::new(g).fusions_at(&Op::MulMatId, combine)
     }
 }
 

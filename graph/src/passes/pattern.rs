@@ -13,6 +13,7 @@
 use tessera_ops::{Op, TensorMeta};
 
 use crate::graph::{Graph, NodeId, NodeKind};
+use crate::rewrite::Fusion;
 
 /// Read-only matching over the live nodes of a graph.
 pub struct Matcher<'g> {
@@ -39,6 +40,12 @@ impl<'g> Matcher<'g> {
             NodeKind::Op(op) => Some((NodeId(i as u32), op)),
             NodeKind::Leaf(_) => None,
         })
+    }
+
+    /// What `find` returns at each live node running `op`: the whole search of a pass whose
+    /// pattern is anchored on one op.
+    pub fn fusions_at(&self, op: &Op, find: impl Fn(&Self, NodeId) -> Option<Fusion>) -> Vec<Fusion> {
+        self.ops().filter(|&(_, o)| o == op).filter_map(|(id, _)| find(self, id)).collect()
     }
 
     /// The op of `id` when it is a live op node.
