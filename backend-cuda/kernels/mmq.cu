@@ -612,24 +612,47 @@ __device__ __forceinline__ int me_block_scan(int v, int& total) {
     return before;
 }
 
-__device__ __forceinline__ int me_id(const Tensor& ids, i64 s, i64 n_used) {
-    return *(const int*)(ids.data + (s % n_used) * ids.nb[0] + (s / n_used) * ids.nb[1]);
+__device__ __forceinline__ int me_id(const Tensor& ids, u32 s, u32 n_used) {
+    return __ldg((const int*)(ids.data + (i64)(s % n_used) * ids.nb[0] + (i64)(s / n_used) * ids.nb[1]));
+}
+
+// Pairs a thread of the grouping block reads ahead: the ids of ME_ID_BATCH pairs are loaded before
+// any is counted, so that their latencies overlap (one load, then its atomic, an iteration kept
+// the single grouping block waiting on each load in turn).
+#define ME_ID_BATCH 8
+
+// Calls f(s, id) for the pairs s = threadIdx.x + j blockDim.x < n_pairs, ME_ID_BATCH ids in flight.
+template <typename F>
+__device__ __forceinline__ void me_for_ids(const Tensor& ids, u32 n_pairs, u32 n_used, F f) {
+    for (u32 s0 = threadIdx.x; s0 < n_pairs; s0 += ME_ID_BATCH * blockDim.x) {
+        int id[ME_ID_BATCH];
+#pragma unroll
+        for (int j = 0; j < ME_ID_BATCH; j++) {
+            const u32 s = s0 + j * blockDim.x;
+            id[j] = s < n_pairs ? me_id(ids, s, n_used) : 0;
+        }
+#pragma unroll
+        for (int j = 0; j < ME_ID_BATCH; j++) {
+            const u32 s = s0 + j * blockDim.x;
+            if (s < n_pairs) f(s, id[j]);
+        }
+    }
 }
 
 // moe_prep's grouping block. cnt: n_expert ints (shared memory or scratch).
 __device__ void me_group(const Tensor& ids, int n_expert, int* cnt, int* offsets, int* list, MeExpert* listed, int max_pairs, u64 err, u32 op) {
-    const i64 n_used = ids.ne[0], n_pairs = n_used * ids.ne[1];
+    // pair and id counts fit u32: `moe_fits` keeps n_pairs <= i32::MAX
+    const u32 n_used = (u32)ids.ne[0], n_pairs = (u32)(ids.ne[0] * ids.ne[1]);
     volatile int* vcnt = cnt;
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) vcnt[e] = 0;
     __syncthreads();
-    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
-        const int id = me_id(ids, s, n_used);
+    me_for_ids(ids, n_pairs, n_used, [&](u32, int id) {
         if (id < 0 || id >= n_expert) {
             report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, n_expert, 0, 0);
         } else {
             atomicAdd(cnt + id, 1);
         }
-    }
+    });
     __syncthreads();
     // thread t owns experts [e0, e1)
     const int per = (n_expert + (int)blockDim.x - 1) / (int)blockDim.x;
@@ -655,10 +678,9 @@ __device__ void me_group(const Tensor& ids, int n_expert, int* cnt, int* offsets
         listed[0] = MeExpert{n_listed, 0, 0, 0};
     }
     __syncthreads();
-    for (i64 s = threadIdx.x; s < n_pairs; s += blockDim.x) {
-        const int id = me_id(ids, s, n_used);
+    me_for_ids(ids, n_pairs, n_used, [&](u32 s, int id) {
         if (id >= 0 && id < n_expert) list[atomicAdd(cnt + id, 1)] = (int)s;
-    }
+    });
 }
 
 // Grid: pack blocks + 1 (the last groups). Dynamic shared memory: n_expert ints when n_expert <=
@@ -723,12 +745,14 @@ __device__ __forceinline__ void me_frag_a(u32 (&A)[8], const MeRaw<QT>& r, int c
         for (int h = 0; h < 2; h++) {
             // word h holds values 4h .. 4h + 3 (low nibbles) and 8 + 4h .. (high nibbles); each
             // byte of lo / hi becomes one value's f16 high byte (me_e2m1_hi), placed by byte_perm
-            // above a zero low byte: pairs (0, 2), (1, 3) of the low and of the high nibbles
+            // above a zero low byte. Step j takes values 4j .. 4j + 3 as pairs (0, 1), (2, 3): the
+            // activations' natural f16 pairs, whose two registers of a step come from one 16-byte
+            // load (`me_frag_b`)
             const u32 w = r.w[1 + h], lo = me_e2m1_hi(w << 4), hi = me_e2m1_hi(w);
-            A[4 * h + 0] = me_hmul2(__byte_perm(lo, 0u, 0x2404), d2);
-            A[4 * h + 1] = me_hmul2(__byte_perm(hi, 0u, 0x2404), d2);
-            A[4 * h + 2] = me_hmul2(__byte_perm(lo, 0u, 0x3414), d2);
-            A[4 * h + 3] = me_hmul2(__byte_perm(hi, 0u, 0x3414), d2);
+            A[2 * h + 0] = me_hmul2(__byte_perm(lo, 0u, 0x1404), d2);
+            A[2 * h + 1] = me_hmul2(__byte_perm(lo, 0u, 0x3424), d2);
+            A[2 * h + 4] = me_hmul2(__byte_perm(hi, 0u, 0x1404), d2);
+            A[2 * h + 5] = me_hmul2(__byte_perm(hi, 0u, 0x3424), d2);
         }
     } else {
         const u32 s0 = r.w[0] & 0xFFFFu, s1 = r.w[1] >> 16, d0 = s0 | (s0 << 16), d1 = s1 | (s1 << 16);
@@ -750,12 +774,10 @@ __device__ __forceinline__ void me_frag_a(u32 (&A)[8], const MeRaw<QT>& r, int c
 template <int QT>
 __device__ __forceinline__ void me_frag_b(u32 (&B)[8], const char* xr, int c) {
     if (QT == DT_NVFP4) {
-        // values 16c .. 16c + 15 as pairs (0, 1) .. (14, 15) in p.x .. q.w
+        // values 16c .. 16c + 15 as pairs (0, 1) .. (14, 15) in p.x .. q.w, in the weights' order
         const uint4 p = __ldg((const uint4*)(xr + 32 * c)), q = __ldg((const uint4*)(xr + 32 * c + 16));
-        B[0] = __byte_perm(p.x, p.y, 0x5410), B[1] = __byte_perm(q.x, q.y, 0x5410);  // (0, 2), (8, 10)
-        B[2] = __byte_perm(p.x, p.y, 0x7632), B[3] = __byte_perm(q.x, q.y, 0x7632);  // (1, 3), (9, 11)
-        B[4] = __byte_perm(p.z, p.w, 0x5410), B[5] = __byte_perm(q.z, q.w, 0x5410);  // (4, 6), (12, 14)
-        B[6] = __byte_perm(p.z, p.w, 0x7632), B[7] = __byte_perm(q.z, q.w, 0x7632);  // (5, 7), (13, 15)
+        B[0] = p.x, B[1] = p.y, B[2] = p.z, B[3] = p.w;
+        B[4] = q.x, B[5] = q.y, B[6] = q.z, B[7] = q.w;
     } else {
         // values 8c .. 8c + 7 of block 0, then of block 1
         const uint4 p = __ldg((const uint4*)(xr + 16 * c)), q = __ldg((const uint4*)(xr + 64 + 16 * c));
@@ -789,30 +811,38 @@ __device__ __forceinline__ MeItem me_item(const Tensor& as, const char* as_up, i
     return it;
 }
 
-// A warp's copies: the k-chunks of its items in the order the warp multiplies them.
+// A warp's copies: the k-chunks of its items in the order the warp multiplies them, chunk n into
+// stage n mod ME_STAGES of the warp's ring, one cp.async commit group a chunk. Four lanes copy a
+// row's chunk, 64 contiguous bytes an instruction (eight rows at once): a lane's addresses are its
+// row's plus constants (a few instructions a piece), and an instruction still reads whole runs of
+// sectors. Rows past the item's are zero-filled.
 template <int QT>
 struct MeLoader {
     MeItem it;
     const char* as_up;
     i64 i, n_items, n_half, step;
     int tiles, chunks, q;
+    // the shared address of the warp's ring
+    u32 ring;
 
-    // Copies the next k-chunk (if any) into the stage at shared address `dst`; always commits a
-    // group, so that the wait counts stay in step.
-    __device__ __forceinline__ void issue(const Tensor& as, const MeExpert* listed, u32 dst) {
-        constexpr int CB = me_chunk_bytes(QT), PPR = CB / 16, STRIDE = me_row_stride(QT);
+    // Copies the next k-chunk (if any) into stage s; always commits a group, so that the wait
+    // counts stay in step.
+    __device__ __forceinline__ void issue(const Tensor& as, const MeExpert* listed, int s) {
+        constexpr int CB = me_chunk_bytes(QT), PIECES = CB / 16, STRIDE = me_row_stride(QT), STAGE = me_stage_bytes(QT);
+        static_assert(ME_ROWS % 8 == 0, "eight rows an instruction");
         if (i < n_items) {
-            // piece p = lane + 32 j of the chunk: row p / PPR, 16 bytes (p % PPR) of it
-            const int lane = threadIdx.x & 31;
-            int row = lane / PPR, piece = lane % PPR;
-            const char* src = it.w + (i64)(q % chunks) * CB;
-#pragma unroll 1
-            for (int j = 0; j < PPR; j++) {
-                const bool valid = row < it.rows;
-                tc_cp16_at(dst + row * STRIDE + piece * 16, valid ? src + row * as.nb[1] + piece * 16 : src, valid);
-                piece += 32 % PPR;
-                row += 32 / PPR;
-                if (piece >= PPR) piece -= PPR, row++;
+            // lane: row lane / 4 + 8 r, pieces lane % 4 + 4 j
+            const int lane = threadIdx.x & 31, row = lane >> 2, p0 = lane & 3;
+            const char* src = it.w + row * as.nb[1] + (i64)(q % chunks) * CB + 16 * p0;
+            const u32 dst = ring + s * STAGE + row * STRIDE + 16 * p0;
+#pragma unroll
+            for (int r = 0; r < ME_ROWS / 8; r++) {
+                const bool valid = row + 8 * r < it.rows;
+                const char* from = valid ? src + 8 * r * as.nb[1] : it.w;
+#pragma unroll
+                for (int j = 0; j < (PIECES + 3) / 4; j++) {
+                    if (p0 + 4 * j < PIECES) tc_cp16_at(dst + 8 * r * STRIDE + 64 * j, from + 64 * j, valid);
+                }
             }
             if (++q == it.units) {
                 q = 0;
@@ -822,6 +852,10 @@ struct MeLoader {
         }
         tc_commit();
     }
+
+    // Waits until this lane's copies of the oldest chunk in flight have landed (the caller's warp
+    // barrier makes that every lane's).
+    __device__ __forceinline__ void wait() { tc_wait<ME_STAGES - 2>(); }
 };
 
 // Packed activation row of pair s.
@@ -907,9 +941,9 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
         for (int ch = 0; ch < ld.chunks; ch++) {
             // this chunk has landed (every lane's copies: the warp barrier), and every lane is done
             // with the stage the next copies refill
-            tc_wait<ME_STAGES - 2>();
+            ld.wait();
             __syncwarp();
-            ld.issue(as, listed, tc_smem(ring + (slot == 0 ? ME_STAGES - 1 : slot - 1) * STAGE));
+            ld.issue(as, listed, slot == 0 ? ME_STAGES - 1 : slot - 1);
             const char* st = ring + slot * STAGE;
             // two units an iteration, ping-ponging B0 / B1 and U0 / U1 (not unrolled further:
             // unrolled, the loads of all four units were hoisted into 240 registers)
@@ -974,8 +1008,9 @@ __device__ __forceinline__ void moe_mma_body(Tensor as, const char* as_up, const
     if (ld.i >= ld.n_items) return;
     ld.it = me_item(as, as_up, ld.n_half, listed, ld.i, ld.tiles, ld.chunks);
     char* ring = me_smem + warp * ME_STAGES * STAGE;
+    ld.ring = tc_smem(ring);
 #pragma unroll
-    for (int s = 0; s < ME_STAGES - 1; s++) ld.issue(as, listed, tc_smem(ring + s * STAGE));
+    for (int s = 0; s < ME_STAGES - 1; s++) ld.issue(as, listed, s);
     int slot = 0;
     for (i64 i = (i64)blockIdx.x * ME_WARPS + warp; i < ld.n_items; i += ld.step) {
         const MeItem it = me_item(as, as_up, ld.n_half, listed, i, ld.tiles, ld.chunks);
