@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Kernel variants against each other in one GPU-machine call: the same binaries run with each
+# variant's kernel sources (TESSERA_KERNEL_DIR; "-" for the sources built in), alternated REPS
+# times, so that every figure of the table was taken in the same call on the same device.
+#
+#   VARIANTS='old=.gpu/kold new=-' EVAL='mul_mat_id' \
+#   PERF='mul_mat_id b=[2048,1,32,1]|mul_mat_id b=[2048,1,512,1]' \
+#   BENCH='--preset qwen35moe-35b-a3b --dtype nvfp4 --set block_count=8 -r 2 --prefill 512 --widths 32' \
+#   bash tools/gpu-ab.sh .gpu/bin
+#
+# BIN: a folder with tessera-test-ops (built with --features cuda) and, for BENCH, tessera.
+# EVAL: ops to check against the CPU oracle with every variant but the first (comma-separated).
+# PERF: `|`-separated "op filter" pairs for `tessera-test-ops perf` (keep them narrow: building
+# a case's inputs costs more than timing it). BENCH: `tessera bench` arguments, run once a variant.
+# Everything is appended to $OUT/ab.log as it finishes (a call cut short by its time limit still
+# brings back what ran: only the files under $OUT come back, and only a few of them), the table
+# (median us a run per case and variant) last.
+set -uo pipefail
+BIN=${1:?usage: gpu-ab.sh BIN_DIR}
+OUT=${OUT:-/tmp/out}
+BACKEND=${BACKEND:-cuda}
+REPS=${REPS:-2}
+VARIANTS=${VARIANTS:-new=-}
+mkdir -p "$OUT"
+LOG="$OUT/ab.log"
+RAW=$(mktemp -d)
+log() { echo "$@" | tee -a "$LOG"; }
+use() {  # use VARIANT: point TESSERA_KERNEL_DIR at its sources
+    local dir=${1#*=}
+    if [ "$dir" = "-" ]; then unset TESSERA_KERNEL_DIR; else export TESSERA_KERNEL_DIR=$(realpath "$dir"); fi
+}
+name() { echo "${1%%=*}"; }
+
+log "== $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU ($BACKEND)"), $(date -u +'%Y-%m-%d %H:%M UTC')"
+log "variants: $VARIANTS"
+
+first=1
+for v in $VARIANTS; do
+    if [ -n "${EVAL:-}" ] && [ $first = 0 ]; then
+        use "$v"
+        "$BIN/tessera-test-ops" eval --backend "$BACKEND" --op "$EVAL" > "$RAW/eval" 2>&1
+        log "eval $(name "$v") ($EVAL): rc=$? $(grep -A20 'per op' "$RAW/eval" | grep -E '^ ' | tr -s ' ' | tr '\n' ';') $(tail -1 "$RAW/eval")"
+    fi
+    first=0
+done
+
+IFS='|' read -ra CASES <<< "${PERF:-}"
+for rep in $(seq 1 "$REPS"); do
+    for v in $VARIANTS; do
+        use "$v"
+        for c in "${CASES[@]}"; do
+            op=${c%% *}
+            filter=${c#* }
+            "$BIN/tessera-test-ops" perf --backend "$BACKEND" --op "$op" --filter "$filter" 2>&1 | grep "^$op(" |
+                awk -v n="$(name "$v")" '{print n "\t" $1 "\t" $2}' | tee -a "$RAW/perf" >> "$LOG"
+        done
+    done
+done
+
+if [ -n "${BENCH:-}" ]; then
+    for v in $VARIANTS; do
+        use "$v"
+        # shellcheck disable=SC2086  # BENCH is a list of arguments
+        "$BIN/tessera" bench --backend "$BACKEND" $BENCH 2>&1 | grep -E '^\| (pp|tg)' | sed "s/^/$(name "$v") /" >> "$LOG"
+    done
+fi
+
+if [ -s "$RAW/perf" ]; then
+    log ""
+    log "median us a run ($REPS runs each)"
+    python3 - "$RAW/perf" "$(for v in $VARIANTS; do name "$v"; done | tr '\n' ' ')" <<'EOF' | tee -a "$LOG"
+import statistics, sys
+names = sys.argv[2].split()
+runs = {}
+for line in open(sys.argv[1]):
+    v, case, us = line.rstrip("\n").split("\t")
+    runs.setdefault(case, {}).setdefault(v, []).append(float(us))
+print("| case | " + " | ".join(names) + " |")
+print("| --- |" + " ---: |" * len(names))
+for case, by in runs.items():
+    cells = [f"{statistics.median(by[n]):.2f}" if n in by else "" for n in names]
+    print(f"| `{case}` | " + " | ".join(cells) + " |")
+EOF
+fi
+grep -E '^[a-z]+ \| (pp|tg)' "$LOG" || true
+rm -rf "$RAW"
