@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Kernel variants against each other in one GPU-machine call: the same binaries run with each
-# variant's kernel sources (TESSERA_KERNEL_DIR; "-" for the sources built in), alternated REPS
-# times, so that every figure of the table was taken in the same call on the same device.
+# variant's kernel sources (TESSERA_KERNEL_DIR; "-" for the sources built in), or a variant's own
+# binaries ("@DIR": a host-side change, with the kernels built into them), alternated REPS times,
+# so that every figure of the table was taken in the same call on the same device.
 #
 #   VARIANTS='old=.gpu/kold new=-' EVAL='mul_mat_id' \
 #   PERF='mul_mat_id b=[2048,1,32,1]|mul_mat_id b=[2048,1,512,1]' \
@@ -25,9 +26,15 @@ mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 RAW=$(mktemp -d)
 log() { echo "$@" | tee -a "$LOG"; }
-use() {  # use VARIANT: point TESSERA_KERNEL_DIR at its sources
+use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources
     local dir=${1#*=}
-    if [ "$dir" = "-" ]; then unset TESSERA_KERNEL_DIR; else export TESSERA_KERNEL_DIR=$(realpath "$dir"); fi
+    B=$BIN
+    unset TESSERA_KERNEL_DIR
+    case "$dir" in
+        -) ;;
+        @*) B=${dir#@} ;;
+        *) export TESSERA_KERNEL_DIR=$(realpath "$dir") ;;
+    esac
 }
 name() { echo "${1%%=*}"; }
 
@@ -38,7 +45,7 @@ first=1
 for v in $VARIANTS; do
     if [ -n "${EVAL:-}" ] && [ $first = 0 ]; then
         use "$v"
-        "$BIN/tessera-test-ops" eval --backend "$BACKEND" --op "$EVAL" > "$RAW/eval" 2>&1
+        "$B/tessera-test-ops" eval --backend "$BACKEND" --op "$EVAL" > "$RAW/eval" 2>&1
         log "eval $(name "$v") ($EVAL): rc=$? $(grep -A20 'per op' "$RAW/eval" | grep -E '^ ' | tr -s ' ' | tr '\n' ';') $(tail -1 "$RAW/eval")"
     fi
     first=0
@@ -51,7 +58,7 @@ for rep in $(seq 1 "$REPS"); do
         for c in "${CASES[@]}"; do
             op=${c%% *}
             filter=${c#* }
-            "$BIN/tessera-test-ops" perf --backend "$BACKEND" --op "$op" --filter "$filter" 2>&1 | grep "^$op(" |
+            "$B/tessera-test-ops" perf --backend "$BACKEND" --op "$op" --filter "$filter" 2>&1 | grep "^$op(" |
                 awk -v n="$(name "$v")" '{print n "\t" $1 "\t" $2}' | tee -a "$RAW/perf" >> "$LOG"
         done
     done
@@ -61,7 +68,7 @@ if [ -n "${BENCH:-}" ]; then
     for v in $VARIANTS; do
         use "$v"
         # shellcheck disable=SC2086  # BENCH is a list of arguments
-        "$BIN/tessera" bench --backend "$BACKEND" $BENCH 2>&1 | grep -E '^\| (pp|tg)' | sed "s/^/$(name "$v") /" >> "$LOG"
+        "$B/tessera" bench --backend "$BACKEND" $BENCH 2>&1 | grep -E '^\| (pp|tg)' | sed "s/^/$(name "$v") /" >> "$LOG"
     done
 fi
 
