@@ -68,7 +68,8 @@ impl MulMat {
 }
 
 pub(super) fn cases(out: &mut Vec<Case>) {
-    let sizes = [(1, 1, 1), (7, 3, 5), (16, 8, 32), (33, 7, 67), (64, 16, 128), (1, 4, 256), (128, 1, 2048)];
+    let sizes =
+        [(1, 1, 1), (7, 3, 5), (16, 8, 32), (33, 7, 67), (64, 16, 128), (1, 4, 256), (1, 40, 300), (128, 1, 2048)];
     for type_a in FLOATS {
         for (m, n, k) in sizes {
             out.push(MulMat::new(type_a, m, n, k).case());
@@ -259,6 +260,8 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     }
     // bf16 at the same prefill (cuBLAS); its decode shapes are in perf.rs.
     out.push(MulMat::new(BF16, 17408, 512, 5120).case());
+    // The 35B-A3B's shared-expert gate (one f32 weight row) over a 512-token micro-batch.
+    out.push(MulMat::new(F32, 1, 512, 2048).case());
     // All 256 experts of the MoE, top-8, gate/up (2048 -> 512) and down (512 -> 2048): decode
     // batches of 1 to 128 sequences (at 32, 256 routed pairs over 256 experts: most read once),
     // a 512-token prefill (the mul_mat_id floor shape) and a 2048-token one.
