@@ -304,6 +304,21 @@ __device__ __forceinline__ u64 fz_warp_min_u64(u64 v) {
     return v;
 }
 
+// Both router kernels' row endings: the row's m tail ids after its k chosen ones (elements i0,
+// i0 + step, ... of the tail row), and the tail slots' weights sigmoid(gate) (by the 32 lanes of
+// one warp) into the weights plane `w`.
+__device__ __forceinline__ void fz_store_tail(char* y, const Tensor& dst, const Tensor& tail, i64 r, int k, i64 i0, i64 step) {
+    for (i64 i = i0; i < tail.ne[0]; i += step) {
+        *(int*)(y + (k + i) * dst.nb[0]) = *(const int*)(tail.data + i * tail.nb[0] + r * tail.nb[1]);
+    }
+}
+__device__ __forceinline__ void fz_store_gates(char* w, const Tensor& dst, const Tensor& gate, i64 r, int k, int lane) {
+    for (i64 j = lane; j < gate.ne[0]; j += 32) {
+        const float z = *(const float*)(gate.data + j * gate.nb[0] + r * gate.nb[1]);
+        *(float*)(w + (k + j) * dst.nb[0]) = sigmoid_f(z);
+    }
+}
+
 // dst i32 [k + m, rows]: per row the indices of the k largest probabilities, largest first, the
 // lower index first among equal ones (top_k's rule), then the row's m ids of tail (m = 0: none).
 // 1 <= k <= n <= ROUTER_MAX (host). One block per row: warp 0 computes the probabilities (as the
@@ -357,9 +372,7 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail, Ten
                 if (ROUTE) chosen[before] = (int)i;
             }
         }
-        for (i64 i = threadIdx.x; i < tail.ne[0]; i += blockDim.x) {
-            *(int*)(y + (k + i) * dst.nb[0]) = *(const int*)(tail.data + i * tail.nb[0] + r * tail.nb[1]);
-        }
+        fz_store_tail(y, dst, tail, r, k, threadIdx.x, blockDim.x);
         if (ROUTE) {
             __syncthreads();
             if (threadIdx.x < 32) {
@@ -368,10 +381,7 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail, Ten
                 for (int s = lane; s < k; s += 32) acc += probs[chosen[s]];
                 const float total = warp_sum(acc);
                 for (int s = lane; s < k; s += 32) *(float*)(w + s * dst.nb[0]) = probs[chosen[s]] / total;
-                for (i64 j = lane; j < gate.ne[0]; j += 32) {
-                    const float z = *(const float*)(gate.data + j * gate.nb[0] + r * gate.nb[1]);
-                    *(float*)(w + (k + j) * dst.nb[0]) = sigmoid_f(z);
-                }
+                fz_store_gates(w, dst, gate, r, k, lane);
             }
         }
         __syncthreads();
@@ -416,53 +426,36 @@ __device__ void fz_top_k_warp(Tensor dst, Tensor src, int k, Tensor tail, Tensor
             if (lane == s) chosen = pw;
             if (lane == 0) *(int*)(y + s * dst.nb[0]) = (int)(u32)win;
         }
-        for (i64 i = lane; i < tail.ne[0]; i += 32) {
-            *(int*)(y + (k + i) * dst.nb[0]) = *(const int*)(tail.data + i * tail.nb[0] + r * tail.nb[1]);
-        }
+        fz_store_tail(y, dst, tail, r, k, lane, 32);
         if (ROUTE) {
             char* w = y + dst.nb[2];
             const float total = warp_sum(lane < k ? chosen : 0.0f);
             if (lane < k) *(float*)(w + lane * dst.nb[0]) = chosen / total;
-            for (i64 j = lane; j < gate.ne[0]; j += 32) {
-                const float z = *(const float*)(gate.data + j * gate.nb[0] + r * gate.nb[1]);
-                *(float*)(w + (k + j) * dst.nb[0]) = sigmoid_f(z);
-            }
+            fz_store_gates(w, dst, gate, r, k, lane);
         }
     }
 }
 
-extern "C" __global__ void softmax_top_k_vec(Tensor dst, Tensor src, int k, Tensor tail) {
-    grid_begin();
-    fz_softmax_top_k<true, false>(dst, src, k, tail, tail);
-}
-extern "C" __global__ void softmax_top_k_gen(Tensor dst, Tensor src, int k, Tensor tail) {
-    grid_begin();
-    fz_softmax_top_k<false, false>(dst, src, k, tail, tail);
-}
-extern "C" __global__ void moe_router_vec(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
-    grid_begin();
-    fz_softmax_top_k<true, true>(dst, src, k, tail, gate);
-}
-extern "C" __global__ void moe_router_gen(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
-    grid_begin();
-    fz_softmax_top_k<false, true>(dst, src, k, tail, gate);
-}
-extern "C" __global__ void softmax_top_k_warp_vec(Tensor dst, Tensor src, int k, Tensor tail) {
-    grid_begin();
-    fz_top_k_warp<true, false>(dst, src, k, tail, tail);
-}
-extern "C" __global__ void softmax_top_k_warp_gen(Tensor dst, Tensor src, int k, Tensor tail) {
-    grid_begin();
-    fz_top_k_warp<false, false>(dst, src, k, tail, tail);
-}
-extern "C" __global__ void moe_router_warp_vec(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
-    grid_begin();
-    fz_top_k_warp<true, true>(dst, src, k, tail, gate);
-}
-extern "C" __global__ void moe_router_warp_gen(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
-    grid_begin();
-    fz_top_k_warp<false, true>(dst, src, k, tail, gate);
-}
+// The entry points: softmax_top_k (dst, src, k, tail) and moe_router (the same and gate), a block
+// (fz_softmax_top_k) or a warp (fz_top_k_warp) a row, over float4 rows (_vec) or any (_gen).
+#define FZ_TOP_K_ENTRY(NAME, BODY, VEC)                                              \
+    extern "C" __global__ void NAME(Tensor dst, Tensor src, int k, Tensor tail) {    \
+        grid_begin();                                                                \
+        BODY<VEC, false>(dst, src, k, tail, tail);                                   \
+    }
+#define FZ_ROUTER_ENTRY(NAME, BODY, VEC)                                                          \
+    extern "C" __global__ void NAME(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {    \
+        grid_begin();                                                                             \
+        BODY<VEC, true>(dst, src, k, tail, gate);                                                 \
+    }
+FZ_TOP_K_ENTRY(softmax_top_k_vec, fz_softmax_top_k, true)
+FZ_TOP_K_ENTRY(softmax_top_k_gen, fz_softmax_top_k, false)
+FZ_ROUTER_ENTRY(moe_router_vec, fz_softmax_top_k, true)
+FZ_ROUTER_ENTRY(moe_router_gen, fz_softmax_top_k, false)
+FZ_TOP_K_ENTRY(softmax_top_k_warp_vec, fz_top_k_warp, true)
+FZ_TOP_K_ENTRY(softmax_top_k_warp_gen, fz_top_k_warp, false)
+FZ_ROUTER_ENTRY(moe_router_warp_vec, fz_top_k_warp, true)
+FZ_ROUTER_ENTRY(moe_router_warp_gen, fz_top_k_warp, false)
 
 // ---- moe_weights ----
 
