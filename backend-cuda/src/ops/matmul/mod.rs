@@ -206,6 +206,9 @@ fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
 const RING_PER_TOKEN_MAX: i64 = 4;
 
 fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
+    if let Some((a, b, out)) = one_row_swapped(&a, d, &b, &out) {
+        return mul_mat(cx, a, DType::F32, b, out);
+    }
     let n = b.ne[1];
     let x = cx.scratch;
     if n > GEMV_MAX_N
@@ -251,6 +254,35 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     gemv_warp(cx, a, d, b, out)
 }
 
+/// One f32 weight row against N > 1 columns (a gate's logit for every token) as the product with
+/// the roles swapped: the columns, dense f32 rows of K, as the matrix and the weight row as the one
+/// column, whose output [N, 1] has the bytes of [1, N] when that is dense. The same sums, read at
+/// the matrix-vector kernels' speed (above 8 columns the row went to cuBLAS as a GEMM of one row,
+/// 16 us for 2048 x 512 in an H100 profile, where reading the 4 MB takes under 2). Both operands
+/// and the output must be single matrices (no batch dimensions).
+fn one_row_swapped(
+    a: &TensorArg,
+    d: DType,
+    b: &TensorArg,
+    out: &TensorArg,
+) -> Option<(TensorArg, TensorArg, TensorArg)> {
+    let single = |t: &TensorArg| t.ne[2] == 1 && t.ne[3] == 1;
+    let fits = d == DType::F32
+        && a.ne[1] == 1
+        && a.nb[0] == 4
+        && b.ne[1] > 1
+        && b.nb[0] == 4
+        && out.nb[0] == 4
+        && single(a)
+        && single(b)
+        && single(out);
+    let n = b.ne[1];
+    fits.then(|| {
+        let column = TensorArg { data: out.data, ne: [n, 1, 1, 1], nb: [4, 4 * n, 4 * n, 4 * n] };
+        (*b, *a, column)
+    })
+}
+
 /// The up product's place in scratch for a gate-and-up op run as two products and swiglu:
 /// contiguous f32 of the output's shape after what one product needs (`glu_up_at`).
 fn glu_up(cx: &Cx<'_>, task: &Task<'_>, out: TensorArg) -> Result<TensorArg, BackendError> {
@@ -274,7 +306,30 @@ fn defined_in_its_module(kernel: crate::compile::Kernel) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use tessera_ops::DType;
+
+    use super::one_row_swapped;
     use crate::compile::{Kernel, Module};
+    use crate::launch::TensorArg;
+
+    fn dense(data: u64, ne: [i64; 4]) -> TensorArg {
+        TensorArg { data, ne, nb: [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]] }
+    }
+
+    #[test]
+    fn one_weight_row_runs_as_a_matrix_vector_product() {
+        let (a, b, out) = (dense(1, [2048, 1, 1, 1]), dense(2, [2048, 512, 1, 1]), dense(3, [1, 512, 1, 1]));
+        let (a2, b2, out2) = one_row_swapped(&a, DType::F32, &b, &out).expect("swapped");
+        assert_eq!((a2, b2), (b, a));
+        assert_eq!((out2.data, out2.ne, out2.nb[..2].to_vec()), (3, [512, 1, 1, 1], vec![4, 2048]));
+        // not for quantized weights, several rows, one column, batches or a strided output
+        assert!(one_row_swapped(&a, DType::F16, &b, &out).is_none());
+        assert!(one_row_swapped(&dense(1, [2048, 2, 1, 1]), DType::F32, &b, &dense(3, [2, 512, 1, 1])).is_none());
+        assert!(one_row_swapped(&a, DType::F32, &dense(2, [2048, 1, 1, 1]), &dense(3, [1, 1, 1, 1])).is_none());
+        assert!(one_row_swapped(&a, DType::F32, &dense(2, [2048, 512, 2, 1]), &dense(3, [1, 512, 2, 1])).is_none());
+        let strided = TensorArg { nb: [8, 8, 4096, 4096], ..out };
+        assert!(one_row_swapped(&a, DType::F32, &b, &strided).is_none());
+    }
 
     #[test]
     fn the_entry_point_check_finds_a_kernel_in_the_wrong_module() {
