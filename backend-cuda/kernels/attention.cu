@@ -478,14 +478,17 @@ FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 // Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: one block per row
 // g = (s * n_head + h) * n_tokens + t (blockDim a multiple of 32). With a ragged batch tiled by
 // sequence (`seq_stride > 0`), rows of tokens the split-K kernel did not take are left alone.
-// Each split's factor e^(max_i - max) is computed once into shared memory, and a thread's loads of
-// its element's partials are issued 16 at a time (n_splits <= FC_SPLITS: TAG(fa-splits)).
+// One round of loads does most of the work: each split's max and sum (into shared memory) and
+// the first FC_PRE partials of the thread's first element (into registers), all in flight at once;
+// then the factors e^(max_i - max), and the sums in the same order as a plain loop would take them
+// (a decode's 32 splits load nothing more). n_splits <= FC_SPLITS: TAG(fa-splits).
 #define FC_SPLITS 384
+#define FC_PRE 32
 extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate, Tensor offsets, Tensor kv_lens,
                                       int seq_stride, int n_splits, int dv, int n_tokens, int n_head) {
     grid_begin();
     __shared__ float scratch[32];
-    __shared__ float factor[FC_SPLITS];
+    __shared__ float factor[FC_SPLITS], sums[FC_SPLITS];
     const i64 g = blockIdx.x;
     if (offsets.data && seq_stride > 0) {
         // offsets were checked by the split-K kernel; with bad ones its output is not used
@@ -497,26 +500,38 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
     const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
     const i64 stride = dv + 2, split_stride = n_rows_g * stride;
     const float* pg = part + g * stride;
+    const int e0 = threadIdx.x;
+    float pre[FC_PRE];
+#pragma unroll
+    for (int i = 0; i < FC_PRE; i++) pre[i] = e0 < dv && i < n_splits ? pg[i * split_stride + 2 + e0] : 0.0f;
     float mm = -TS_INF;
     for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
-        const float m = pg[i * split_stride];
+        const float m = pg[i * split_stride], l = pg[i * split_stride + 1];
         factor[i] = m;
+        sums[i] = l;
         mm = fmaxf(mm, m);
     }
-    mm = block_max(mm, scratch);  // its barriers also order the writes to factor
+    mm = block_max(mm, scratch);  // its barriers also order the writes to factor and sums
     const float ms = mm == -TS_INF ? 0.0f : mm;
     float ll = 0.0f;
     for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
         const float f = expf(factor[i] - ms);
         factor[i] = f;
-        ll += pg[i * split_stride + 1] * f;
+        ll += sums[i] * f;
     }
     ll = block_sum(ll, scratch);
     const int t = (int)(g % n_tokens), h = (int)((g / n_tokens) % n_head), s = (int)(g / ((i64)n_tokens * n_head));
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
         float a = 0.0f;
+        int i = 0;
+        if (e == e0) {
+#pragma unroll
+            for (; i < FC_PRE; i++) {
+                if (i < n_splits) a += pre[i] * factor[i];
+            }
+        }
 #pragma unroll 16
-        for (int i = 0; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * factor[i];
+        for (; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * factor[i];
         fa_store(out, gate, e, h, t, s, mm == -TS_INF ? 0.0f : a / ll);
     }
 }
