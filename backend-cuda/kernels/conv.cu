@@ -109,6 +109,56 @@ __device__ __forceinline__ float conv_x(const Tensor& x, int xdt, i64 c, i64 t, 
 // a plain loop over the taps. Reads the state only: `conv_update_state` writes it afterwards.
 #define UPD_T 8
 #define UPD_MAXD 8
+
+// The register-window part of conv_update_out for one thread's channel: D taps (D = 0: any
+// d_conv <= UPD_MAXD, read as UPD_MAXD with zero taps past d_conv), f32 x read directly when X32.
+// The common shape (4 taps, f32 activations) compiles without the generic loads' dtype switch
+// and with windows of its own size, so it holds fewer registers.
+template <int D, bool X32>
+__device__ __forceinline__ void conv_update_window(const Tensor& out, const Tensor& x, int xdt, const Tensor& state,
+                                                   const Tensor& kern, int kdt, int silu, i64 c, i64 u0, i64 tcount,
+                                                   const long long* tbegin, const int* tslot, const long long* wpos) {
+    constexpr int TAPS = D > 0 ? D : UPD_MAXD;
+    const i64 n_t = out.ne[1], d_conv = D > 0 ? D : kern.ne[0], keep = d_conv - 1;
+    const char* st = state.data + c * state.nb[1];
+    float kr[TAPS], xw[UPD_T + TAPS - 1], o[UPD_T];
+#pragma unroll
+    for (int i = 0; i < TAPS; i++) kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
+    // xw[j] = x at packed token u0 - keep + j (where it exists), its (t, outer) stepped along.
+    i64 pt = wpos[0], po = wpos[1];
+#pragma unroll
+    for (int j = 0; j < UPD_T + TAPS - 1; j++) {
+        const char* px = x.data + c * x.nb[0] + pt * x.nb[1] + po * x.nb[2];
+        xw[j] = j < tcount + keep && pt >= 0 ? (X32 ? *(const float*)px : load_f32(px, xdt)) : 0.0f;
+        if (++pt == n_t) pt = 0, po++;
+    }
+#pragma unroll
+    for (int t = 0; t < UPD_T; t++) {
+        const i64 u = u0 + t, begin = tbegin[t];
+        float acc = 0.0f;
+        if (t < tcount && begin >= 0) {
+            const i64 slot = tslot[t];
+            const bool slot_ok = slot >= 0 && slot < state.ne[2];  // unless the check fails
+#pragma unroll
+            for (int i = 0; i < TAPS; i++) {
+                const i64 p = u - keep + i;
+                float w = xw[t + i];
+                if (p < begin) w = slot_ok ? *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]) : 0.0f;
+                if (i < d_conv) acc = fmaf(w, kr[i], acc);
+            }
+            if (silu) acc = acc / (1.0f + expf(-acc));
+        }
+        o[t] = acc;
+    }
+    i64 ot = wpos[0] + keep, oo = wpos[1];  // (t, outer) of u0
+    while (ot >= n_t) ot -= n_t, oo++;
+#pragma unroll
+    for (int t = 0; t < UPD_T; t++) {
+        if (t < tcount) *(float*)(out.data + c * out.nb[0] + ot * out.nb[1] + oo * out.nb[2]) = o[t];
+        if (++ot == n_t) ot = 0, oo++;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Tensor x, int xdt, Tensor state,
                                                                   Tensor kern, int kdt, Tensor slots, Tensor offsets,
                                                                   int silu, u64 err, u32 op) {
@@ -145,58 +195,28 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Te
     __syncthreads();
     const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (c >= channels) return;
-    const char* st = state.data + c * state.nb[1];
-    if (d_conv > UPD_MAXD) {
-        for (i64 t = 0; t < tcount; t++) {
-            const i64 u = u0 + t, begin = tbegin[t], slot = tslot[t];
-            float acc = 0.0f;
-            if (begin >= 0 && slot >= 0 && slot < state.ne[2]) {
-                for (i64 i = 0; i < d_conv; i++) {
-                    const i64 p = u - keep + i;
-                    const float w = p >= begin ? conv_x(x, xdt, c, p % n_t, p / n_t)
-                                               : *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]);
-                    acc = fmaf(w, load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt), acc);
-                }
-                if (silu) acc = acc / (1.0f + expf(-acc));
-            }
-            *(float*)(out.data + c * out.nb[0] + (u % n_t) * out.nb[1] + (u / n_t) * out.nb[2]) = acc;
-        }
+    if (d_conv == 4 && xdt == DT_F32) {
+        conv_update_window<4, true>(out, x, xdt, state, kern, kdt, silu, c, u0, tcount, tbegin, tslot, wpos);
         return;
     }
-    float kr[UPD_MAXD], xw[UPD_T + UPD_MAXD - 1], o[UPD_T];
-#pragma unroll
-    for (int i = 0; i < UPD_MAXD; i++) kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
-    // xw[j] = x at packed token u0 - keep + j (where it exists), its (t, outer) stepped along.
-    i64 pt = wpos[0], po = wpos[1];
-#pragma unroll
-    for (int j = 0; j < UPD_T + UPD_MAXD - 1; j++) {
-        xw[j] = j < tcount + keep && pt >= 0 ? conv_x(x, xdt, c, pt, po) : 0.0f;
-        if (++pt == n_t) pt = 0, po++;
+    if (d_conv <= UPD_MAXD) {
+        conv_update_window<0, false>(out, x, xdt, state, kern, kdt, silu, c, u0, tcount, tbegin, tslot, wpos);
+        return;
     }
-#pragma unroll
-    for (int t = 0; t < UPD_T; t++) {
-        const i64 u = u0 + t, begin = tbegin[t];
+    const char* st = state.data + c * state.nb[1];
+    for (i64 t = 0; t < tcount; t++) {
+        const i64 u = u0 + t, begin = tbegin[t], slot = tslot[t];
         float acc = 0.0f;
-        if (t < tcount && begin >= 0) {
-            const i64 slot = tslot[t];
-            const bool slot_ok = slot >= 0 && slot < state.ne[2];  // unless the check fails
-#pragma unroll
-            for (int i = 0; i < UPD_MAXD; i++) {
+        if (begin >= 0 && slot >= 0 && slot < state.ne[2]) {
+            for (i64 i = 0; i < d_conv; i++) {
                 const i64 p = u - keep + i;
-                float w = xw[t + i];
-                if (p < begin) w = slot_ok ? *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]) : 0.0f;
-                if (i < d_conv) acc = fmaf(w, kr[i], acc);
+                const float w = p >= begin ? conv_x(x, xdt, c, p % n_t, p / n_t)
+                                           : *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]);
+                acc = fmaf(w, load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt), acc);
             }
             if (silu) acc = acc / (1.0f + expf(-acc));
         }
-        o[t] = acc;
-    }
-    i64 ot = wpos[0] + keep, oo = wpos[1];  // (t, outer) of u0
-    while (ot >= n_t) ot -= n_t, oo++;
-#pragma unroll
-    for (int t = 0; t < UPD_T; t++) {
-        if (t < tcount) *(float*)(out.data + c * out.nb[0] + ot * out.nb[1] + oo * out.nb[2]) = o[t];
-        if (++ot == n_t) ot = 0, oo++;
+        *(float*)(out.data + c * out.nb[0] + (u % n_t) * out.nb[1] + (u / n_t) * out.nb[2]) = acc;
     }
 }
 
