@@ -10,7 +10,8 @@
 #   bash tools/gpu-ab.sh .gpu/bin
 #
 # BIN: a folder with tessera-test-ops (built with --features cuda) and, for BENCH, tessera.
-# EVAL: ops to check against the CPU oracle with every variant but the first (comma-separated).
+# EVAL: ops to check against the CPU oracle (comma-separated), with the variants named in EVAL_ON
+# (space-separated; default: every variant but the first).
 # PERF: `|`-separated "op filter" pairs for `tessera-test-ops perf` (keep them narrow: building
 # a case's inputs costs more than timing it). BENCH: `tessera bench` arguments, run once a variant.
 # Everything is appended to $OUT/ab.log as it finishes (a call cut short by its time limit still
@@ -41,14 +42,14 @@ name() { echo "${1%%=*}"; }
 log "== $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU ($BACKEND)"), $(date -u +'%Y-%m-%d %H:%M UTC')"
 log "variants: $VARIANTS"
 
-first=1
+EVAL_ON=${EVAL_ON:-$(for v in ${VARIANTS#* }; do name "$v"; done)}
 for v in $VARIANTS; do
-    if [ -n "${EVAL:-}" ] && [ $first = 0 ]; then
+    if [ -n "${EVAL:-}" ] && [[ " $EVAL_ON " == *" $(name "$v") "* ]]; then
         use "$v"
         "$B/tessera-test-ops" eval --backend "$BACKEND" --op "$EVAL" > "$RAW/eval" 2>&1
-        log "eval $(name "$v") ($EVAL): rc=$? $(grep -A20 'per op' "$RAW/eval" | grep -E '^ ' | tr -s ' ' | tr '\n' ';') $(tail -1 "$RAW/eval")"
+        rc=$?
+        log "eval $(name "$v") ($EVAL): rc=$rc $(grep -A20 'per op' "$RAW/eval" | grep -E '^ ' | tr -s ' ' | tr '\n' ';') $(tail -1 "$RAW/eval")"
     fi
-    first=0
 done
 
 IFS='|' read -ra CASES <<< "${PERF:-}"
