@@ -87,13 +87,27 @@ __device__ __forceinline__ i64 offset_of(const Tensor& t, i64 i0, i64 i1, i64 i2
 
 // Row `row` (a flat index over dims 1..3) into coordinates: two divisions per row, not per
 // element. Per-element 64-bit division costs ~70 instructions and made elementwise kernels
-// instruction-bound at 15% of copy bandwidth, so kernels walk rows and stride over ne[0].
+// instruction-bound at 15% of copy bandwidth, so kernels walk rows and stride over ne[0]; rows
+// that fit 32 bits (every model's) divide in 32 bits, and a dimension of 1 not at all (a
+// warp-per-row kernel over short rows, gated_rms_norm's, spent most of its instructions here).
 __device__ __forceinline__ void row_coords(const Tensor& t, i64 row, i64& i1, i64& i2, i64& i3) {
+    if ((u64)row <= 0xffffffffull && (u64)t.ne[1] <= 0xffffffffull && (u64)t.ne[2] <= 0xffffffffull) {
+        const u32 n1 = (u32)t.ne[1], n2 = (u32)t.ne[2], r0 = (u32)row;
+        const u32 r = n1 == 1 ? r0 : r0 / n1;
+        i1 = n1 == 1 ? 0 : r0 - r * n1;
+        const u32 q = n2 == 1 ? r : r / n2;
+        i2 = n2 == 1 ? 0 : r - q * n2;
+        i3 = q;
+        return;
+    }
     i1 = row % t.ne[1];
     i64 r = row / t.ne[1];
     i2 = r % t.ne[2];
     i3 = r / t.ne[2];
 }
+
+// i mod n for a broadcast index (n >= 1): no division where n is 1 or i < n, as for most weights.
+__device__ __forceinline__ i64 bcast_index(i64 i, i64 n) { return n == 1 ? 0 : i < n ? i : i % n; }
 
 // Unravels a flat logical index (ne[0] fastest) into coordinates (slow: prefer row_coords).
 __device__ __forceinline__ void unravel(const Tensor& t, i64 i, i64& i0, i64& i1, i64& i2, i64& i3) {

@@ -102,58 +102,93 @@ __device__ __forceinline__ float conv_x(const Tensor& x, int xdt, i64 c, i64 t, 
 // ssm_conv_update_inplace outputs: out[c, u] = sum_i w_s[u - begin_s + i, c] kernel[i, c] (SiLU
 // if `silu`) for packed token u of sequence s, w_s being its slot's state then its tokens; 0 for
 // padding. A block covers 256 channels of UPD_T consecutive tokens: UPD_T threads first find the
-// tokens' sequences (ragged: a binary search of the offsets) and slots for the whole block; then
-// each thread loads the taps and the x window of its channel once into registers (all loads in
-// flight at once, positions stepped without divisions, the outputs stored last); a tap before its
-// sequence's first token reads the slot's state instead. Longer kernels (d_conv > UPD_MAXD) take
-// a plain loop over the taps. Reads the state only: `conv_update_state` writes it afterwards.
-#define UPD_T 8
+// tokens' sequences (ragged: a binary search of the offsets) and slots for the whole block. A
+// block whose tokens and their windows lie inside one sequence (a prefill's, all but its first
+// block) then runs `conv_update_interior`: a thread loads its channel's taps and whole window into
+// registers (every load in flight at once), then computes and stores its UPD_T outputs, with no
+// per-tap checks. Other blocks run `conv_update_window` on UPD_SUB tokens at a time (positions
+// stepped without divisions, the outputs stored last): a tap before its sequence's first token
+// reads the slot's state instead. Longer kernels (d_conv > UPD_MAXD) take a plain loop over the
+// taps. Reads the state only: `conv_update_state` writes it afterwards.
+#define UPD_T 32
+#define UPD_SUB 8
 #define UPD_MAXD 8
 
-// The register-window part of conv_update_out for one thread's channel: D taps (D = 0: any
-// d_conv <= UPD_MAXD, read as UPD_MAXD with zero taps past d_conv), f32 x read directly when X32.
-// The common shape (4 taps, f32 activations) compiles without the generic loads' dtype switch
-// and with windows of its own size, so it holds fewer registers.
+// One output from its window w[0 .. TAPS) (oldest first) and the taps: the same fmaf order on
+// every path, so the same bits.
+template <int TAPS>
+__device__ __forceinline__ float conv_out(const float* w, const float* kr, i64 d_conv, int silu) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < TAPS; i++) {
+        if (i < d_conv) acc = fmaf(w[i], kr[i], acc);
+    }
+    return silu ? acc / (1.0f + expf(-acc)) : acc;
+}
+
+// conv_update_out's block inside one sequence, D taps of f32 x: (pt, po) is the (t, outer) of
+// the window's first sample, packed token u0 - (D - 1); the block's UPD_T tokens and the window
+// share po (a sequence never crosses an outer index).
+template <int D>
+__device__ __forceinline__ void conv_update_interior(const Tensor& out, const Tensor& x, const Tensor& kern, int kdt,
+                                                     int silu, i64 c, i64 pt, i64 po) {
+    float kr[D], xw[UPD_T + D - 1];
+#pragma unroll
+    for (int i = 0; i < D; i++) kr[i] = load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt);
+    const char* px = x.data + c * x.nb[0] + pt * x.nb[1] + po * x.nb[2];
+#pragma unroll
+    for (int j = 0; j < UPD_T + D - 1; j++) xw[j] = *(const float*)(px + j * x.nb[1]);
+    char* pout = out.data + c * out.nb[0] + (pt + D - 1) * out.nb[1] + po * out.nb[2];
+#pragma unroll
+    for (int t = 0; t < UPD_T; t++) *(float*)(pout + t * out.nb[1]) = conv_out<D>(xw + t, kr, D, silu);
+}
+
+// The register-window part of conv_update_out for one thread's channel and UPD_SUB tokens from
+// packed token u0 (tcount of them valid; tbegin / tslot theirs; (pt, po) the (t, outer) of token
+// u0 - keep): D taps (D = 0: any d_conv <= UPD_MAXD, read as UPD_MAXD with zero taps past
+// d_conv), f32 x read directly when X32. The common shape (4 taps, f32 activations) compiles
+// without the generic loads' dtype switch and with windows of its own size, so it holds fewer
+// registers.
 template <int D, bool X32>
 __device__ __forceinline__ void conv_update_window(const Tensor& out, const Tensor& x, int xdt, const Tensor& state,
                                                    const Tensor& kern, int kdt, int silu, i64 c, i64 u0, i64 tcount,
-                                                   const long long* tbegin, const int* tslot, const long long* wpos) {
+                                                   const long long* tbegin, const int* tslot, i64 pt, i64 po) {
     constexpr int TAPS = D > 0 ? D : UPD_MAXD;
     const i64 n_t = out.ne[1], d_conv = D > 0 ? D : kern.ne[0], keep = d_conv - 1;
     const char* st = state.data + c * state.nb[1];
-    float kr[TAPS], xw[UPD_T + TAPS - 1], o[UPD_T];
+    float kr[TAPS], xw[UPD_SUB + TAPS - 1], o[UPD_SUB];
 #pragma unroll
     for (int i = 0; i < TAPS; i++) kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
     // xw[j] = x at packed token u0 - keep + j (where it exists), its (t, outer) stepped along.
-    i64 pt = wpos[0], po = wpos[1];
+    const i64 pt0 = pt, po0 = po;
 #pragma unroll
-    for (int j = 0; j < UPD_T + TAPS - 1; j++) {
+    for (int j = 0; j < UPD_SUB + TAPS - 1; j++) {
         const char* px = x.data + c * x.nb[0] + pt * x.nb[1] + po * x.nb[2];
         xw[j] = j < tcount + keep && pt >= 0 ? (X32 ? *(const float*)px : load_f32(px, xdt)) : 0.0f;
         if (++pt == n_t) pt = 0, po++;
     }
 #pragma unroll
-    for (int t = 0; t < UPD_T; t++) {
+    for (int t = 0; t < UPD_SUB; t++) {
         const i64 u = u0 + t, begin = tbegin[t];
         float acc = 0.0f;
         if (t < tcount && begin >= 0) {
             const i64 slot = tslot[t];
             const bool slot_ok = slot >= 0 && slot < state.ne[2];  // unless the check fails
+            float w[TAPS];
 #pragma unroll
             for (int i = 0; i < TAPS; i++) {
                 const i64 p = u - keep + i;
-                float w = xw[t + i];
-                if (p < begin) w = slot_ok ? *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]) : 0.0f;
-                if (i < d_conv) acc = fmaf(w, kr[i], acc);
+                w[i] = xw[t + i];
+                if (p < begin) w[i] = slot_ok ? *(const float*)(st + slot * state.nb[2] + (p - begin + keep) * state.nb[0]) : 0.0f;
             }
-            if (silu) acc = acc / (1.0f + expf(-acc));
+            acc = conv_out<TAPS>(w, kr, d_conv, silu);
         }
         o[t] = acc;
     }
-    i64 ot = wpos[0] + keep, oo = wpos[1];  // (t, outer) of u0
+    i64 ot = pt0 + keep, oo = po0;  // (t, outer) of u0
     while (ot >= n_t) ot -= n_t, oo++;
 #pragma unroll
-    for (int t = 0; t < UPD_T; t++) {
+    for (int t = 0; t < UPD_SUB; t++) {
         if (t < tcount) *(float*)(out.data + c * out.nb[0] + ot * out.nb[1] + oo * out.nb[2]) = o[t];
         if (++ot == n_t) ot = 0, oo++;
     }
@@ -171,6 +206,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Te
     __shared__ long long tbegin[UPD_T];  // first token of each token's sequence, -1 for none
     __shared__ int tslot[UPD_T];
     __shared__ long long wpos[2];  // (t, outer) of packed token u0 - keep (t < 0 before the start)
+    __shared__ int interior;       // the block's tokens and windows inside one sequence
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 channels = out.ne[0], n_t = out.ne[1], n_seq = slots.ne[0];
     const i64 d_conv = kern.ne[0], keep = d_conv - 1;
@@ -193,14 +229,30 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_out(Tensor out, Te
         wpos[0] = p0 - o * n_t, wpos[1] = o;
     }
     __syncthreads();
+    if (threadIdx.x == 0) {
+        const i64 begin = tbegin[0];
+        interior = tcount == UPD_T && begin >= 0 && begin == tbegin[UPD_T - 1] && u0 - keep >= begin;
+    }
+    __syncthreads();
     const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (c >= channels) return;
-    if (d_conv == 4 && xdt == DT_F32) {
-        conv_update_window<4, true>(out, x, xdt, state, kern, kdt, silu, c, u0, tcount, tbegin, tslot, wpos);
+    if (d_conv == 4 && xdt == DT_F32 && interior) {
+        conv_update_interior<4>(out, x, kern, kdt, silu, c, wpos[0], wpos[1]);
         return;
     }
     if (d_conv <= UPD_MAXD) {
-        conv_update_window<0, false>(out, x, xdt, state, kern, kdt, silu, c, u0, tcount, tbegin, tslot, wpos);
+        // UPD_SUB tokens a pass, the window's position stepped along
+        i64 pt = wpos[0], po = wpos[1];
+        for (int g = 0; g < UPD_T && g < tcount; g += UPD_SUB) {
+            const i64 count = min((i64)UPD_SUB, tcount - g);
+            if (d_conv == 4 && xdt == DT_F32) {
+                conv_update_window<4, true>(out, x, xdt, state, kern, kdt, silu, c, u0 + g, count, tbegin + g, tslot + g, pt, po);
+            } else {
+                conv_update_window<0, false>(out, x, xdt, state, kern, kdt, silu, c, u0 + g, count, tbegin + g, tslot + g, pt, po);
+            }
+            pt += UPD_SUB;
+            while (pt >= n_t) pt -= n_t, po++;
+        }
         return;
     }
     const char* st = state.data + c * state.nb[1];

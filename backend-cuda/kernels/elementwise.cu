@@ -35,7 +35,7 @@ extern "C" __global__ void binary(Tensor dst, int dst_dt, Tensor a, int a_dt, Te
         i64 i1, i2, i3;
         row_coords(dst, row, i1, i2, i3);
         const char* x = a.data + offset_of(a, 0, i1, i2, i3);
-        const char* y = b.data + offset_of(b, 0, i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+        const char* y = b.data + offset_of(b, 0, bcast_index(i1, b.ne[1]), bcast_index(i2, b.ne[2]), bcast_index(i3, b.ne[3]));
         char* d = dst.data + offset_of(dst, 0, i1, i2, i3);
         if (b.ne[0] == dst.ne[0]) {
             for (i64 i0 = threadIdx.x; i0 < dst.ne[0]; i0 += blockDim.x)
@@ -43,7 +43,7 @@ extern "C" __global__ void binary(Tensor dst, int dst_dt, Tensor a, int a_dt, Te
         } else {
             for (i64 i0 = threadIdx.x; i0 < dst.ne[0]; i0 += blockDim.x)
                 store_f32(d + i0 * dst.nb[0], dst_dt,
-                          binary_f(code, load_f32(x + i0 * a.nb[0], a_dt), load_f32(y + (i0 % b.ne[0]) * b.nb[0], b_dt)));
+                          binary_f(code, load_f32(x + i0 * a.nb[0], a_dt), load_f32(y + bcast_index(i0, b.ne[0]) * b.nb[0], b_dt)));
         }
     }
 }

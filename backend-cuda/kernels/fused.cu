@@ -71,7 +71,7 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
         const float* br = MODE == FZ_NORM_MUL ? nullptr : (const float*)(b.data + fz_row_off(b, i1, i2, i3));
         float* sr = MODE == FZ_ADD ? (float*)(s.data + fz_row_off(s, i1, i2, i3)) : nullptr;
         float* yr = (float*)(y.data + fz_row_off(y, i1, i2, i3));
-        const char* wr = w.data + fz_row_off(w, i1 % w.ne[1], i2 % w.ne[2], i3 % w.ne[3]);
+        const char* wr = w.data + fz_row_off(w, bcast_index(i1, w.ne[1]), bcast_index(i2, w.ne[2]), bcast_index(i3, w.ne[3]));
         float v[NV > 0 ? NV : 1], bv[NV > 0 ? NV : 1], wv[NV > 0 ? NV : 1];
         float acc = 0.0f;
         if (NV > 0) {
@@ -122,9 +122,14 @@ __device__ void fz_norm_rows(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, f
     }
 }
 
-// Entry points per mode: `_warp` (n <= 256, 8 rows per 256-thread block), `_block` (n <= 8 *
-// blockDim.x, one block per row), `_loop` (any n, one block per row).
+// Entry points per mode: `_warp4` (n <= 128) and `_warp` (n <= 256), 8 rows per 256-thread
+// block (the short rows' kernel holds half the registers: twice the warps a multiprocessor),
+// `_block` (n <= 8 * blockDim.x, one block per row), `_loop` (any n, one block per row).
 #define FZ_NORM_KERNELS(MODE, NAME)                                                                                    \
+    extern "C" __global__ void NAME##_warp4(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {            \
+        grid_begin();                                                                                                 \
+        fz_norm_rows<true, 4, MODE>(y, s, x, b, w, eps);                                                               \
+    }                                                                                                                  \
     extern "C" __global__ void NAME##_warp(Tensor y, Tensor s, Tensor x, Tensor b, Tensor w, float eps) {             \
         grid_begin();                                                                                                 \
         fz_norm_rows<true, 8, MODE>(y, s, x, b, w, eps);                                                               \
@@ -219,18 +224,20 @@ __device__ __forceinline__ i64 fz_elem(int lane, int q) {
 }
 
 // The row's softmax statistics (every lane gets them) and, when p != nullptr, this lane's
-// probabilities p[q] (0 for slots past the row). `x` is the row's first logit, nb0 its element
-// stride; n <= ROUTER_MAX.
-template <bool VEC>
+// probabilities p[q], q < Q (0 for slots past the row). `x` is the row's first logit, nb0 its
+// element stride; n <= 32 Q, Q a multiple of 4 up to 32 (slots past Q would only add nothing to
+// the sums: a smaller Q gives the same bits with less work).
+template <bool VEC, int Q = 32>
 __device__ __forceinline__ MaxSum fz_router_row(const char* x, i64 nb0, i64 n, int lane, float* p) {
+    static_assert(Q % 4 == 0 && Q <= 32, "whole float4 groups, up to ROUTER_MAX");
     if (VEC) {
         // softmax_vec_impl<true, 8> with scale 1 and no mask.
         const float4* x4 = (const float4*)x;
         int n4 = (int)(n >> 2);
-        float4 v[8];
+        float4 v[Q / 4];
         float mx = -TS_INF;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < Q / 4; j++) {
             int i = lane + j * 32;
             if (i < n4) {
                 float4 a = x4[i];
@@ -243,7 +250,7 @@ __device__ __forceinline__ MaxSum fz_router_row(const char* x, i64 nb0, i64 n, i
         mx = warp_max(mx);
         float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < Q / 4; j++) {
             int i = lane + j * 32;
             if (i < n4) {
                 v[j] = make_float4(expf(v[j].x - mx), expf(v[j].y - mx), expf(v[j].z - mx), expf(v[j].w - mx));
@@ -253,7 +260,7 @@ __device__ __forceinline__ MaxSum fz_router_row(const char* x, i64 nb0, i64 n, i
         float total = warp_sum(acc);
         if (p) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < Q / 4; j++) {
                 bool ok = lane + j * 32 < n4 && mx != -TS_INF;
                 p[4 * j + 0] = ok ? v[j].x / total : 0.0f;
                 p[4 * j + 1] = ok ? v[j].y / total : 0.0f;
@@ -264,10 +271,10 @@ __device__ __forceinline__ MaxSum fz_router_row(const char* x, i64 nb0, i64 n, i
         return MaxSum{mx, total};
     }
     // softmax_impl<true> with scale 1 and no mask: the online state over i = lane, lane + 32, ...
-    float z[32];
+    float z[Q];
     MaxSum t{-TS_INF, 0.0f};
 #pragma unroll
-    for (int q = 0; q < 32; q++) {
+    for (int q = 0; q < Q; q++) {
         i64 i = lane + 32 * q;
         z[q] = i < n ? *(const float*)(x + i * nb0) : -TS_INF;
         if (i < n) t = ms_add(t, z[q]);
@@ -276,7 +283,7 @@ __device__ __forceinline__ MaxSum fz_router_row(const char* x, i64 nb0, i64 n, i
     if (t.m == TS_INF) t.s = TS_NAN;  // finish_ms
     if (p) {
 #pragma unroll
-        for (int q = 0; q < 32; q++) p[q] = (i64)lane + 32 * q < n ? fz_prob(z[q], t) : 0.0f;
+        for (int q = 0; q < Q; q++) p[q] = (i64)lane + 32 * q < n ? fz_prob(z[q], t) : 0.0f;
     }
     return t;
 }
@@ -392,15 +399,16 @@ __device__ void fz_softmax_top_k(Tensor dst, Tensor src, int k, Tensor tail, Ten
 // row's latency short but leaves most of its block idle while warp 0 computes the probabilities):
 // k <= 32 rounds, each taking the smallest rank left among the lanes' (a warp minimum; the winning
 // lane marks its slot), so the ids are the block kernel's. Lane s keeps the s-th chosen
-// probability for the weights. Rows in a grid-stride loop, 8 a block.
-template <bool VEC, bool ROUTE>
+// probability for the weights. Rows in a grid-stride loop, a warp a row. Q slots a lane: 8 for
+// rows of up to 256 logits (a quarter of the selection's work), else 32.
+template <bool VEC, bool ROUTE, int Q>
 __device__ void fz_top_k_warp(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {
     const i64 rows = src.ne[1], n = src.ne[0];
     const int lane = threadIdx.x & 31;
     const i64 step = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += step) {
-        float p[32];
-        fz_router_row<VEC>(src.data + r * src.nb[1], src.nb[0], n, lane, p);
+        float p[Q];
+        fz_router_row<VEC, Q>(src.data + r * src.nb[1], src.nb[0], n, lane, p);
         char* y = dst.data + r * dst.nb[1];
         u32 taken = 0;
         float chosen = 0.0f;
@@ -409,7 +417,7 @@ __device__ void fz_top_k_warp(Tensor dst, Tensor src, int k, Tensor tail, Tensor
             float best_p = 0.0f;
             int best_q = -1;
 #pragma unroll
-            for (int q = 0; q < 32; q++) {
+            for (int q = 0; q < Q; q++) {
                 const i64 i = fz_elem<VEC>(lane, q);
                 const u64 rank = fz_rank_desc(p[q], i);
                 if (i < n && !((taken >> q) & 1u) && rank < best) {
@@ -438,24 +446,28 @@ __device__ void fz_top_k_warp(Tensor dst, Tensor src, int k, Tensor tail, Tensor
 
 // The entry points: softmax_top_k (dst, src, k, tail) and moe_router (the same and gate), a block
 // (fz_softmax_top_k) or a warp (fz_top_k_warp) a row, over float4 rows (_vec) or any (_gen).
-#define FZ_TOP_K_ENTRY(NAME, BODY, VEC)                                              \
+#define FZ_TOP_K_ENTRY(NAME, BODY)                                                   \
     extern "C" __global__ void NAME(Tensor dst, Tensor src, int k, Tensor tail) {    \
         grid_begin();                                                                \
-        BODY<VEC, false>(dst, src, k, tail, tail);                                   \
+        BODY(dst, src, k, tail, tail);                                               \
     }
-#define FZ_ROUTER_ENTRY(NAME, BODY, VEC)                                                          \
+#define FZ_ROUTER_ENTRY(NAME, BODY)                                                               \
     extern "C" __global__ void NAME(Tensor dst, Tensor src, int k, Tensor tail, Tensor gate) {    \
         grid_begin();                                                                             \
-        BODY<VEC, true>(dst, src, k, tail, gate);                                                 \
+        BODY(dst, src, k, tail, gate);                                                            \
     }
-FZ_TOP_K_ENTRY(softmax_top_k_vec, fz_softmax_top_k, true)
-FZ_TOP_K_ENTRY(softmax_top_k_gen, fz_softmax_top_k, false)
-FZ_ROUTER_ENTRY(moe_router_vec, fz_softmax_top_k, true)
-FZ_ROUTER_ENTRY(moe_router_gen, fz_softmax_top_k, false)
-FZ_TOP_K_ENTRY(softmax_top_k_warp_vec, fz_top_k_warp, true)
-FZ_TOP_K_ENTRY(softmax_top_k_warp_gen, fz_top_k_warp, false)
-FZ_ROUTER_ENTRY(moe_router_warp_vec, fz_top_k_warp, true)
-FZ_ROUTER_ENTRY(moe_router_warp_gen, fz_top_k_warp, false)
+FZ_TOP_K_ENTRY(softmax_top_k_vec, (fz_softmax_top_k<true, false>))
+FZ_TOP_K_ENTRY(softmax_top_k_gen, (fz_softmax_top_k<false, false>))
+FZ_ROUTER_ENTRY(moe_router_vec, (fz_softmax_top_k<true, true>))
+FZ_ROUTER_ENTRY(moe_router_gen, (fz_softmax_top_k<false, true>))
+FZ_TOP_K_ENTRY(softmax_top_k_warp_vec, (fz_top_k_warp<true, false, 32>))
+FZ_TOP_K_ENTRY(softmax_top_k_warp_gen, (fz_top_k_warp<false, false, 32>))
+FZ_ROUTER_ENTRY(moe_router_warp_vec, (fz_top_k_warp<true, true, 32>))
+FZ_ROUTER_ENTRY(moe_router_warp_gen, (fz_top_k_warp<false, true, 32>))
+FZ_TOP_K_ENTRY(softmax_top_k_warp8_vec, (fz_top_k_warp<true, false, 8>))
+FZ_TOP_K_ENTRY(softmax_top_k_warp8_gen, (fz_top_k_warp<false, false, 8>))
+FZ_ROUTER_ENTRY(moe_router_warp8_vec, (fz_top_k_warp<true, true, 8>))
+FZ_ROUTER_ENTRY(moe_router_warp8_gen, (fz_top_k_warp<false, true, 8>))
 
 // ---- moe_weights ----
 

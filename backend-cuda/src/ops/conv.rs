@@ -27,8 +27,8 @@ const TILE_THREADS: u32 = 256;
 /// Kernels longer than this take the direct path (the tile's window, 64 + d_conv - 1 samples,
 /// is read as at most 96).
 const MAX_TILED_D_CONV: usize = 33;
-/// conv_update_out: tokens per thread.
-const UPDATE_TOKENS: usize = 8;
+/// conv_update_out: tokens per thread (`UPD_T` in conv.cu).
+const UPDATE_TOKENS: usize = 32;
 /// Longest kernel of the register-window update kernels: `UPD_MAXD` in conv.cu.
 const UPDATE_MAX_D_CONV: usize = 8;
 const THREADS: u32 = 256;

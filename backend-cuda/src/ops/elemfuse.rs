@@ -83,13 +83,12 @@ pub(crate) fn generate(p: &ElemProgram) -> Generated {
     for i in 0..n {
         let _ = writeln!(
             s,
-            "        const char* r{i} = x{i}.data + offset_of(x{i}, 0, i1 % x{i}.ne[1], i2 % x{i}.ne[2], i3 % x{i}.ne[3]);"
+            "        const char* r{i} = x{i}.data + offset_of(x{i}, 0, bcast_index(i1, x{i}.ne[1]), bcast_index(i2, x{i}.ne[2]), bcast_index(i3, x{i}.ne[3]));"
         );
     }
     let _ = writeln!(s, "        char* d = dst.data + offset_of(dst, 0, i1, i2, i3);");
     let _ = writeln!(s, "        for (i64 i0 = threadIdx.x; i0 < dst.ne[0]; i0 += blockDim.x) {{");
-    let loads =
-        list(&|i| format!("*(const float*)(r{i} + (x{i}.ne[0] == dst.ne[0] ? i0 : i0 % x{i}.ne[0]) * x{i}.nb[0])"));
+    let loads = list(&|i| format!("*(const float*)(r{i} + bcast_index(i0, x{i}.ne[0]) * x{i}.nb[0])"));
     let _ = writeln!(s, "            *(float*)(d + i0 * dst.nb[0]) = elem_{t}_eval({loads});");
     let _ = writeln!(s, "        }}\n    }}\n}}\n");
 

@@ -12,42 +12,69 @@ use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
 use crate::launch::{Cx, TensorArg, blocks_for, config, unsupported};
 
-/// One norm op's kernels: `_warp` (rows up to [`WARP_ROW_MAX`]), `_block` (up to
-/// [`BLOCK_ROW_MAX`]), `_loop` (longer).
+/// One norm op's kernels: `_warp4` (rows up to [`WARP4_ROW_MAX`]), `_warp` (up to
+/// [`WARP_ROW_MAX`]), `_block` (up to [`BLOCK_ROW_MAX`]), `_loop` (longer).
 struct NormKernels {
+    warp4: Kernel,
     warp: Kernel,
     block: Kernel,
     looped: Kernel,
 }
 
-const fn norm_kernels(warp: &'static str, block: &'static str, looped: &'static str) -> NormKernels {
-    NormKernels {
-        warp: Kernel::new(Module::Fused, warp),
-        block: Kernel::new(Module::Fused, block),
-        looped: Kernel::new(Module::Fused, looped),
-    }
+macro_rules! norm_kernels {
+    ($name:literal) => {
+        NormKernels {
+            warp4: Kernel::new(Module::Fused, concat!($name, "_warp4")),
+            warp: Kernel::new(Module::Fused, concat!($name, "_warp")),
+            block: Kernel::new(Module::Fused, concat!($name, "_block")),
+            looped: Kernel::new(Module::Fused, concat!($name, "_loop")),
+        }
+    };
 }
 
-const RMS_NORM_MUL: NormKernels = norm_kernels("rms_norm_mul_warp", "rms_norm_mul_block", "rms_norm_mul_loop");
-const GATED_RMS_NORM: NormKernels = norm_kernels("gated_rms_norm_warp", "gated_rms_norm_block", "gated_rms_norm_loop");
-const ADD_RMS_NORM_MUL: NormKernels =
-    norm_kernels("add_rms_norm_mul_warp", "add_rms_norm_mul_block", "add_rms_norm_mul_loop");
+const RMS_NORM_MUL: NormKernels = norm_kernels!("rms_norm_mul");
+const GATED_RMS_NORM: NormKernels = norm_kernels!("gated_rms_norm");
+const ADD_RMS_NORM_MUL: NormKernels = norm_kernels!("add_rms_norm_mul");
 const RMS_NORM_MUL_ROPE: Kernel = Kernel::new(Module::Fused, "rms_norm_mul_rope");
-const SOFTMAX_TOP_K_VEC: Kernel = Kernel::new(Module::Fused, "softmax_top_k_vec");
-const SOFTMAX_TOP_K_GEN: Kernel = Kernel::new(Module::Fused, "softmax_top_k_gen");
 const MOE_WEIGHTS_VEC: Kernel = Kernel::new(Module::Fused, "moe_weights_vec");
 const MOE_WEIGHTS_GEN: Kernel = Kernel::new(Module::Fused, "moe_weights_gen");
-const MOE_ROUTER_VEC: Kernel = Kernel::new(Module::Fused, "moe_router_vec");
-const MOE_ROUTER_GEN: Kernel = Kernel::new(Module::Fused, "moe_router_gen");
-const SOFTMAX_TOP_K_WARP_VEC: Kernel = Kernel::new(Module::Fused, "softmax_top_k_warp_vec");
-const SOFTMAX_TOP_K_WARP_GEN: Kernel = Kernel::new(Module::Fused, "softmax_top_k_warp_gen");
-const MOE_ROUTER_WARP_VEC: Kernel = Kernel::new(Module::Fused, "moe_router_warp_vec");
-const MOE_ROUTER_WARP_GEN: Kernel = Kernel::new(Module::Fused, "moe_router_warp_gen");
+
+/// One router op's kernels, each as [gen, vec] (`router_vec`): a block a row, a warp a row with
+/// 32 logits a lane, and a warp a row with 8 (rows of up to [`WARP8_ROUTER_MAX`]).
+struct RouterKernels {
+    block: [Kernel; 2],
+    warp: [Kernel; 2],
+    warp8: [Kernel; 2],
+}
+
+macro_rules! router_kernels {
+    ($name:literal) => {
+        RouterKernels {
+            block: [
+                Kernel::new(Module::Fused, concat!($name, "_gen")),
+                Kernel::new(Module::Fused, concat!($name, "_vec")),
+            ],
+            warp: [
+                Kernel::new(Module::Fused, concat!($name, "_warp_gen")),
+                Kernel::new(Module::Fused, concat!($name, "_warp_vec")),
+            ],
+            warp8: [
+                Kernel::new(Module::Fused, concat!($name, "_warp8_gen")),
+                Kernel::new(Module::Fused, concat!($name, "_warp8_vec")),
+            ],
+        }
+    };
+}
+
+const SOFTMAX_TOP_K: RouterKernels = router_kernels!("softmax_top_k");
+const MOE_ROUTER: RouterKernels = router_kernels!("moe_router");
 
 /// Elements a thread keeps in registers in the norm kernels (their `NV`).
 const NV: i64 = 8;
 /// Rows up to this long run a warp per row (`32 * NV`).
 const WARP_ROW_MAX: i64 = 32 * NV;
+/// Rows up to this long run the warp kernel with half the registers (`_warp4`, NV = 4).
+const WARP4_ROW_MAX: i64 = 32 * 4;
 /// Rows up to this long keep every element in registers of one block (`1024 * NV`).
 const BLOCK_ROW_MAX: i64 = 1024 * NV;
 /// Threads of a warp-per-row block (8 rows): `FZ_ROWS_PER_WARP_BLOCK` in fused.cu.
@@ -97,11 +124,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             norm(cx, &ADD_RMS_NORM_MUL, plane(1), plane(0), a, b, w, p.eps)
         }
         (Op::SoftmaxTopK { k }, &[logits, ref tail @ ..]) => {
-            let (kernel, warp) = router_kernel(
-                [SOFTMAX_TOP_K_GEN, SOFTMAX_TOP_K_VEC, SOFTMAX_TOP_K_WARP_GEN, SOFTMAX_TOP_K_WARP_VEC],
-                &logits,
-                *k,
-            );
+            let (kernel, warp) = router_kernel(&SOFTMAX_TOP_K, &logits, *k);
             let k = *k as i32;
             let tail = tail.first().copied().unwrap_or(NO_ROWS);
             let mut a = cx.kernel(kernel)?;
@@ -115,8 +138,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
             unsafe { a.launch(if warp { router_config(logits.ne[1]) } else { top_k_config(&logits) }) }
         }
         (Op::MoeRouter { k }, &[logits, ref rest @ ..]) => {
-            let (kernel, warp) =
-                router_kernel([MOE_ROUTER_GEN, MOE_ROUTER_VEC, MOE_ROUTER_WARP_GEN, MOE_ROUTER_WARP_VEC], &logits, *k);
+            let (kernel, warp) = router_kernel(&MOE_ROUTER, &logits, *k);
             let k = *k as i32;
             let (tail, gate) = match rest {
                 [tail, gate] => (*tail, *gate),
@@ -165,11 +187,19 @@ fn warp_rows(logits: &TensorArg, k: usize) -> bool {
     logits.ne[1] >= WARP_ROUTER_ROWS && k <= 32
 }
 
-/// A router op's kernel among its variants [block gen, block vec, warp gen, warp vec] for these
-/// logits, and whether it runs a warp per row (`warp_rows`; the vec kernels where `router_vec`).
-fn router_kernel(variants: [Kernel; 4], logits: &TensorArg, k: usize) -> (Kernel, bool) {
+/// Longest row of the warp-per-row router kernels with 8 logits a lane (`fz_top_k_warp<.., 8>`).
+const WARP8_ROUTER_MAX: i64 = 32 * 8;
+
+/// A router op's kernel for these logits, and whether it runs a warp per row (`warp_rows`; the
+/// vec kernels where `router_vec`).
+fn router_kernel(kernels: &RouterKernels, logits: &TensorArg, k: usize) -> (Kernel, bool) {
     let warp = warp_rows(logits, k);
-    (variants[2 * usize::from(warp) + usize::from(router_vec(logits))], warp)
+    let pair = match (warp, logits.ne[0] <= WARP8_ROUTER_MAX) {
+        (false, _) => &kernels.block,
+        (true, true) => &kernels.warp8,
+        (true, false) => &kernels.warp,
+    };
+    (pair[usize::from(router_vec(logits))], warp)
 }
 
 /// A `softmax_top_k` / `moe_router` launch: a block per row of up to [`TOP_K_THREADS`].
@@ -179,10 +209,15 @@ fn top_k_config(logits: &TensorArg) -> cudarc::driver::LaunchConfig {
     config(grid, (threads, 1, 1), 0)
 }
 
-/// A router launch: a warp per row, 8 rows per block, over a grid-stride loop (any grid covers
-/// the rows).
+/// Rows (warps) a block of the warp-per-row router kernels. Two, not the norms' eight: a
+/// 512-token step's 512 rows then spread over 256 blocks, where 64 blocks left half of an H200's
+/// multiprocessors idle.
+const ROUTER_ROWS_PER_BLOCK: u32 = 2;
+
+/// A router launch: a warp per row, [`ROUTER_ROWS_PER_BLOCK`] rows a block, over a grid-stride
+/// loop (any grid covers the rows).
 fn router_config(rows: i64) -> cudarc::driver::LaunchConfig {
-    config((blocks_for(rows, ROWS_PER_WARP_BLOCK), 1, 1), (WARP_BLOCK_THREADS, 1, 1), 0)
+    config((blocks_for(rows, ROUTER_ROWS_PER_BLOCK).min(1 << 20), 1, 1), (32 * ROUTER_ROWS_PER_BLOCK, 1, 1), 0)
 }
 
 /// Rows softmax_vec_warp would read for this tensor (reduce.rs's `vec_rows` on f32 logits, and a
@@ -213,7 +248,8 @@ fn norm(
     let n = x.ne[0];
     let rows = x.ne[1] * x.ne[2] * x.ne[3];
     let (kernel, threads, blocks) = if n <= WARP_ROW_MAX {
-        (k.warp, WARP_BLOCK_THREADS, blocks_for(rows, ROWS_PER_WARP_BLOCK))
+        let kernel = if n <= WARP4_ROW_MAX { k.warp4 } else { k.warp };
+        (kernel, WARP_BLOCK_THREADS, blocks_for(rows, ROWS_PER_WARP_BLOCK))
     } else if n <= BLOCK_ROW_MAX {
         let threads = ((n + NV - 1) / NV) as u32;
         let threads = threads.next_multiple_of(32);
@@ -223,12 +259,12 @@ fn norm(
     };
     let mut a = cx.kernel(kernel)?;
     a.arg(&y).arg(&s).arg(&x).arg(&b).arg(&w).arg(&eps);
-    // SAFETY: `*_{warp,block,loop}(y, s, x, b, w, eps)`; y, s and b have x's shape and dense rows
-    // (shape rules; s is the output's plane 0, y its plane 1 or the output), every access is
-    // i < n of a row < ne1 * ne2 * ne3 of its tensor through its strides; w broadcasts to x
-    // (shape rules) and is read at (i mod w.ne0, row coordinates mod w's); the warp kernel covers
-    // n <= 32 * NV, the block kernel n <= NV * threads (threads <= 1024, a multiple of 32 for
-    // block_sum), the loop kernel any n.
+    // SAFETY: `*_{warp4,warp,block,loop}(y, s, x, b, w, eps)`; y, s and b have x's shape and
+    // dense rows (shape rules; s is the output's plane 0, y its plane 1 or the output), every
+    // access is i < n of a row < ne1 * ne2 * ne3 of its tensor through its strides; w broadcasts
+    // to x (shape rules) and is read at (i mod w.ne0, row coordinates mod w's); the warp kernels
+    // cover n <= 32 * 4 (`_warp4`) and n <= 32 * NV, the block kernel n <= NV * threads (threads
+    // <= 1024, a multiple of 32 for block_sum), the loop kernel any n.
     unsafe { a.launch(config((blocks, 1, 1), (threads, 1, 1), 0)) }
 }
 
@@ -275,13 +311,16 @@ mod tests {
     fn router_kernels_by_rows_k_and_alignment() {
         let logits =
             |rows: i64, data: u64| TensorArg { data, ne: [256, rows, 1, 1], nb: [4, 1024, 1024 * rows, 1024 * rows] };
-        let v = [SOFTMAX_TOP_K_GEN, SOFTMAX_TOP_K_VEC, SOFTMAX_TOP_K_WARP_GEN, SOFTMAX_TOP_K_WARP_VEC];
+        let v = &SOFTMAX_TOP_K;
         let name = |(k, warp): (Kernel, bool)| (k.name, warp);
-        // decode steps keep a block a row; from 64 rows a warp a row (k <= 32)
+        // decode steps keep a block a row; from 64 rows a warp a row (k <= 32), 8 logits a lane
+        // for rows of up to 256
         assert_eq!(name(router_kernel(v, &logits(32, 4096), 8)), ("softmax_top_k_vec", false));
-        assert_eq!(name(router_kernel(v, &logits(64, 4096), 8)), ("softmax_top_k_warp_vec", true));
-        assert_eq!(name(router_kernel(v, &logits(512, 4100), 8)), ("softmax_top_k_warp_gen", true));
+        assert_eq!(name(router_kernel(v, &logits(64, 4096), 8)), ("softmax_top_k_warp8_vec", true));
+        assert_eq!(name(router_kernel(v, &logits(512, 4100), 8)), ("softmax_top_k_warp8_gen", true));
         assert_eq!(name(router_kernel(v, &logits(512, 4096), 33)), ("softmax_top_k_vec", false));
         assert_eq!(name(router_kernel(v, &logits(8, 4100), 8)), ("softmax_top_k_gen", false));
+        let wide = TensorArg { data: 4096, ne: [512, 512, 1, 1], nb: [4, 2048, 2048 * 512, 2048 * 512] };
+        assert_eq!(name(router_kernel(v, &wide, 8)), ("softmax_top_k_warp_vec", true));
     }
 }

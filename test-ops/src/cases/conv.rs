@@ -207,6 +207,9 @@ fn ssm_conv_update(out: &mut Vec<Case>) {
     out.push(Update::new(2, 33, 3, 2, 5).case());
     out.push(Update::new(3, 67, 1, 3, 3).silu(false).case());
     out.push(Update::new(4, 129, 2, 4, 7).case());
+    // Dense sequences long enough for the CUDA kernel's 32-token blocks inside a sequence (the
+    // second sequence's at an outer index of 1), beside blocks that straddle two sequences.
+    out.push(Update::new(4, 67, 80, 2, 3).case());
     // Narrower x and kernel.
     out.push(Update::new(4, 67, 2, 2, 4).types(F16, F16).case());
     out.push(Update::new(4, 128, 1, 3, 4).types(BF16, BF16).case());

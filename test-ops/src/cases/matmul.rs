@@ -260,7 +260,9 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     }
     // bf16 at the same prefill (cuBLAS); its decode shapes are in perf.rs.
     out.push(MulMat::new(BF16, 17408, 512, 5120).case());
-    // The 35B-A3B's shared-expert gate (one f32 weight row) over a 512-token micro-batch.
+    // The 35B-A3B's router logits (256 f32 rows) and shared-expert gate (one f32 row) over a
+    // 512-token micro-batch.
+    out.push(MulMat::new(F32, 256, 512, 2048).case());
     out.push(MulMat::new(F32, 1, 512, 2048).case());
     // All 256 experts of the MoE, top-8, gate/up (2048 -> 512) and down (512 -> 2048): decode
     // batches of 1 to 128 sequences (at 32, 256 routed pairs over 256 experts: most read once),
