@@ -825,23 +825,21 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
 CW_PREP_KERNEL(gdn_cw_prep, false)
 CW_PREP_KERNEL(gdn_cw_prep_vec, true)
 
-// Grid (S_v / 64, H_v, n_seq) dense, (S_v / 64, H_v, long-sequence bound) ragged (block z is the
-// z-th long sequence of the work list; blocks past its count return), 512 threads (16 warps),
-// dynamic shared memory CW_SCAN_SHARED
-// (213 KiB). Each block owns CW_COLS = 64 state columns (NT = 8 column tiles). Warps 0..7 compute
-// X = W S (then V_new), warps 8..15 Y = Q S (then the outputs), each for token rows 16 mt.. and
-// four column tiles 4 ng..; every warp then updates the state tiles it holds in registers: keys
-// 16 sm.., column tiles 4 sg.. . Chunk ci + 1's W, Q and decays (one cp.async group) and its P
-// and K^T (a second group, double buffered) are copied to shared memory while chunk ci finishes;
-// X warps read U straight into registers.
-#define CW_NT 8
-#define CW_SCAN_SHARED (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 32 * CW_NT * (8 + 4 + 4) + 2 * 32))
-extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
-    gdn_cw_scan(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,
-                const float* uf, const float* gm, const u32* qf, const u32* ktf, Tensor offsets, const int* table,
-                u64 err) {
-    grid_begin();
-    const int NT = CW_NT;
+// Grid (S_v / (8 NT), H_v, n_seq) dense, (S_v / (8 NT), H_v, long-sequence bound) ragged (block
+// z is the z-th long sequence of the work list; blocks past its count return), 64 NT threads (2 NT
+// warps), dynamic shared memory `scan_shared(NT)` in ops/delta_net.rs (213 KiB at NT = 8, 185 at NT = 4). Each block
+// owns 8 NT state columns (NT column tiles): `gdn_cw_scan` NT = 8, `gdn_cw_scan4` NT = 4, which
+// the host takes where the NT = 8 grid would leave multiprocessors idle (a 32-head prefill: 64
+// blocks). Warps 0..NT-1 compute X = W S (then V_new), warps NT..2NT-1 Y = Q S (then the
+// outputs), each for token rows 16 mt.. and four column tiles 4 ng..; every warp then updates the
+// state tiles it holds in registers: keys 16 sm.., column tiles 4 sg.. . Chunk ci + 1's W, Q and
+// decays (one cp.async group) and its P and K^T (a second group, double buffered) are copied to
+// shared memory while chunk ci finishes; X warps read U straight into registers.
+template <int NT>
+__device__ __forceinline__ void cw_scan_body(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf,
+                                             const u32* pf, const float* uf, const float* gm, const u32* qf,
+                                             const u32* ktf, Tensor offsets, const int* table, u64 err) {
+    static_assert(NT == 4 || NT == 8, "four X warps (one a row tile), whole groups of four column tiles");
     extern __shared__ __align__(16) uint4 shq[];
     uint4* wsm = shq;                 // W, 32 A tiles of 64 uint4
     uint4* qsm = wsm + 32 * 64;       // Q
@@ -1006,6 +1004,17 @@ extern "C" __global__ void __launch_bounds__(64 * CW_NT, 1)
             *(float*)(sbase + col * state.nb[1] + key * state.nb[0]) = st[j][e];
         }
 }
+
+#define CW_SCAN_KERNEL(name, NT)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(64 * (NT), 1)                                                    \
+        name(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,          \
+             const float* uf, const float* gm, const u32* qf, const u32* ktf, Tensor offsets, const int* table,  \
+             u64 err) {                                                                                           \
+        grid_begin();                                                                                             \
+        cw_scan_body<NT>(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf, offsets, table, err);         \
+    }
+CW_SCAN_KERNEL(gdn_cw_scan, 8)
+CW_SCAN_KERNEL(gdn_cw_scan4, 4)
 
 // ---- gated_delta_net_fused: the input preparation ----
 //

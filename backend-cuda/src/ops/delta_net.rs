@@ -26,6 +26,7 @@ const GDN_TILED_N4_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_tiled_n4_vec
 const CW_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep");
 const CW_PREP_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep_vec");
 const CW_SCAN: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan");
+const CW_SCAN4: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan4");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;
@@ -39,12 +40,21 @@ const CW_D: usize = 128;
 /// CW_PREP_SHARED: gdn_cw_prep's k and q rows (padded to 136), A and T (padded to 72), the
 /// solve's partial products and three per-token vectors (two blocks per SM).
 const CW_PREP_SHARED: u32 = (4 * (2 * CW_C * (CW_D + 8) + 2 * CW_C * (CW_C + 8) + 3 * 256 + 3 * CW_C)) as u32;
-/// CW_NT * 8 in delta_net.cu: state columns per gdn_cw_scan block.
-const CW_COLS: usize = 64;
-/// CW_SCAN_SHARED: W and Q (32 tiles of 1 KiB each), two buffers of K^T (32 tiles) and of P (10
-/// tiles), S, V_new and scaled V_new of the block's columns, and two chunks' decays (213 KiB,
-/// one block per SM).
-const CW_SCAN_SHARED: u32 = (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * CW_COLS * (8 + 4 + 4) + 2 * 32)) as u32;
+/// gdn_cw_scan's shared memory for NT column tiles a block (8 NT state columns): W and Q (32
+/// tiles of 1 KiB each), two buffers of K^T (32 tiles) and of P (10 tiles), S, V_new and scaled
+/// V_new of the block's columns, and two chunks' decays (213 KiB at NT = 8, 185 at NT = 4: one
+/// block per SM).
+const fn scan_shared(nt: usize) -> u32 {
+    (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 32 * nt * (8 + 4 + 4) + 2 * 32)) as u32
+}
+
+/// gdn_cw_scan's column tiles a block: 4 (`gdn_cw_scan4`: S_v / 32 blocks a head and sequence,
+/// each with half the state columns but the whole per-chunk loads) where that grid still fits
+/// one wave (a 32-head prefill: 128 blocks, where NT = 8 left half of 132 multiprocessors idle),
+/// else 8 (`gdn_cw_scan`; a second wave would cost more than the idle ones).
+fn scan_tiles(heads_x_seqs: usize, multiprocessors: usize) -> usize {
+    if (CW_D / 32) * heads_x_seqs <= multiprocessors { 4 } else { 8 }
+}
 
 /// The largest key dimension the kernels hold in registers (32 NC for NC = 8).
 const MAX_S_K: usize = 256;
@@ -234,7 +244,7 @@ fn delta_rule(
     let (qm, vm) = (&metas[0], &metas[2]);
     // (the in-order pass needs 213 KiB of shared memory a block: Hopper and later; sm_80 parts
     // run the serial kernels)
-    let chunked_ok = cx.info.max_shared_per_block >= CW_SCAN_SHARED as usize && cx.scratch.is_multiple_of(256);
+    let chunked_ok = cx.info.max_shared_per_block >= scan_shared(8) as usize && cx.scratch.is_multiple_of(256);
     let plan = Plan::new(p, qm, vm, n_seq, chunked_ok);
     let table = if plan.ragged { cx.scratch + plan.table as u64 } else { 0 };
     // The chunked kernels need the check's work list before their first kernel; otherwise
@@ -271,20 +281,22 @@ fn delta_rule(
         // buffers), null dense; the dynamic shared memory is CW_PREP_SHARED, allowed above.
         unsafe { a.launch(config(grid, (256, 1, 1), CW_PREP_SHARED)) }?;
 
-        cx.allow_shared(CW_SCAN, CW_SCAN_SHARED)?;
-        let mut a = cx.kernel(CW_SCAN)?;
+        let nt = scan_tiles(h_v as usize * *n_long as usize, cx.info.multiprocessors as usize);
+        let (scan, shared) = (if nt == 4 { CW_SCAN4 } else { CW_SCAN }, scan_shared(nt));
+        cx.allow_shared(scan, shared)?;
+        let mut a = cx.kernel(scan)?;
         a.arg(&out).arg(&state).arg(&slots).arg(&h_k).arg(&grouped);
         a.arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table).arg(&err);
-        let grid = ((CW_D / CW_COLS) as u32, h_v as u32, *n_long as u32);
-        // SAFETY: `gdn_cw_scan(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf, offsets,
-        // table, err)`: out is [128, H_v, n_t, n_outer] and state [128, 128, H_v, n_slots] (shape
-        // rules); the grid covers (128 / 64, H_v, sequences: dense all, ragged the bound on the
-        // work list's long ones, blocks past its count return), each block 64 columns; slots
-        // outside [0, n_slots) are skipped and outputs past a sequence's tokens not written; the
-        // chunk buffers are those gdn_cw_prep filled for every chunk of the block's sequence,
-        // 16-byte aligned for its cp.async copies; the dynamic shared memory is CW_SCAN_SHARED,
-        // allowed just above.
-        unsafe { a.launch(config(grid, (512, 1, 1), CW_SCAN_SHARED)) }?;
+        let grid = ((CW_D / (8 * nt)) as u32, h_v as u32, *n_long as u32);
+        // SAFETY: `gdn_cw_scan{,4}(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf,
+        // offsets, table, err)`: out is [128, H_v, n_t, n_outer] and state [128, 128, H_v,
+        // n_slots] (shape rules); the grid covers (128 / (8 nt), H_v, sequences: dense all, ragged
+        // the bound on the work list's long ones, blocks past its count return), each block 8 nt
+        // columns with 64 nt threads; slots outside [0, n_slots) are skipped and outputs past a
+        // sequence's tokens not written; the chunk buffers are those gdn_cw_prep filled for every
+        // chunk of the block's sequence, 16-byte aligned for its cp.async copies; the dynamic
+        // shared memory is scan_shared(nt), allowed just above.
+        unsafe { a.launch(config(grid, (64 * nt as u32, 1, 1), shared)) }?;
         if !plan.ragged {
             return Ok(());
         }
@@ -636,6 +648,13 @@ mod tests {
             let pad = &o_gpu[o_gpu.len() - 3 * 128 * 32..];
             assert!(pad.iter().all(|&x| x == 0.0), "padding outputs 0");
         }
+    }
+
+    #[test]
+    fn scan_blocks_halve_where_the_grid_fits_a_wave() {
+        assert_eq!(super::scan_tiles(32, 132), 4); // 128 blocks of 32 columns
+        assert_eq!(super::scan_tiles(33, 132), 8);
+        assert_eq!(super::scan_tiles(48, 132), 8); // 96 blocks of 64 columns, not 192
     }
 
     #[test]
