@@ -491,11 +491,13 @@ __device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0
 __device__ __forceinline__ void tc_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Four 8x8 b16 matrices: lanes 8i .. 8i + 7 give the row addresses of matrix i; register i of lane
 // l receives matrix i's row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1.
-__device__ __forceinline__ void tc_ldsm4(u32* r, const void* p) {
+// (Of 32-bit values, 8 rows of 4: register i of lane l receives matrix i's value (l / 4, l % 4).)
+__device__ __forceinline__ void tc_ldsm4_at(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem(p)));
+                 : "r"(addr));
 }
+__device__ __forceinline__ void tc_ldsm4(u32* r, const void* p) { tc_ldsm4_at(r, tc_smem(p)); }
 // c += a * b for one m16n8k16 tile, bf16 operands (row-major A, column-major B), f32 accumulators.
 __device__ __forceinline__ void tc_mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -505,6 +507,21 @@ __device__ __forceinline__ void tc_mma_bf16(float* c, const u32* a, u32 b0, u32 
 // c += a * b for one m16n8k16 tile, f16 operands (row-major A, column-major B), f32 accumulators.
 __device__ __forceinline__ void tc_mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Split tf32 (3xTF32): x ~ hi + lo with hi = tf32(x) and lo = tf32(x - hi), both rounded to
+// nearest (ties away); hi + lo keeps about 21 significant bits of x. Returned as the .b32 operand
+// registers of the tf32 mma (low 13 bits zero).
+__device__ __forceinline__ void tc_split_tf32(u32 x, u32& hi, u32& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(__uint_as_float(x)));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(__uint_as_float(x) - __uint_as_float(hi)));
+}
+// c += a * b for one m16n8k8 tile, tf32 operands (row-major A, column-major B), f32 accumulators.
+// Fragments (lane = 4 g + t): A a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); B b0
+// (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+__device__ __forceinline__ void tc_mma_tf32(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }

@@ -48,6 +48,8 @@ pub enum Module {
     GemvOne,
     /// mul_mat_id off the tensor cores: the decode, grouped and weighted-sum kernels.
     Moe,
+    /// mul_mat of f32 weights for many tokens: the split-tf32 tensor-core GEMM.
+    GemmF32,
     Mmq,
     Attention,
     Conv,
@@ -58,7 +60,7 @@ pub enum Module {
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 15] = [
+    pub const ALL: [Module; 16] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
@@ -68,6 +70,7 @@ impl Module {
         Module::Gemv,
         Module::GemvOne,
         Module::Moe,
+        Module::GemmF32,
         Module::Mmq,
         Module::Attention,
         Module::Conv,
@@ -97,6 +100,7 @@ impl Module {
             Module::Gemv => "gemv",
             Module::GemvOne => "gemv_one",
             Module::Moe => "moe",
+            Module::GemmF32 => "gemm_f32",
             Module::Mmq => "mmq",
             Module::Attention => "attention",
             Module::Conv => "conv",
@@ -117,6 +121,7 @@ impl Module {
             Module::Gemv => include_str!("../kernels/gemv.cu"),
             Module::GemvOne => include_str!("../kernels/gemv_one.cu"),
             Module::Moe => include_str!("../kernels/moe.cu"),
+            Module::GemmF32 => include_str!("../kernels/gemm_f32.cu"),
             Module::Mmq => include_str!("../kernels/mmq.cu"),
             Module::Attention => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),

@@ -22,8 +22,8 @@ use crate::launch::{Cx, TensorArg, unsupported};
 
 /// The matmul fusions (family `Fused`) run in `matmul/` with mul_mat and mul_mat_id: their GEMV
 /// and MoE kernels apply the GLU or the weighted sum. Every matmul module (`pack`, `gemv`,
-/// `gemv_one`, `moe`, and `mmq`, the quantized tensor-core GEMM) serves `matmul/`, whose dispatch
-/// picks the path.
+/// `gemv_one`, `moe`, `gemm_f32`, the f32 tensor-core GEMM, and `mmq`, the quantized one) serves
+/// `matmul/`, whose dispatch picks the path.
 fn matmul_fusion(op: &Op) -> bool {
     matches!(op, Op::MulMatSwiglu | Op::MulMatIdSwiglu | Op::MulMatIdWeightedSum)
 }

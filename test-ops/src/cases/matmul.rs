@@ -102,9 +102,21 @@ pub(super) fn cases(out: &mut Vec<Case>) {
     }
     out.push(MulMat::new(F32, 8, 3, 64).batched([2, 1], [4, 1]).layouts(Layout::SWAP12, Layout::SWAP12).case());
     out.push(MulMat::new(F16, 8, 3, 64).batched([2, 1], [2, 1]).layouts(Layout::WINDOW, Layout::SWAP12).case());
+    // f32 weights against more than 8 tokens (a backend may take 16-byte aligned rows with k % 4
+    // == 0 on tensor cores, in tiles, splitting k when they are few): partial tiles along m, n
+    // and k, one split along k with a short last split, more tiles than a backend would split,
+    // windows whose rows stay 16-byte aligned, and k % 4 != 0.
+    for (m, n, k) in [(67, 45, 100), (130, 72, 1028), (520, 530, 64), (40, 24, 66)] {
+        out.push(MulMat::new(F32, m, n, k).case());
+    }
+    out.push(MulMat::new(F32, 40, 24, 96).layouts(ALIGNED_WINDOW, ALIGNED_WINDOW).case());
     quantized(out);
     mul_mat_id(out);
 }
+
+/// A window of rows 4 values longer than the input's, from value 4 of the second row: with k % 4
+/// == 0 its rows start 16-byte aligned.
+const ALIGNED_WINDOW: Layout = Layout::Window { pad: [4, 1, 0, 0], at: [4, 1, 0, 0] };
 
 /// q8_0 / nvfp4 weights: odd sizes, slices of the 2048- and 5120-wide projections at 1, 2, 5
 /// and 17 tokens (GEMV and GEMM paths), 1-token products of rows 4 to 272 blocks of 64 values

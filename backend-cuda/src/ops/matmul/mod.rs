@@ -5,6 +5,7 @@
 //! - `gemv.rs` (`gemv.cu`): 1-8 tokens a pass, the warp GEMV (any weights) and the fast GEMV;
 //! - `gemv_one.rs` (`gemv_one.cu`): one token against one matrix, the ring and word GEMVs;
 //! - `moe.rs` (`moe.cu`): mul_mat_id's paths, its own kernels and `mmq.rs`'s tensor-core ones;
+//! - `gemm_f32.rs` (`gemm_f32.cu`): the split-tf32 tensor-core GEMM of f32 weights;
 //! - `blas.rs`: the GEMM through cuBLAS.
 //!
 //! `kernels/matmul.cuh` holds the device code that `pack.cu`, `gemv.cu` and `moe.cu` share.
@@ -28,12 +29,16 @@
 //!   at least 2 32-row items a multiprocessor take `mmq::dense_mma` instead: the matrix as one
 //!   expert of `moe_mma_*` (rows streamed through shared memory, tensor cores), where `gemv_fast`'s
 //!   dp4a work, growing with the tokens, would bound the step (`dense_mma_limits`).
-//! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes, else cuBLAS (`blas.rs`). f32
-//!   weights go through `gemm_ex` in place; f16 / bf16 weights through `gemm_ex` in place with the
-//!   activations converted to the weights' type; q8_0 / nvfp4 weights are dequantized in row
-//!   chunks to bf16 (nvfp4 values are exact in bf16; q8_0 values are split into hi + lo bf16
-//!   parts) and multiplied by hi + lo bf16 activations, so the result keeps f32-level accuracy
-//!   (the quantized cases take the f32 bound).
+//! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes; one f32 weight matrix of
+//!   16-byte aligned rows against such columns (K % 4 == 0) `gemm_f32`: tensor cores in split
+//!   tf32 (3xTF32, about 21 significant bits a product), 64 x 64 tiles, K split over the blocks
+//!   with a fixed-order sum when the tiles alone would leave the GPU idle (the MoE router's 256 x
+//!   512 x 2048: 32 tiles, 8 splits). Else cuBLAS (`blas.rs`): f32 weights go through `gemm_ex`
+//!   in place; f16 / bf16 weights through `gemm_ex` in place with the activations converted to
+//!   the weights' type; q8_0 / nvfp4 weights are dequantized in row chunks to bf16 (nvfp4
+//!   values are exact in bf16; q8_0 values are split into hi + lo bf16 parts) and multiplied by
+//!   hi + lo bf16 activations, so the result keeps f32-level accuracy (the quantized cases take
+//!   the f32 bound).
 //! - **mul_mat_id** (`moe.rs`): up to `MOE_DECODE_TOKENS` tokens, `moe_decode` runs a warp per
 //!   weight row over the routed (slot, token) pairs only, with `gemv_fast`'s units (for q8_0 /
 //!   nvfp4 experts only where it beats `moe_mma_*`: long rows, a few tokens, `moe_decode_wins`).
@@ -48,6 +53,7 @@
 //!   each other.
 
 mod blas;
+mod gemm_f32;
 mod gemv;
 mod gemv_one;
 mod moe;
@@ -57,6 +63,7 @@ use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, Op, TensorMeta};
 
 use self::blas::{blas_fits, blas_scratch, mul_mat_blas};
+use self::gemm_f32::{gemm_f32, gemm_f32_fits, gemm_f32_scratch};
 use self::gemv::{fast_gemv_fits, fast_rows, gemv_fast, gemv_fast_glu, gemv_warp, glu_gemv_fits, quant_x_bytes};
 use self::gemv_one::{gemv_ring, gemv_ring_plan, gemv_ring_stages, gemv_words, word_gemv};
 use self::moe::{
@@ -119,7 +126,7 @@ fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
     let (xq, xs) = quant_x_bytes(b.nelements());
     let gemv = packed_f32_bytes(b).max(if a.dtype.is_quantized() { xq + xs } else { 0 });
     if (b.ne[1] as i64) > GEMV_MAX_N {
-        gemv.max(blas_scratch(a, b)).max(mmq::mul_mat_scratch_bytes(b))
+        gemv.max(blas_scratch(a, b)).max(mmq::mul_mat_scratch_bytes(b)).max(gemm_f32_scratch(a, b))
     } else if a.dtype.is_quantized() {
         // (mmq's packed activations for `dense_mma` at a few tokens)
         gemv.max(mmq::packed_bytes(b))
@@ -216,6 +223,9 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
         && let Some(done) = mmq::mul_mat(cx, a, d, b, out, x)
     {
         return done;
+    }
+    if n > GEMV_MAX_N && gemm_f32_fits(&a, d, &b, &out, cx.info.max_shared_per_block) {
+        return gemm_f32(cx, a, b, out);
     }
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
         return mul_mat_blas(cx, a, d, b, out);
