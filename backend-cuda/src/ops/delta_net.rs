@@ -281,7 +281,7 @@ fn delta_rule(
         // buffers), null dense; the dynamic shared memory is CW_PREP_SHARED, allowed above.
         unsafe { a.launch(config(grid, (256, 1, 1), CW_PREP_SHARED)) }?;
 
-        let nt = scan_tiles(h_v as usize * *n_long as usize, cx.info.multiprocessors as usize);
+        let nt = scan_tiles(h_v as usize * *n_long, cx.info.multiprocessors);
         let (scan, shared) = (if nt == 4 { CW_SCAN4 } else { CW_SCAN }, scan_shared(nt));
         cx.allow_shared(scan, shared)?;
         let mut a = cx.kernel(scan)?;
