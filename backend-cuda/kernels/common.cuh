@@ -510,12 +510,16 @@ __device__ __forceinline__ void tc_mma_f16(float* c, const u32* a, u32 b0, u32 b
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Split tf32 (3xTF32): x ~ hi + lo with hi = tf32(x) and lo = tf32(x - hi), both rounded to
-// nearest (ties away); hi + lo keeps about 21 significant bits of x. Returned as the .b32 operand
-// registers of the tf32 mma (low 13 bits zero).
+// Split tf32 (3xTF32): x ~ hi + lo with hi = x truncated to tf32 and lo = tf32(x - hi) rounded to
+// nearest; hi + lo keeps about 21 significant bits of x. Truncation keeps every finite x's hi
+// finite (rounding the largest ones up would give inf - inf = NaN), an infinite x gets lo = 0 and
+// a NaN the canonical NaN (whose payload survives the mma's 13 dropped bits). Returned as the
+// .b32 operand registers of the tf32 mma (low 13 bits zero).
 __device__ __forceinline__ void tc_split_tf32(u32 x, u32& hi, u32& lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(__uint_as_float(x)));
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(__uint_as_float(x) - __uint_as_float(hi)));
+    const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
+    hi = nan ? 0x7fffffffu : x & 0xffffe000u;
+    const float r = __uint_as_float(x) - __uint_as_float(hi);  // exact for finite x
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(r == r ? r : 0.0f));
 }
 // c += a * b for one m16n8k8 tile, tf32 operands (row-major A, column-major B), f32 accumulators.
 // Fragments (lane = 4 g + t): A a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); B b0

@@ -653,7 +653,8 @@ mod tests {
     #[test]
     fn scan_blocks_halve_where_the_grid_fits_a_wave() {
         assert_eq!(super::scan_tiles(32, 132), 4); // 128 blocks of 32 columns
-        assert_eq!(super::scan_tiles(33, 132), 8);
+        assert_eq!(super::scan_tiles(33, 132), 4); // 132 blocks
+        assert_eq!(super::scan_tiles(34, 132), 8);
         assert_eq!(super::scan_tiles(48, 132), 8); // 96 blocks of 64 columns, not 192
     }
 

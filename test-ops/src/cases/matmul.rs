@@ -102,14 +102,14 @@ pub(super) fn cases(out: &mut Vec<Case>) {
     }
     out.push(MulMat::new(F32, 8, 3, 64).batched([2, 1], [4, 1]).layouts(Layout::SWAP12, Layout::SWAP12).case());
     out.push(MulMat::new(F16, 8, 3, 64).batched([2, 1], [2, 1]).layouts(Layout::WINDOW, Layout::SWAP12).case());
-    // f32 weights against more than 8 tokens (a backend may take 16-byte aligned rows with k % 4
-    // == 0 on tensor cores, in tiles, splitting k when they are few): partial tiles along m, n
-    // and k, one split along k with a short last split, more tiles than a backend would split,
-    // windows whose rows stay 16-byte aligned, and k % 4 != 0.
-    for (m, n, k) in [(67, 45, 100), (130, 72, 1028), (520, 530, 64), (40, 24, 66)] {
+    // f32 weights against a prefill's tokens (a backend may take 16-byte aligned rows with k % 4
+    // == 0 on tensor cores, in few tiles, splitting k): partial tiles along m, n and k, one split
+    // along k with a short last split, more tiles than a backend would split, windows whose rows
+    // stay 16-byte aligned, and k % 4 != 0; and fewer tokens.
+    for (m, n, k) in [(67, 300, 100), (130, 260, 1028), (520, 530, 64), (40, 260, 66), (67, 45, 100)] {
         out.push(MulMat::new(F32, m, n, k).case());
     }
-    out.push(MulMat::new(F32, 40, 24, 96).layouts(ALIGNED_WINDOW, ALIGNED_WINDOW).case());
+    out.push(MulMat::new(F32, 40, 256, 96).layouts(ALIGNED_WINDOW, ALIGNED_WINDOW).case());
     quantized(out);
     mul_mat_id(out);
 }

@@ -3,7 +3,10 @@
 //! accumulation, reading both operands in place. It takes one matrix of K-contiguous, 16-byte
 //! aligned rows and columns (K % 4 == 0); batches and other layouts stay on cuBLAS (`blas.rs`).
 //! Products of few output tiles (the MoE router: 256 x 512 outputs, 32 tiles) split K so that
-//! about two blocks a multiprocessor run, and add the splits up in a fixed order.
+//! about two blocks a multiprocessor run, and add the splits up in a fixed order. It is taken
+//! only there, few tiles of at least `MIN_TOKENS` tokens: on an H200 it beat cuBLAS at the
+//! router's 512 tokens (26.6 us against 31.6) but lost at 1024^3 (73.0 against 67.7) and, end to
+//! end, at 32-token decode steps (docs/perf-log/prefill-step.md).
 
 use std::sync::OnceLock;
 
@@ -40,6 +43,10 @@ const MAX_SPLITS: i64 = 16;
 const MIN_KTILES: i64 = 4;
 const MAX_SPLIT_TILES: i64 = (COUNTER_BYTES / 4) as i64;
 const MAX_SPLIT_BLOCKS: i64 = 256;
+
+/// Fewest tokens (columns) `gemm_f32` takes; with at most `MAX_SPLIT_TILES` tiles, the shapes
+/// where it was measured faster than cuBLAS.
+const MIN_TOKENS: i64 = 256;
 
 /// Bytes of one split block's partial sums: 32 f32 a thread.
 const SPLIT_BLOCK_BYTES: usize = 32 * 4 * THREADS as usize;
@@ -98,8 +105,9 @@ pub(super) fn gemm_f32_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
 
 /// Whether `gemm_f32` takes the product: f32 weights, one matrix each (no batch dimensions),
 /// weight rows and activation columns of K contiguous f32 (K % 4 == 0) from 16-byte aligned
-/// addresses, f32 output elements, a grid of at most `i32::MAX` tiles, its shared memory within
-/// `max_shared` bytes a block, and not turned off (`TESSERA_GEMM_F32=0`).
+/// addresses, f32 output elements, at least `MIN_TOKENS` columns in at most `MAX_SPLIT_TILES`
+/// tiles, its shared memory within `max_shared` bytes a block, and not turned off
+/// (`TESSERA_GEMM_F32=0`).
 pub(super) fn gemm_f32_fits(a: &TensorArg, d: DType, b: &TensorArg, out: &TensorArg, max_shared: usize) -> bool {
     let single = |t: &TensorArg| t.ne[2] == 1 && t.ne[3] == 1;
     let rows16 = |t: &TensorArg| t.nb[0] == 4 && t.nb[1] % 16 == 0 && t.data.is_multiple_of(16);
@@ -118,7 +126,8 @@ pub(super) fn gemm_f32_fits(a: &TensorArg, d: DType, b: &TensorArg, out: &Tensor
         && n > 0
         && k > 0
         && k % 4 == 0
-        && tiles(m, BM).saturating_mul(tiles(n, BN)) <= i64::from(i32::MAX)
+        && n >= MIN_TOKENS
+        && tiles(m, BM).saturating_mul(tiles(n, BN)) <= MAX_SPLIT_TILES
         && SHARED as usize + STATIC_SHARED <= max_shared
 }
 
@@ -213,6 +222,9 @@ mod tests {
         assert!(!fits(&TensorArg { data: 260, ..a }, DType::F32, &b));
         assert!(!fits(&a, DType::F32, &TensorArg { nb: [8, 8192, 0, 0], ..b }));
         assert!(!fits(&a, DType::F32, &TensorArg { ne: [2048, 512, 2, 1], ..b }));
+        // decode widths and products of many tiles stay on cuBLAS
+        assert!(!fits(&a, DType::F32, &dense(1 << 20, [2048, 255])));
+        assert!(!gemm_f32_fits(&dense(256, [1024, 1024]), DType::F32, &dense(1 << 24, [1024, 1024]), &out, 227 << 10));
         // windows with aligned strides and starts fit
         assert!(fits(&TensorArg { data: 256 + 16, nb: [4, 8208, 0, 0], ..a }, DType::F32, &b));
     }
