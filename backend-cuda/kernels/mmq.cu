@@ -433,9 +433,11 @@ __device__ __forceinline__ void mq_store(const MqAcc& acc, const MqTile& t, i64 
 // over `kper` k-tiles: one block a multiprocessor, a grid of whole waves plus a few tiles would
 // leave most of the GPU idle for a last tile's time. A split block stores its sums at `partial`;
 // the last of a tile's blocks to finish (counted in `count[tile - dp]`, zeroed, and left zeroed)
-// adds them up in split order, so results do not depend on timing.
+// adds them up in split order, so results do not depend on timing. With `a_up` (not null: a second
+// weight matrix of a's shape and strides, mul_mat_swiglu's up weights) the tiles of the same
+// product of a_up into `out_up` follow a's in the same grid, over the same packed activations.
 template <int QT, int S>
-__device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out, i64 dp, int splits, int kper, float* partial, unsigned* count) {
+__device__ __forceinline__ void mmq_body(Tensor a, const char* a_up, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out, Tensor out_up, i64 dp, int splits, int kper, float* partial, unsigned* count) {
     __shared__ i64 xrow[MQ_BN];
     __shared__ float xscale[MQ_BN];
     __shared__ char* ocol[MQ_BN];
@@ -443,17 +445,26 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* x, const float* x
     const i64 ncols = (n + MQ_BN - 1) / MQ_BN, nrows = (a.ne[1] + MQ_BM - 1) / MQ_BM, ktiles = a.ne[0] / MQ_BK;
     i64 tile = blockIdx.x, unit = -1;
     if (tile >= dp) unit = tile - dp, tile = dp + unit / splits;
-    const i64 rest = tile / ncols, batch = rest / nrows, i2 = batch % b2, i3 = batch / b2;
-    const i64 n0 = (tile % ncols) * MQ_BN, m0 = (rest % nrows) * MQ_BM;
+    // tile (global: the split counters') as a tile of one product
+    const i64 half = ncols * nrows * b2 * b3;
+    const bool up = a_up != nullptr && tile >= half;
+    const i64 local = up ? tile - half : tile;
+    // the output's base and strides, selected value by value (a reference to either parameter
+    // would put both on the stack)
+    char* const obase = up ? out_up.data : out.data;
+    const i64 onb0 = up ? out_up.nb[0] : out.nb[0], onb1 = up ? out_up.nb[1] : out.nb[1];
+    const i64 onb2 = up ? out_up.nb[2] : out.nb[2], onb3 = up ? out_up.nb[3] : out.nb[3];
+    const i64 rest = local / ncols, batch = rest / nrows, i2 = batch % b2, i3 = batch / b2;
+    const i64 n0 = (local % ncols) * MQ_BN, m0 = (rest % nrows) * MQ_BM;
     for (int c = threadIdx.x; c < MQ_BN; c += MQ_THREADS) {
         const bool valid = n0 + c < n;
         xrow[c] = valid ? batch * n + n0 + c : -1;
         xscale[c] = valid ? xs[batch * n + n0 + c] : 0.0f;
-        ocol[c] = valid ? out.data + (n0 + c) * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3] : nullptr;
+        ocol[c] = valid ? obase + (n0 + c) * onb1 + i2 * onb2 + i3 * onb3 : nullptr;
     }
     __syncthreads();
     const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
-    const MqTile t = {a.data + a2 * a.nb[2] + a3 * a.nb[3], a.nb[1], a.ne[1], out.nb[0]};
+    const MqTile t = {(up ? a_up : a.data) + a2 * a.nb[2] + a3 * a.nb[3], a.nb[1], a.ne[1], onb0};
     const int kt0 = unit < 0 ? 0 : (int)(unit % splits) * kper, kt1 = unit < 0 ? (int)ktiles : min((int)ktiles, kt0 + kper);
     MqAcc acc;
     mq_gemm<QT, S>(acc, t, m0, xrow, x, a.ne[0], kt0, kt1);
@@ -516,10 +527,10 @@ __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const floa
 // otherwise).
 #define MQ_ENTRY(NAME, QT, S)                                                                                 \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
-        NAME(Tensor a, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out, i64 dp, int splits,  \
-             int kper, float* partial, unsigned* count) {                                                     \
+        NAME(Tensor a, const char* a_up, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out,   \
+             Tensor out_up, i64 dp, int splits, int kper, float* partial, unsigned* count) {                  \
         grid_begin();                                                                                         \
-        mmq_body<QT, S>(a, x, xs, n, b2, b3, out, dp, splits, kper, partial, count);                          \
+        mmq_body<QT, S>(a, a_up, x, xs, n, b2, b3, out, out_up, dp, splits, kper, partial, count);            \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
         NAME##_id(Tensor as, const char* x, const float* xs, i64 n_b, i64 n_used, const int* offsets,         \

@@ -155,8 +155,11 @@ fn pack_x(cx: &mut Cx<'_>, b: TensorArg, x: u64) -> Result<u64, BackendError> {
 }
 
 /// `out = a^T b` for weights that `weights_fit`, with the packed activations at `x` (scratch of
-/// `packed_bytes(b)`). `None` when the device cannot hold a block's tiles or the batch count
-/// exceeds the grid: the caller takes another path.
+/// `packed_bytes(b)`); with `up = Some((a_up, out_up))` also `out_up = a_up^T b` in the same
+/// launch (weights of a's shape and strides, out_up of out's shape: mul_mat_swiglu's two
+/// products, the activations packed once and the tiles of both splitting as one grid). `None`
+/// when the device cannot hold a block's tiles or the batch count exceeds the grid: the caller
+/// takes another path.
 pub(super) fn mul_mat(
     cx: &mut Cx<'_>,
     a: TensorArg,
@@ -164,10 +167,15 @@ pub(super) fn mul_mat(
     b: TensorArg,
     out: TensorArg,
     x: u64,
+    up: Option<(TensorArg, TensorArg)>,
 ) -> Option<Result<(), BackendError>> {
     let (ty, s, shared) = variant(cx, d)?;
+    if up.is_some_and(|(a_up, out_up)| a_up.ne != a.ne || a_up.nb != a.nb || out_up.ne != out.ne) {
+        return None;
+    }
     let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
-    let all_tiles = tiles(n, BN) * tiles(a.ne[1], BM) * b2 * b3;
+    let products = if up.is_some() { 2 } else { 1 };
+    let all_tiles = tiles(n, BN) * tiles(a.ne[1], BM) * b2 * b3 * products;
     if all_tiles > i64::from(i32::MAX) - MAX_SPLIT_BLOCKS as i64 {
         return None;
     }
@@ -180,14 +188,20 @@ pub(super) fn mul_mat(
         let blocks = dp + (all_tiles - dp) * i64::from(splits);
         let packed = packed_size(b.nelements() as usize, b.ne[0] as usize);
         let (partial, count) = (x + packed as u64, cx.counters);
+        let (a_up, out_up) = match up {
+            Some((a_up, out_up)) => (a_up.data, out_up),
+            None => (0, out),
+        };
         let mut args = cx.kernel(kernel)?;
-        args.arg(&a).arg(&x).arg(&xs).arg(&n).arg(&b2).arg(&b3).arg(&out);
+        args.arg(&a).arg(&a_up).arg(&x).arg(&xs).arg(&n).arg(&b2).arg(&b3).arg(&out).arg(&out_up);
         args.arg(&dp).arg(&splits).arg(&kper).arg(&partial).arg(&count);
-        // SAFETY: `mmq_*(a, x, xs, n, b2, b3, out, dp, splits, kper, partial, count)`: a's rows are
-        // whole 64-value k-tiles, 4-byte aligned (`weights_fit`), and rows past ne[1] are never
-        // read; batch (i2, i3) reads weight batch (i2 / (b2 / A2), i3 / (b3 / A3)) inside a (shape
-        // rules); x, xs hold the b2 * b3 * n packed rows; columns past n and rows past M are
-        // neither read nor written; out is [M, n, b2, b3] f32 at its strides; the blocks past dp
+        // SAFETY: `mmq_*(a, a_up, x, xs, n, b2, b3, out, out_up, dp, splits, kper, partial,
+        // count)`: a's rows are whole 64-value k-tiles, 4-byte aligned (`weights_fit`), and rows
+        // past ne[1] are never read; a_up (null, or weights of a's shape and strides, checked
+        // above, read as a's) and out_up (out's shape) take the second half of the tiles; batch
+        // (i2, i3) reads weight batch (i2 / (b2 / A2), i3 / (b3 / A3)) inside a (shape rules); x,
+        // xs hold the b2 * b3 * n packed rows; columns past n and rows past M are neither read
+        // nor written; out is [M, n, b2, b3] f32 at its strides; the blocks past dp
         // split at most MAX_SPLIT_TILES tiles (count: zeroed block counters, one a tile, left
         // zeroed) into at most MAX_SPLIT_BLOCKS blocks of kper >= 1 k-tiles inside K
         // (`split_plan`), whose sums fit the scratch after the packed activations

@@ -663,6 +663,13 @@ fn mul_mat_swiglu(out: &mut Vec<Case>) {
     for type_a in GATE_UP_TYPES {
         out.push(GateUp { bs_a: [2, 1], bs_b: [4, 1], ..GateUp::new(type_a, 16, 3, 128) }.case());
     }
+    // Past 8 tokens in one launch for both products where a backend can (the tiles of gate then
+    // up, partial ones and k split across blocks), over batches and with windowed weights.
+    for type_a in [DType::Q8_0, DType::NvFp4] {
+        out.push(GateUp::new(type_a, 200, 140, 512).case());
+        out.push(GateUp { bs_a: [2, 1], bs_b: [4, 1], ..GateUp::new(type_a, 130, 20, 256) }.case());
+        out.push(GateUp { layout_w: BLOCK_WINDOW, ..GateUp::new(type_a, 72, 40, 256) }.case());
+    }
     // Strided: transposed or windowed activations, windowed weights (dense rows of whole blocks).
     for type_a in GATE_UP_TYPES {
         out.push(GateUp { layout_x: Layout::TRANSPOSED, ..GateUp::new(type_a, 24, 6, 128) }.case());
@@ -1014,7 +1021,8 @@ fn gate_up_perf_cases() -> Vec<Case> {
         let down = |n: usize| weighted_sum_inputs(&weighted_sum(type_a, 256, 8, 8, E, FF, n));
         // (op, label part, tokens, inputs, rows m, row length k)
         let specs = [1, 8, 16].map(|n| ("mul_mat_id_swiglu", "n_mats=256,n_used=8,", n, routed(n), FF, E));
-        let shared = [1, 8].map(|n| ("mul_mat_swiglu", "", n, dense(n), FF, E));
+        // the shared expert at decode widths and a prefill micro-batch
+        let shared = [1, 8, 512].map(|n| ("mul_mat_swiglu", "", n, dense(n), FF, E));
         let combine = [1, 8, 16].map(|n| ("mul_mat_id_weighted_sum", "n_mats=256,n_used=8,", n, down(n), E, FF));
         for (op, what, n, inputs, m, k) in specs.into_iter().chain(shared).chain(combine) {
             for is_fused in [true, false] {

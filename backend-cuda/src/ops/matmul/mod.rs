@@ -170,8 +170,16 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
                 return gemv_fast_glu(cx, *wg, *wu, d, *b, out);
             }
             let up = glu_up(cx, task, out)?;
-            mul_mat(cx, *wg, d, *b, out)?;
-            mul_mat(cx, *wu, d, *b, up)?;
+            // both products in one mmq launch where it takes them, else one after the other
+            let x = cx.scratch;
+            let both = b.ne[1] > GEMV_MAX_N && mmq::weights_fit(wg, d) && mmq::weights_fit(wu, d);
+            match both.then(|| mmq::mul_mat(cx, *wg, d, *b, out, x, Some((*wu, up)))).flatten() {
+                Some(done) => done?,
+                None => {
+                    mul_mat(cx, *wg, d, *b, out)?;
+                    mul_mat(cx, *wu, d, *b, up)?;
+                }
+            }
             super::elementwise::swiglu_f32(cx, out, up, out)
         }
         (Op::MulMatIdSwiglu, [wg, wu, b, ids], Some(d)) => {
@@ -220,7 +228,7 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let x = cx.scratch;
     if n > GEMV_MAX_N
         && mmq::weights_fit(&a, d)
-        && let Some(done) = mmq::mul_mat(cx, a, d, b, out, x)
+        && let Some(done) = mmq::mul_mat(cx, a, d, b, out, x, None)
     {
         return done;
     }
