@@ -13,7 +13,8 @@
 # EVAL: ops to check against the CPU oracle (comma-separated), with the variants named in EVAL_ON
 # (space-separated; default: every variant but the first).
 # PERF: `|`-separated "op filter" pairs for `tessera-test-ops perf` (keep them narrow: building
-# a case's inputs costs more than timing it). BENCH: `tessera bench` arguments, run once a variant.
+# a case's inputs costs more than timing it). BENCH: `tessera bench` arguments, run BENCH_REPS
+# times a variant (default 1), the passes alternating in order (A B B A).
 # Everything is appended to $OUT/ab.log as it finishes (a call cut short by its time limit still
 # brings back what ran: only the files under $OUT come back, and only a few of them), the table
 # (median us a run per case and variant) last.
@@ -66,10 +67,18 @@ for rep in $(seq 1 "$REPS"); do
 done
 
 if [ -n "${BENCH:-}" ]; then
-    for v in $VARIANTS; do
-        use "$v"
-        # shellcheck disable=SC2086  # BENCH is a list of arguments
-        "$B/tessera" bench --backend "$BACKEND" $BENCH 2>&1 | grep -E '^\| (pp|tg)' | sed "s/^/$(name "$v") /" >> "$LOG"
+    # BENCH_REPS passes over the variants, every other one in reverse order (A B B A ...): a
+    # device warms between runs, and a later run was measured slower than the same binary first.
+    forward=$VARIANTS
+    backward=$(for v in $VARIANTS; do echo "$v"; done | tac | tr '\n' ' ')
+    for rep in $(seq 1 "${BENCH_REPS:-1}"); do
+        order=$forward
+        [ $((rep % 2)) = 0 ] && order=$backward
+        for v in $order; do
+            use "$v"
+            # shellcheck disable=SC2086  # BENCH is a list of arguments
+            "$B/tessera" bench --backend "$BACKEND" $BENCH 2>&1 | grep -E '^\| (pp|tg)' | sed "s/^/$(name "$v") /" >> "$LOG"
+        done
     done
 fi
 
