@@ -16,8 +16,9 @@
 # a case's inputs costs more than timing it). BENCH: `tessera bench` arguments, run BENCH_REPS
 # times a variant (default 1), the passes alternating in order (A B B A).
 # Everything is appended to $OUT/ab.log as it finishes (a call cut short by its time limit still
-# brings back what ran: only the files under $OUT come back, and only a few of them), the table
-# (median us a run per case and variant) last.
+# brings back what ran: only the files under $OUT come back, and only a few of them), the tables
+# last: the median us a run per perf case and variant, and each bench run's ms a step with their
+# mean.
 set -uo pipefail
 BIN=${1:?usage: gpu-ab.sh BIN_DIR}
 OUT=${OUT:-/tmp/out}
@@ -99,5 +100,22 @@ for case, by in runs.items():
     print(f"| `{case}` | " + " | ".join(cells) + " |")
 EOF
 fi
-grep -E '^[a-z]+ \| (pp|tg)' "$LOG" || true
+if grep -qE '^[a-z]+ \| (pp|tg)' "$LOG"; then
+    # the bench rows: every run's ms a step, then their mean, per case and variant
+    log ""
+    log "tessera bench, ms a step (each run; mean)"
+    grep -E '^[a-z]+ \| (pp|tg)' "$LOG" | python3 -c '
+import statistics, sys
+names = sys.argv[1].split()
+runs = {}
+for line in sys.stdin:
+    cells = [c.strip() for c in line.split("|")]
+    runs.setdefault(cells[1], {}).setdefault(cells[0], []).append(float(cells[4]))
+print("| case | " + " | ".join(names) + " |")
+print("| --- |" + " ---: |" * len(names))
+for case, by in runs.items():
+    row = [" / ".join(f"{x:.3f}" for x in by[n]) + f" ({statistics.mean(by[n]):.3f})" if n in by else "" for n in names]
+    print(f"| {case} | " + " | ".join(row) + " |")
+' "$(for v in $VARIANTS; do name "$v"; done | tr '\n' ' ')" | tee -a "$LOG"
+fi
 rm -rf "$RAW"
