@@ -4,9 +4,8 @@
 //! aligned rows and columns (K % 4 == 0); batches and other layouts stay on cuBLAS (`blas.rs`).
 //! Products of few output tiles (the MoE router: 256 x 512 outputs, 32 tiles) split K so that
 //! about two blocks a multiprocessor run, and add the splits up in a fixed order. It is taken
-//! only there, few tiles of at least `MIN_TOKENS` tokens: on an H200 it beat cuBLAS at the
-//! router's 512 tokens (26.6 us against 31.6) but lost at 1024^3 (73.0 against 67.7) and, end to
-//! end, at 32-token decode steps (docs/perf-log/prefill-step.md).
+//! only there, few tiles of at least `MIN_TOKENS` tokens, where it was measured faster than
+//! cuBLAS; at 1024^3 and at decode widths cuBLAS was faster (docs/perf-log/prefill-step.md).
 
 use std::sync::OnceLock;
 

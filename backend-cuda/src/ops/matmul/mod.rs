@@ -276,8 +276,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
 /// the roles swapped: the columns, dense f32 rows of K, as the matrix and the weight row as the one
 /// column, whose output [N, 1] has the bytes of [1, N] when that is dense. The same sums, read at
 /// the matrix-vector kernels' speed (above 8 columns the row went to cuBLAS as a GEMM of one row,
-/// 16 us for 2048 x 512 in an H100 profile, where reading the 4 MB takes under 2). Both operands
-/// and the output must be single matrices (no batch dimensions).
+/// several times its read time: docs/perf-log/prefill-step.md). Both operands and the output must
+/// be single matrices (no batch dimensions).
 fn one_row_swapped(
     a: &TensorArg,
     d: DType,
