@@ -510,6 +510,21 @@ __device__ __forceinline__ void tc_mma_f16(float* c, const u32* a, u32 b0, u32 b
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// Split K's hand-over: after a block stored its partial sums, whether it is the last of the
+// `splits` blocks of its tile to get here (counted in *counter). The fences order every block's
+// stores before its count and the last block's count before its reads of the others' partials.
+// Call with the whole block; the last block resets *counter to 0 once it has read them.
+__device__ __forceinline__ bool split_last_arrival(unsigned* counter, int splits) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)splits - 1;
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
 // Split tf32 (3xTF32): x ~ hi + lo with hi = x truncated to tf32 and lo = tf32(x - hi) rounded to
 // nearest; hi + lo keeps about 21 significant bits of x. Truncation keeps every finite x's hi
 // finite (rounding the largest ones up would give inf - inf = NaN), an infinite x gets lo = 0 and

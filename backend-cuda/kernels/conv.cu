@@ -300,7 +300,7 @@ extern "C" __global__ void conv_update_state(Tensor x, int xdt, Tensor state, Te
 // ssm_conv_update_inplace in one launch for steps of a few tokens a sequence (decode): thread
 // (c, s) runs the tokens of sequence s (grid row s < n_seq) on channel c in order, its window (the
 // slot's state, then the tokens) in registers, stores each output as conv_update_out computes it
-// (the same fmaf order, so the same values), then the slot's last d_conv - 1 samples; grid row
+// (with its `conv_out`, so the same values), then the slot's last d_conv - 1 samples; grid row
 // n_seq zeroes the ragged padding tokens. Every block checks the slots and offsets itself (a few
 // sequences: cheaper than a second launch) and writes nothing unless they pass. d_conv <= UPD_MAXD.
 extern "C" __global__ void __launch_bounds__(256) conv_update_seq(Tensor out, Tensor x, int xdt, Tensor state, Tensor kern,
@@ -335,13 +335,10 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_seq(Tensor out, Te
     for (i64 t = 0; t < len; t++) {
         // w[0 .. keep) the samples before token t, w[keep] the token
         const float xv = conv_x(x, xdt, c, begin + t, outer);
-        float acc = 0.0f;
+        float win[UPD_MAXD];
 #pragma unroll
-        for (int i = 0; i < UPD_MAXD; i++) {
-            const float v = i < keep ? w[i] : xv;
-            if (i < d_conv) acc = fmaf(v, kr[i], acc);
-        }
-        if (silu) acc = acc / (1.0f + expf(-acc));
+        for (int i = 0; i < UPD_MAXD; i++) win[i] = i < keep ? w[i] : xv;
+        const float acc = conv_out<UPD_MAXD>(win, kr, d_conv, silu);
         *(float*)(out.data + c * out.nb[0] + (begin + t) * out.nb[1] + outer * out.nb[2]) = acc;
 #pragma unroll
         for (int i = 0; i < UPD_MAXD - 1; i++) {  // (ascending: w[i + 1] is read before it changes)

@@ -34,7 +34,6 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) gemm_f32(Tensor a, Tens
                                                                    int kper, float* partial, unsigned* count) {
     grid_begin();
     extern __shared__ __align__(16) float gf_sh[];
-    __shared__ bool gf_last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const i64 M = a.ne[1], N = b.ne[1], K = a.ne[0];
     const int tile = blockIdx.x / splits, split = blockIdx.x % splits;
@@ -129,12 +128,7 @@ extern "C" __global__ void __launch_bounds__(GF_THREADS) gemm_f32(Tensor a, Tens
             const float* c = acc[j / 4][j % 4];
             mine[j * GF_THREADS + tid] = make_float4(c[0], c[1], c[2], c[3]);
         }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) gf_last = atomicAdd(count + tile, 1u) == (unsigned)splits - 1;
-        __syncthreads();
-        if (!gf_last) return;
-        __threadfence();
+        if (!split_last_arrival(count + tile, splits)) return;
         const float4* first = (const float4*)partial + (i64)tile * splits * 8 * GF_THREADS;
         // split sp's sums: this block's own from its registers
         auto part = [&](int sp, int j) {

@@ -441,7 +441,6 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* a_up, const char*
     __shared__ i64 xrow[MQ_BN];
     __shared__ float xscale[MQ_BN];
     __shared__ char* ocol[MQ_BN];
-    __shared__ bool last;
     const i64 ncols = (n + MQ_BN - 1) / MQ_BN, nrows = (a.ne[1] + MQ_BM - 1) / MQ_BM, ktiles = a.ne[0] / MQ_BK;
     i64 tile = blockIdx.x, unit = -1;
     if (tile >= dp) unit = tile - dp, tile = dp + unit / splits;
@@ -473,12 +472,7 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* a_up, const char*
         const i64 first = unit - unit % splits;  // the tile's first split block
 #pragma unroll
         for (int i = 0; i < 64; i++) partial[(unit * 64 + i) * MQ_THREADS + tid] = acc.v[i];
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(count + (tile - dp), 1u) == (unsigned)splits - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!split_last_arrival(count + (tile - dp), splits)) return;
         MqAcc sum;
 #pragma unroll
         for (int i = 0; i < 64; i++) sum.v[i] = 0.0f;

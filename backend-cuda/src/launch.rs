@@ -259,6 +259,17 @@ pub(crate) fn blocks_for(n: i64, threads: u32) -> u32 {
     ((n.max(1) as u64).div_ceil(threads as u64)).min(1 << 30) as u32
 }
 
+/// Tiles of `t` covering `n` (n >= 0, t >= 1).
+pub(crate) fn tiles(n: i64, t: i64) -> i64 {
+    (n + t - 1) / t
+}
+
+/// The integer in environment variable `name`, read once a process into `cell` (None when unset
+/// or not an integer): the switches that force a kernel path, to measure paths against each other.
+pub(crate) fn env_number(cell: &'static std::sync::OnceLock<Option<i64>>, name: &str) -> Option<i64> {
+    *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()))
+}
+
 pub(crate) fn launch_error(kernel: Kernel, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device {
         backend: NAME.into(),

@@ -11,7 +11,7 @@ use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config};
+use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, tiles};
 
 const PACK_X: Kernel = Kernel::new(Module::Mmq, "mmq_pack_x");
 /// `[weights q8_0, nvfp4][4 ring slots, 5]`.
@@ -54,11 +54,6 @@ const MAX_SPLIT_BLOCKS: usize = 128;
 const MAX_SPLIT_TILES: i64 = (crate::launch::COUNTER_BYTES / 4) as i64;
 /// Bytes of one split block's partial sums: 64 f32 a thread.
 const SPLIT_BLOCK_BYTES: usize = 64 * 4 * THREADS as usize;
-
-/// Tiles of `t` covering `n` (n >= 0).
-fn tiles(n: i64, t: i64) -> i64 {
-    (n + t - 1) / t
-}
 
 /// Bytes of one row's raw weights in a slot (`mq_raw_stride`: q8_0's 68 padded to 72).
 fn raw_stride(d: DType) -> usize {

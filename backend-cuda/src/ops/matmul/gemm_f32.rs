@@ -13,7 +13,7 @@ use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use crate::compile::{Kernel, Module};
-use crate::launch::{COUNTER_BYTES, Cx, TensorArg, config};
+use crate::launch::{COUNTER_BYTES, Cx, TensorArg, config, env_number, tiles};
 
 const GEMM_F32: Kernel = Kernel::new(Module::GemmF32, "gemm_f32");
 
@@ -50,16 +50,11 @@ const MIN_TOKENS: i64 = 256;
 /// Bytes of one split block's partial sums: 32 f32 a thread.
 const SPLIT_BLOCK_BYTES: usize = 32 * 4 * THREADS as usize;
 
-/// Tiles of `t` covering `n` (n >= 0).
-fn tiles(n: i64, t: i64) -> i64 {
-    (n + t - 1) / t
-}
-
 /// `TESSERA_GEMM_F32`, read once a process: `0` leaves f32 weights to cuBLAS (to measure one
 /// against the other), `N` >= 1 asks for N splits along K wherever the shape allows that many.
 fn setting() -> Option<i64> {
     static SET: OnceLock<Option<i64>> = OnceLock::new();
-    *SET.get_or_init(|| std::env::var("TESSERA_GEMM_F32").ok().and_then(|v| v.parse().ok()))
+    env_number(&SET, "TESSERA_GEMM_F32")
 }
 
 /// The most splits along K a product of M x N outputs over K may take (1: it does not split).

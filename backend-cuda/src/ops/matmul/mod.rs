@@ -142,8 +142,7 @@ fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
 /// to test it), 0 turns the path off.
 fn dense_mma_limits(sms: usize) -> (i64, i64) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    let set = *SET.get_or_init(|| std::env::var("TESSERA_DENSE_MMA").ok().and_then(|v| v.parse().ok()));
-    match set {
+    match crate::launch::env_number(&SET, "TESSERA_DENSE_MMA") {
         Some(items) => (items, 2),
         None => (mmq::DENSE_MMA_MIN_ITEMS_PER_SM * sms as i64, mmq::DENSE_MMA_MIN_TOKENS),
     }
