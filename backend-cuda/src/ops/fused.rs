@@ -178,13 +178,15 @@ const TOP_K_THREADS: i64 = 256;
 
 /// From this many rows `softmax_top_k` / `moe_router` run a warp per row (`fz_top_k_warp`: k
 /// rounds of a warp minimum) instead of a block per row, whose other warps wait while warp 0
-/// computes the probabilities; decode steps of up to 32 sequences keep the block kernel.
+/// computes the probabilities. Rows of up to [`WARP8_ROUTER_MAX`] logits take the warp kernel
+/// at any row count: with 8 slots a lane its k rounds are shorter than the block kernel's count
+/// of the smaller ranks (a decode step's router, one to a few rows).
 const WARP_ROUTER_ROWS: i64 = 64;
 
-/// Whether a router launch takes the warp-per-row kernels: many rows and k <= 32 (each lane keeps
-/// one chosen probability).
+/// Whether a router launch takes the warp-per-row kernels: k <= 32 (each lane keeps one chosen
+/// probability), and many rows or rows of at most [`WARP8_ROUTER_MAX`] logits.
 fn warp_rows(logits: &TensorArg, k: usize) -> bool {
-    logits.ne[1] >= WARP_ROUTER_ROWS && k <= 32
+    k <= 32 && (logits.ne[1] >= WARP_ROUTER_ROWS || logits.ne[0] <= WARP8_ROUTER_MAX)
 }
 
 /// Longest row of the warp-per-row router kernels with 8 logits a lane (`fz_top_k_warp<.., 8>`).
@@ -313,14 +315,15 @@ mod tests {
             |rows: i64, data: u64| TensorArg { data, ne: [256, rows, 1, 1], nb: [4, 1024, 1024 * rows, 1024 * rows] };
         let v = &SOFTMAX_TOP_K;
         let name = |(k, warp): (Kernel, bool)| (k.name, warp);
-        // decode steps keep a block a row; from 64 rows a warp a row (k <= 32), 8 logits a lane
-        // for rows of up to 256
-        assert_eq!(name(router_kernel(v, &logits(32, 4096), 8)), ("softmax_top_k_vec", false));
-        assert_eq!(name(router_kernel(v, &logits(64, 4096), 8)), ("softmax_top_k_warp8_vec", true));
+        // rows of up to 256 logits: a warp a row, 8 logits a lane, at any row count (k <= 32)
+        assert_eq!(name(router_kernel(v, &logits(1, 4096), 8)), ("softmax_top_k_warp8_vec", true));
+        assert_eq!(name(router_kernel(v, &logits(32, 4096), 8)), ("softmax_top_k_warp8_vec", true));
         assert_eq!(name(router_kernel(v, &logits(512, 4100), 8)), ("softmax_top_k_warp8_gen", true));
+        assert_eq!(name(router_kernel(v, &logits(8, 4100), 8)), ("softmax_top_k_warp8_gen", true));
         assert_eq!(name(router_kernel(v, &logits(512, 4096), 33)), ("softmax_top_k_vec", false));
-        assert_eq!(name(router_kernel(v, &logits(8, 4100), 8)), ("softmax_top_k_gen", false));
-        let wide = TensorArg { data: 4096, ne: [512, 512, 1, 1], nb: [4, 2048, 2048 * 512, 2048 * 512] };
-        assert_eq!(name(router_kernel(v, &wide, 8)), ("softmax_top_k_warp_vec", true));
+        // longer rows: a block a row for a decode step's few, a warp a row from 64
+        let wide = |rows: i64| TensorArg { data: 4096, ne: [512, rows, 1, 1], nb: [4, 2048, 2048 * rows, 2048 * rows] };
+        assert_eq!(name(router_kernel(v, &wide(32), 8)), ("softmax_top_k_vec", false));
+        assert_eq!(name(router_kernel(v, &wide(512), 8)), ("softmax_top_k_warp_vec", true));
     }
 }
