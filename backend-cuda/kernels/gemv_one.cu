@@ -540,6 +540,250 @@ GR_ENTRY(gemv_ring_nvfp4_s4, DT_NVFP4, 4, false, GR_MAX_THREADS_NVFP4)
 GR_ENTRY(gemv_ring_nvfp4_producer_s4, DT_NVFP4, 4, true, GR_MAX_THREADS_NVFP4)
 
 // ---------------------------------------------------------------------------------------------
+// One token against the experts it was routed to (`moe_ring_{q8_0,nvfp4}_{id,glu,sum}`):
+// mul_mat_id, mul_mat_id_swiglu and mul_mat_id_weighted_sum of a decode step's single token, over
+// q8_0 / nvfp4 experts [k, M, E] of contiguous rows. The ring GEMV's structure (units of 64 values
+// a thread with their quantized activations in registers, MR_STAGES shared-memory stages of
+// bulk copies, one block barrier a stage, partials added up a stage later), with each stage
+// gathered from the experts that ids names: one launch instead of the activations' quantization
+// and a warp-per-row kernel, and the weights streamed at the copy rate rather than a row's load
+// latency at a time. sm_90+ only (bulk copies): the host takes these kernels there only.
+//
+// - `_id` / `_glu`: output row o = u M + m (slot u, weight row m; out [M, n_used] in that order),
+//   each block an even share, rs of them a stage. A stage's rows are copied as one piece per slot
+//   it spans (at most a few: rs < M in practice); `_glu` copies the up experts' rows after the
+//   gate's (stage rows rs ..) and stores swiglu(gate, up). Every group reads the one activation
+//   row.
+// - `_sum`: output row m of out [M]; a stage holds rs rows of every slot (slot u at stage rows
+//   u rs ..), one piece a slot. groups = c n_used: group g takes slot g / c, whose activation row
+//   (u mod n_b) it holds in registers, and the stage's rows g mod c, + c, ...; a row's value is
+//   sum_u w[u] (row of slot u . its activations), the slots in order for every row.
+//
+// A bad expert id is reported (block 0) and read as expert 0, so that every copy stays inside the
+// tensor. Dynamic shared memory: MR_STAGES stages of W = rs (`_id`), 2 rs (`_glu`) or n_used rs
+// (`_sum`) weight rows, 2 x (W | 1) x nu f32 partials, then the staged activations (n_x rows of nu
+// units, GR_XSTRIDE bytes each; n_x = n_b for `_sum`, else 1). TAG(moe-ring-consts): MR_STAGES and
+// MR_MAX_SLOTS in src/ops/matmul/gemv_one.rs.
+#define MR_STAGES 4
+#define MR_MAX_SLOTS 32
+#define MR_ID 0
+#define MR_GLU 1
+#define MR_SUM 2
+
+template <int DT, int MODE>
+__device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as_up, const Tensor& b, const Tensor& ids,
+                                              const Tensor& rw, const Tensor& out, int groups, int rs, u64 err, u32 op) {
+#if __CUDA_ARCH__ >= 900
+    constexpr int S = MR_STAGES;
+    constexpr int UB = DT == DT_NVFP4 ? NVFP4_BYTES : 2 * Q8_0_BYTES;
+    extern __shared__ __align__(16) char mr_shared[];
+    __shared__ i64 mr_expert[MR_MAX_SLOTS];  // byte offset of each slot's expert
+    __shared__ float mr_weight[MR_MAX_SLOTS];
+    __shared__ __align__(8) u64 mr_bars[S];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int nu = (int)(as.ne[0] / 64), row_bytes = nu * UB, n_used = (int)ids.ne[0];
+    const i64 M = as.ne[1];
+    const int W = MODE == MR_GLU ? 2 * rs : MODE == MR_SUM ? n_used * rs : rs;
+    const int stage_bytes = W * row_bytes, rp = W | 1;
+    const int n_x = MODE == MR_SUM ? (int)b.ne[1] : 1;
+    const i64 rows = MODE == MR_SUM ? M : n_used * M;
+    const i64 o0 = (i64)blockIdx.x * rows / gridDim.x, o1 = ((i64)blockIdx.x + 1) * rows / gridDim.x;
+    const int nst = (int)((o1 - o0 + rs - 1) / rs);
+    float* parts = (float*)(mr_shared + S * stage_bytes);
+    char* xa = (char*)(parts + 2 * rp * nu);
+    const u32 ring = tc_smem(mr_shared), bars = tc_smem(mr_bars);
+    auto stage_rows = [&](int s) { return (int)min((i64)rs, o1 - o0 - (i64)s * rs); };
+
+    if (tid < n_used) {
+        int id = *(const int*)(ids.data + tid * ids.nb[0]);
+        if (id < 0 || id >= as.ne[2]) {
+            if (blockIdx.x == 0) report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, as.ne[2], 0, 0);
+            id = 0;
+        }
+        mr_expert[tid] = id * as.nb[2];
+        if (MODE == MR_SUM) mr_weight[tid] = *(const float*)(rw.data + tid * rw.nb[1]);
+    }
+    // the activations' first loads, before the copies (L2 hits that should not queue behind them)
+    const int n4 = n_x * nu * 16;
+    auto load_x = [&](int c) {
+        const int e = 4 * (c % (nu * 16));
+        const char* p = b.data + (i64)(c / (nu * 16)) * b.nb[1] + (i64)e * b.nb[0];
+        return make_float4(*(const float*)p, *(const float*)(p + b.nb[0]), *(const float*)(p + 2 * b.nb[0]), *(const float*)(p + 3 * b.nb[0]));
+    };
+    float4 xv[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (tid + i * nt < n4) xv[i] = load_x(tid + i * nt);
+    }
+    __syncthreads();  // the experts' offsets
+
+    // stage s: its rows' pieces, all completing on the stage buffer's barrier
+    auto bulk = [&](u32 dst, const char* src, u32 bytes, u32 bar) {
+        for (u32 o = 0; o < bytes; o += 32768u) gr_bulk(dst + o, src + o, min(bytes - o, 32768u), bar);
+    };
+    auto issue = [&](int s) {
+        if (s >= nst) return;
+        const i64 a = o0 + (i64)s * rs;
+        const int n = stage_rows(s);
+        const u32 bar = bars + 8 * (s % S), dst = ring + (u32)((s % S) * stage_bytes);
+        gr_bar_expect(bar, (u32)((MODE == MR_ID ? n : MODE == MR_GLU ? 2 * n : n_used * n) * row_bytes));
+        if (MODE == MR_SUM) {
+            for (int u = 0; u < n_used; u++) bulk(dst + (u32)(u * rs * row_bytes), as.data + mr_expert[u] + a * as.nb[1], (u32)(n * row_bytes), bar);
+        } else {
+            for (int i = 0; i < n;) {
+                const i64 o = a + i, u = o / M, m = o - u * M;
+                const int len = (int)min((i64)(n - i), M - m);
+                bulk(dst + (u32)(i * row_bytes), as.data + mr_expert[u] + m * as.nb[1], (u32)(len * row_bytes), bar);
+                if (MODE == MR_GLU) bulk(dst + (u32)((rs + i) * row_bytes), as_up.data + mr_expert[u] + m * as.nb[1], (u32)(len * row_bytes), bar);
+                i += len;
+            }
+        }
+    };
+    const int copier = nt - 1;
+    if (tid == copier) {
+#pragma unroll
+        for (int i = 0; i < S; i++) gr_bar_init(bars + 8 * i, 1);
+        gr_fence_bar_init();
+#pragma unroll
+        for (int s = 0; s < S - 1; s++) issue(s);
+    }
+    for (int c0 = tid; c0 < n4; c0 += 4 * nt) {
+        if (c0 != tid) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (c0 + i * nt < n4) xv[i] = load_x(c0 + i * nt);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = c0 + i * nt;
+            if (c < n4) *(float4*)(xa + 16 * c + 16 * (c >> 4)) = xv[i];
+        }
+    }
+    __syncthreads();
+    // unit t of the staged rows, quantized in place by one thread each
+    if (tid < n_x * nu) gr_quantize_unit<DT>((u32*)(xa + GR_XSTRIDE * tid));
+    __syncthreads();
+    const int g = tid / nu, j = tid - g * nu;
+    const bool worker = g < groups;
+    // _sum: group g's slot and its place among the slot's c groups
+    const int c = MODE == MR_SUM ? groups / n_used : groups, slot = MODE == MR_SUM ? g / c : 0, h = g - slot * c;
+    const u32 zero = (u32)(rs + tid) & 0x80000000u;  // as in gemv_ring_body
+    u32 x[32];
+    int cs[4] = {0, 0, 0, 0};
+    float dx = 0.0f;
+    if (worker) {
+        const uint4* q = (const uint4*)(xa + GR_XSTRIDE * ((slot % n_x) * nu + j));
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint4 v = q[i];
+            x[4 * i] = v.x;
+            x[4 * i + 1] = v.y;
+            x[4 * i + 2] = v.z;
+            x[4 * i + 3] = v.w;
+        }
+        const uint4 t = q[8];
+        if (DT == DT_NVFP4) cs[0] = (int)t.x, cs[1] = (int)t.y, cs[2] = (int)t.z, cs[3] = (int)t.w;
+        dx = __uint_as_float(*(const u32*)(q + 9));
+    }
+    const u32 e2m1_lo = GR_E2M1_LO | zero;
+    // this thread's dots of stage s into p: the weight rows it takes are i = h, h + c, ... < the
+    // rows of its part of the stage (`_glu`: the gate rows, then the up rows), two at a time for nvfp4
+    auto dots = [&](int s, float* p) {
+        if (!worker) return;
+        const char* sb = mr_shared + (s % S) * stage_bytes;
+        const int n = stage_rows(s), span = MODE == MR_GLU ? 2 * n : n;
+        // weight row index i of this thread's span to its stage row
+        auto at = [&](int i) { return MODE == MR_SUM ? slot * rs + i : (MODE == MR_GLU && i >= n ? rs + i - n : i); };
+        for (int i = h; i < span; i += 2 * c) {
+            const int r0 = at(i);
+            const u32* w = (const u32*)(sb + r0 * row_bytes + UB * j);
+            if (DT == DT_NVFP4) {
+                float v[2];
+                if (i + c < span) {
+                    const int r1 = at(i + c);
+                    gr_units_nvfp4<2>(w, (r1 - r0) * row_bytes / 4, x, cs, e2m1_lo, v);
+                    p[j * rp + r1] = dx * v[1];
+                } else {
+                    gr_units_nvfp4<1>(w, 0, x, cs, e2m1_lo, v);
+                }
+                p[j * rp + r0] = dx * v[0];
+            } else {
+                p[j * rp + r0] = dx * gr_unit_q8_0(w, x);
+                if (i + c < span) {
+                    const int r1 = at(i + c);
+                    p[j * rp + r1] = dx * gr_unit_q8_0((const u32*)(sb + r1 * row_bytes + UB * j), x);
+                }
+            }
+        }
+    };
+    // stage s's output rows from its partials: L consecutive threads a row (every L-th unit each,
+    // then shuffles)
+    const int lg = nu <= 40 ? 2 : nu <= 80 ? 3 : nu <= 160 ? 4 : 5, L = 1 << lg, sub = tid & (L - 1);
+    const int row_step = nt >> lg, warp_rows = 32 >> lg;
+    auto reduce = [&](int s) {
+        const float* p = parts + (s & 1) * rp * nu;
+        const int n = stage_rows(s), n_warps = (n + warp_rows - 1) & -warp_rows;
+        for (int r = tid >> lg; r < n_warps; r += row_step) {
+            float v = 0.0f, v_up = 0.0f;
+            if (r < n) {
+                for (int i = sub; i < nu; i += L) {
+                    if (MODE == MR_SUM) {
+                        for (int u = 0; u < n_used; u++) v = fmaf(mr_weight[u], p[i * rp + u * rs + r], v);
+                    } else {
+                        v += p[i * rp + r];
+                        if (MODE == MR_GLU) v_up += p[i * rp + rs + r];
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                if (o < L) {
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                    if (MODE == MR_GLU) v_up += __shfl_xor_sync(0xffffffffu, v_up, o);
+                }
+            }
+            if (sub == 0 && r < n) {
+                const i64 o = o0 + (i64)s * rs + r;
+                if (MODE == MR_SUM) {
+                    *(float*)(out.data + offset_of(out, o, 0, 0, 0)) = v;
+                } else {
+                    const i64 u = o / M;
+                    *(float*)(out.data + offset_of(out, o - u * M, u, 0, 0)) = MODE == MR_GLU ? v * sigmoid_f(v) * v_up : v;
+                }
+            }
+        }
+    };
+    for (int s = 0; s < nst; s++) {
+        __syncthreads();  // stage s - 1's buffer and partials are free
+        if (tid == copier) {
+            tc_fence_async();
+            issue(s + S - 1);
+        }
+        if (s > 0) reduce(s - 1);
+        gr_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
+        dots(s, parts + (s & 1) * rp * nu);
+    }
+    __syncthreads();
+    if (nst > 0) reduce(nst - 1);
+#endif
+}
+
+#define MR_ENTRY(NAME, DT, MODE, THREADS)                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(Tensor as, Tensor as_up, Tensor b, Tensor ids, \
+                                                                Tensor rw, Tensor out, int groups, int rs,    \
+                                                                u64 err, u32 op) {                            \
+        grid_begin();                                                                                         \
+        moe_ring_body<DT, MODE>(as, as_up, b, ids, rw, out, groups, rs, err, op);                             \
+    }
+MR_ENTRY(moe_ring_q8_0_id, DT_Q8_0, MR_ID, GR_MAX_THREADS)
+MR_ENTRY(moe_ring_q8_0_glu, DT_Q8_0, MR_GLU, GR_MAX_THREADS)
+MR_ENTRY(moe_ring_q8_0_sum, DT_Q8_0, MR_SUM, GR_MAX_THREADS)
+MR_ENTRY(moe_ring_nvfp4_id, DT_NVFP4, MR_ID, GR_MAX_THREADS_NVFP4)
+MR_ENTRY(moe_ring_nvfp4_glu, DT_NVFP4, MR_GLU, GR_MAX_THREADS_NVFP4)
+MR_ENTRY(moe_ring_nvfp4_sum, DT_NVFP4, MR_SUM, GR_MAX_THREADS_NVFP4)
+
+// ---------------------------------------------------------------------------------------------
 // Word GEMVs for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole
 // words of 8 values, at most WORDS words a thread): thread t owns words t + blockDim.x j of every
 // row and their 8 f32 activations (packed by `pack_b`) in registers; a step takes R rows, the

@@ -721,6 +721,9 @@ impl GateUpId {
     }
 }
 
+/// Ids `[4, 1]` over 8 experts with one out of range (9, slot 1).
+const BAD_IDS_ONE_TOKEN: [i32; 4] = [2, 9, 0, 5];
+
 /// Ids `[4, 3]` over 8 experts with one out of range (8, token 1 slot 2): every backend names it
 /// (with several, a GPU reports whichever its threads meet first).
 const BAD_GATE_UP_IDS: [i32; 12] = [0, 5, 2, 7, 1, 3, 8, 6, 4, 2, 1, 0];
@@ -767,6 +770,18 @@ fn mul_mat_id_swiglu(out: &mut Vec<Case>) {
             ..GateUpId::new(type_a, 8, 4, 1, 64, 256, 48)
         };
         out.push(busy.case());
+    }
+    // One token over q8_0 / nvfp4 experts of whole 256-value chunks (a backend's one-token ring):
+    // output rows that straddle two slots in one stage, several stages a block, an odd slot
+    // count, and an out-of-range id.
+    for type_a in QUANTS {
+        out.push(GateUpId::new(type_a, 16, 9, 1, 37, 256, 1).case());
+        out.push(GateUpId::new(type_a, 16, 4, 1, 300, 512, 1).case());
+        let bad = GateUpId {
+            ids: Some(("bad", Init::Fixed(&BAD_IDS_ONE_TOKEN))),
+            ..GateUpId::new(type_a, 8, 4, 1, 24, 256, 1)
+        };
+        out.push(bad.case().expect_error());
     }
     // An out-of-range id: the run fails like the judge's, naming the fused op.
     for type_a in GATE_UP_TYPES {
@@ -837,6 +852,18 @@ fn mul_mat_id_weighted_sum(out: &mut Vec<Case>) {
     }
     for n_tokens in [1, 5] {
         out.push(weighted_sum_case(weighted_sum(QUANTS[1], 256, 8, 8, 2048, 512, n_tokens)));
+    }
+    // One token over q8_0 / nvfp4 experts of whole 256-value chunks (a backend's one-token
+    // ring): an odd slot count with one activation row a slot or one shared, odd rows, several
+    // stages a block, and an out-of-range id.
+    for type_a in QUANTS {
+        for n_b in [9, 1] {
+            out.push(weighted_sum_case(weighted_sum(type_a, 16, 9, n_b, 37, 256, 1)));
+        }
+        out.push(weighted_sum_case(weighted_sum(type_a, 16, 4, 4, 300, 512, 1)));
+        let bad =
+            Routed { ids: Some(("bad", Init::Fixed(&BAD_IDS_ONE_TOKEN))), ..weighted_sum(type_a, 8, 4, 4, 24, 256, 1) };
+        out.push(weighted_sum_case(bad).expect_error());
     }
     // Odd rows (a backend's last block of rows), repeated ids, and a bad id naming the op.
     for type_a in GATE_UP_TYPES {

@@ -240,9 +240,10 @@ const fn ids_with_one_bad<const N: usize>(bad: usize) -> [i32; N] {
     ids
 }
 
-/// 17 tokens (a grouped path) and 3 tokens (a decode path), one bad id each.
+/// 17 tokens (a grouped path), 3 tokens (a decode path) and one, one bad id each.
 static BAD_IDS_17: [i32; 136] = ids_with_one_bad::<136>(77);
 static BAD_IDS_3: [i32; 24] = ids_with_one_bad::<24>(13);
+static BAD_IDS_1: [i32; 8] = ids_with_one_bad::<8>(2);
 
 /// Perf cases for quantized weights and routed experts (register them in `perf.rs`): decode
 /// GEMVs through the 27B FFN weights (17408 x 5120) and the 35B-A3B's dense projections at 2 and
@@ -343,6 +344,15 @@ fn mul_mat_id(out: &mut Vec<Case>) {
         out.push(MulMatId::new(type_a, 256, 8, 1, 40, 256, 17).routing("expert0", one).case());
         out.push(MulMatId::new(type_a, 8, 8, 8, 40, 256, 64).routing("expert0", one).case());
         out.push(MulMatId::new(type_a, 256, 8, 8, 40, 256, 128).routing("experts0-2", three).case());
+    }
+    // One token over q8_0 / nvfp4 experts of whole 256-value chunks (a backend's one-token ring
+    // over the routed experts): output rows that straddle two slots in one stage, several stages a
+    // block, an odd slot count, and an out-of-range id.
+    for type_a in QUANTS {
+        out.push(MulMatId::new(type_a, 16, 9, 1, 37, 256, 1).case());
+        out.push(MulMatId::new(type_a, 16, 4, 1, 300, 512, 1).case());
+        let bad1 = MulMatId::new(type_a, 8, 8, 1, 40, 256, 1).routing("bad", Init::Fixed(&BAD_IDS_1));
+        out.push(bad1.case().expect_error());
     }
     // One out-of-range id among 17 tokens and among 3: the run fails like the judge's.
     for type_a in [F32, QUANTS[0], QUANTS[1]] {

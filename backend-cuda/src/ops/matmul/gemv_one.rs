@@ -2,7 +2,9 @@
 //! projections: the product is one pass over the weights, so these kernels hold the activations
 //! in registers and keep the weight stream near the copy bandwidth. q8_0 / nvfp4 take the ring
 //! GEMV `gemv_ring_*` (`gemv_ring_plan` sizes its shared-memory stages and thread groups for the
-//! device), f16 / bf16 the word GEMVs `gemv_f16w` / `gemv_bf16w[_long]`.
+//! device), f16 / bf16 the word GEMVs `gemv_f16w` / `gemv_bf16w[_long]`. One token against the
+//! experts it was routed to (mul_mat_id and its fused forms) takes the same ring over the
+//! gathered experts, `moe_ring_*` (`moe_ring_plan`).
 
 use tessera_graph::BackendError;
 use tessera_ops::DType;
@@ -11,6 +13,20 @@ use super::pack::{pack_b, packed_len};
 use super::rows_vectorizable;
 use crate::compile::{Kernel, Module};
 use crate::launch::{Cx, TensorArg, config};
+
+/// `moe_ring_*` entry points: `[q8_0, nvfp4][id, glu, sum]` (`MoeRingMode`).
+const MOE_RING: [[Kernel; 3]; 2] = [
+    [
+        Kernel::new(Module::GemvOne, "moe_ring_q8_0_id"),
+        Kernel::new(Module::GemvOne, "moe_ring_q8_0_glu"),
+        Kernel::new(Module::GemvOne, "moe_ring_q8_0_sum"),
+    ],
+    [
+        Kernel::new(Module::GemvOne, "moe_ring_nvfp4_id"),
+        Kernel::new(Module::GemvOne, "moe_ring_nvfp4_glu"),
+        Kernel::new(Module::GemvOne, "moe_ring_nvfp4_sum"),
+    ],
+];
 
 /// `gemv_ring_*` entry points: `[q8_0, nvfp4][3 stages, 4]`, and nvfp4's with a producer warp.
 const GEMV_RING: [[Kernel; 2]; 2] = [
@@ -56,6 +72,13 @@ const GR_DEEP_BANDWIDTH: u64 = 4_000_000_000_000;
 
 /// Static shared memory of `gemv_ring_*` (its stage barriers), kept out of the dynamic budget.
 const GR_STATIC_SHARED: usize = 64;
+
+/// `moe_ring_*` (gemv_one.cu): its ring stages and most slots (`MR_STAGES`, `MR_MAX_SLOTS`), and
+/// a bound on its static shared memory (the slots' expert offsets and weights, the barriers).
+/// TAG(moe-ring-consts)
+const MR_STAGES: usize = 4;
+const MR_MAX_SLOTS: i64 = 32;
+const MR_STATIC_SHARED: usize = 512;
 
 /// Shared-memory stages of the `gemv_ring_*` ring on a device of peak DRAM bandwidth `bandwidth`.
 pub(super) fn gemv_ring_stages(bandwidth: u64) -> usize {
@@ -164,6 +187,134 @@ pub(super) fn gemv_ring(
     Ok(())
 }
 
+/// Which product `moe_ring_*` runs: mul_mat_id, mul_mat_id_swiglu, mul_mat_id_weighted_sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MoeRingMode {
+    Id = 0,
+    Glu = 1,
+    Sum = 2,
+}
+
+/// How `moe_ring_*` runs one product: threads a block, thread groups, output rows a stage,
+/// dynamic shared memory bytes, blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct MoeRingPlan {
+    mode: MoeRingMode,
+    threads: u32,
+    groups: i32,
+    rows_stage: i32,
+    shared: u32,
+    blocks: u32,
+}
+
+/// The `moe_ring_*` plan when one takes the product: sm_90+ (`bulk`: the kernels copy with bulk
+/// copies only), one token (`ids` [n_used, 1], 1 ..= `MR_MAX_SLOTS` slots), q8_0 / nvfp4 experts
+/// of contiguous rows from 16-byte aligned starts, k % 256 == 0, and activations of one row (`Id`
+/// / `Glu`) or at most one a slot (`Sum`). Groups: as many as the threads hold (`Sum`: a whole
+/// number a slot); output rows a stage: enough that a block's share (the rows over `blocks`, one
+/// block a multiprocessor) fits the `MR_STAGES` - 1 stages in flight, fewer where the stages
+/// would not fit `max_shared`.
+pub(super) fn moe_ring_plan(
+    w: &TensorArg,
+    d: DType,
+    b: &TensorArg,
+    ids: &TensorArg,
+    mode: MoeRingMode,
+    max_shared: usize,
+    blocks: usize,
+    bulk: bool,
+) -> Option<MoeRingPlan> {
+    let (unit_bytes, max_threads) = match d {
+        DType::Q8_0 => (2 * d.block_bytes(), GR_MAX_THREADS),
+        DType::NvFp4 => (d.block_bytes(), GR_MAX_THREADS_NVFP4),
+        _ => return None,
+    };
+    let n_used = ids.ne[0];
+    let one_token = ids.ne[1] * ids.ne[2] * ids.ne[3] == 1 && b.ne[2] * b.ne[3] == 1;
+    let n_x = if mode == MoeRingMode::Sum { b.ne[1] } else { 1 };
+    let k = usize::try_from(w.ne[0]).ok()?;
+    let nu = k / 64;
+    let row_bytes = nu * unit_bytes;
+    let contiguous = w.nb[1] == row_bytes as i64 && w.data.is_multiple_of(16) && w.nb[2] % 16 == 0;
+    if !bulk || !one_token || !(1..=MR_MAX_SLOTS).contains(&n_used) || b.ne[1] != n_x || n_x > n_used {
+        return None;
+    }
+    let slots_fit = mode != MoeRingMode::Sum || nu * n_used as usize <= max_threads;
+    if !contiguous || k % 256 != 0 || nu == 0 || nu > max_threads || !slots_fit || w.ne[1] < 1 {
+        return None;
+    }
+    let (n_used, n_x) = (n_used as usize, n_x as usize);
+    let m = usize::try_from(w.ne[1]).ok()?;
+    let rows = if mode == MoeRingMode::Sum { m } else { n_used * m };
+    let groups = match mode {
+        MoeRingMode::Sum => max_threads / (nu * n_used) * n_used,
+        _ => max_threads / nu,
+    };
+    // weight rows a stage per output row
+    let per_row = match mode {
+        MoeRingMode::Id => 1,
+        MoeRingMode::Glu => 2,
+        MoeRingMode::Sum => n_used,
+    };
+    let blocks = blocks.clamp(1, rows);
+    let share = rows.div_ceil(blocks);
+    for rows_stage in (1..=share.div_ceil(MR_STAGES - 1)).rev() {
+        let stage_rows = per_row * rows_stage;
+        let shared = MR_STAGES * stage_rows * row_bytes + 2 * (stage_rows | 1) * nu * 4 + n_x * nu * GR_XSTRIDE;
+        if shared + MR_STATIC_SHARED <= max_shared {
+            return Some(MoeRingPlan {
+                mode,
+                threads: (groups * nu).next_multiple_of(32) as u32,
+                groups: groups as i32,
+                rows_stage: rows_stage as i32,
+                shared: u32::try_from(shared).ok()?,
+                blocks: u32::try_from(blocks).ok()?,
+            });
+        }
+    }
+    None
+}
+
+/// `moe_ring_*`: one token's mul_mat_id (`up` and `weights` none), mul_mat_id_swiglu (`up` its
+/// up experts, of w's shape and strides) or mul_mat_id_weighted_sum (`weights` the router
+/// weights [1, n_used, 1]) over the experts `ids` names, in one launch (activations quantized in
+/// the kernel; no scratch). `op` names the op in a device error (a bad expert id).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn moe_ring(
+    cx: &mut Cx<'_>,
+    plan: MoeRingPlan,
+    w: TensorArg,
+    up: Option<TensorArg>,
+    d: DType,
+    b: TensorArg,
+    ids: TensorArg,
+    weights: Option<TensorArg>,
+    out: TensorArg,
+    op: u32,
+) -> Result<(), BackendError> {
+    let kernel = MOE_RING[usize::from(d == DType::NvFp4)][plan.mode as usize];
+    cx.allow_shared(kernel, plan.shared)?;
+    let (up, weights) = (up.unwrap_or(w), weights.unwrap_or(b));
+    let err = cx.errors;
+    let mut args = cx.kernel(kernel)?;
+    args.arg(&w).arg(&up).arg(&b).arg(&ids).arg(&weights).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
+    args.arg(&err).arg(&op);
+    // SAFETY: `moe_ring_*(as, as_up, b, ids, rw, out, groups, rs, err, op)` (`moe_ring_plan`): as
+    // (and as_up, of its shape and strides, for `_glu`) are q8_0 / nvfp4 experts [k, M, E] of
+    // contiguous rows from 16-byte aligned starts with 16-byte aligned expert strides, k % 256 ==
+    // 0; ids [n_used, 1] i32 with 1 <= n_used <= MR_MAX_SLOTS, every id checked against E before
+    // any copy (a bad one is read as expert 0); groups * k / 64 <= threads <= the entry point's
+    // launch bound, `_sum`'s groups a multiple of n_used; b is f32 [k, n_x, 1, 1] read through its
+    // strides (n_x = 1, or for `_sum` at most n_used); rw (`_sum`) f32 [1, n_used, 1]; `shared`
+    // holds MR_STAGES stages of the output rows' weight rows plus 2 x (stage rows | 1) x k / 64
+    // f32 partials and n_x x k / 64 x GR_XSTRIDE bytes of activations, within the device limit
+    // (raised above); the kernels copy only whole rows of the slots' experts (bulk copies: sm_90+,
+    // `moe_ring_plan`'s `bulk`); out is f32 [M, n_used, 1] (`_id`, `_glu`) or [M, 1], written at
+    // rows < M.
+    unsafe { args.launch(config((plan.blocks, 1, 1), (plan.threads, 1, 1), plan.shared)) }?;
+    Ok(())
+}
+
 /// The word GEMV kernel and its threads, when one takes the product: one token, one f16 / bf16
 /// weight matrix whose rows are 16-byte aligned whole words. `gemv_f16w` / `gemv_bf16w`:
 /// `GH_WORDS` words a thread, at most `GW_MAX_THREADS` threads; longer rows `gemv_f16w_long` /
@@ -217,7 +368,7 @@ mod tests {
     #[test]
     fn its_kernels_are_entry_points_of_gemv_one_cu() {
         let words = [GEMV_F16W, GEMV_BF16W, GEMV_F16W_LONG, GEMV_BF16W_LONG, GEMV_RING_NVFP4_PRODUCER];
-        for &k in GEMV_RING.iter().flatten().chain(&words) {
+        for &k in GEMV_RING.iter().flatten().chain(MOE_RING.iter().flatten()).chain(&words) {
             assert!(super::super::defined_in_its_module(k), "{k:?}");
         }
     }
@@ -280,5 +431,56 @@ mod tests {
         let mut strided = weights(DType::Q8_0, 5120, 64);
         strided.nb[1] += 16;
         assert!(gemv_ring_plan(&strided, DType::Q8_0, &activations(5120), 232_448, 3, true).is_none());
+    }
+
+    #[test]
+    fn moe_ring_plans_of_the_model_shapes_fit_and_share_the_rows() {
+        // experts [k, m, 256]; activations [k, n_x]; ids [n_used, tokens]
+        let experts = |d: DType, k: usize, m: usize| {
+            let mut w = weights(d, k, m);
+            w.ne[2] = 256;
+            w.nb[3] = w.nb[2] * 256;
+            w
+        };
+        let rows = |k: usize, n: i64| TensorArg { ne: [k as i64, n, 1, 1], ..activations(k) };
+        let ids =
+            |n_used: i64, tokens: i64| TensorArg { data: 0, ne: [n_used, tokens, 1, 1], nb: [4, 4 * n_used, 0, 0] };
+        let (max_shared, sms) = (232_448, 132);
+        for d in [DType::Q8_0, DType::NvFp4] {
+            // qwen35moe's gate/up (2048 -> 512) and down (512 -> 2048), 8 routed + the shared expert
+            for (mode, k, m, n_x) in
+                [(MoeRingMode::Glu, 2048, 512, 1), (MoeRingMode::Id, 2048, 512, 1), (MoeRingMode::Sum, 512, 2048, 9)]
+            {
+                let plan = moe_ring_plan(&experts(d, k, m), d, &rows(k, n_x), &ids(9, 1), mode, max_shared, sms, true)
+                    .unwrap_or_else(|| panic!("no plan for {d:?} {mode:?}"));
+                let (nu, groups, rs) = (k / 64, plan.groups as usize, plan.rows_stage as usize);
+                let max = if d == DType::NvFp4 { GR_MAX_THREADS_NVFP4 } else { GR_MAX_THREADS };
+                assert!(groups * nu <= plan.threads as usize && plan.threads as usize <= max, "{plan:?}");
+                assert_eq!(plan.threads % 32, 0);
+                assert!(plan.shared as usize + MR_STATIC_SHARED <= max_shared, "{plan:?}");
+                assert_eq!(plan.blocks, 132);
+                let out_rows = if mode == MoeRingMode::Sum { m } else { 9 * m };
+                // a block's share of the rows is in flight at once: the stages in flight hold it
+                assert!((MR_STAGES - 1) * rs >= out_rows.div_ceil(132), "{plan:?}");
+                if mode == MoeRingMode::Sum {
+                    assert_eq!(groups % 9, 0, "{plan:?}");
+                }
+            }
+        }
+        let (d, w) = (DType::NvFp4, experts(DType::NvFp4, 2048, 512));
+        let plan =
+            |b: &TensorArg, ids: &TensorArg, mode, bulk| moe_ring_plan(&w, d, b, ids, mode, max_shared, sms, bulk);
+        // two tokens, a slot's own activations outside `Sum`, more than MR_MAX_SLOTS slots, no
+        // bulk copies (before sm_90): no plan
+        assert!(plan(&rows(2048, 1), &ids(8, 2), MoeRingMode::Glu, true).is_none());
+        assert!(plan(&rows(2048, 8), &ids(8, 1), MoeRingMode::Glu, true).is_none());
+        assert!(plan(&rows(2048, 1), &ids(33, 1), MoeRingMode::Id, true).is_none());
+        assert!(plan(&rows(2048, 1), &ids(8, 1), MoeRingMode::Id, false).is_none());
+        // strided rows: no plan
+        let mut strided = w;
+        strided.nb[1] += 16;
+        assert!(
+            moe_ring_plan(&strided, d, &rows(2048, 1), &ids(8, 1), MoeRingMode::Id, max_shared, sms, true).is_none()
+        );
     }
 }

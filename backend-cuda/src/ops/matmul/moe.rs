@@ -10,6 +10,7 @@ use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use super::gemv::{fast_activations, fast_rows, quant_x_bytes};
+use super::gemv_one::{MoeRingMode, MoeRingPlan, moe_ring, moe_ring_plan};
 use super::pack::{pack_b, packed_len};
 use super::{GF_THREADS, MM_WARPS, THREADS, align, mmq, rows_vectorizable};
 use crate::compile::{Kernel, Module};
@@ -104,6 +105,11 @@ pub(super) fn mul_mat_id(
     up: Option<(TensorArg, TensorArg)>,
     op: u32,
 ) -> Result<(), BackendError> {
+    if up.is_none()
+        && let Some(plan) = one_token_ring(cx, &w, d, &b, &ids, MoeRingMode::Id)
+    {
+        return moe_ring(cx, plan, w, None, d, b, ids, None, out, op);
+    }
     let n_expert = w.ne[2];
     let n_pairs = ids.nelements();
     let mma = moe_mma_fits(cx, &w, d, &ids);
@@ -190,6 +196,23 @@ pub(super) fn mul_mat_id(
     // experts with many pairs); weight rows and k beyond the tensor are masked to zero.
     unsafe { args.launch(config(grid, (THREADS, 1, 1), 0)) }?;
     Ok(())
+}
+
+/// The plan of `moe_ring_*` (gemv_one.rs) where it takes one token's product (and
+/// `TESSERA_MOE_PATH` forces no other path): one launch over the routed experts' rows at the copy
+/// rate, against `moe_decode*`'s activation quantization and warp-per-row launches.
+pub(super) fn one_token_ring(
+    cx: &Cx<'_>,
+    w: &TensorArg,
+    d: DType,
+    b: &TensorArg,
+    ids: &TensorArg,
+    mode: MoeRingMode,
+) -> Option<MoeRingPlan> {
+    let bulk = cx.info.compute_capability.0 >= 9;
+    let max_shared = cx.info.max_shared_per_block;
+    let sms = cx.info.multiprocessors;
+    (moe_path() == MoePath::Auto).then(|| moe_ring_plan(w, d, b, ids, mode, max_shared, sms, bulk)).flatten()
 }
 
 /// Whether mul_mat_id takes `moe_decode`: few tokens where it beats `moe_mma_*` (or forced by
