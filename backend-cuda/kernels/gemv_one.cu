@@ -243,6 +243,58 @@ __device__ __forceinline__ void gr_quantize_unit(u32* slot) {
     slot[36] = w[36];
 }
 
+// Quantizes n units of 64 staged f32 activations (unit t at xa + GR_XSTRIDE t, 16-byte aligned)
+// in place to what the unit dots read: words 0-31 the int16 pairs (q8_0: x[p] = values 2 p, 2 p + 1;
+// nvfp4: x[8 s + 4 h + i] = values 16 s + 4 h + i and + 8, matching code word 1 + 2 s + h), words
+// 32-35 nvfp4's cs[s] = -128 * (sum of sub-block s's int16 values), word 36 the f32 scale
+// (|x - dx q| <= dx / 2, dx = amax / 32767; nvfp4's times 128: its E2M1 values are doubled and
+// its scales read as value / 256): the same words as gr_quantize_unit, eight consecutive threads a
+// unit, the 8 values of the 4 words each writes (the unit's amax and sub-block sums by shuffles).
+// `moe_ring_*`, whose blocks stream few rows, take it: there one thread's 64-value chain was a
+// large part of the block's time; the dense ring keeps gr_quantize_unit (the 8-thread form made it
+// slower: docs/perf-log/kernels-matmul.md). Call with every thread of the block (shuffles and warp
+// barriers; a whole number of warps).
+template <int DT>
+__device__ __forceinline__ void gr_quantize_units(char* xa, int n) {
+    const int p = threadIdx.x & 7;
+    // nvfp4: words 8 s + 4 h .. + 3 (s = p / 2, h = p % 2) pair values e0 + i and e0 + 8 + i;
+    // q8_0: words 4 p .. + 3 hold values 8 p .. 8 p + 7
+    const int e0 = DT == DT_NVFP4 ? 16 * (p >> 1) + 4 * (p & 1) : 8 * p, e1 = DT == DT_NVFP4 ? e0 + 8 : e0 + 4;
+    for (int t0 = 0; t0 < n; t0 += (int)blockDim.x >> 3) {
+        const int t = t0 + ((int)threadIdx.x >> 3);
+        const bool live = t < n;
+        float* slot = (float*)(xa + GR_XSTRIDE * (live ? t : 0));
+        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f), a = live ? *(const float4*)(slot + e0) : z, b = live ? *(const float4*)(slot + e1) : z;
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[e]));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        int q[8], sum = 0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            q[e] = (int)fminf(fmaxf(rintf(v[e] * id), -32767.0f), 32767.0f);
+            sum += q[e];
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // the sub-block's other half (nvfp4)
+        __syncwarp();  // every value of the warp's units is read before any word overwrites it
+        if (live) {
+            u32* w = (u32*)slot;
+            if (DT == DT_NVFP4) {
+                *(uint4*)(w + 4 * p) = make_uint4(gr_pair(q[0], q[4]), gr_pair(q[1], q[5]), gr_pair(q[2], q[6]), gr_pair(q[3], q[7]));
+                if ((p & 1) == 0) w[32 + (p >> 1)] = (u32)(-128 * sum);
+            } else {
+                *(uint4*)(w + 4 * p) = make_uint4(gr_pair(q[0], q[1]), gr_pair(q[2], q[3]), gr_pair(q[4], q[5]), gr_pair(q[6], q[7]));
+                if (p < 4) w[32 + p] = 0u;
+            }
+            if (p == 0) w[36] = __float_as_uint(DT == DT_NVFP4 ? amax / 32767.0f * 128.0f : amax / 32767.0f);
+        }
+        __syncwarp();
+    }
+}
+
 // out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
 // above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
 // rows a stage (a multiple of groups). P (sm_90+ only): the block's last warp, beyond the
@@ -594,15 +646,7 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
     const u32 ring = tc_smem(mr_shared), bars = tc_smem(mr_bars);
     auto stage_rows = [&](int s) { return (int)min((i64)rs, o1 - o0 - (i64)s * rs); };
 
-    if (tid < n_used) {
-        int id = *(const int*)(ids.data + tid * ids.nb[0]);
-        if (id < 0 || id >= as.ne[2]) {
-            if (blockIdx.x == 0) report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, as.ne[2], 0, 0);
-            id = 0;
-        }
-        mr_expert[tid] = id * as.nb[2];
-        if (MODE == MR_SUM) mr_weight[tid] = *(const float*)(rw.data + tid * rw.nb[1]);
-    }
+    if (MODE == MR_SUM && tid < n_used) mr_weight[tid] = *(const float*)(rw.data + tid * rw.nb[1]);
     // the activations' first loads, before the copies (L2 hits that should not queue behind them)
     const int n4 = n_x * nu * 16;
     auto load_x = [&](int c) {
@@ -615,7 +659,6 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
     for (int i = 0; i < 4; i++) {
         if (tid + i * nt < n4) xv[i] = load_x(tid + i * nt);
     }
-    __syncthreads();  // the experts' offsets
 
     // stage s: its rows' pieces, all completing on the stage buffer's barrier
     auto bulk = [&](u32 dst, const char* src, u32 bytes, u32 bar) {
@@ -639,13 +682,27 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
             }
         }
     };
+    // The last warp reads the ids (its lane u slot u's) and its last thread copies: the first
+    // stages go out without waiting for a block barrier.
     const int copier = nt - 1;
-    if (tid == copier) {
+    if (tid >= nt - 32) {
+        const int u = tid - (nt - 32);
+        if (u < n_used) {
+            int id = *(const int*)(ids.data + u * ids.nb[0]);
+            if (id < 0 || id >= as.ne[2]) {
+                if (blockIdx.x == 0) report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_EXPERT_ID, op, id, as.ne[2], 0, 0);
+                id = 0;
+            }
+            mr_expert[u] = id * as.nb[2];
+        }
+        __syncwarp();
+        if (tid == copier) {
 #pragma unroll
-        for (int i = 0; i < S; i++) gr_bar_init(bars + 8 * i, 1);
-        gr_fence_bar_init();
+            for (int i = 0; i < S; i++) gr_bar_init(bars + 8 * i, 1);
+            gr_fence_bar_init();
 #pragma unroll
-        for (int s = 0; s < S - 1; s++) issue(s);
+            for (int s = 0; s < S - 1; s++) issue(s);
+        }
     }
     for (int c0 = tid; c0 < n4; c0 += 4 * nt) {
         if (c0 != tid) {
@@ -661,8 +718,7 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
         }
     }
     __syncthreads();
-    // unit t of the staged rows, quantized in place by one thread each
-    if (tid < n_x * nu) gr_quantize_unit<DT>((u32*)(xa + GR_XSTRIDE * tid));
+    gr_quantize_units<DT>(xa, n_x * nu);
     __syncthreads();
     const int g = tid / nu, j = tid - g * nu;
     const bool worker = g < groups;

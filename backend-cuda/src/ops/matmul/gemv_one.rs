@@ -212,8 +212,8 @@ pub(super) struct MoeRingPlan {
 /// of contiguous rows from 16-byte aligned starts, k % 256 == 0, and activations of one row (`Id`
 /// / `Glu`) or at most one a slot (`Sum`). Groups: as many as the threads hold (`Sum`: a whole
 /// number a slot); output rows a stage: enough that a block's share (the rows over `blocks`, one
-/// block a multiprocessor) fits the `MR_STAGES` - 1 stages in flight, fewer where the stages
-/// would not fit `max_shared`.
+/// block a multiprocessor) fits the `MR_STAGES` - 1 stages in flight, rounded up to give every
+/// group the same number of rows, fewer where the stages would not fit `max_shared`.
 pub(super) fn moe_ring_plan(
     w: &TensorArg,
     d: DType,
@@ -256,9 +256,16 @@ pub(super) fn moe_ring_plan(
         MoeRingMode::Glu => 2,
         MoeRingMode::Sum => n_used,
     };
+    // a whole number of rows a group a stage, where that fits (`Sum`: of each slot's groups)
+    let whole = match mode {
+        MoeRingMode::Id => groups,
+        MoeRingMode::Glu => groups / gcd(groups, 2),
+        MoeRingMode::Sum => groups / n_used,
+    };
     let blocks = blocks.clamp(1, rows);
     let share = rows.div_ceil(blocks);
-    for rows_stage in (1..=share.div_ceil(MR_STAGES - 1)).rev() {
+    let most = share.div_ceil(MR_STAGES - 1).next_multiple_of(whole);
+    for rows_stage in (1..=most).rev().filter(|rs| rs % whole == 0 || *rs < whole) {
         let stage_rows = per_row * rows_stage;
         let shared = MR_STAGES * stage_rows * row_bytes + 2 * (stage_rows | 1) * nu * 4 + n_x * nu * GR_XSTRIDE;
         if shared + MR_STATIC_SHARED <= max_shared {
@@ -273,6 +280,10 @@ pub(super) fn moe_ring_plan(
         }
     }
     None
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// `moe_ring_*`: one token's mul_mat_id (`up` and `weights` none), mul_mat_id_swiglu (`up` its
@@ -460,10 +471,19 @@ mod tests {
                 assert!(plan.shared as usize + MR_STATIC_SHARED <= max_shared, "{plan:?}");
                 assert_eq!(plan.blocks, 132);
                 let out_rows = if mode == MoeRingMode::Sum { m } else { 9 * m };
-                // a block's share of the rows is in flight at once: the stages in flight hold it
-                assert!((MR_STAGES - 1) * rs >= out_rows.div_ceil(132), "{plan:?}");
-                if mode == MoeRingMode::Sum {
-                    assert_eq!(groups % 9, 0, "{plan:?}");
+                // nvfp4: a block's share of the rows is in flight at once (the stages in flight
+                // hold it); q8_0's rows are too long for that
+                if d == DType::NvFp4 {
+                    assert!((MR_STAGES - 1) * rs >= out_rows.div_ceil(132), "{plan:?}");
+                }
+                // every group the same number of weight rows a stage
+                match mode {
+                    MoeRingMode::Id => assert_eq!(rs % groups, 0, "{plan:?}"),
+                    MoeRingMode::Glu => assert_eq!(2 * rs % groups, 0, "{plan:?}"),
+                    MoeRingMode::Sum => {
+                        assert_eq!(groups % 9, 0, "{plan:?}");
+                        assert_eq!(rs % (groups / 9), 0, "{plan:?}");
+                    }
                 }
             }
         }
