@@ -39,7 +39,10 @@
 //!   values are exact in bf16; q8_0 values are split into hi + lo bf16 parts) and multiplied by
 //!   hi + lo bf16 activations, so the result keeps f32-level accuracy (the quantized cases take
 //!   the f32 bound).
-//! - **mul_mat_id** (`moe.rs`): up to `MOE_DECODE_TOKENS` tokens, `moe_decode` runs a warp per
+//! - **mul_mat_id** (`moe.rs`): one token over q8_0 / nvfp4 experts of contiguous rows on sm_90+
+//!   (and its fused forms) takes `moe_ring_*` (`gemv_one.rs`): the ring GEMV over the routed
+//!   experts' rows, gathered by bulk copies, one launch. Else up to `MOE_DECODE_TOKENS` tokens,
+//!   `moe_decode` runs a warp per
 //!   weight row over the routed (slot, token) pairs only, with `gemv_fast`'s units (for q8_0 /
 //!   nvfp4 experts only where it beats `moe_mma_*`: long rows, a few tokens, `moe_decode_wins`).
 //!   Beyond, `mmq::moe_prep` groups the (slot, token) pairs by expert on the device (no host

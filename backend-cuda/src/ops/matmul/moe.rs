@@ -1,5 +1,6 @@
 //! mul_mat_id and its fused forms (mul_mat_id_swiglu, mul_mat_id_weighted_sum): the choice among
-//! their paths, and the wrappers of `kernels/moe.cu`. A few tokens take `moe_decode*` (each routed
+//! their paths, and the wrappers of `kernels/moe.cu`. One token over q8_0 / nvfp4 experts takes
+//! `moe_ring_*` (gemv_one.rs) where it fits (`one_token_ring`). A few tokens take `moe_decode*` (each routed
 //! (slot, token) pair straight over its expert's rows, no grouping) unless the tensor-core
 //! `moe_mma_*` (`mmq.rs`) wins; more tokens group the pairs by expert on the device (`moe_prep`)
 //! and run the busy experts on tensor cores or `moe_gemm`, the rest through `moe_gemv`.
