@@ -295,6 +295,27 @@ __device__ __forceinline__ void gr_quantize_units(char* xa, int n) {
     }
 }
 
+// Stages n4 float4 of f32 activations, float4 c at xa + 16 c + 16 (c >> 4) (unit c / 16 at
+// GR_XSTRIDE bytes a unit), V a thread a round: xv holds the first round's loads, issued by the
+// caller before it started the weight copies; the later rounds load through load_x(c).
+template <int V, typename Load>
+__device__ __forceinline__ void gr_stage_x(char* xa, float4 (&xv)[V], int n4, Load load_x) {
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int c0 = tid; c0 < n4; c0 += V * nt) {
+        if (c0 != tid) {
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                if (c0 + i * nt < n4) xv[i] = load_x(c0 + i * nt);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            const int c = c0 + i * nt;
+            if (c < n4) *(float4*)(xa + 16 * c + 16 * (c >> 4)) = xv[i];
+        }
+    }
+}
+
 // out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
 // above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
 // rows a stage (a multiple of groups). P (sm_90+ only): the block's last warp, beyond the
@@ -394,19 +415,7 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
 #pragma unroll
     for (int s = 0; s < S - 1; s++) issue(s);
 #endif
-    for (int c0 = tid; c0 < n4; c0 += 8 * nt) {
-        if (c0 != tid) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (c0 + i * nt < n4) xv[i] = load_x(c0 + i * nt);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int c = c0 + i * nt;
-            if (c < n4) *(float4*)(xf + 16 * c + 16 * (c >> 4)) = xv[i];
-        }
-    }
+    gr_stage_x(xf, xv, n4, load_x);
     __syncthreads();
     const int g = tid / nu, j = tid - g * nu;
     const bool worker = g < groups;
@@ -704,19 +713,7 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
             for (int s = 0; s < S - 1; s++) issue(s);
         }
     }
-    for (int c0 = tid; c0 < n4; c0 += 4 * nt) {
-        if (c0 != tid) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if (c0 + i * nt < n4) xv[i] = load_x(c0 + i * nt);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int c = c0 + i * nt;
-            if (c < n4) *(float4*)(xa + 16 * c + 16 * (c >> 4)) = xv[i];
-        }
-    }
+    gr_stage_x(xa, xv, n4, load_x);
     __syncthreads();
     gr_quantize_units<DT>(xa, n_x * nu);
     __syncthreads();
