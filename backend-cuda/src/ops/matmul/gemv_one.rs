@@ -12,6 +12,7 @@ use tessera_ops::DType;
 use super::pack::{pack_b, packed_len};
 use super::rows_vectorizable;
 use crate::compile::{Kernel, Module};
+use crate::device::DeviceInfo;
 use crate::launch::{Cx, TensorArg, config};
 
 /// `moe_ring_*` entry points: `[q8_0, nvfp4][id, glu, sum]` (`MoeRingMode`).
@@ -207,23 +208,23 @@ pub(super) struct MoeRingPlan {
     blocks: u32,
 }
 
-/// The `moe_ring_*` plan when one takes the product: sm_90+ (`bulk`: the kernels copy with bulk
+/// The `moe_ring_*` plan when one takes the product on `dev`: sm_90+ (the kernels copy with bulk
 /// copies only), one token (`ids` [n_used, 1], 1 ..= `MR_MAX_SLOTS` slots), q8_0 / nvfp4 experts
 /// of contiguous rows from 16-byte aligned starts, k % 256 == 0, and activations of one row (`Id`
 /// / `Glu`) or at most one a slot (`Sum`). Groups: as many as the threads hold (`Sum`: a whole
-/// number a slot); output rows a stage: enough that a block's share (the rows over `blocks`, one
-/// block a multiprocessor) fits the `MR_STAGES` - 1 stages in flight, rounded up to give every
-/// group the same number of rows, fewer where the stages would not fit `max_shared`.
+/// number a slot); output rows a stage: enough that a block's share (the rows over the blocks, one
+/// a multiprocessor) fits the `MR_STAGES` - 1 stages in flight, rounded up to give every
+/// group the same number of rows, fewer where the stages would not fit the device's shared memory.
 pub(super) fn moe_ring_plan(
     w: &TensorArg,
     d: DType,
     b: &TensorArg,
     ids: &TensorArg,
     mode: MoeRingMode,
-    max_shared: usize,
-    blocks: usize,
-    bulk: bool,
+    dev: &DeviceInfo,
 ) -> Option<MoeRingPlan> {
+    let (max_shared, blocks) = (dev.max_shared_per_block, dev.multiprocessors);
+    let bulk = dev.compute_capability.0 >= 9;
     let (unit_bytes, max_threads) = match d {
         DType::Q8_0 => (2 * d.block_bytes(), GR_MAX_THREADS),
         DType::NvFp4 => (d.block_bytes(), GR_MAX_THREADS_NVFP4),
@@ -320,7 +321,7 @@ pub(super) fn moe_ring(
     // holds MR_STAGES stages of the output rows' weight rows plus 2 x (stage rows | 1) x k / 64
     // f32 partials and n_x x k / 64 x GR_XSTRIDE bytes of activations, within the device limit
     // (raised above); the kernels copy only whole rows of the slots' experts (bulk copies: sm_90+,
-    // `moe_ring_plan`'s `bulk`); out is f32 [M, n_used, 1] (`_id`, `_glu`) or [M, 1], written at
+    // checked by `moe_ring_plan`); out is f32 [M, n_used, 1] (`_id`, `_glu`) or [M, 1], written at
     // rows < M.
     unsafe { args.launch(config((plan.blocks, 1, 1), (plan.threads, 1, 1), plan.shared)) }?;
     Ok(())
@@ -456,13 +457,25 @@ mod tests {
         let rows = |k: usize, n: i64| TensorArg { ne: [k as i64, n, 1, 1], ..activations(k) };
         let ids =
             |n_used: i64, tokens: i64| TensorArg { data: 0, ne: [n_used, tokens, 1, 1], nb: [4, 4 * n_used, 0, 0] };
-        let (max_shared, sms) = (232_448, 132);
+        let max_shared = 232_448;
+        let hopper = DeviceInfo {
+            ordinal: 0,
+            name: "H200".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            total_memory: 141 << 30,
+            l2_bytes: 60 << 20,
+            max_shared_per_block: max_shared,
+            peak_memory_bandwidth: 4_812_800_000_000,
+            nvrtc_version: (13, 0),
+        };
+        let ampere = DeviceInfo { compute_capability: (8, 0), ..hopper.clone() };
         for d in [DType::Q8_0, DType::NvFp4] {
             // qwen35moe's gate/up (2048 -> 512) and down (512 -> 2048), 8 routed + the shared expert
             for (mode, k, m, n_x) in
                 [(MoeRingMode::Glu, 2048, 512, 1), (MoeRingMode::Id, 2048, 512, 1), (MoeRingMode::Sum, 512, 2048, 9)]
             {
-                let plan = moe_ring_plan(&experts(d, k, m), d, &rows(k, n_x), &ids(9, 1), mode, max_shared, sms, true)
+                let plan = moe_ring_plan(&experts(d, k, m), d, &rows(k, n_x), &ids(9, 1), mode, &hopper)
                     .unwrap_or_else(|| panic!("no plan for {d:?} {mode:?}"));
                 let (nu, groups, rs) = (k / 64, plan.groups as usize, plan.rows_stage as usize);
                 let max = if d == DType::NvFp4 { GR_MAX_THREADS_NVFP4 } else { GR_MAX_THREADS };
@@ -488,19 +501,17 @@ mod tests {
             }
         }
         let (d, w) = (DType::NvFp4, experts(DType::NvFp4, 2048, 512));
-        let plan =
-            |b: &TensorArg, ids: &TensorArg, mode, bulk| moe_ring_plan(&w, d, b, ids, mode, max_shared, sms, bulk);
+        let plan = |b: &TensorArg, ids: &TensorArg, mode, dev: &DeviceInfo| moe_ring_plan(&w, d, b, ids, mode, dev);
         // two tokens, a slot's own activations outside `Sum`, more than MR_MAX_SLOTS slots, no
         // bulk copies (before sm_90): no plan
-        assert!(plan(&rows(2048, 1), &ids(8, 2), MoeRingMode::Glu, true).is_none());
-        assert!(plan(&rows(2048, 8), &ids(8, 1), MoeRingMode::Glu, true).is_none());
-        assert!(plan(&rows(2048, 1), &ids(33, 1), MoeRingMode::Id, true).is_none());
-        assert!(plan(&rows(2048, 1), &ids(8, 1), MoeRingMode::Id, false).is_none());
+        assert!(plan(&rows(2048, 1), &ids(8, 2), MoeRingMode::Glu, &hopper).is_none());
+        assert!(plan(&rows(2048, 8), &ids(8, 1), MoeRingMode::Glu, &hopper).is_none());
+        assert!(plan(&rows(2048, 1), &ids(33, 1), MoeRingMode::Id, &hopper).is_none());
+        assert!(plan(&rows(2048, 1), &ids(8, 1), MoeRingMode::Id, &ampere).is_none());
+        assert!(plan(&rows(2048, 1), &ids(8, 1), MoeRingMode::Id, &hopper).is_some());
         // strided rows: no plan
         let mut strided = w;
         strided.nb[1] += 16;
-        assert!(
-            moe_ring_plan(&strided, d, &rows(2048, 1), &ids(8, 1), MoeRingMode::Id, max_shared, sms, true).is_none()
-        );
+        assert!(moe_ring_plan(&strided, d, &rows(2048, 1), &ids(8, 1), MoeRingMode::Id, &hopper).is_none());
     }
 }

@@ -210,10 +210,7 @@ pub(super) fn one_token_ring(
     ids: &TensorArg,
     mode: MoeRingMode,
 ) -> Option<MoeRingPlan> {
-    let bulk = cx.info.compute_capability.0 >= 9;
-    let max_shared = cx.info.max_shared_per_block;
-    let sms = cx.info.multiprocessors;
-    (moe_path() == MoePath::Auto).then(|| moe_ring_plan(w, d, b, ids, mode, max_shared, sms, bulk)).flatten()
+    (moe_path() == MoePath::Auto).then(|| moe_ring_plan(w, d, b, ids, mode, cx.info)).flatten()
 }
 
 /// Whether mul_mat_id takes `moe_decode`: few tokens where it beats `moe_mma_*` (or forced by
