@@ -971,8 +971,8 @@ fn fused(op: &'static str, g: &mut Graph, x: &[Tensor], k: usize) -> Result<Tens
 /// rope_multi), the DeltaNet gate norm (128 x 32 heads), the router (8 of 256: softmax_top_k,
 /// moe_weights, and moe_router against the two); and the FFN's gate
 /// and up projections with their GLU (q8_0 and nvfp4): the routed experts (2048 -> 512, 8 of 256)
-/// at 1, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8; the routed down
-/// projection weighted and summed over the slots (512 -> 2048) at 1, 8 and 16.
+/// at 1, 2, 4, 8 and 16 tokens, the shared expert (2048 -> 512, dense) at 1 and 8; the routed down
+/// projection weighted and summed over the slots (512 -> 2048) at 1, 2, 4, 8 and 16.
 pub(super) fn perf_cases() -> Vec<Case> {
     let mut out = gate_up_perf_cases();
     const E: usize = 2048;
@@ -1047,10 +1047,10 @@ fn gate_up_perf_cases() -> Vec<Case> {
         };
         let down = |n: usize| weighted_sum_inputs(&weighted_sum(type_a, 256, 8, 8, E, FF, n));
         // (op, label part, tokens, inputs, rows m, row length k)
-        let specs = [1, 8, 16].map(|n| ("mul_mat_id_swiglu", "n_mats=256,n_used=8,", n, routed(n), FF, E));
+        let specs = [1, 2, 4, 8, 16].map(|n| ("mul_mat_id_swiglu", "n_mats=256,n_used=8,", n, routed(n), FF, E));
         // the shared expert at decode widths and a prefill micro-batch
         let shared = [1, 8, 512].map(|n| ("mul_mat_swiglu", "", n, dense(n), FF, E));
-        let combine = [1, 8, 16].map(|n| ("mul_mat_id_weighted_sum", "n_mats=256,n_used=8,", n, down(n), E, FF));
+        let combine = [1, 2, 4, 8, 16].map(|n| ("mul_mat_id_weighted_sum", "n_mats=256,n_used=8,", n, down(n), E, FF));
         for (op, what, n, inputs, m, k) in specs.into_iter().chain(shared).chain(combine) {
             for is_fused in [true, false] {
                 let kind = if is_fused { "fused" } else { "unfused" };
