@@ -295,6 +295,28 @@ __device__ __forceinline__ void gr_quantize_units(char* xa, int n) {
     }
 }
 
+// A thread's quantized unit of activations (words as the quantization wrote them, at q) into
+// registers: the 32 int16 pairs, nvfp4's four sub-block constants, the scale.
+template <int DT>
+__device__ __forceinline__ void gr_unit_words(const uint4* q, u32 (&x)[32], int (&cs)[4], float& dx) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint4 v = q[i];
+        x[4 * i] = v.x;
+        x[4 * i + 1] = v.y;
+        x[4 * i + 2] = v.z;
+        x[4 * i + 3] = v.w;
+    }
+    const uint4 t = q[8];
+    if (DT == DT_NVFP4) {
+        cs[0] = (int)t.x;
+        cs[1] = (int)t.y;
+        cs[2] = (int)t.z;
+        cs[3] = (int)t.w;
+    }
+    dx = __uint_as_float(*(const u32*)(q + 9));
+}
+
 // Stages n4 float4 of f32 activations, float4 c at xa + 16 c + 16 (c >> 4) (unit c / 16 at
 // GR_XSTRIDE bytes a unit), V a thread a round: xv holds the first round's loads, issued by the
 // caller before it started the weight copies; the later rounds load through load_x(c).
@@ -428,25 +450,7 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
     u32 x[32];
     int cs[4] = {0, 0, 0, 0};
     float dx = 0.0f;
-    if (worker) {
-        const uint4* q = (const uint4*)(xf + GR_XSTRIDE * j);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const uint4 v = q[i];
-            x[4 * i] = v.x;
-            x[4 * i + 1] = v.y;
-            x[4 * i + 2] = v.z;
-            x[4 * i + 3] = v.w;
-        }
-        const uint4 t = q[8];
-        if (DT == DT_NVFP4) {
-            cs[0] = (int)t.x;
-            cs[1] = (int)t.y;
-            cs[2] = (int)t.z;
-            cs[3] = (int)t.w;
-        }
-        dx = __uint_as_float(*(const u32*)(q + 9));
-    }
+    if (worker) gr_unit_words<DT>((const uint4*)(xf + GR_XSTRIDE * j), x, cs, dx);
 
     // Row r of stage s: its nu partials at parts[(s & 1) rp nu + i rp + r], unit i. L
     // consecutive threads add up a row (every L-th partial each, then shuffles). nvfp4 takes L
@@ -725,20 +729,7 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
     u32 x[32];
     int cs[4] = {0, 0, 0, 0};
     float dx = 0.0f;
-    if (worker) {
-        const uint4* q = (const uint4*)(xa + GR_XSTRIDE * ((slot % n_x) * nu + j));
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const uint4 v = q[i];
-            x[4 * i] = v.x;
-            x[4 * i + 1] = v.y;
-            x[4 * i + 2] = v.z;
-            x[4 * i + 3] = v.w;
-        }
-        const uint4 t = q[8];
-        if (DT == DT_NVFP4) cs[0] = (int)t.x, cs[1] = (int)t.y, cs[2] = (int)t.z, cs[3] = (int)t.w;
-        dx = __uint_as_float(*(const u32*)(q + 9));
-    }
+    if (worker) gr_unit_words<DT>((const uint4*)(xa + GR_XSTRIDE * ((slot % n_x) * nu + j)), x, cs, dx);
     const u32 e2m1_lo = GR_E2M1_LO | zero;
     // this thread's dots of stage s into p: the weight rows it takes are i = h, h + c, ... < the
     // rows of its part of the stage (`_glu`: the gate rows, then the up rows), two at a time for nvfp4
