@@ -287,14 +287,15 @@ fn gcd(a: usize, b: usize) -> usize {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// `moe_ring_*`: one token's mul_mat_id (`up` and `weights` none), mul_mat_id_swiglu (`up` its
-/// up experts, of w's shape and strides) or mul_mat_id_weighted_sum (`weights` the router
-/// weights [1, n_used, 1]) over the experts `ids` names, in one launch (activations quantized in
-/// the kernel; no scratch). `op` names the op in a device error (a bad expert id).
+/// mul_mat_id (`MoeRingMode::Id`), mul_mat_id_swiglu (`Glu`, `up` its up experts, of w's shape)
+/// or mul_mat_id_weighted_sum (`Sum`, `weights` the router weights [1, n_used, T]) on
+/// `moe_ring_*`, one launch a token (activations quantized in the kernel; no scratch), where the
+/// kernels take the product: `moe_ring_plan` for one token's columns, at most `max_tokens` tokens.
+/// `op` names the op in a device error (a bad expert id). `None` when they do not take it.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn moe_ring(
+pub(super) fn moe_rings(
     cx: &mut Cx<'_>,
-    plan: MoeRingPlan,
+    mode: MoeRingMode,
     w: TensorArg,
     up: Option<TensorArg>,
     d: DType,
@@ -303,28 +304,48 @@ pub(super) fn moe_ring(
     weights: Option<TensorArg>,
     out: TensorArg,
     op: u32,
-) -> Result<(), BackendError> {
+    max_tokens: i64,
+) -> Option<Result<(), BackendError>> {
+    let tokens = ids.ne[1];
+    let columns = ids.ne[2] * ids.ne[3] == 1 && b.ne[2] == tokens && b.ne[3] == 1;
+    let up_fits = up.is_none_or(|u| u.nb == w.nb && u.data.is_multiple_of(16));
+    if !columns || !up_fits || !(1..=max_tokens).contains(&tokens) {
+        return None;
+    }
+    // token t's column of a tensor whose tokens run along `dim`
+    let col = |t: &TensorArg, dim: usize, i: i64| {
+        let mut c = *t;
+        c.data += (i * t.nb[dim]) as u64;
+        c.ne[dim] = 1;
+        c
+    };
+    let plan = moe_ring_plan(&w, d, &col(&b, 2, 0), &col(&ids, 1, 0), mode, cx.info)?;
+    let out_dim = if mode == MoeRingMode::Sum { 1 } else { 2 };
     let kernel = MOE_RING[usize::from(d == DType::NvFp4)][plan.mode as usize];
-    cx.allow_shared(kernel, plan.shared)?;
-    let (up, weights) = (up.unwrap_or(w), weights.unwrap_or(b));
-    let err = cx.errors;
-    let mut args = cx.kernel(kernel)?;
-    args.arg(&w).arg(&up).arg(&b).arg(&ids).arg(&weights).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
-    args.arg(&err).arg(&op);
-    // SAFETY: `moe_ring_*(as, as_up, b, ids, rw, out, groups, rs, err, op)` (`moe_ring_plan`): as
-    // (and as_up, of its shape and strides, for `_glu`) are q8_0 / nvfp4 experts [k, M, E] of
-    // contiguous rows from 16-byte aligned starts with 16-byte aligned expert strides, k % 256 ==
-    // 0; ids [n_used, 1] i32 with 1 <= n_used <= MR_MAX_SLOTS, every id checked against E before
-    // any copy (a bad one is read as expert 0); groups * k / 64 <= threads <= the entry point's
-    // launch bound, `_sum`'s groups a multiple of n_used; b is f32 [k, n_x, 1, 1] read through its
-    // strides (n_x = 1, or for `_sum` at most n_used); rw (`_sum`) f32 [1, n_used, 1]; `shared`
-    // holds MR_STAGES stages of the output rows' weight rows plus 2 x (stage rows | 1) x k / 64
-    // f32 partials and n_x x k / 64 x GR_XSTRIDE bytes of activations, within the device limit
-    // (raised above); the kernels copy only whole rows of the slots' experts (bulk copies: sm_90+,
-    // checked by `moe_ring_plan`); out is f32 [M, n_used, 1] (`_id`, `_glu`) or [M, 1], written at
-    // rows < M.
-    unsafe { args.launch(config((plan.blocks, 1, 1), (plan.threads, 1, 1), plan.shared)) }?;
-    Ok(())
+    let (up, err) = (up.unwrap_or(w), cx.errors);
+    let launch = |cx: &mut Cx<'_>, t: i64| -> Result<(), BackendError> {
+        let (b, ids, out) = (col(&b, 2, t), col(&ids, 1, t), col(&out, out_dim, t));
+        let rw = weights.map_or(b, |rw| col(&rw, 2, t));
+        let mut args = cx.kernel(kernel)?;
+        args.arg(&w).arg(&up).arg(&b).arg(&ids).arg(&rw).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
+        args.arg(&err).arg(&op);
+        // SAFETY: `moe_ring_*(as, as_up, b, ids, rw, out, groups, rs, err, op)` (`moe_ring_plan`,
+        // token t's columns): as (and as_up, of its shape and strides, for `_glu`) are q8_0 /
+        // nvfp4 experts [k, M, E] of contiguous rows from 16-byte aligned starts with 16-byte
+        // aligned expert strides, k % 256 == 0; ids [n_used, 1] i32 with 1 <= n_used <=
+        // MR_MAX_SLOTS, every id checked against E before any copy (a bad one is read as expert
+        // 0); groups * k / 64 <= threads <= the entry point's launch bound, `_sum`'s groups a
+        // multiple of n_used; b is f32 [k, n_x, 1, 1] read through its strides (n_x = 1, or for
+        // `_sum` at most n_used); rw (`_sum`) f32 [1, n_used, 1]; `shared` holds MR_STAGES stages
+        // of the output rows' weight rows plus 2 x (stage rows | 1) x k / 64 f32 partials and n_x
+        // x k / 64 x GR_XSTRIDE bytes of activations, within the device limit (raised above); the
+        // kernels copy only whole rows of the slots' experts (bulk copies: sm_90+, checked by
+        // `moe_ring_plan`); out is f32 [M, n_used, 1] (`_id`, `_glu`) or [M, 1], written at rows
+        // < M.
+        unsafe { args.launch(config((plan.blocks, 1, 1), (plan.threads, 1, 1), plan.shared)) }?;
+        Ok(())
+    };
+    Some(cx.allow_shared(kernel, plan.shared).and_then(|()| (0..tokens).try_for_each(|t| launch(cx, t))))
 }
 
 /// The word GEMV kernel and its threads, when one takes the product: one token, one f16 / bf16

@@ -68,9 +68,9 @@ use tessera_ops::{DType, Op, TensorMeta};
 use self::blas::{blas_fits, blas_scratch, mul_mat_blas};
 use self::gemm_f32::{gemm_f32, gemm_f32_fits, gemm_f32_scratch};
 use self::gemv::{fast_gemv_fits, fast_rows, gemv_fast, gemv_fast_glu, gemv_warp, glu_gemv_fits, quant_x_bytes};
-use self::gemv_one::{MoeRingMode, gemv_ring, gemv_ring_plan, gemv_ring_stages, gemv_words, word_gemv};
+use self::gemv_one::{MoeRingMode, gemv_ring, gemv_ring_plan, gemv_ring_stages, gemv_words, moe_rings, word_gemv};
 use self::moe::{
-    moe_decode, moe_decode_sum, moe_decode_taken, moe_mma_fits, moe_rings, moe_scratch, mul_mat_id,
+    moe_decode, moe_decode_sum, moe_decode_taken, moe_mma_fits, moe_scratch, mul_mat_id, ring_tokens,
     weighted_decode_taken, weighted_slot_sum,
 };
 use self::pack::packed_f32_bytes;
@@ -186,7 +186,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         }
         (Op::MulMatIdSwiglu, [wg, wu, b, ids], Some(d)) => {
             let op = op_code("mul_mat_id_swiglu");
-            if let Some(done) = moe_rings(cx, MoeRingMode::Glu, *wg, Some(*wu), d, *b, *ids, None, out, op) {
+            if let Some(done) =
+                moe_rings(cx, MoeRingMode::Glu, *wg, Some(*wu), d, *b, *ids, None, out, op, ring_tokens())
+            {
                 return done;
             }
             if moe_decode_taken(wg, d, ids, moe_mma_fits(cx, wg, d, ids)) && fast_rows(wu, d) && wg.nb == wu.nb {
@@ -198,7 +200,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         }
         (Op::MulMatIdWeightedSum, [w, b, ids, rw], Some(d)) => {
             let op = op_code("mul_mat_id_weighted_sum");
-            if let Some(done) = moe_rings(cx, MoeRingMode::Sum, *w, None, d, *b, *ids, Some(*rw), out, op) {
+            if let Some(done) =
+                moe_rings(cx, MoeRingMode::Sum, *w, None, d, *b, *ids, Some(*rw), out, op, ring_tokens())
+            {
                 return done;
             }
             if weighted_decode_taken(w, d, ids) {

@@ -11,7 +11,7 @@ use tessera_graph::BackendError;
 use tessera_ops::{DType, TensorMeta};
 
 use super::gemv::{fast_activations, fast_rows, quant_x_bytes};
-use super::gemv_one::{MoeRingMode, moe_ring, moe_ring_plan};
+use super::gemv_one::{MoeRingMode, moe_rings};
 use super::pack::{pack_b, packed_len};
 use super::{GF_THREADS, MM_WARPS, THREADS, align, mmq, rows_vectorizable};
 use crate::compile::{Kernel, Module};
@@ -107,7 +107,7 @@ pub(super) fn mul_mat_id(
     op: u32,
 ) -> Result<(), BackendError> {
     if up.is_none()
-        && let Some(done) = moe_rings(cx, MoeRingMode::Id, w, None, d, b, ids, None, out, op)
+        && let Some(done) = moe_rings(cx, MoeRingMode::Id, w, None, d, b, ids, None, out, op, ring_tokens())
     {
         return done;
     }
@@ -199,52 +199,15 @@ pub(super) fn mul_mat_id(
     Ok(())
 }
 
-/// Most tokens `moe_rings` takes, one launch a token (`TESSERA_MOE_RING_TOKENS`, read once a
-/// process): 1, one token's product, unless set to measure the ring a token at a time against
-/// `moe_decode*` at a few tokens.
-fn ring_tokens() -> i64 {
+/// Most tokens `moe_rings` (gemv_one.rs) takes, one launch a token: 1, one token's product, unless
+/// `TESSERA_MOE_RING_TOKENS` (read once a process) sets more, to measure the ring a token at a
+/// time against `moe_decode*` at a few tokens; 0 when `TESSERA_MOE_PATH` forces another path.
+pub(super) fn ring_tokens() -> i64 {
     static SET: OnceLock<Option<i64>> = OnceLock::new();
-    crate::launch::env_number(&SET, "TESSERA_MOE_RING_TOKENS").unwrap_or(1)
-}
-
-/// mul_mat_id (`MoeRingMode::Id`), mul_mat_id_swiglu (`Glu`, `up` its up experts) or
-/// mul_mat_id_weighted_sum (`Sum`, `weights` the router weights) on `moe_ring_*` (gemv_one.rs),
-/// one launch a token, where it takes the product (`moe_ring_plan` for one token's columns, at
-/// most `ring_tokens()` tokens, and `TESSERA_MOE_PATH` unset): one launch over the routed
-/// experts' rows at the copy rate, against `moe_decode*`'s activation quantization and
-/// warp-per-row launches. `None` when it does not take it.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn moe_rings(
-    cx: &mut Cx<'_>,
-    mode: MoeRingMode,
-    w: TensorArg,
-    up: Option<TensorArg>,
-    d: DType,
-    b: TensorArg,
-    ids: TensorArg,
-    weights: Option<TensorArg>,
-    out: TensorArg,
-    op: u32,
-) -> Option<Result<(), BackendError>> {
-    let tokens = ids.ne[1];
-    let columns = ids.ne[2] * ids.ne[3] == 1 && b.ne[2] == tokens && b.ne[3] == 1;
-    let up_fits = up.is_none_or(|u| u.nb == w.nb && u.data.is_multiple_of(16));
-    if moe_path() != MoePath::Auto || !columns || !up_fits || !(1..=ring_tokens()).contains(&tokens) {
-        return None;
+    if moe_path() != MoePath::Auto {
+        return 0;
     }
-    // token t's column of a tensor whose tokens run along `dim`
-    let col = |t: &TensorArg, dim: usize, i: i64| {
-        let mut c = *t;
-        c.data += (i * t.nb[dim]) as u64;
-        c.ne[dim] = 1;
-        c
-    };
-    let plan = moe_ring_plan(&w, d, &col(&b, 2, 0), &col(&ids, 1, 0), mode, cx.info)?;
-    let out_dim = if mode == MoeRingMode::Sum { 1 } else { 2 };
-    Some((0..tokens).try_for_each(|t| {
-        let rw = weights.map(|rw| col(&rw, 2, t));
-        moe_ring(cx, plan, w, up, d, col(&b, 2, t), col(&ids, 1, t), rw, col(&out, out_dim, t), op)
-    }))
+    crate::launch::env_number(&SET, "TESSERA_MOE_RING_TOKENS").unwrap_or(1)
 }
 
 /// Whether mul_mat_id takes `moe_decode`: few tokens where it beats `moe_mma_*` (or forced by
