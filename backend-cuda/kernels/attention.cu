@@ -540,17 +540,16 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
 //
 // `fa_mma_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256). A block takes FT_BM = 64 tokens of
 // one query head (16 per warp) and walks the kv positions in tiles of FT_BN = 64: S = Q K^T and
-// O += P V run as mma.sync m16n8k16 (Q and P rounded to the K/V type, f32 accumulators), with the
-// online softmax on the S fragments in f32. A tile's K and V rows (through the block table when
-// paged) are copied into shared memory with 16-byte cp.async, staggered so that copies overlap
-// the tensor cores: V of tile j lands while S of tile j is computed, K of tile j + 1 while O
-// takes P V of tile j (one K and one V buffer, two barriers a tile). An f16 mask with 16-byte
-// aligned rows rides along with K (FT_BN columns of the block's 64 rows, read from shared
-// memory by the softmax); other masks are read from global memory. With a mask, the block first
-// finds its last tile that any of its rows can see (scanning tiles from the end while all of
-// them are -inf), so a causal mask's upper triangle costs neither copies nor tensor-core work.
-// Rows are padded by FT_PAD halves so that ldmatrix is free of bank conflicts. Dynamic shared
-// memory: 3 * 64 * (D + FT_PAD) halves and the mask tile, FT_BM * FT_MLD halves.
+// O += P V on tensor cores (Q and P rounded to the K/V type, f32 accumulators), with the online
+// softmax on the S fragments in f32. Two product paths (`ft_scores`, `ft_pv`): wgmma on sm_90a,
+// mma.sync elsewhere. A tile's K and V rows (through the block table when paged) are copied into
+// shared memory with 16-byte cp.async, overlapping the tensor cores (the two schedules are at the
+// loop). An f16 mask with 16-byte aligned rows rides along with K (FT_BN columns of the block's
+// 64 rows, read from shared memory by the softmax); other masks are read from global memory. With
+// a mask, the block first finds its last tile that any of its rows can see (scanning tiles from
+// the end while all of them are -inf), so a causal mask's upper triangle costs neither copies nor
+// tensor-core work. Dynamic shared memory: the Q, K and V tiles (64 x D halves, laid out for the
+// path: `ft_at`) and the mask tile (FT_BM * FT_MLD halves). TAG(fa-mma-tile)
 //
 // Ragged: a block takes 64 tokens of one sequence of at least `l_min` tokens (tile x counts such
 // sequences' ceil(L / 64) tiles in order: warp 0 finds this block's by a running scan) and stops
@@ -576,13 +575,14 @@ template <int DT>
 __device__ __forceinline__ u32 ft_pack(float lo, float hi) {
     return (u32)ft_half<DT>(lo) | ((u32)ft_half<DT>(hi) << 16);
 }
-// Copies a tile's query rows into sQ (ROWS rows of D halves, LD apart), rounded to the K/V type:
-// row r is f32 at row(r) with element stride nb0 (float4 loads where nb0 == 4 and aligned), or
-// zeros where row(r) is null. A thread issues a round's loads (up to 8 groups of 4) before it
+// Copies a tile's query rows into sQ (ROWS rows of D halves; element (r, c) at sQ[at(r, c)], with
+// c a multiple of 4 and the 4 halves from c adjacent), rounded to the K/V type: row r is f32 at
+// row(r) with element stride nb0 (float4 loads where nb0 == 4 and aligned), or zeros where row(r)
+// is null. A thread issues a round's loads (up to 8 groups of 4) before it
 // stores any of them, so one memory latency covers the round; a load-then-store loop waited one
 // latency per element, which dominated the one-token decode.
-template <int DT, int ROWS, int D, int LD, int THREADS, typename Row>
-__device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row) {
+template <int DT, int ROWS, int D, int THREADS, typename Row, typename At>
+__device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row, At at) {
     constexpr int PER = ROWS * D / 4 / THREADS, BATCH = PER < 8 ? PER : 8;
     static_assert(ROWS * D % (4 * THREADS) == 0 && PER % BATCH == 0, "whole rounds per thread");
 #pragma unroll 1
@@ -607,7 +607,7 @@ __device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row) {
 #pragma unroll
         for (int i = 0; i < BATCH; i++) {
             const int gi = threadIdx.x + (b0 + i) * THREADS, r = gi / (D / 4), c = gi % (D / 4) * 4;
-            *(uint2*)&sQ[r * LD + c] = make_uint2(ft_pack<DT>(x[i].x, x[i].y), ft_pack<DT>(x[i].z, x[i].w));
+            *(uint2*)&sQ[at(r, c)] = make_uint2(ft_pack<DT>(x[i].x, x[i].y), ft_pack<DT>(x[i].z, x[i].w));
         }
     }
 }
@@ -625,6 +625,137 @@ __device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
     else tc_mma_f16(c, a, b0, b1);
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FT_WGMMA 1
+#endif
+
+#ifdef FT_WGMMA
+// On sm_90a the block's 4 warps are one warpgroup and both products are wgmma: S = Q K^T as
+// m64n64k16 steps with Q and K read from shared memory, O += P V as m64nDk16 steps with P from
+// registers (the S fragments, rounded) and V read from shared memory transposed. The tensor
+// cores read each K and V value once for the block's 64 rows, where mma.sync's ldmatrix read it
+// once per warp; and the loads and their latencies leave the instruction stream. Tiles are D / 64
+// sub-tiles of ROWS rows of 128 bytes with wgmma's 128-byte swizzle (common.cuh), 1024-byte aligned.
+constexpr int ft_tile_halves(int rows, int d) { return rows * d; }
+template <int ROWS, int D>
+__device__ __forceinline__ int ft_at(int r, int c) {
+    return (c >> 6) * (ROWS * 64) + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+}
+
+#define FT_WG_SS(T)                                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                                    \
+                 : "l"(a), "l"(b), "r"(accumulate)                                                              \
+                 : "memory")
+
+#define FT_WG_RS128(T)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)                                      \
+                 : "memory")
+
+#define FT_WG_RS256(T)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)                                      \
+                 : "memory")
+
+
+// sc = the block's S tile (Q K^T; this thread's fragments of its warp's 16 rows, as mma.sync's).
+template <int DT, int D>
+__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* sQ, const u16* sK, int, int) {
+    float* d = &sc[0][0];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const int off = (ks >> 2) * 64 * 64 + (ks & 3) * 16;
+        const u64 a = wg_desc(sQ + off), b = wg_desc(sK + off);
+        const int accumulate = ks > 0;
+        if (DT == DT_BF16) FT_WG_SS("bf16");
+        else FT_WG_SS("f16");
+    }
+    wg_commit();
+    wg_wait<0>();
+}
+// o += P V for the tile, P the rounded probabilities `sc`.
+template <int DT, int D>
+__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const u16* sV, int) {
+    float* d = &o[0][0];
+    // every fragment packed before the fence (a register written between two wgmmas makes ptxas
+    // serialize them)
+    u32 p[FT_BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < FT_BN / 16; kk++) {
+        p[kk][0] = ft_pack<DT>(sc[2 * kk][0], sc[2 * kk][1]);
+        p[kk][1] = ft_pack<DT>(sc[2 * kk][2], sc[2 * kk][3]);
+        p[kk][2] = ft_pack<DT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        p[kk][3] = ft_pack<DT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < FT_BN / 16; kk++) {
+        const u32* a = p[kk];
+        const u64 b = wg_desc_mn(sV + kk * 16 * 64, FT_BN * 128);
+        if (D == 256) {
+            if (DT == DT_BF16) FT_WG_RS256("bf16");
+            else FT_WG_RS256("f16");
+        } else {
+            if (DT == DT_BF16) FT_WG_RS128("bf16");
+            else FT_WG_RS128("f16");
+        }
+    }
+    wg_commit();
+    wg_wait<0>();
+}
+#else
+// Elsewhere each warp runs mma.sync m16n8k16 on its 16 rows, operands through ldmatrix from tiles
+// of ROWS rows padded by FT_PAD halves (bank-conflict free).
+constexpr int ft_tile_halves(int rows, int d) { return rows * (d + FT_PAD); }
+template <int ROWS, int D>
+__device__ __forceinline__ int ft_at(int r, int c) {
+    return r * (D + FT_PAD) + c;
+}
+// sc = this warp's 16 rows of S = Q K^T for the tile.
+template <int DT, int D>
+__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* sQ, const u16* sK, int warp, int lane) {
+    constexpr int LD = D + FT_PAD;
+#pragma unroll
+    for (int n = 0; n < FT_BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll 4
+    for (int kk = 0; kk < D; kk += 16) {
+        u32 a[4];
+        tc_ldsm4(a, &sQ[(warp * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8]);
+#pragma unroll
+        for (int n = 0; n < FT_BN / 8; n += 2) {
+            u32 b[4];
+            tc_ldsm4(b, &sK[(n * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
+            ft_mma<DT>(sc[n], a, b[0], b[1]);
+            ft_mma<DT>(sc[n + 1], a, b[2], b[3]);
+        }
+    }
+}
+// o += P V for this warp's 16 rows, P the rounded probabilities `sc`.
+template <int DT, int D>
+__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const u16* sV, int lane) {
+    constexpr int LD = D + FT_PAD;
+#pragma unroll
+    for (int kk = 0; kk < FT_BN / 16; kk++) {
+        const u32 a[4] = {ft_pack<DT>(sc[2 * kk][0], sc[2 * kk][1]), ft_pack<DT>(sc[2 * kk][2], sc[2 * kk][3]),
+                          ft_pack<DT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), ft_pack<DT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            u32 b[4];
+            ft_ldsm4_trans(b, &sV[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
+            ft_mma<DT>(o[n], a, b[0], b[1]);
+            ft_mma<DT>(o[n + 1], a, b[2], b[3]);
+        }
+    }
+}
+#endif
+
 template <int DT, int D>
 __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
@@ -632,20 +763,29 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     extern __shared__ __align__(16) u16 ft_smem[];
     __shared__ __align__(8) int s_cell[2][FT_BN];
     __shared__ int s_work[3];
-    constexpr int LD = D + FT_PAD;
+#ifdef FT_WGMMA
+    // 1024-byte aligned by pointer arithmetic, so that accesses stay shared-space ones (the
+    // unpadded tiles leave room for it in the host's size, which the padded ones fill)
+    u16* sQ = ft_smem + ((1024 - (tc_smem(ft_smem) & 1023)) & 1023) / 2;
+#else
     u16* sQ = ft_smem;
-    u16* sK = sQ + FT_BM * LD;
-    u16* sV = sK + FT_BN * LD;
-    u16* sM = sV + FT_BN * LD;
+#endif
+    u16* sK = sQ + ft_tile_halves(FT_BM, D);
+    u16* sV = sK + ft_tile_halves(FT_BN, D);
+    u16* sM = sV + ft_tile_halves(FT_BN, D);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
     const int n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
     const int n_kv = paged ? (int)table.ne[0] : n_cells;
-    const int h = blockIdx.y;
+    // Dense: the grid's blocks in launch order take every head's last token tile first, then
+    // every head's next-to-last, ...: under a causal mask the tiles that see the most positions
+    // start first and the short ones fill the last wave.
+    const int lin = (int)(blockIdx.x + gridDim.x * blockIdx.y);
+    const int h = offsets.data ? (int)blockIdx.y : lin % (int)gridDim.y;
     // Tokens t0 .. t_end (at most 64) of sequence s, in q's slot qs; token t sees positions
     // j <= t + causal (dense: all, causal = n_kv) and the block walks positions 0 .. j_stop.
-    int t0 = blockIdx.x * FT_BM, t_end = n_tokens, s = blockIdx.z, qs = blockIdx.z, causal = n_kv, j_stop = n_kv;
+    int t0 = ((int)gridDim.x - 1 - lin / (int)gridDim.y) * FT_BM, t_end = n_tokens, s = blockIdx.z, qs = blockIdx.z, causal = n_kv, j_stop = n_kv;
     if (offsets.data) {
         if (!fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) return;
         const int n_seq = (int)kv_lens.ne[0];
@@ -718,20 +858,27 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             cells[tid] = cell;
         }
     };
-    // copies the tile's rows of K or V (zeros for cells of -1) into dst
+    // copies the tile's rows of K or V (zeros for cells of -1) into dst: a thread always takes the
+    // same 16-byte piece of every 128 / (D / 8)-th row, so that the addresses it computes once
+    // serve every row (a copy is a few instructions, not a division and a generic-to-shared
+    // conversion each; the 4 warps issue 2 x 64 rows of copies a tile)
     auto copy_rows = [&](u16* dst, const char* base, i64 nb1, const int* cells) {
-#pragma unroll 2
-        for (int idx = tid; idx < FT_BN * (D / 8); idx += 128) {
-            const int r = idx / (D / 8), c8 = idx % (D / 8), cell = cells[r];
-            tc_cp16(&dst[r * LD + c8 * 8], base + (i64)max(cell, 0) * nb1 + c8 * 16, cell >= 0);
+        constexpr int CPR = D / 8, RPP = 128 / CPR;
+        const int c8 = tid % CPR, r0 = tid / CPR;
+        const u32 d0 = tc_smem(dst);
+        const char* src = base + c8 * 16;
+#pragma unroll
+        for (int i = 0; i < FT_BN / RPP; i++) {
+            const int r = r0 + RPP * i, cell = cells[r];
+            tc_cp16_at(d0 + 2 * ft_at<FT_BN, D>(r, c8 * 8), src + (i64)max(cell, 0) * nb1, cell >= 0);
         }
     };
-    // copies the mask's columns j0 .. j0 + 63 of the block's rows into sM
-    auto copy_mask = [&](int j0) {
+    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst
+    auto copy_mask = [&](int j0, u16* dst) {
         for (int idx = tid; idx < FT_BM * (FT_BN / 8); idx += 128) {
             const int r = idx / (FT_BN / 8), j = j0 + idx % (FT_BN / 8) * 8, t = t0 + r;
             const bool ok = t < t_end && j < (int)mask.ne[0];
-            tc_cp16(&sM[r * FT_MLD + j - j0], ok ? mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq : mask.data, ok);
+            tc_cp16(&dst[r * FT_MLD + j - j0], ok ? mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq : mask.data, ok);
         }
     };
 
@@ -741,7 +888,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     __syncthreads();
     if (j_stop > 0) {
         copy_rows(sK, kbase, k.nb[1], s_cell[0]);
-        if (mstage) copy_mask(0);
+        if (mstage) copy_mask(0, sM);
     }
     tc_commit();
     if (has_mask) {
@@ -761,10 +908,13 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         j_stop = min(j_stop, (last + 1) * FT_BN);
     }
 
-    ft_load_q<DT, FT_BM, D, LD, 128>(sQ, q.nb[0], [&](int r) -> const char* {
-        const int t = t0 + r;
-        return t < t_end ? q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3] : nullptr;
-    });
+    ft_load_q<DT, FT_BM, D, 128>(
+        sQ, q.nb[0],
+        [&](int r) -> const char* {
+            const int t = t0 + r;
+            return t < t_end ? q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3] : nullptr;
+        },
+        [](int r, int c) { return ft_at<FT_BM, D>(r, c); });
 
     float o[D / 8][4];
 #pragma unroll
@@ -772,9 +922,16 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
     const int tok[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
 
+    // The copies overlap the tensor cores, staggered over one K, one V and one mask buffer: V of
+    // tile j lands while S of tile j is computed, K and the mask of tile j + 1 while O takes P V
+    // of tile j; two barriers a tile. (Two buffers of each, all of tile j + 1 copied during tile
+    // j, left one block a multiprocessor at D = 256 and were slower: docs/perf-log.)
     for (int j0 = 0, buf = 0; j0 < j_stop; j0 += FT_BN, buf ^= 1) {
         const int* cell = s_cell[buf];
         tc_wait<0>();
+#ifdef FT_WGMMA
+        tc_fence_async();  // this thread's copies and Q stores, before the tensor cores read them
+#endif
         __syncthreads();  // K and the mask of this tile landed (and sQ is written); V is free
         copy_rows(sV, vbase, v.nb[1], cell);
         tc_commit();
@@ -783,20 +940,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
         float sc[FT_BN / 8][4];
-#pragma unroll
-        for (int n = 0; n < FT_BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll 4
-        for (int kk = 0; kk < D; kk += 16) {
-            u32 a[4];
-            tc_ldsm4(a, &sQ[(warp * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8]);
-#pragma unroll
-            for (int n = 0; n < FT_BN / 8; n += 2) {
-                u32 b[4];
-                tc_ldsm4(b, &sK[(n * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
-                ft_mma<DT>(sc[n], a, b[0], b[1]);
-                ft_mma<DT>(sc[n + 1], a, b[2], b[3]);
-            }
-        }
+        ft_scores<DT, D>(sc, sQ, sK, warp, lane);
         // Logits and the online-softmax update (rows g and g + 8 of the warp's 16). The softcap
         // and mask choices are uniform branches around whole loops: taken per element, every
         // element inlined tanhf and the mask's dtype switch, and the loop outgrew the
@@ -882,25 +1026,17 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             }
         }
         tc_wait<0>();
+#ifdef FT_WGMMA
+        tc_fence_async();
+#endif
         __syncthreads();  // V of this tile landed; every warp is done with K, the mask and `cell`
         if (more) {
             copy_rows(sK, kbase, k.nb[1], s_cell[buf ^ 1]);
-            if (mstage) copy_mask(j0 + FT_BN);
+            if (mstage) copy_mask(j0 + FT_BN, sM);
         }
         tc_commit();
         // O += P V.
-#pragma unroll
-        for (int kk = 0; kk < FT_BN / 16; kk++) {
-            const u32 a[4] = {ft_pack<DT>(sc[2 * kk][0], sc[2 * kk][1]), ft_pack<DT>(sc[2 * kk][2], sc[2 * kk][3]),
-                              ft_pack<DT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), ft_pack<DT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-            for (int n = 0; n < D / 8; n += 2) {
-                u32 b[4];
-                ft_ldsm4_trans(b, &sV[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
-                ft_mma<DT>(o[n], a, b[0], b[1]);
-                ft_mma<DT>(o[n + 1], a, b[2], b[3]);
-            }
-        }
+        ft_pv<DT, D>(o, sc, sV, lane);
     }
 
 #pragma unroll
@@ -1096,11 +1232,14 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     mask_bits(0, mb);
     // The tile's query rows (rounded to the K/V type, zero rows past nrows), while the first
     // chunks' copies are under way.
-    ft_load_q<DT, 16, D, LD, FD_W * 32>(sQ, q.nb[0], [&](int r) -> const char* {
-        if (r >= nrows) return nullptr;
-        const int h = h0 + r / tn, t = t0 + r % tn;
-        return q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
-    });
+    ft_load_q<DT, 16, D, FD_W * 32>(
+        sQ, q.nb[0],
+        [&](int r) -> const char* {
+            if (r >= nrows) return nullptr;
+            const int h = h0 + r / tn, t = t0 + r % tn;
+            return q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
+        },
+        [](int r, int c) { return r * LD + c; });
     __syncthreads();  // sQ written
     for (int it = 0; it < my_chunks; it++) {
         const int nx = it + FD_S - 1;

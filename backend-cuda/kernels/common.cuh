@@ -489,6 +489,29 @@ __device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0
 // Orders this thread's earlier generic-proxy shared accesses (stores, cp.async) before later
 // async-proxy ones (wgmma operand reads, bulk copies). sm_90+.
 __device__ __forceinline__ void tc_fence_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// wgmma (sm_90a) building blocks. Operand tiles in shared memory are 1024-byte aligned groups of
+// 8 rows of 128 bytes whose 16-byte chunks are XOR-swizzled (chunk c of row r at c ^ (r % 8)):
+// Hopper's 128-byte swizzle.
+//
+// Descriptor of a K-major operand tile (rows of 64 16-bit k values): 8-row groups 1024 bytes
+// apart. Adding 2 moves the start 32 bytes (16 values) along k.
+__device__ __forceinline__ u64 wg_desc(const void* tile) {
+    const u64 a = tc_smem(tile);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+// Descriptor of an MN-major operand (rows of 64 consecutive 16-bit n values, one row per k; used
+// with the transpose flag): 8 k-rows 1024 bytes apart, the next 64 n `mn_stride` bytes on.
+__device__ __forceinline__ u64 wg_desc_mn(const void* tile, u32 mn_stride) {
+    const u64 a = tc_smem(tile);
+    return ((a & 0x3FFFF) >> 4) | ((u64)(mn_stride >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Waits until at most N of the warpgroup's committed wgmma groups are still running.
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+#endif
 // Four 8x8 b16 matrices: lanes 8i .. 8i + 7 give the row addresses of matrix i; register i of lane
 // l receives matrix i's row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1.
 // (Of 32-bit values, 8 rows of 4: register i of lane l receives matrix i's value (l / 4, l % 4).)

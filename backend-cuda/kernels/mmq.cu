@@ -274,19 +274,6 @@ __device__ __forceinline__ void mq_acc_coords(int idx, int& row, int& col) {
 }
 
 #ifdef MQ_WGMMA
-// Shared-memory matrix descriptor of a swizzled tile (1024-byte aligned, 128-byte rows, K-major):
-// start address, stride between 8-row groups 1024 bytes, 128-byte swizzle. Adding 2 moves the
-// start 32 bytes (16 f16) along k.
-__device__ __forceinline__ u64 wg_desc(const char* tile) {
-    const u64 a = tc_smem(tile);
-    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-// Waits until at most N of the warpgroup's committed wgmma groups are still running.
-template <int N>
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-
 // d = A (64 x 16, descriptor a) B^T (128 x 16, descriptor b) + (accumulate ? d : 0), issued
 // asynchronously by the warpgroup.
 __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {

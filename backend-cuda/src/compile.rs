@@ -80,10 +80,10 @@ impl Module {
     ];
 
     /// The architectures whose architecture-specific features (the `a` targets) the module's
-    /// source uses when present: `mmq`'s `wgmma` path on Hopper.
+    /// source uses when present: the `wgmma` paths of `mmq` and of the prefill attention on Hopper.
     pub const fn arch_specific_on(self) -> &'static [&'static str] {
         match self {
-            Module::Mmq => &["sm_90"],
+            Module::Mmq | Module::Attention => &["sm_90"],
             _ => &[],
         }
     }

@@ -59,8 +59,9 @@ pub struct CudaOptions {
     /// Executable graphs kept at most.
     pub graph_capacity: usize,
     /// Compile kernels that have one for the device's architecture-specific features (Hopper's
-    /// `wgmma` in `mmq`); off, every kernel takes its portable path, the one other GPUs run
-    /// (default on; `TESSERA_CUDA_ARCH_SPECIFIC=0` turns it off, to test that path on Hopper).
+    /// `wgmma` in `mmq` and in the prefill attention); off, every kernel takes its portable path,
+    /// the one other GPUs run (default on; `TESSERA_CUDA_ARCH_SPECIFIC=0` turns it off, to test
+    /// that path on Hopper).
     pub arch_specific: bool,
     /// Time every op with CUDA events and print the totals per op and shapes to stderr when the
     /// backend is dropped; steps then run eagerly (default off; `TESSERA_CUDA_PROFILE=1`).
@@ -616,10 +617,12 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn only_mmq_on_hopper_gets_the_arch_specific_target() {
+    fn only_mmq_and_attention_on_hopper_get_the_arch_specific_target() {
         use crate::Module;
         use crate::compile::target;
         assert_eq!(target(Module::Mmq, "sm_90", true), "sm_90a");
+        assert_eq!(target(Module::Attention, "sm_90", true), "sm_90a");
+        assert_eq!(target(Module::Attention, "sm_80", true), "sm_80");
         assert_eq!(target(Module::Mmq, "sm_90", false), "sm_90");
         assert_eq!(target(Module::Mmq, "sm_80", true), "sm_80");
         assert_eq!(target(Module::Mmq, "sm_100", true), "sm_100");

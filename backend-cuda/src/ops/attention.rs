@@ -290,6 +290,8 @@ fn mma_kernel(
         (DType::BF16, 128) => MMA_BF16_D128,
         _ => MMA_BF16_D256,
     };
+    // Q, K, V with rows padded for ldmatrix, and the mask tile (sm_90a's wgmma path needs no
+    // padding: its unpadded tiles and their 1024-byte alignment fit in the same bytes)
     let shared = (MMA_BM + 2 * MMA_BN) * (d + MMA_PAD) * 2 + MMA_BM * MMA_MASK_LD * 2;
     (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
 }
@@ -498,7 +500,7 @@ fn run_mma(
     // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged,
     // scale, softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
     // checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4
-    // loads); `shared` is the kernel's 3 * 64 * (D + 8) + 64 * 72 halves and within the device limit
+    // loads); `shared` is the kernel's tiles (`mma_kernel`) and within the device limit
     // (raised above). Dense: the grid covers ceil(n_tokens / 64) x n_head x n_seq and rows past
     // n_tokens are not written. Ragged: blocks check every offset and kv length first, take the
     // tiles of `ragged_mma_tiles` (a bound on their count, plus a spare row) and write only their
