@@ -894,13 +894,32 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     if (has_mask) {
         // The last tile any of this block's rows sees: tiles past it are all -inf (a causal
         // mask's upper triangle) and cost nothing. A NaN counts as seen (it reaches the output).
+        // A thread's loads of a tile are all issued before any is tested (one memory latency a
+        // tile, not one a value: a block near the start of a causal prefill scans most tiles).
         int last = (j_stop + FT_BN - 1) / FT_BN - 1;
         for (; last > 0; last--) {
             bool seen = false;
-            for (int idx = tid; idx < FT_BM * FT_BN; idx += blockDim.x) {
-                const int t = t0 + idx / FT_BN, j = last * FT_BN + idx % FT_BN;
-                if (t < t_end && j < j_stop) {
-                    seen |= !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF);
+            if (mstage) {
+                // 16-byte pieces of 8 f16 values (-inf is 0xFC00; a NaN is any other pattern)
+#pragma unroll
+                for (int i = 0; i < FT_BM * FT_BN / 8 / 128; i++) {
+                    const int idx = tid + 128 * i, t = t0 + idx / (FT_BN / 8), j = last * FT_BN + idx % (FT_BN / 8) * 8;
+                    if (t < t_end && j < j_stop) {
+                        const uint4 x = *(const uint4*)(mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq);
+                        const u32 w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+                            seen |= j + e < j_stop && (u16)(w[e / 2] >> (16 * (e % 2))) != 0xFC00u;
+                        }
+                    }
+                }
+            } else {
+#pragma unroll 8
+                for (int idx = tid; idx < FT_BM * FT_BN; idx += 128) {
+                    const int t = t0 + idx / FT_BN, j = last * FT_BN + idx % FT_BN;
+                    if (t < t_end && j < j_stop) {
+                        seen |= !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF);
+                    }
                 }
             }
             if (__syncthreads_or(seen)) break;
