@@ -562,6 +562,9 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
 #define FT_PAD 8
 #define FT_MLD 72  // halves between the mask tile's rows (144 bytes: a fragment's 32 reads hit 32 banks)
 
+// Waits for the 128 threads of warp group `wg` (named barrier 1 + wg; 0 is __syncthreads).
+__device__ __forceinline__ void ft_group_sync(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
+
 __device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -630,7 +633,8 @@ __device__ __forceinline__ void ft_mma(float* c, const u32* a, u32 b0, u32 b1) {
 #endif
 
 #ifdef FT_WGMMA
-// On sm_90a the block's 4 warps are one warpgroup and both products are wgmma: S = Q K^T as
+#define FT_WG 2
+// On sm_90a each warpgroup of the block (4 warps) runs both products as wgmma: S = Q K^T as
 // m64n64k16 steps with Q and K read from shared memory, O += P V as m64nDk16 steps with P from
 // registers (the S fragments, rounded) and V read from shared memory transposed. The tensor
 // cores read each K and V value once for the block's 64 rows, where mma.sync's ldmatrix read it
@@ -711,8 +715,9 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
     wg_wait<0>();
 }
 #else
+#define FT_WG 1
 // Elsewhere each warp runs mma.sync m16n8k16 on its 16 rows, operands through ldmatrix from tiles
-// of ROWS rows padded by FT_PAD halves (bank-conflict free).
+// of ROWS rows padded by FT_PAD halves (bank-conflict free); the block is one group of 4 warps.
 constexpr int ft_tile_halves(int rows, int d) { return rows * (d + FT_PAD); }
 template <int ROWS, int D>
 __device__ __forceinline__ int ft_at(int r, int c) {
@@ -761,7 +766,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
                                             float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
-    __shared__ __align__(8) int s_cell[2][FT_BN];
+    __shared__ __align__(8) int s_cell[FT_WG][2][FT_BN];
     __shared__ int s_work[3];
 #ifdef FT_WGMMA
     // 1024-byte aligned by pointer arithmetic, so that accesses stay shared-space ones (the
@@ -770,11 +775,15 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #else
     u16* sQ = ft_smem;
 #endif
-    u16* sK = sQ + ft_tile_halves(FT_BM, D);
+    // Q, then each warp group's K, V and mask tiles (blockDim.x / 128 groups, at most FT_WG)
+    const int groups = (int)blockDim.x >> 7;
+    const int tid = threadIdx.x, wg = tid >> 7, gt = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
+    const int g = lane >> 2, tq = lane & 3;
+    constexpr int GROUP_HALVES = 2 * ft_tile_halves(FT_BN, D) + FT_BM * FT_MLD;
+    u16* sK = sQ + ft_tile_halves(FT_BM, D) + wg * GROUP_HALVES;
     u16* sV = sK + ft_tile_halves(FT_BN, D);
     u16* sM = sV + ft_tile_halves(FT_BN, D);
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
     const int n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
     const int n_kv = paged ? (int)table.ne[0] : n_cells;
@@ -789,7 +798,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     if (offsets.data) {
         if (!fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) return;
         const int n_seq = (int)kv_lens.ne[0];
-        if (warp == 0) {
+        if (tid < 32) {
             // This block's (sequence, tile) among the tiles of the sequences it takes, in order.
             int base = 0;
             for (int s0 = 0; s0 < n_seq; s0 += 32) {
@@ -844,8 +853,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     // cells[r]: the K/V row of position j0 + r, or -1 past j_stop (an out-of-range table entry is
     // reported and reads as -1 too)
     auto find_cells = [&](int j0, int* cells) {
-        if (tid < FT_BN) {
-            const int j = j0 + tid;
+        if (gt < FT_BN) {
+            const int j = j0 + gt;
             int cell = -1;
             if (j < j_stop) {
                 const int raw = paged ? *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]) : j;
@@ -855,7 +864,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                     cell = raw;
                 }
             }
-            cells[tid] = cell;
+            cells[gt] = cell;
         }
     };
     // copies the tile's rows of K or V (zeros for cells of -1) into dst: a thread always takes the
@@ -864,7 +873,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     // conversion each; the 4 warps issue 2 x 64 rows of copies a tile)
     auto copy_rows = [&](u16* dst, const char* base, i64 nb1, const int* cells) {
         constexpr int CPR = D / 8, RPP = 128 / CPR;
-        const int c8 = tid % CPR, r0 = tid / CPR;
+        const int c8 = gt % CPR, r0 = gt / CPR;
         const u32 d0 = tc_smem(dst);
         const char* src = base + c8 * 16;
 #pragma unroll
@@ -875,7 +884,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     };
     // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst
     auto copy_mask = [&](int j0, u16* dst) {
-        for (int idx = tid; idx < FT_BM * (FT_BN / 8); idx += 128) {
+        for (int idx = gt; idx < FT_BM * (FT_BN / 8); idx += 128) {
             const int r = idx / (FT_BN / 8), j = j0 + idx % (FT_BN / 8) * 8, t = t0 + r;
             const bool ok = t < t_end && j < (int)mask.ne[0];
             tc_cp16(&dst[r * FT_MLD + j - j0], ok ? mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq : mask.data, ok);
@@ -883,11 +892,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     };
 
     // the first tile's copies fly while the mask is scanned and Q is loaded (its cells are the
-    // same for any j_stop the scan leaves: at least one whole tile)
-    find_cells(0, s_cell[0]);
+    // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it
+    if (wg == 0) find_cells(0, s_cell[0][0]);
     __syncthreads();
-    if (j_stop > 0) {
-        copy_rows(sK, kbase, k.nb[1], s_cell[0]);
+    if (wg == 0 && j_stop > 0) {
+        copy_rows(sK, kbase, k.nb[1], s_cell[0][0]);
         if (mstage) copy_mask(0, sM);
     }
     tc_commit();
@@ -899,7 +908,9 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         int last = (j_stop + FT_BN - 1) / FT_BN - 1;
         for (; last > 0; last--) {
             bool seen = false;
-            if (mstage) {
+            if (wg > 0) {
+                // (group 0 scans)
+            } else if (mstage) {
                 // 16-byte pieces of 8 f16 values (-inf is 0xFC00; a NaN is any other pattern)
 #pragma unroll
                 for (int i = 0; i < FT_BM * FT_BN / 8 / 128; i++) {
@@ -926,14 +937,29 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         }
         j_stop = min(j_stop, (last + 1) * FT_BN);
     }
+    // The groups split the block's kv tiles: group 0 the first half (rounded up), group 1 the
+    // rest; their partial softmax states are merged at the end.
+    const int n_tiles = (j_stop + FT_BN - 1) / FT_BN, half = groups == 2 ? (n_tiles + 1) / 2 : n_tiles;
+    const int j_begin = wg == 0 ? 0 : half * FT_BN, j_end = wg == 0 ? min(j_stop, half * FT_BN) : j_stop;
+    if (wg == 1 && j_begin < j_end) {
+        find_cells(j_begin, s_cell[1][0]);
+        ft_group_sync(1);
+        copy_rows(sK, kbase, k.nb[1], s_cell[1][0]);
+        if (mstage) copy_mask(j_begin, sM);
+    }
+    tc_commit();
 
-    ft_load_q<DT, FT_BM, D, 128>(
+    if (wg == 0) ft_load_q<DT, FT_BM, D, 128>(
         sQ, q.nb[0],
         [&](int r) -> const char* {
             const int t = t0 + r;
             return t < t_end ? q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3] : nullptr;
         },
         [](int r, int c) { return ft_at<FT_BM, D>(r, c); });
+#ifdef FT_WGMMA
+    tc_fence_async();
+#endif
+    __syncthreads();  // Q written (each group reads all of it)
 
     float o[D / 8][4];
 #pragma unroll
@@ -945,17 +971,18 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     // tile j lands while S of tile j is computed, K and the mask of tile j + 1 while O takes P V
     // of tile j; two barriers a tile. (Two buffers of each, all of tile j + 1 copied during tile
     // j, left one block a multiprocessor at D = 256 and were slower: docs/perf-log.)
-    for (int j0 = 0, buf = 0; j0 < j_stop; j0 += FT_BN, buf ^= 1) {
-        const int* cell = s_cell[buf];
+    // Each group walks its tiles with its own buffers and barriers.
+    for (int j0 = j_begin, buf = 0; j0 < j_end; j0 += FT_BN, buf ^= 1) {
+        const int* cell = s_cell[wg][buf];
         tc_wait<0>();
 #ifdef FT_WGMMA
-        tc_fence_async();  // this thread's copies and Q stores, before the tensor cores read them
+        tc_fence_async();  // this thread's copies, before the tensor cores read them
 #endif
-        __syncthreads();  // K and the mask of this tile landed (and sQ is written); V is free
+        ft_group_sync(wg);  // K and the mask of this tile landed; V is free
         copy_rows(sV, vbase, v.nb[1], cell);
         tc_commit();
-        const bool more = j0 + FT_BN < j_stop;
-        if (more) find_cells(j0 + FT_BN, s_cell[buf ^ 1]);
+        const bool more = j0 + FT_BN < j_end;
+        if (more) find_cells(j0 + FT_BN, s_cell[wg][buf ^ 1]);
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
         float sc[FT_BN / 8][4];
@@ -1048,9 +1075,9 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #ifdef FT_WGMMA
         tc_fence_async();
 #endif
-        __syncthreads();  // V of this tile landed; every warp is done with K, the mask and `cell`
+        ft_group_sync(wg);  // V of this tile landed; every warp is done with K, the mask and `cell`
         if (more) {
-            copy_rows(sK, kbase, k.nb[1], s_cell[buf ^ 1]);
+            copy_rows(sK, kbase, k.nb[1], s_cell[wg][buf ^ 1]);
             if (mstage) copy_mask(j0 + FT_BN, sM);
         }
         tc_commit();
@@ -1062,6 +1089,38 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     for (int rr = 0; rr < 2; rr++) {
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+    }
+#if FT_WG == 2
+    if (groups == 2) {
+        // Group 1 hands its state to the same thread of group 0 (same rows and columns) through
+        // its own K and V tiles, free once its last products were waited for; group 0 merges.
+        __shared__ float s_ml[4][128];
+        float* so = (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES);
+        __syncthreads();
+        if (wg == 1) {
+            s_ml[0][gt] = m[0], s_ml[1][gt] = m[1], s_ml[2][gt] = l[0], s_ml[3][gt] = l[1];
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) *(float4*)&so[(n * 128 + gt) * 4] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
+        }
+        __syncthreads();
+        if (wg == 1) return;
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const float m1 = s_ml[rr][gt], l1 = s_ml[2 + rr][gt], mx = fmaxf(m[rr], m1);
+            const float ms = mx == -TS_INF ? 0.0f : mx, a0 = expf(m[rr] - ms), a1 = expf(m1 - ms);
+            l[rr] = l[rr] * a0 + l1 * a1;
+            m[rr] = mx;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                const float2 x = *(const float2*)&so[(n * 128 + gt) * 4 + 2 * rr];
+                o[n][2 * rr] = o[n][2 * rr] * a0 + x.x * a1;
+                o[n][2 * rr + 1] = o[n][2 * rr + 1] * a0 + x.y * a1;
+            }
+        }
+    }
+#endif
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
         if (tok[rr] >= t_end) continue;
         const float inv = m[rr] == -TS_INF ? 0.0f : 1.0f / l[rr];
 #pragma unroll
@@ -1074,7 +1133,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 }
 
 #define FA_MMA(NAME, DT, D)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(128)                                                          \
+    extern "C" __global__ void __launch_bounds__(128 * FT_WG)                                                  \
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
              Tensor gate,                                                                                        \
              int mdt, int has_mask, int paged, float scale, float softcap, int l_min, u64 err, u32 opcode) {     \

@@ -412,6 +412,12 @@ impl Kernels {
         Kernels { ctx, arch, arch_specific, nvrtc, modules, functions, programs, stats: CompileStats::default() }
     }
 
+    /// Whether `module` is compiled for the device's architecture-specific target (its sm_90a
+    /// paths run), which can change a kernel's launch shape.
+    pub fn arch_specific_for(&self, module: Module) -> bool {
+        target(module, &self.arch, self.arch_specific) != self.arch
+    }
+
     /// The entries of `program`'s generated module (in the order `make().entries` lists them),
     /// compiling it with `make()`'s source, or loading it from the disk cache, the first time.
     pub fn program(

@@ -7,7 +7,8 @@
 //! 16-byte aligned); `fa_partial_any` takes any K/V dtypes and alignments.
 //!
 //! Prefills (at least [`MMA_MIN_TOKENS`] tokens) with f16/bf16 K/V and d_k = d_v = 128 or 256
-//! run on tensor cores instead (`fa_mma_*`: mma.sync m16n8k16, 64 tokens of one head per block);
+//! run on tensor cores instead (`fa_mma_*`: 64 tokens of one head per block; on sm_90a two warp
+//! groups on wgmma, each taking half of the kv tiles, elsewhere four warps on mma.sync m16n8k16);
 //! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 16
 //! M rows, K/V chunks copied to shared memory with cp.async, split-K merged by `fa_combine`).
 //!
@@ -270,16 +271,43 @@ fn tensor_core_dims(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kd
     ok.then_some(d as usize)
 }
 
+/// The tensor-core prefill kernel for some K/V: the entry, its head dim and whether it is the
+/// sm_90a build, whose blocks may be two warp groups (FT_WG), each taking half of a block's kv
+/// tiles.
+#[derive(Clone, Copy)]
+struct MmaLaunch {
+    kernel: Kernel,
+    d: usize,
+    wgmma: bool,
+}
+
+impl MmaLaunch {
+    /// Dynamic shared memory of a block of `groups` warp groups. sm_90a: Q, then each group's K,
+    /// V and mask tiles, unpadded, 1024-byte aligned. Elsewhere one group, rows padded for
+    /// ldmatrix.
+    fn shared(&self, groups: usize) -> usize {
+        let d = self.d;
+        if self.wgmma {
+            1024 + (MMA_BM + 2 * groups * MMA_BN) * d * 2 + groups * MMA_BM * MMA_MASK_LD * 2
+        } else {
+            (MMA_BM + 2 * MMA_BN) * (d + MMA_PAD) * 2 + MMA_BM * MMA_MASK_LD * 2
+        }
+    }
+
+    /// Warp groups a block: two where the grid alone would leave multiprocessors with one group
+    /// or none (at most 5/4 of a block each), or where a ragged batch's causal blocks see up to
+    /// 32 kv tiles or more (the longest blocks set the time); else one, so that two blocks fit a
+    /// multiprocessor. (Measurements: docs/perf-log/kernels-attention.md.)
+    fn groups(&self, blocks: usize, multiprocessors: usize, ragged: bool, n_kv: usize) -> usize {
+        let small_grid = 4 * blocks <= 5 * multiprocessors;
+        let long_causal = ragged && n_kv >= 32 * MMA_BN;
+        if self.wgmma && (small_grid || long_causal) { 2 } else { 1 }
+    }
+}
+
 /// The tensor-core prefill kernel for these K/V, if it applies (see [`tensor_core_dims`]; at
 /// most 65535 heads, its grid's y).
-fn mma_kernel(
-    cx: &Cx<'_>,
-    q: &TensorArg,
-    k: &TensorArg,
-    v: &TensorArg,
-    kdt: DType,
-    vdt: DType,
-) -> Option<(Kernel, u32)> {
+fn mma_kernel(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DType, vdt: DType) -> Option<MmaLaunch> {
     let d = tensor_core_dims(cx, q, k, v, kdt, vdt)?;
     if q.ne[2] > 65535 {
         return None;
@@ -290,10 +318,8 @@ fn mma_kernel(
         (DType::BF16, 128) => MMA_BF16_D128,
         _ => MMA_BF16_D256,
     };
-    // Q, K, V with rows padded for ldmatrix, and the mask tile (sm_90a's wgmma path needs no
-    // padding: its unpadded tiles and their 1024-byte alignment fit in the same bytes)
-    let shared = (MMA_BM + 2 * MMA_BN) * (d + MMA_PAD) * 2 + MMA_BM * MMA_MASK_LD * 2;
-    (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
+    let launch = MmaLaunch { kernel, d, wgmma: cx.kernels.arch_specific_for(Module::Attention) };
+    (launch.shared(2) <= cx.info.max_shared_per_block).then_some(launch)
 }
 
 /// The tensor-core decode kernel for these K/V, if it applies (see [`tensor_core_dims`]).
@@ -354,9 +380,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         return run_ragged(cx, task, ins, out);
     }
     if (q.ne[1] as usize) >= MMA_MIN_TOKENS
-        && let Some((kernel, shared)) = mma_kernel(cx, q, k, v, kdt, vdt)
+        && let Some(launch) = mma_kernel(cx, q, k, v, kdt, vdt)
     {
-        return run_mma(cx, task, ins, out, kernel, shared, 0);
+        return run_mma(cx, task, ins, out, launch, 0);
     }
     if (q.ne[1] as usize) < MMA_MIN_TOKENS
         && let Some((kernel, shared)) = dec_kernel(cx, q, k, v, kdt, vdt)
@@ -381,8 +407,8 @@ fn run_ragged(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorAr
             _ => run_simt(cx, task, ins, out, tokens)?,
         }
     }
-    if let (Some(min_len), Some((kernel, shared))) = (rp.mma_min, mma) {
-        run_mma(cx, task, ins, out, kernel, shared, min_len)?;
+    if let (Some(min_len), Some(launch)) = (rp.mma_min, mma) {
+        run_mma(cx, task, ins, out, launch, min_len)?;
     }
     Ok(())
 }
@@ -475,8 +501,7 @@ fn run_mma(
     task: &Task<'_>,
     ins: &[TensorArg],
     out: TensorArg,
-    kernel: Kernel,
-    shared: u32,
+    launch: MmaLaunch,
     min_len: usize,
 ) -> Result<(), BackendError> {
     let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
@@ -485,7 +510,6 @@ fn run_mma(
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap, l_min) = (p.scale, p.softcap, min_len as i32);
     let (err, opcode) = (cx.errors, crate::errors::op_code("flash_attn_ext"));
-    cx.allow_shared(kernel, shared)?;
     let n_tokens = q.ne[1] as usize;
     let grid = if p.ragged {
         let n_seq = (offsets.ne[0] as usize).saturating_sub(1);
@@ -493,15 +517,22 @@ fn run_mma(
     } else {
         (n_tokens.div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32)
     };
-    let cfg = config(grid, (128, 1, 1), shared);
+    let blocks = grid.0 as usize * grid.1 as usize * grid.2 as usize;
+    let n_kv = if p.paged { table.ne[0] } else { k.ne[1] } as usize;
+    let groups = launch.groups(blocks, cx.info.multiprocessors, p.ragged, n_kv);
+    let (kernel, shared) = (launch.kernel, launch.shared(groups) as u32);
+    // the function's limit at the largest block either choice may launch (a captured graph may
+    // hold launches of both)
+    cx.allow_shared(kernel, launch.shared(2) as u32)?;
+    let cfg = config(grid, (128 * groups as u32, 1, 1), shared);
     let mut a = cx.kernel(kernel)?;
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out).arg(&gate);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&l_min).arg(&err).arg(&opcode);
     // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged,
     // scale, softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
     // checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4
-    // loads); `shared` is the kernel's tiles (`mma_kernel`) and within the device limit
-    // (raised above). Dense: the grid covers ceil(n_tokens / 64) x n_head x n_seq and rows past
+    // loads); `shared` holds the tiles of its `groups` warp groups (`MmaLaunch::shared`, at most
+    // the two-group size that `mma_kernel` checked against the device limit, raised above). Dense: the grid covers ceil(n_tokens / 64) x n_head x n_seq and rows past
     // n_tokens are not written. Ragged: blocks check every offset and kv length first, take the
     // tiles of `ragged_mma_tiles` (a bound on their count, plus a spare row) and write only their
     // sequence's rows (or padding rows); positions read stay below kv_lens[s] <= n_kv. Table
@@ -570,6 +601,20 @@ mod tests {
         assert_eq!(ragged_plan(331, 32, true), both);
         // no tensor cores: the SIMT kernel over every token
         assert_eq!(ragged_plan(331, 32, false), RaggedPlan { split: flat(331), mma_min: None });
+    }
+
+    #[test]
+    fn the_prefill_takes_two_warp_groups_for_small_grids_and_long_ragged_batches() {
+        use crate::compile::{Kernel, Module};
+        let wgmma = MmaLaunch { kernel: Kernel::new(Module::Attention, "fa_mma_f16_d256"), d: 256, wgmma: true };
+        assert_eq!(wgmma.groups(128, 132, false, 2048), 2);
+        assert_eq!(wgmma.groups(165, 132, false, 512), 2);
+        assert_eq!(wgmma.groups(192, 132, false, 512), 1);
+        assert_eq!(wgmma.groups(512, 132, true, 2048), 2);
+        assert_eq!(wgmma.groups(512, 132, false, 2048), 1);
+        assert!(wgmma.shared(2) <= 227 * 1024 && 2 * wgmma.shared(1) <= 228 * 1024);
+        let portable = MmaLaunch { wgmma: false, ..wgmma };
+        assert_eq!(portable.groups(128, 132, true, 4096), 1);
     }
 
     #[test]
