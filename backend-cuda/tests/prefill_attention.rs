@@ -21,7 +21,14 @@ fn value(state: &mut u64) -> f32 {
 
 /// One causal prefill of `n_tokens` tokens (the last of `n_kv` positions) with `n_head` query
 /// heads over `n_head_kv` f16 K/V heads of dim `d`, through `backend`.
-fn prefill(backend: &mut dyn Backend, d: usize, n_tokens: usize, n_head: usize, n_head_kv: usize, n_kv: usize) -> Vec<f32> {
+fn prefill(
+    backend: &mut dyn Backend,
+    d: usize,
+    n_tokens: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    n_kv: usize,
+) -> Vec<f32> {
     let mut g = Graph::new();
     let q = g.input("q", DType::F32, [d, n_tokens, n_head, 1]).unwrap();
     let k = g.input("k", DType::F16, [d, n_kv, n_head_kv, 1]).unwrap();
@@ -46,9 +53,11 @@ fn prefill(backend: &mut dyn Backend, d: usize, n_tokens: usize, n_head: usize, 
 #[test]
 fn prefill_attention_matches_the_cpu_with_one_and_two_warp_groups_a_block() {
     let Some(mut cuda) = gpu() else { return };
-    // (d, tokens, heads, kv heads, positions): 192 blocks of 64 tokens (one group on an H100 /
-    // H200), 128 blocks over four times the positions (two groups)
-    for (d, n_tokens, n_head, n_head_kv, n_kv) in [(256, 512, 24, 4, 512), (256, 512, 16, 2, 2048), (128, 512, 32, 4, 512)] {
+    // (d, tokens, heads, kv heads, positions): 192 and 256 blocks of 64 tokens (one group on an
+    // H100 / H200), 128 blocks over four times the positions (two groups)
+    for (d, n_tokens, n_head, n_head_kv, n_kv) in
+        [(256, 512, 24, 4, 512), (256, 512, 16, 2, 2048), (128, 512, 32, 4, 512)]
+    {
         let got = prefill(&mut cuda, d, n_tokens, n_head, n_head_kv, n_kv);
         let want = prefill(&mut CpuBackend::new(), d, n_tokens, n_head, n_head_kv, n_kv);
         let e = nmse(&got, &want);
