@@ -614,11 +614,13 @@ __device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row, At at) {
         }
     }
 }
-// e^x as one ex2.approx (2 ulp; results below 2^-126 flush to 0, which a softmax sum of at least
-// 1 cannot see): CUDA's expf added range reduction for every logit of the prefill kernel.
-__device__ __forceinline__ float ft_exp(float x) {
+// 2^x as one ex2.approx (2 ulp; results below 2^-126 flush to 0, which a softmax sum of at least
+// 1 cannot see): the prefill kernel keeps its logits in base-2 units (scaled by log2(e) with the
+// scale), so a probability is one subtraction and this; CUDA's expf added range reduction.
+#define FT_LOG2E 1.4426950408889634f
+__device__ __forceinline__ float ft_exp2(float x) {
     float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 // c += a * b for one m16n8k16 tile (row.col, f32 accumulators).
@@ -767,6 +769,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                                             float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
     __shared__ __align__(8) int s_cell[FT_WG][2][FT_BN];
+    __shared__ int s_gap[FT_WG][2][2];  // per tile buffer: whether warp 0 / 1's 32 cells hold a -1
     __shared__ int s_work[3];
 #ifdef FT_WGMMA
     // 1024-byte aligned by pointer arithmetic, so that accesses stay shared-space ones (the
@@ -846,13 +849,16 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
     const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
+    // logits in base-2 units (ft_exp2)
+    const float scale_2 = scale * FT_LOG2E, softcap_2 = softcap * FT_LOG2E;
     // the mask goes through shared memory when it is f16 with 16-byte aligned rows of whole pieces
     const bool mstage = has_mask && mdt == DT_F16 && mask.nb[0] == 2 && (mask.nb[1] & 15) == 0 &&
                         ((u64)(mask.data + m_seq) & 15) == 0 && (mask.ne[0] & 7) == 0;
 
     // cells[r]: the K/V row of position j0 + r, or -1 past j_stop (an out-of-range table entry is
     // reported and reads as -1 too)
-    auto find_cells = [&](int j0, int* cells) {
+    auto find_cells = [&](int j0, int slot) {
+        int* cells = s_cell[wg][slot];
         if (gt < FT_BN) {
             const int j = j0 + gt;
             int cell = -1;
@@ -865,6 +871,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                 }
             }
             cells[gt] = cell;
+            const bool gap = __any_sync(0xffffffffu, cell < 0);
+            if (lane == 0) s_gap[wg][slot][gt >> 5] = gap;
         }
     };
     // copies the tile's rows of K or V (zeros for cells of -1) into dst: a thread always takes the
@@ -893,7 +901,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 
     // the first tile's copies fly while the mask is scanned and Q is loaded (its cells are the
     // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it
-    if (wg == 0) find_cells(0, s_cell[0][0]);
+    if (wg == 0) find_cells(0, 0);
     __syncthreads();
     if (wg == 0 && j_stop > 0) {
         copy_rows(sK, kbase, k.nb[1], s_cell[0][0]);
@@ -942,7 +950,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const int n_tiles = (j_stop + FT_BN - 1) / FT_BN, half = groups == 2 ? (n_tiles + 1) / 2 : n_tiles;
     const int j_begin = wg == 0 ? 0 : half * FT_BN, j_end = wg == 0 ? min(j_stop, half * FT_BN) : j_stop;
     if (wg == 1 && j_begin < j_end) {
-        find_cells(j_begin, s_cell[1][0]);
+        find_cells(j_begin, 0);
         ft_group_sync(1);
         copy_rows(sK, kbase, k.nb[1], s_cell[1][0]);
         if (mstage) copy_mask(j_begin, sM);
@@ -982,7 +990,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         copy_rows(sV, vbase, v.nb[1], cell);
         tc_commit();
         const bool more = j0 + FT_BN < j_end;
-        if (more) find_cells(j0 + FT_BN, s_cell[wg][buf ^ 1]);
+        if (more) find_cells(j0 + FT_BN, buf ^ 1);
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
         float sc[FT_BN / 8][4];
@@ -995,13 +1003,13 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) sc[n][i] = softcap * tanhf(sc[n][i] * inner);
+                for (int i = 0; i < 4; i++) sc[n][i] = softcap_2 * tanhf(sc[n][i] * inner);
             }
         } else {
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) sc[n][i] *= scale;
+                for (int i = 0; i < 4; i++) sc[n][i] *= scale_2;
             }
         }
         if (mstage) {
@@ -1011,8 +1019,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
                     const u32 mm = *(const u32*)&sM[(warp * 16 + g + 8 * rr) * FT_MLD + n * 8 + 2 * tq];
-                    sc[n][2 * rr] += f16_to_f32((u16)mm);
-                    sc[n][2 * rr + 1] += f16_to_f32((u16)(mm >> 16));
+                    sc[n][2 * rr] = fmaf(f16_to_f32((u16)mm), FT_LOG2E, sc[n][2 * rr]);
+                    sc[n][2 * rr + 1] = fmaf(f16_to_f32((u16)(mm >> 16)), FT_LOG2E, sc[n][2 * rr + 1]);
                 }
             }
         } else if (has_mask) {
@@ -1021,20 +1029,34 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = j0 + n * 8 + 2 * tq + (i & 1), t = tok[i >> 1];
-                    if (j < j_stop && t < t_end) sc[n][i] += load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt);
+                    if (j < j_stop && t < t_end) {
+                        const float mv = load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt);
+                        sc[n][i] = fmaf(mv, FT_LOG2E, sc[n][i]);
+                    }
                 }
             }
         }
         float mx[2] = {-TS_INF, -TS_INF};
+        // A tile whose 64 cells are all valid and whose positions every row of the warp sees
+        // (all but a causal batch's diagonal tiles) needs no test per logit.
+        const bool whole = !s_gap[wg][buf][0] && !s_gap[wg][buf][1] && j0 + FT_BN - 1 <= t0 + warp * 16 + causal;
+        if (whole) {
 #pragma unroll
-        for (int n = 0; n < FT_BN / 8; n++) {
-            const int2 cc = *(const int2*)&cell[n * 8 + 2 * tq];
+            for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int j = j0 + n * 8 + 2 * tq + (i & 1), rr = i >> 1;
-                const float x = ((i & 1) ? cc.y : cc.x) >= 0 && j <= tok[rr] + causal ? sc[n][i] : -TS_INF;
-                sc[n][i] = x;
-                mx[rr] = fmaxf(mx[rr], x);
+                for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], sc[n][i]);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+                const int2 cc = *(const int2*)&cell[n * 8 + 2 * tq];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = j0 + n * 8 + 2 * tq + (i & 1), rr = i >> 1;
+                    const float x = ((i & 1) ? cc.y : cc.x) >= 0 && j <= tok[rr] + causal ? sc[n][i] : -TS_INF;
+                    sc[n][i] = x;
+                    mx[rr] = fmaxf(mx[rr], x);
+                }
             }
         }
 #pragma unroll
@@ -1047,7 +1069,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         for (int rr = 0; rr < 2; rr++) {
             const float m_new = fmaxf(m[rr], mx[rr]);
             ms[rr] = m_new == -TS_INF ? 0.0f : m_new;
-            alpha[rr] = expf(m[rr] - ms[rr]);
+            alpha[rr] = exp2f(m[rr] - ms[rr]);
             l[rr] *= alpha[rr];
             m[rr] = m_new;
         }
@@ -1066,7 +1088,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float p = ft_exp(sc[n][i] - ms[i >> 1]);
+                const float p = ft_exp2(sc[n][i] - ms[i >> 1]);
                 sc[n][i] = p;
                 l[i >> 1] += p;
             }
@@ -1107,7 +1129,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const float m1 = s_ml[rr][gt], l1 = s_ml[2 + rr][gt], mx = fmaxf(m[rr], m1);
-            const float ms = mx == -TS_INF ? 0.0f : mx, a0 = expf(m[rr] - ms), a1 = expf(m1 - ms);
+            const float ms = mx == -TS_INF ? 0.0f : mx, a0 = exp2f(m[rr] - ms), a1 = exp2f(m1 - ms);
             l[rr] = l[rr] * a0 + l1 * a1;
             m[rr] = mx;
 #pragma unroll
