@@ -763,6 +763,39 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
 }
 #endif
 
+#if FT_WG == 2
+// The end of a two-group block: group 1 hands its softmax state (max, sum and O of the same rows
+// and columns, thread for thread) to group 0 through `so`, its own K and V tiles (free once its
+// last products were waited for), and returns false; group 0 merges it into its own and returns
+// true.
+template <int D>
+__device__ __forceinline__ bool ft_merge_groups(float (&o)[D / 8][4], float (&m)[2], float (&l)[2], float* so, int wg, int gt) {
+    __shared__ float s_ml[4][128];
+    __syncthreads();
+    if (wg == 1) {
+        s_ml[0][gt] = m[0], s_ml[1][gt] = m[1], s_ml[2][gt] = l[0], s_ml[3][gt] = l[1];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) *(float4*)&so[(n * 128 + gt) * 4] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
+    }
+    __syncthreads();
+    if (wg == 1) return false;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const float m1 = s_ml[rr][gt], l1 = s_ml[2 + rr][gt], mx = fmaxf(m[rr], m1);
+        const float ms = mx == -TS_INF ? 0.0f : mx, a0 = exp2f(m[rr] - ms), a1 = exp2f(m1 - ms);
+        l[rr] = l[rr] * a0 + l1 * a1;
+        m[rr] = mx;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const float2 x = *(const float2*)&so[(n * 128 + gt) * 4 + 2 * rr];
+            o[n][2 * rr] = o[n][2 * rr] * a0 + x.x * a1;
+            o[n][2 * rr + 1] = o[n][2 * rr + 1] * a0 + x.y * a1;
+        }
+    }
+    return true;
+}
+#endif
+
 template <int DT, int D>
 __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
@@ -1113,33 +1146,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
     }
 #if FT_WG == 2
-    if (groups == 2) {
-        // Group 1 hands its state to the same thread of group 0 (same rows and columns) through
-        // its own K and V tiles, free once its last products were waited for; group 0 merges.
-        __shared__ float s_ml[4][128];
-        float* so = (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES);
-        __syncthreads();
-        if (wg == 1) {
-            s_ml[0][gt] = m[0], s_ml[1][gt] = m[1], s_ml[2][gt] = l[0], s_ml[3][gt] = l[1];
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) *(float4*)&so[(n * 128 + gt) * 4] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
-        }
-        __syncthreads();
-        if (wg == 1) return;
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const float m1 = s_ml[rr][gt], l1 = s_ml[2 + rr][gt], mx = fmaxf(m[rr], m1);
-            const float ms = mx == -TS_INF ? 0.0f : mx, a0 = exp2f(m[rr] - ms), a1 = exp2f(m1 - ms);
-            l[rr] = l[rr] * a0 + l1 * a1;
-            m[rr] = mx;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                const float2 x = *(const float2*)&so[(n * 128 + gt) * 4 + 2 * rr];
-                o[n][2 * rr] = o[n][2 * rr] * a0 + x.x * a1;
-                o[n][2 * rr + 1] = o[n][2 * rr + 1] * a0 + x.y * a1;
-            }
-        }
-    }
+    if (groups == 2 && !ft_merge_groups<D>(o, m, l, (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES), wg, gt)) return;
 #endif
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
