@@ -6,18 +6,9 @@
 
 mod common;
 
-use common::gpu;
+use common::{gpu, unit};
 use tessera_graph::{Graph, Session, Tensor};
 use tessera_ops::DType;
-
-/// splitmix64 in [0, 1).
-fn unit(state: &mut u64) -> f32 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((z ^ (z >> 31)) >> 40) as f32 / 16_777_216.0
-}
 
 /// Router logits full of near-ties: four levels plus noise of a few f32 ulps, so that many
 /// probabilities are equal or one ulp apart after softmax.

@@ -5,19 +5,10 @@
 
 mod common;
 
-use common::{gpu, nmse};
+use common::{gpu, nmse, value};
 use tessera_cpu::CpuBackend;
 use tessera_graph::{Backend, Graph, Session, Tensor};
 use tessera_ops::DType;
-
-/// splitmix64 in [-1, 1).
-fn value(state: &mut u64) -> f32 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((z ^ (z >> 31)) >> 40) as f32 / 8_388_608.0 - 1.0
-}
 
 const N_EXPERT: usize = 16;
 const N_USED: usize = 9;

@@ -532,8 +532,9 @@ fn run_mma(
     // scale, softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
     // checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4
     // loads); `shared` holds the tiles of its `groups` warp groups (`MmaLaunch::shared`, at most
-    // the two-group size that `mma_kernel` checked against the device limit, raised above). Dense: the grid covers ceil(n_tokens / 64) x n_head x n_seq and rows past
-    // n_tokens are not written. Ragged: blocks check every offset and kv length first, take the
+    // the two-group size that `mma_kernel` checked against the device limit, raised above); the
+    // kernel takes its group count from its 128 * groups threads. Dense: the grid covers
+    // ceil(n_tokens / 64) x n_head x n_seq and rows past n_tokens are not written. Ragged: blocks check every offset and kv length first, take the
     // tiles of `ragged_mma_tiles` (a bound on their count, plus a spare row) and write only their
     // sequence's rows (or padding rows); positions read stay below kv_lens[s] <= n_kv. Table
     // entries are checked before any K/V read.

@@ -21,3 +21,19 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
     let norm: f64 = want.iter().map(|&w| f64::from(w).powi(2)).sum();
     if err == 0.0 { 0.0 } else { err / norm }
 }
+
+/// splitmix64 in [0, 1): the tests' seeded inputs.
+#[allow(dead_code)] // not every test binary makes inputs
+pub fn unit(state: &mut u64) -> f32 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 40) as f32 / 16_777_216.0
+}
+
+/// The same in [-1, 1).
+#[allow(dead_code)]
+pub fn value(state: &mut u64) -> f32 {
+    2.0 * unit(state) - 1.0
+}
