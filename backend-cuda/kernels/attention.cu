@@ -796,6 +796,47 @@ __device__ __forceinline__ bool ft_merge_groups(float (&o)[D / 8][4], float (&m)
 }
 #endif
 
+// The end of the kv positions a prefill block needs under a mask: past the last tile that any
+// of its rows (tokens t0 .. t_end) sees, tiles are all -inf (a causal mask's upper triangle) and
+// cost nothing. A NaN counts as seen (it reaches the output). Call with the whole block; the
+// first 128 threads scan, and a thread's loads of a tile are all issued before any is tested
+// (one memory latency a tile, not one a value: a block near the start of a causal prefill scans
+// most tiles). `mstage`: an f16 mask with 16-byte aligned rows, read in pieces of 8 values.
+__device__ __forceinline__ int ft_mask_stop(const Tensor& mask, int mdt, i64 m_seq, bool mstage, int t0, int t_end, int j_stop) {
+    const int tid = threadIdx.x;
+    int last = (j_stop + FT_BN - 1) / FT_BN - 1;
+    for (; last > 0; last--) {
+        bool seen = false;
+        if (tid >= 128) {
+            // (the first group scans)
+        } else if (mstage) {
+            // -inf is 0xFC00; a NaN is any other pattern
+#pragma unroll
+            for (int i = 0; i < FT_BM * FT_BN / 8 / 128; i++) {
+                const int idx = tid + 128 * i, t = t0 + idx / (FT_BN / 8), j = last * FT_BN + idx % (FT_BN / 8) * 8;
+                if (t < t_end && j < j_stop) {
+                    const uint4 x = *(const uint4*)(mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq);
+                    const u32 w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        seen |= j + e < j_stop && (u16)(w[e / 2] >> (16 * (e % 2))) != 0xFC00u;
+                    }
+                }
+            }
+        } else {
+#pragma unroll 8
+            for (int idx = tid; idx < FT_BM * FT_BN; idx += 128) {
+                const int t = t0 + idx / FT_BN, j = last * FT_BN + idx % FT_BN;
+                if (t < t_end && j < j_stop) {
+                    seen |= !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF);
+                }
+            }
+        }
+        if (__syncthreads_or(seen)) break;
+    }
+    return min(j_stop, (last + 1) * FT_BN);
+}
+
 template <int DT, int D>
 __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
@@ -941,43 +982,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         if (mstage) copy_mask(0, sM);
     }
     tc_commit();
-    if (has_mask) {
-        // The last tile any of this block's rows sees: tiles past it are all -inf (a causal
-        // mask's upper triangle) and cost nothing. A NaN counts as seen (it reaches the output).
-        // A thread's loads of a tile are all issued before any is tested (one memory latency a
-        // tile, not one a value: a block near the start of a causal prefill scans most tiles).
-        int last = (j_stop + FT_BN - 1) / FT_BN - 1;
-        for (; last > 0; last--) {
-            bool seen = false;
-            if (wg > 0) {
-                // (group 0 scans)
-            } else if (mstage) {
-                // 16-byte pieces of 8 f16 values (-inf is 0xFC00; a NaN is any other pattern)
-#pragma unroll
-                for (int i = 0; i < FT_BM * FT_BN / 8 / 128; i++) {
-                    const int idx = tid + 128 * i, t = t0 + idx / (FT_BN / 8), j = last * FT_BN + idx % (FT_BN / 8) * 8;
-                    if (t < t_end && j < j_stop) {
-                        const uint4 x = *(const uint4*)(mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq);
-                        const u32 w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-                        for (int e = 0; e < 8; e++) {
-                            seen |= j + e < j_stop && (u16)(w[e / 2] >> (16 * (e % 2))) != 0xFC00u;
-                        }
-                    }
-                }
-            } else {
-#pragma unroll 8
-                for (int idx = tid; idx < FT_BM * FT_BN; idx += 128) {
-                    const int t = t0 + idx / FT_BN, j = last * FT_BN + idx % FT_BN;
-                    if (t < t_end && j < j_stop) {
-                        seen |= !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF);
-                    }
-                }
-            }
-            if (__syncthreads_or(seen)) break;
-        }
-        j_stop = min(j_stop, (last + 1) * FT_BN);
-    }
+    if (has_mask) j_stop = ft_mask_stop(mask, mdt, m_seq, mstage, t0, t_end, j_stop);
     // The groups split the block's kv tiles: group 0 the first half (rounded up), group 1 the
     // rest; their partial softmax states are merged at the end.
     const int n_tiles = (j_stop + FT_BN - 1) / FT_BN, half = groups == 2 ? (n_tiles + 1) / 2 : n_tiles;
