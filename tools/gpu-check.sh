@@ -4,7 +4,9 @@
 # on the tiny models and on a real-size synthetic qwen35moe (35B-A3B shapes, nvfp4 weights)
 # generated on the machine. Binaries come from a folder staged by the caller (default .gpu-lead):
 #   tessera-test-ops, tessera, device-tests, model-tests, and optionally cuda-unit-tests (the
-#   tessera-cuda lib tests: byte-exact quantize, data errors)
+#   tessera-cuda lib tests: byte-exact quantize, data errors) and gpu-test-NAME for the backend's
+#   other GPU test binaries (backend-cuda/tests/NAME.rs: fused, elemfuse, delta_net_fused,
+#   moe_ring, prefill_attention)
 # Logs go to $OUT (default /tmp/out); a short table is printed last.
 set -uo pipefail
 G=${1:-.gpu-lead}
@@ -26,6 +28,12 @@ if [ -x "$G/cuda-unit-tests" ]; then
     timeout 120 "$G/cuda-unit-tests" --test-threads=1 > "$OUT/cuda-unit.txt" 2>&1
     note "tessera-cuda unit tests: rc=$? $(grep '^test result' "$OUT/cuda-unit.txt")"
 fi
+for t in "$G"/gpu-test-*; do
+    [ -x "$t" ] || continue
+    n=${t##*/gpu-test-}
+    timeout 200 "$t" --test-threads=1 > "$OUT/gpu-test-$n.txt" 2>&1
+    note "tests/$n.rs: rc=$? $(grep '^test result' "$OUT/gpu-test-$n.txt")"
+done
 timeout 180 "$G/model-tests" --test-threads=1 --nocapture > "$OUT/models.txt" 2>&1
 note "models/tests/cuda_backend: rc=$? $(grep '^test result' "$OUT/models.txt")"
 timeout 120 "$G/tessera" demo > "$OUT/demo.txt" 2>&1
