@@ -534,10 +534,10 @@ fn run_mma(
     // loads); `shared` holds the tiles of its `groups` warp groups (`MmaLaunch::shared`, at most
     // the two-group size that `mma_kernel` checked against the device limit, raised above); the
     // kernel takes its group count from its 128 * groups threads. Dense: the grid covers
-    // ceil(n_tokens / 64) x n_head x n_seq and rows past n_tokens are not written. Ragged: blocks check every offset and kv length first, take the
-    // tiles of `ragged_mma_tiles` (a bound on their count, plus a spare row) and write only their
-    // sequence's rows (or padding rows); positions read stay below kv_lens[s] <= n_kv. Table
-    // entries are checked before any K/V read.
+    // ceil(n_tokens / 64) x n_head x n_seq and rows past n_tokens are not written. Ragged: blocks
+    // check every offset and kv length first, take the tiles of `ragged_mma_tiles` (a bound on
+    // their count, plus a spare row) and write only their sequence's rows (or padding rows);
+    // positions read stay below kv_lens[s] <= n_kv. Table entries are checked before any K/V read.
     unsafe { a.launch(cfg) }?;
     Ok(())
 }
