@@ -568,11 +568,12 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
 // Waits for the 128 threads of warp group `wg` (named barrier 1 + wg; 0 is __syncthreads).
 __device__ __forceinline__ void ft_group_sync(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
 
-__device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) {
+__device__ __forceinline__ void ft_ldsm4_trans_at(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem(p)));
+                 : "r"(addr));
 }
+__device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) { ft_ldsm4_trans_at(r, tc_smem(p)); }
 template <int DT>
 __device__ __forceinline__ u16 ft_half(float x) {
     return DT == DT_BF16 ? f32_to_bf16(x) : f32_to_f16(x);
@@ -1187,19 +1188,22 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 // ---- decode on tensor cores ----
 //
 // `fa_dec_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256) and few query tokens. A block takes up
-// to 16 query rows (`hb` heads of one kv group times `tb` tokens: the M rows of mma.sync
+// to FD_R = 8 query rows (`hb` heads of one kv group times `tb` tokens: the N columns of mma.sync
 // m16n8k16, so every K/V row it reads serves all of them) over one split of the kv positions.
-// Each of its FD_W warps walks its own chunks of 16 positions (chunk c of the split goes to warp
+// The products run transposed, kv positions and head dims on the M side: S^T = K Q^T (16
+// positions x 8 rows, K from shared memory, Q^T from registers loaded once) and O^T += V^T P^T
+// (D x 8), where a 16-row M tile of queries would have been mostly padding for a kv group of 6
+// or 8 heads; the 16 x 8 P^T becomes the B operand through two `movmatrix` transposes. Each of
+// the FD_W warps walks its own chunks of FD_N = 16 positions (chunk c of the split goes to warp
 // c % FD_W) with its own online-softmax state: the chunk's K and V rows (through the block table
 // when paged) are copied into the warp's shared-memory ring of FD_S stages with 16-byte cp.async,
-// FD_S - 1 chunks ahead of the one computed; S = Q K^T (16 x 16) and O += P V (16 x D) run on the
-// tensor cores (Q and P rounded to the K/V type, f32 accumulators), the softmax on the S fragments
-// in f32. The chunk's table entries and mask values are loaded into registers a chunk ahead, so
-// that no global-memory latency sits on a warp's chunk-to-chunk path. At the end the warps'
-// states merge in shared memory; with one split the block writes the output rows, else (max,
-// sum, acc[D]) partials for `fa_combine`. Dynamic shared memory: FD_W * FD_S * 2 * 16 * (D +
-// FT_PAD) + 16 * (D + FT_PAD) halves. (The measurements behind FD_S and FD_W:
-// docs/perf-log/attention-ragged.md.)
+// FD_S - 1 chunks ahead of the one computed, and the softmax runs on the S^T fragments in f32.
+// The chunk's table entries and mask values are loaded into registers a chunk ahead, so that no
+// global-memory latency sits on a warp's chunk-to-chunk path. At the end each warp leaves its
+// state in shared memory and warp w merges the head-dim tiles w, w + FD_W, ...: with one split
+// the block writes the output rows, else (max, sum, acc[D]) partials for `fa_combine`. Dynamic
+// shared memory: FD_W * FD_S * 2 * FD_N * (D + FT_PAD) halves. (The measurements behind the
+// layout: docs/perf-log/kernels-attention.md.)
 //
 // Ragged: one token per tile (tb = 1; see `fa_ragged_token` for the two tilings), whose rows all
 // see its first `vis` positions, so the split simply ends there: a decode batch of n sequences
@@ -1208,7 +1212,15 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 #define FD_W 4   // warps per block
 #define FD_S 2   // ring stages per warp
 #define FD_N 16  // kv positions per chunk
+#define FD_R 8   // query rows per block
 
+// The 8 x 8 b16 matrix whose fragments (thread t: row t / 4, columns 2 (t % 4) and + 1) the warp
+// holds in `x`, transposed, in the same layout.
+__device__ __forceinline__ u32 fd_transpose(u32 x) {
+    u32 r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
 
 template <int DT, int D>
 __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
@@ -1217,13 +1229,14 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
                                             int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 fd_smem[];
     __shared__ u32 s_valid[FD_W][FD_S];
-    __shared__ float s_m[FD_W][16];
-    __shared__ float s_l[FD_W][16];
-    constexpr int LD = D + FT_PAD;                    // halves per K/V/Q row in shared memory
+    __shared__ float s_m[FD_W][FD_R];
+    __shared__ float s_l[FD_W][FD_R];
+    constexpr int LD = D + FT_PAD;                    // halves per K/V row in shared memory
     constexpr int STAGE = 2 * FD_N * LD;              // halves per stage (K then V)
     constexpr int WARP_HALVES = FD_S * STAGE;         // a warp's ring
     constexpr int CPR = D / 8;                        // 16-byte pieces per row
-    static_assert(WARP_HALVES * 2 >= 16 * D * 4, "a warp's ring holds its f32 accumulators");
+    constexpr int MT = D / 16;                        // k16 steps of S^T, m16 tiles of O^T
+    static_assert(WARP_HALVES * 2 >= FD_R * D * 4, "a warp's ring holds its f32 accumulators");
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
@@ -1255,9 +1268,11 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
 
-    u16* sQ = fd_smem + FD_W * WARP_HALVES;
     u16* ring = fd_smem + warp * WARP_HALVES;
-    int tok[2] = {t0 + (g < nrows ? g % tn : 0), t0 + (g + 8 < nrows ? (g + 8) % tn : 0)};
+    const u32 ring_s = tc_smem(ring);
+    const u32 knb = (u32)k.nb[1], vnb = (u32)v.nb[1];  // below 2^31 (the host's condition)
+    // The tokens of this thread's two S^T columns (rows 2 tq and 2 tq + 1), for the mask.
+    int tok[2] = {t0 + (2 * tq < nrows ? 2 * tq % tn : 0), t0 + (2 * tq + 1 < nrows ? (2 * tq + 1) % tn : 0)};
 
     int n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
     int my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
@@ -1269,15 +1284,16 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         return *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]);
     };
     // The mask bits (f32, f16 or bf16; converted by `mask_val` only when used) of the fragment's
-    // positions in chunk `it`, loaded a chunk ahead for the same reason.
+    // positions in chunk `it` (g and g + 8, for the columns' tokens), loaded a chunk ahead for
+    // the same reason.
     auto mask_bits = [&](int it, u32* mb) {
         const int j0 = j_begin + (warp + it * FD_W) * FD_N;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int j = j0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+        for (int i = 0; i < 4; i++) {
+            const int j = j0 + g + (i >> 1) * 8;
             mb[i] = 0;
             if (has_mask && it < my_chunks && j < j_end) {
-                const char* mp = mask.data + (i64)j * mask.nb[0] + (i64)tok[(i >> 1) & 1] * mask.nb[1] + m_seq;
+                const char* mp = mask.data + (i64)j * mask.nb[0] + (i64)tok[i & 1] * mask.nb[1] + m_seq;
                 mb[i] = mdt == DT_F32 ? *(const u32*)mp : (u32)*(const u16*)mp;
             }
         }
@@ -1298,22 +1314,25 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         }
         const u32 valid = __ballot_sync(0xffffffffu, cell >= 0);
         if (lane == 0) s_valid[warp][st] = valid;
-        u16* sK = ring + st * STAGE;
-        u16* sV = sK + FD_N * LD;
+        // Lane takes piece lane % CPR of rows lane / CPR, + 32 / CPR, ...
+        const u32 sK = ring_s + st * STAGE * 2 + (lane / CPR * LD + lane % CPR * 8) * 2;
+        const u32 sV = sK + FD_N * LD * 2;
+        const char* kp = kbase + lane % CPR * 16;
+        const char* vp = vbase + lane % CPR * 16;
 #pragma unroll
         for (int i = 0; i < FD_N * CPR / 32; i++) {
-            const int idx = i * 32 + lane, p = idx / CPR, c = idx % CPR;
+            const int p = i * 32 / CPR + lane / CPR;
             const int cl = __shfl_sync(0xffffffffu, cell, p);
             const bool ok = cl >= 0;
-            const i64 row = ok ? cl : 0;
-            tc_cp16(&sK[p * LD + c * 8], kbase + row * k.nb[1] + c * 16, ok);
-            tc_cp16(&sV[p * LD + c * 8], vbase + row * v.nb[1] + c * 16, ok);
+            const u32 row = ok ? cl : 0;
+            tc_cp16_at(sK + i * 32 / CPR * LD * 2, kp + (u64)row * knb, ok);
+            tc_cp16_at(sV + i * 32 / CPR * LD * 2, vp + (u64)row * vnb, ok);
         }
     };
 
-    float o[D / 8][4];
+    float o[MT][4];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < MT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
 
     // The first chunks' table entries; for a ragged block, those of the guessed sequence over the
@@ -1343,148 +1362,178 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         tc_commit();
     }
     int raw_next = raw_pre[FD_S - 1];
-    u32 mb[8];
+    u32 mb[4];
     mask_bits(0, mb);
-    // The tile's query rows (rounded to the K/V type, zero rows past nrows), while the first
-    // chunks' copies are under way.
-    ft_load_q<DT, 16, D, FD_W * 32>(
-        sQ, q.nb[0],
-        [&](int r) -> const char* {
-            if (r >= nrows) return nullptr;
-            const int h = h0 + r / tn, t = t0 + r % tn;
-            return q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
-        },
-        [](int r, int c) { return r * LD + c; });
-    __syncthreads();  // sQ written
+    // Q^T as the B operand, rounded to the K/V type, while the first chunks' copies are under
+    // way: qf[i] holds row g's elements 16 i + 2 tq, + 1 and 16 i + 2 tq + 8, + 9 (zeros for rows
+    // past nrows). All of a thread's loads are issued before any is used.
+    u32 qf[MT][2];
+    {
+        const char* qrow = nullptr;
+        if (g < nrows) {
+            const int h = h0 + g / tn, t = t0 + g % tn;
+            qrow = q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
+        }
+        const bool pairs = q.nb[0] == 4 && ((unsigned long long)qrow & 7) == 0;
+        float2 x[MT][2];
+        if (qrow && pairs) {
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                x[i][0] = *(const float2*)(qrow + (16 * i + 2 * tq) * 4);
+                x[i][1] = *(const float2*)(qrow + (16 * i + 2 * tq + 8) * 4);
+            }
+        } else {
+            const i64 nb0 = q.nb[0];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int e = 16 * i + 2 * tq + 8 * h;
+                    x[i][h] = qrow ? make_float2(*(const float*)(qrow + e * nb0), *(const float*)(qrow + (e + 1) * nb0))
+                                   : make_float2(0.0f, 0.0f);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            qf[i][0] = ft_pack<DT>(x[i][0].x, x[i][0].y);
+            qf[i][1] = ft_pack<DT>(x[i][1].x, x[i][1].y);
+        }
+    }
     for (int it = 0; it < my_chunks; it++) {
         const int nx = it + FD_S - 1;
         if (nx < my_chunks) issue(nx, nx % FD_S, raw_next);  // that stage was consumed in iteration it - 1
         tc_commit();
         raw_next = raw_of(nx + 1);
-        float mv[2][4];
+        float mv[4];
 #pragma unroll
-        for (int i = 0; i < 8; i++) mv[i >> 2][i & 3] = mask_val(mb[i]);
+        for (int i = 0; i < 4; i++) mv[i] = mask_val(mb[i]);
         mask_bits(it + 1, mb);
         const int st = it % FD_S;
         tc_wait<FD_S - 1>();
         __syncwarp();
-        const u16* sK = ring + st * STAGE;
-        const u16* sV = sK + FD_N * LD;
+        const u32 sK = ring_s + st * STAGE * 2, sV = sK + FD_N * LD * 2;
         const u32 valid = s_valid[warp][st];
 
-        // S = Q K^T: 16 rows x 16 positions, two accumulator sets to shorten the mma chains.
-        float sa[2][4], sb[2][4];
+        // S^T = K Q^T: 16 positions x 8 rows, four accumulator chains over the k steps.
+        float sa[4][4];
 #pragma unroll
-        for (int n = 0; n < 2; n++) sa[n][0] = sa[n][1] = sa[n][2] = sa[n][3] = sb[n][0] = sb[n][1] = sb[n][2] = sb[n][3] = 0.0f;
+        for (int c = 0; c < 4; c++) sa[c][0] = sa[c][1] = sa[c][2] = sa[c][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < D; kk += 32) {
-            u32 a[4], b[4], a2[4], b2[4];
-            tc_ldsm4(a, &sQ[(lane & 15) * LD + kk + (lane >> 4) * 8]);
-            tc_ldsm4(b, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
-            tc_ldsm4(a2, &sQ[(lane & 15) * LD + kk + 16 + (lane >> 4) * 8]);
-            tc_ldsm4(b2, &sK[((lane & 7) + (lane >> 4) * 8) * LD + kk + 16 + ((lane >> 3) & 1) * 8]);
-            ft_mma<DT>(sa[0], a, b[0], b[1]);
-            ft_mma<DT>(sa[1], a, b[2], b[3]);
-            ft_mma<DT>(sb[0], a2, b2[0], b2[1]);
-            ft_mma<DT>(sb[1], a2, b2[2], b2[3]);
+        for (int i = 0; i < MT; i++) {
+            u32 a[4];
+            tc_ldsm4_at(a, sK + ((lane & 15) * LD + 16 * i + (lane >> 4) * 8) * 2);
+            ft_mma<DT>(sa[i & 3], a, qf[i][0], qf[i][1]);
         }
-        // Logits and the online-softmax update (rows g and g + 8).
-        float sc[2][4], mx[2] = {-TS_INF, -TS_INF};
+        // Logits and the online-softmax update: element i is position g + 8 (i >> 1) of column
+        // (row) 2 tq + (i & 1).
+        float sc[4];
 #pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int col = n * 8 + 2 * tq + (i & 1);
-                const float d = sa[n][i] + sb[n][i];
-                float x = (softcap > 0.0f ? softcap * tanhf(d * inner) : d * scale) + mv[n][i];
-                x = (valid >> col) & 1 ? x : -TS_INF;
-                sc[n][i] = x;
-                mx[i >> 1] = fmaxf(mx[i >> 1], x);
-            }
+        for (int i = 0; i < 4; i++) {
+            const float d = (sa[0][i] + sa[1][i]) + (sa[2][i] + sa[3][i]);
+            const float x = (softcap > 0.0f ? softcap * tanhf(d * inner) : d * scale) + mv[i];
+            sc[i] = (valid >> (g + (i >> 1) * 8)) & 1 ? x : -TS_INF;
         }
-        float ms[2];
+        float ms[2], alpha[2];
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
-            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
-            const float m_new = fmaxf(m[rr], mx[rr]);
-            ms[rr] = m_new == -TS_INF ? 0.0f : m_new;
-            const float alpha = expf(m[rr] - ms[rr]);
-            l[rr] *= alpha;
-            m[rr] = m_new;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                o[n][2 * rr] *= alpha;
-                o[n][2 * rr + 1] *= alpha;
-            }
+        for (int r = 0; r < 2; r++) {
+            float mx = fmaxf(sc[r], sc[r + 2]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float m_new = fmaxf(m[r], mx);
+            ms[r] = m_new == -TS_INF ? 0.0f : m_new;
+            alpha[r] = expf(m[r] - ms[r]);
+            l[r] *= alpha[r];
+            m[r] = m_new;
         }
 #pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float p = expf(sc[n][i] - ms[i >> 1]);
-                sc[n][i] = p;
-                l[i >> 1] += p;
-            }
+        for (int n = 0; n < MT; n++) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[1];
+            o[n][2] *= alpha[0];
+            o[n][3] *= alpha[1];
         }
-        // O += P V.
-        const u32 pa[4] = {ft_pack<DT>(sc[0][0], sc[0][1]), ft_pack<DT>(sc[0][2], sc[0][3]), ft_pack<DT>(sc[1][0], sc[1][1]),
-                           ft_pack<DT>(sc[1][2], sc[1][3])};
 #pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-            u32 b[4];
-            ft_ldsm4_trans(b, &sV[((lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
-            ft_mma<DT>(o[n], pa, b[0], b[1]);
-            ft_mma<DT>(o[n + 1], pa, b[2], b[3]);
+        for (int i = 0; i < 4; i++) {
+            sc[i] = expf(sc[i] - ms[i & 1]);
+            l[i & 1] += sc[i];
+        }
+        // O^T += V^T P^T: P^T's two 8 x 8 halves (positions 0-7, 8-15), transposed, are the B
+        // fragments; V^T's through transposing ldmatrix of the V rows.
+        const u32 b0 = fd_transpose(ft_pack<DT>(sc[0], sc[1])), b1 = fd_transpose(ft_pack<DT>(sc[2], sc[3]));
+#pragma unroll
+        for (int n = 0; n < MT; n++) {
+            u32 a[4];
+            ft_ldsm4_trans_at(a, sV + (((lane & 7) + (lane >> 4) * 8) * LD + 16 * n + ((lane >> 3) & 1) * 8) * 2);
+            ft_mma<DT>(o[n], a, b0, b1);
         }
         __syncwarp();  // the stage is consumed before a later iteration refills it
     }
 
-    // Merge the warps: each writes (m, l) and its f32 accumulators (into its own ring).
+    // Merge the warps: each leaves (m, l) per row and its O^T fragments (in its own ring), then
+    // warp w merges the head-dim tiles w, w + FD_W, ... for all rows.
     tc_wait<0>();
     __syncthreads();
     float* so = (float*)ring;
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
-        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-        if (tq == 0) {
-            s_m[warp][g + 8 * rr] = m[rr];
-            s_l[warp][g + 8 * rr] = l[rr];
-        }
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            so[(g + 8 * rr) * D + n * 8 + 2 * tq] = o[n][2 * rr];
-            so[(g + 8 * rr) * D + n * 8 + 2 * tq + 1] = o[n][2 * rr + 1];
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+        if (g == 0) {
+            s_m[warp][2 * tq + r] = m[r];
+            s_l[warp][2 * tq + r] = l[r];
         }
     }
+#pragma unroll
+    for (int n = 0; n < MT; n++) *(float4*)&so[(n * 32 + lane) * 4] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
     __syncthreads();
-    for (int idx = tid; idx < nrows * D; idx += blockDim.x) {
-        const int r = idx / D, e = idx % D;
-        float mm = -TS_INF;
+    float mm[2], ll[2], f[FD_W][2];
 #pragma unroll
-        for (int w = 0; w < FD_W; w++) mm = fmaxf(mm, s_m[w][r]);
-        float ll = 0.0f, a = 0.0f;
-        if (mm != -TS_INF) {
+    for (int r = 0; r < 2; r++) {
+        mm[r] = -TS_INF;
 #pragma unroll
-            for (int w = 0; w < FD_W; w++) {
-                const float f = expf(s_m[w][r] - mm);
-                ll += s_l[w][r] * f;
-                a += ((const float*)(fd_smem + w * WARP_HALVES))[r * D + e] * f;
+        for (int w = 0; w < FD_W; w++) mm[r] = fmaxf(mm[r], s_m[w][2 * tq + r]);
+        ll[r] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < FD_W; w++) {
+            f[w][r] = mm[r] == -TS_INF ? 0.0f : expf(s_m[w][2 * tq + r] - mm[r]);
+            ll[r] += s_l[w][2 * tq + r] * f[w][r];
+        }
+    }
+    const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
+    float* pr[2] = {nullptr, nullptr};
+    int hr[2], tr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = 2 * tq + r;
+        hr[r] = h0 + row / tn;
+        tr[r] = t0 + row % tn;
+        if (row < nrows && n_splits > 1) {
+            pr[r] = part + ((i64)split * n_rows_g + ((i64)qs * n_head + hr[r]) * n_tokens + tr[r]) * (D + 2);
+            if (warp == 0 && g == 0) {
+                pr[r][0] = mm[r];
+                pr[r][1] = ll[r];
             }
         }
-        const int h = h0 + r / tn, t = t0 + r % tn;
-        if (n_splits == 1) {
-            fa_store(out, gate, e, h, t, qs, mm == -TS_INF ? 0.0f : a / ll);
-        } else {
-            const i64 gi = ((i64)qs * n_head + h) * n_tokens + t;
-            const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
-            float* pp = part + ((i64)split * n_rows_g + gi) * (D + 2);
-            if (e == 0) {
-                pp[0] = mm;
-                pp[1] = ll;
-            }
-            pp[2 + e] = a;
+    }
+    for (int n = warp; n < MT; n += FD_W) {
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < FD_W; w++) {
+            const float4 x = *(const float4*)((const float*)(fd_smem + w * WARP_HALVES) + (n * 32 + lane) * 4);
+            a[0] += x.x * f[w][0];
+            a[1] += x.y * f[w][1];
+            a[2] += x.z * f[w][0];
+            a[3] += x.w * f[w][1];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i & 1, e = 16 * n + g + (i >> 1) * 8;
+            if (2 * tq + r >= nrows) continue;
+            if (n_splits == 1) fa_store(out, gate, e, hr[r], tr[r], qs, mm[r] == -TS_INF ? 0.0f : a[i] / ll[r]);
+            else pr[r][2 + e] = a[i];
         }
     }
 }

@@ -9,8 +9,8 @@
 //! Prefills (at least [`MMA_MIN_TOKENS`] tokens) with f16/bf16 K/V and d_k = d_v = 128 or 256
 //! run on tensor cores instead (`fa_mma_*`: 64 tokens of one head per block; on sm_90a two warp
 //! groups on wgmma, each taking half of the kv tiles, elsewhere four warps on mma.sync m16n8k16);
-//! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 16
-//! M rows, K/V chunks copied to shared memory with cp.async, split-K merged by `fa_combine`).
+//! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 8
+//! N columns of transposed products, K/V chunks copied to shared memory with cp.async, split-K merged by `fa_combine`).
 //!
 //! Ragged batches (`params.ragged`) run on the same kernels with other tilings, picked from the
 //! shapes alone (the offsets are device values that change under a replayed CUDA graph; nothing
@@ -58,13 +58,14 @@ const MMA_BN: usize = 64;
 const MMA_PAD: usize = 8;
 /// Halves between the rows of the prefill kernel's staged mask tile (MMA_BM rows).
 const MMA_MASK_LD: usize = 72;
-/// TAG(fa-dec-tile): FD_W, FD_S and FD_N in attention.cu (query rows per block: one mma M tile).
+/// TAG(fa-dec-tile): FD_W, FD_S, FD_N and FD_R in attention.cu (query rows per block: one mma N
+/// tile).
 const DEC_WARPS: u32 = 4;
 const DEC_STAGES: usize = 2;
 const DEC_CHUNK: usize = 16;
-const DEC_ROWS: usize = 16;
+const DEC_ROWS: usize = 8;
 /// Blocks the decode kernel's split-K choice aims for: one per SM of an H100/H200 (at d 256 a
-/// block takes 140 KiB of shared memory; fixed so that `scratch_bytes` can compute it from the
+/// block takes 132 KiB of shared memory; fixed so that `scratch_bytes` can compute it from the
 /// task alone).
 const DEC_TARGET_BLOCKS: usize = 132;
 /// Fewest query tokens for the tensor-core prefill kernel (below it the split-K kernels, which
@@ -112,7 +113,7 @@ struct Tiling {
 }
 
 const SIMT_TILING: Tiling = Tiling { rows: ROWS, target: TARGET_BLOCKS, min_split: MIN_SPLIT, align: 32 };
-/// 16-row tiles (one mma M tile), splits that are multiples of a block's chunks.
+/// 8-row tiles (one mma N tile), splits that are multiples of a block's chunks.
 const DEC_TILING: Tiling = Tiling {
     rows: DEC_ROWS,
     target: DEC_TARGET_BLOCKS,
@@ -332,6 +333,10 @@ fn dec_kernel(
     vdt: DType,
 ) -> Option<(Kernel, u32)> {
     let d = tensor_core_dims(cx, q, k, v, kdt, vdt)?;
+    // the kernel's row offsets are 32-bit strides times cell indices
+    if k.nb[1] >= 1 << 31 || v.nb[1] >= 1 << 31 {
+        return None;
+    }
     let kernel = match (kdt, d) {
         (DType::F16, 128) => DEC_F16_D128,
         (DType::F16, 256) => DEC_F16_D256,
@@ -339,7 +344,7 @@ fn dec_kernel(
         _ => DEC_BF16_D256,
     };
     let row = (d + MMA_PAD) * 2;
-    let shared = (DEC_WARPS as usize * DEC_STAGES * 2 * DEC_CHUNK + DEC_ROWS) * row;
+    let shared = DEC_WARPS as usize * DEC_STAGES * 2 * DEC_CHUNK * row;
     (shared <= cx.info.max_shared_per_block).then_some((kernel, shared as u32))
 }
 
@@ -542,7 +547,7 @@ fn run_mma(
     Ok(())
 }
 
-/// The tensor-core decode: one block per 16-row tile of a kv group, split and sequence (dense),
+/// The tensor-core decode: one block per 8-row tile of a kv group, split and sequence (dense),
 /// or per one-token tile and split (ragged).
 fn run_dec(
     cx: &mut Cx<'_>,
@@ -574,9 +579,9 @@ fn run_dec(
     // scale, softcap, split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode)`: shapes as
     // for `fa_partial` (shape rules); `dec_kernel` checked one f16/bf16 dtype, d_k = d_v = the
     // kernel's D and 16-byte aligned rows (its 16-byte cp.async copies); `shared` is the kernel's
-    // (FD_W * FD_S * 2 * 16 + 16) rows of D + 8 halves, within the device limit (raised above);
-    // the grid is exactly tiles x splits x n_seq of `dec_plan`, whose tiles hold at most 16 rows
-    // (hb * tb <= 16); ragged blocks check every offset and kv length before using one and read
+    // FD_W * FD_S * 2 * 16 rows of D + 8 halves, within the device limit (raised above);
+    // the grid is exactly tiles x splits x n_seq of `dec_plan`, whose tiles hold at most 8 rows
+    // (hb * tb <= 8); ragged blocks check every offset and kv length before using one and read
     // positions below kv_lens[s] <= n_kv only; table entries are checked against n_cells before
     // any K/V read; with splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`
     // takes the largest plan).
