@@ -1197,7 +1197,7 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 // the FD_W warps walks its own chunks of FD_N = 16 positions (chunk c of the split goes to warp
 // c % FD_W) with its own online-softmax state: the chunk's K and V rows (through the block table
 // when paged) are copied into the warp's shared-memory ring of FD_S stages with 16-byte cp.async,
-// FD_S - 1 chunks ahead of the one computed, and the softmax runs on the S^T fragments in f32.
+// each stage refilled as soon as its chunk is computed, and the softmax runs on the S^T fragments in f32.
 // The chunk's table entries and mask values are loaded into registers a chunk ahead, so that no
 // global-memory latency sits on a warp's chunk-to-chunk path. At the end each warp leaves its
 // state in shared memory and warp w merges the head-dim tiles w, w + FD_W, ...: with one split
@@ -1242,11 +1242,12 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
     const int n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
     const int n_kv = paged ? (int)table.ne[0] : n_cells;
-    const int group = n_head / n_head_kv;
+    const int group = (u32)n_head / (u32)n_head_kv;  // (unsigned: cheaper divisions, all >= 0)
     const int n_splits = (int)gridDim.y;
 
     const int tile = blockIdx.x, split = blockIdx.y;
-    const int tbi = tile % t_blocks, hbi = (tile / t_blocks) % h_blocks, hk = tile / (t_blocks * h_blocks);
+    const int tbi = (u32)tile % (u32)t_blocks, hbi = (u32)tile / (u32)t_blocks % (u32)h_blocks;
+    const int hk = (u32)tile / (u32)(t_blocks * h_blocks);
     // Dense: tokens t0 .. t0 + tn of sequence s (q's slot qs = s) over all positions. Ragged
     // (tb == 1): one token of sequence s in slot 0, seeing its first `vis` positions.
     // (See `fa_ragged_local` for how a ragged block finds its token: s starts as a guess.)
@@ -1265,14 +1266,14 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     int j_end = min(n_kv, j_begin + split_len);
     const char* kbase = k.data + hk * k.nb[2] + (paged ? 0 : s) * k.nb[3];
     const char* vbase = v.data + hk * v.nb[2] + (paged ? 0 : s) * v.nb[3];
-    const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
+    const i64 m_seq = has_mask ? (i64)((u32)qs % (u32)mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
 
     u16* ring = fd_smem + warp * WARP_HALVES;
     const u32 ring_s = tc_smem(ring);
     const u32 knb = (u32)k.nb[1], vnb = (u32)v.nb[1];  // below 2^31 (the host's condition)
     // The tokens of this thread's two S^T columns (rows 2 tq and 2 tq + 1), for the mask.
-    int tok[2] = {t0 + (2 * tq < nrows ? 2 * tq % tn : 0), t0 + (2 * tq + 1 < nrows ? (2 * tq + 1) % tn : 0)};
+    int tok[2] = {t0 + (2 * tq < nrows ? (u32)(2 * tq) % (u32)tn : 0), t0 + (2 * tq + 1 < nrows ? (u32)(2 * tq + 1) % (u32)tn : 0)};
 
     int n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
     int my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
@@ -1357,26 +1358,25 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         }
     }
 #pragma unroll
-    for (int st = 0; st < FD_S - 1; st++) {
+    for (int st = 0; st < FD_S; st++) {
         if (st < my_chunks) issue(st, st, raw_pre[st]);
         tc_commit();
     }
-    int raw_next = raw_pre[FD_S - 1];
+    int raw_next = raw_of(FD_S);
     u32 mb[4];
     mask_bits(0, mb);
     // Q^T as the B operand, rounded to the K/V type, while the first chunks' copies are under
     // way: qf[i] holds row g's elements 16 i + 2 tq, + 1 and 16 i + 2 tq + 8, + 9 (zeros for rows
-    // past nrows). All of a thread's loads are issued before any is used.
+    // past nrows, which read row 0: one straight-line path for the warp). All of a thread's
+    // loads are issued before any is used.
     u32 qf[MT][2];
     {
-        const char* qrow = nullptr;
-        if (g < nrows) {
-            const int h = h0 + g / tn, t = t0 + g % tn;
-            qrow = q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
-        }
-        const bool pairs = q.nb[0] == 4 && ((unsigned long long)qrow & 7) == 0;
+        const bool live = g < nrows;
+        const int r = live ? g : 0, h = h0 + (u32)r / (u32)tn, t = t0 + (u32)r % (u32)tn;
+        const char* qrow = q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
+        const bool pairs = q.nb[0] == 4 && ((q.nb[1] | q.nb[2] | q.nb[3] | (i64)q.data) & 7) == 0;
         float2 x[MT][2];
-        if (qrow && pairs) {
+        if (pairs) {
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 x[i][0] = *(const float2*)(qrow + (16 * i + 2 * tq) * 4);
@@ -1389,22 +1389,18 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int e = 16 * i + 2 * tq + 8 * h;
-                    x[i][h] = qrow ? make_float2(*(const float*)(qrow + e * nb0), *(const float*)(qrow + (e + 1) * nb0))
-                                   : make_float2(0.0f, 0.0f);
+                    x[i][h] = make_float2(*(const float*)(qrow + e * nb0), *(const float*)(qrow + (e + 1) * nb0));
                 }
             }
         }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            qf[i][0] = ft_pack<DT>(x[i][0].x, x[i][0].y);
-            qf[i][1] = ft_pack<DT>(x[i][1].x, x[i][1].y);
+            qf[i][0] = live ? ft_pack<DT>(x[i][0].x, x[i][0].y) : 0u;
+            qf[i][1] = live ? ft_pack<DT>(x[i][1].x, x[i][1].y) : 0u;
         }
     }
+    // Pending copy groups at the top of iteration it: chunks it .. it + FD_S - 1.
     for (int it = 0; it < my_chunks; it++) {
-        const int nx = it + FD_S - 1;
-        if (nx < my_chunks) issue(nx, nx % FD_S, raw_next);  // that stage was consumed in iteration it - 1
-        tc_commit();
-        raw_next = raw_of(nx + 1);
         float mv[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) mv[i] = mask_val(mb[i]);
@@ -1468,7 +1464,10 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
             ft_ldsm4_trans_at(a, sV + (((lane & 7) + (lane >> 4) * 8) * LD + 16 * n + ((lane >> 3) & 1) * 8) * 2);
             ft_mma<DT>(o[n], a, b0, b1);
         }
-        __syncwarp();  // the stage is consumed before a later iteration refills it
+        __syncwarp();  // the stage is consumed: refill it with chunk it + FD_S
+        if (it + FD_S < my_chunks) issue(it + FD_S, st, raw_next);
+        tc_commit();
+        raw_next = raw_of(it + FD_S + 1);
     }
 
     // Merge the warps: each leaves (m, l) per row and its O^T fragments (in its own ring), then
@@ -1508,8 +1507,8 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = 2 * tq + r;
-        hr[r] = h0 + row / tn;
-        tr[r] = t0 + row % tn;
+        hr[r] = h0 + (u32)row / (u32)tn;
+        tr[r] = t0 + (u32)row % (u32)tn;
         if (row < nrows && n_splits > 1) {
             pr[r] = part + ((i64)split * n_rows_g + ((i64)qs * n_head + hr[r]) * n_tokens + tr[r]) * (D + 2);
             if (warp == 0 && g == 0) {
