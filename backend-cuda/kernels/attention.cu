@@ -1357,30 +1357,21 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
             for (int it = 0; it < FD_S; it++) raw_pre[it] = raw_of(it);
         }
     }
-#pragma unroll
-    for (int st = 0; st < FD_S; st++) {
-        if (st < my_chunks) issue(st, st, raw_pre[st]);
-        tc_commit();
-    }
-    int raw_next = raw_of(FD_S);
-    u32 mb[4];
-    mask_bits(0, mb);
-    // Q^T as the B operand, rounded to the K/V type, while the first chunks' copies are under
-    // way: qf[i] holds row g's elements 16 i + 2 tq, + 1 and 16 i + 2 tq + 8, + 9 (zeros for rows
-    // past nrows, which read row 0: one straight-line path for the warp). All of a thread's
-    // loads are issued before any is used.
-    u32 qf[MT][2];
+    // Q^T as the B operand, rounded to the K/V type: qf[i] holds row g's elements 16 i + 2 tq, + 1
+    // and 16 i + 2 tq + 8, + 9 (zeros for rows past nrows, which read row 0: one straight-line
+    // path for the warp). The loads go out first, with the first mask values, so that their
+    // latency passes while the first chunks' copies are issued; they are packed after.
+    const bool q_live = g < nrows;
+    float2 qx[MT][2];
     {
-        const bool live = g < nrows;
-        const int r = live ? g : 0, h = h0 + (u32)r / (u32)tn, t = t0 + (u32)r % (u32)tn;
+        const int r = q_live ? g : 0, h = h0 + (u32)r / (u32)tn, t = t0 + (u32)r % (u32)tn;
         const char* qrow = q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3];
         const bool pairs = q.nb[0] == 4 && ((q.nb[1] | q.nb[2] | q.nb[3] | (i64)q.data) & 7) == 0;
-        float2 x[MT][2];
         if (pairs) {
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                x[i][0] = *(const float2*)(qrow + (16 * i + 2 * tq) * 4);
-                x[i][1] = *(const float2*)(qrow + (16 * i + 2 * tq + 8) * 4);
+                qx[i][0] = *(const float2*)(qrow + (16 * i + 2 * tq) * 4);
+                qx[i][1] = *(const float2*)(qrow + (16 * i + 2 * tq + 8) * 4);
             }
         } else {
             const i64 nb0 = q.nb[0];
@@ -1389,15 +1380,24 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int e = 16 * i + 2 * tq + 8 * h;
-                    x[i][h] = make_float2(*(const float*)(qrow + e * nb0), *(const float*)(qrow + (e + 1) * nb0));
+                    qx[i][h] = make_float2(*(const float*)(qrow + e * nb0), *(const float*)(qrow + (e + 1) * nb0));
                 }
             }
         }
+    }
+    u32 mb[4];
+    mask_bits(0, mb);
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            qf[i][0] = live ? ft_pack<DT>(x[i][0].x, x[i][0].y) : 0u;
-            qf[i][1] = live ? ft_pack<DT>(x[i][1].x, x[i][1].y) : 0u;
-        }
+    for (int st = 0; st < FD_S; st++) {
+        if (st < my_chunks) issue(st, st, raw_pre[st]);
+        tc_commit();
+    }
+    int raw_next = raw_of(FD_S);
+    u32 qf[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        qf[i][0] = q_live ? ft_pack<DT>(qx[i][0].x, qx[i][0].y) : 0u;
+        qf[i][1] = q_live ? ft_pack<DT>(qx[i][1].x, qx[i][1].y) : 0u;
     }
     // Pending copy groups at the top of iteration it: chunks it .. it + FD_S - 1.
     for (int it = 0; it < my_chunks; it++) {
