@@ -425,6 +425,10 @@ fn qwen(out: &mut Vec<Case>) {
     out.push(Fa::new(128, 1, 16, 4, 200, 1).mask(F16).case());
     out.push(Fa::new(128, 7, 8, 2, 7 + 33, 2).kv(BF16).mask(F16).case());
     out.push(Fa::new(128, 1, 32, 8, 150, 3).kv(F32).case());
+    // The tensor-core decode's tilings: a kv group wider than its 8-row tile (two head blocks a
+    // group), and 3 tokens of a 2-head group in one tile, with a softcap.
+    out.push(Fa::new(128, 1, 16, 1, 150, 1).mask(F16).case());
+    out.push(Fa::new(256, 3, 4, 2, 140, 2).kv(BF16).mask(F16).softcap(30.0).case());
 }
 
 /// K/V read through a block table from a larger shared cache.
