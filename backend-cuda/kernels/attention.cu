@@ -1197,8 +1197,8 @@ FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
 // the FD_W warps walks its own chunks of FD_N = 16 positions (chunk c of the split goes to warp
 // c % FD_W) with its own online-softmax state: the chunk's K and V rows (through the block table
 // when paged) are copied into the warp's shared-memory ring of FD_S stages with 16-byte cp.async,
-// each stage refilled as soon as its chunk is computed, and the softmax runs on the S^T fragments in f32.
-// The chunk's table entries and mask values are loaded into registers a chunk ahead, so that no
+// each stage refilled as soon as its chunk is computed, and the softmax runs on the S^T fragments
+// in f32. The chunk's table entries and mask values are loaded into registers a chunk ahead, so that no
 // global-memory latency sits on a warp's chunk-to-chunk path. At the end each warp leaves its
 // state in shared memory and warp w merges the head-dim tiles w, w + FD_W, ...: with one split
 // the block writes the output rows, else (max, sum, acc[D]) partials for `fa_combine`. Dynamic
