@@ -10,7 +10,8 @@
 //! run on tensor cores instead (`fa_mma_*`: 64 tokens of one head per block; on sm_90a two warp
 //! groups on wgmma, each taking half of the kv tiles, elsewhere four warps on mma.sync m16n8k16);
 //! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 8
-//! N columns of transposed products, K/V chunks copied to shared memory with cp.async, split-K merged by `fa_combine`).
+//! N columns of transposed products, K/V chunks copied to shared memory with cp.async, split-K
+//! merged by `fa_combine`).
 //!
 //! Ragged batches (`params.ragged`) run on the same kernels with other tilings, picked from the
 //! shapes alone (the offsets are device values that change under a replayed CUDA graph; nothing
