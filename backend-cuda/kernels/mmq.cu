@@ -36,11 +36,15 @@
 #define MQ_ROW 128
 #define MQ_TILE (MQ_BM * MQ_ROW)
 
-// Raw weight bytes of one row's k-tile: two q8_0 blocks or one nvfp4 block.
+// Raw weight bytes of one row's k-tile: two q8_0 blocks or one nvfp4 block (68 or 36: 4 more than
+// a multiple of 16, and 4-byte aligned).
 constexpr int mq_raw_bytes(int qt) { return qt == DT_Q8_0 ? 2 * Q8_0_BYTES : NVFP4_BYTES; }
-// Bytes between raw weight rows in a slot: q8_0 rows padded from 68 to 72 bytes so that the
-// decode's word reads (rows 17 words apart, blocks 9 apart) spread over all 32 banks.
-constexpr int mq_raw_stride(int qt) { return qt == DT_Q8_0 ? 72 : NVFP4_BYTES; }
+// A row's k-tile is copied as the 16-byte aligned blocks of global memory that hold its bytes (5 or
+// 3 at any of the four offsets: whole-block copies, several per row, instead of 4-byte copies
+// scattered over the tile's rows), and starts `shift` bytes into its slot row (its address mod 16).
+constexpr int mq_raw_blocks(int qt) { return (mq_raw_bytes(qt) + 12 + 15) / 16; }
+// Bytes between raw weight rows in a slot.
+constexpr int mq_raw_stride(int qt) { return 16 * mq_raw_blocks(qt); }
 
 // One ring slot: the activation tile, then the raw weights (`mq_raw_stride` bytes a row; 16 bytes
 // of slack: q8_0 decoding reads a whole word past a row's end), 1024-byte aligned.
@@ -148,12 +152,12 @@ __device__ __forceinline__ u32 mq_gather_nibbles(u32 x) {
     return __byte_perm(t, 0u, 0x4420);
 }
 
-// Decodes the raw k-tile `raw` (MQ_BM rows of mq_raw_bytes) into the swizzled f16 tile `dst`.
-// Thread t takes row t / 2, half t % 2.
+// Decodes the raw k-tile `raw` (MQ_BM rows of mq_raw_stride bytes) into the swizzled f16 tile
+// `dst`. Thread t takes row t / 2, half t % 2; its row's k-tile starts `shift` bytes into the row.
 template <int QT>
-__device__ __forceinline__ void mq_decode(const char* raw, char* dst) {
+__device__ __forceinline__ void mq_decode(const char* raw, char* dst, u32 shift) {
     const int r = threadIdx.x >> 1, h = threadIdx.x & 1;
-    const char* row = raw + r * mq_raw_stride(QT);
+    const char* row = raw + r * mq_raw_stride(QT) + shift;
     if (QT == DT_Q8_0) {
         // block h: f16 scale at 34 h, 32 quants from 34 h + 2 (word-aligned for h = 1 only)
         const u32* w = (const u32*)(row + (h ? 36 : 0));
@@ -200,15 +204,21 @@ struct MqTile {
 
 // This thread's share of every k-tile's copies, in order from tile 0, with addresses worked out
 // once per block: the packed activation chunks (chunk tid % 8 of tile columns tid / 8 + 32 i) and
-// half tid % 2 of weight row tid / 2's raw words (consecutive words per thread; the shorter half
-// copies its last word twice, so every thread issues the same copies without predicates).
+// the 16-byte blocks tid + 256 i of the raw weights (block c: row c / mq_raw_blocks, so a warp's
+// copies are whole runs of a few rows). `shift` is the decode's: where thread tid's decode row
+// (tid / 2) starts in its slot row.
 template <int QT>
 struct MqLoader {
-    static constexpr int RW = mq_raw_bytes(QT) / 4, HALF = (RW + 1) / 2, XCOPIES = MQ_BN * (MQ_ROW / 16) / MQ_THREADS;
+    static constexpr int RB = mq_raw_bytes(QT), NBLK = mq_raw_blocks(QT), ACOPIES = (MQ_BM * NBLK + MQ_THREADS - 1) / MQ_THREADS,
+                         XCOPIES = MQ_BN * (MQ_ROW / 16) / MQ_THREADS;
     const char* xsrc[XCOPIES];
-    u32 xdst[XCOPIES], xvalid, adst;
-    const char* asrc;
-    bool avalid;
+    u32 xdst[XCOPIES], xvalid;
+    // the k-tile's first byte in weight row c / NBLK (it moves by RB), and the offset 16 (c % NBLK)
+    // of the aligned block copied from there: (asrc & ~15) + ablk
+    u64 asrc[ACOPIES];
+    u32 ablk[ACOPIES], adst[ACOPIES], avalid, shift;
+    // (every one of the NBLK blocks then holds some of the k-tile's bytes, at any 4-byte offset)
+    static_assert(RB % 16 == 4, "a k-tile of 4 mod 16 bytes");
 
     // Tiles from kt0 of rows `ktiles` tiles long.
     __device__ __forceinline__ MqLoader(const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 ktiles, int kt0) {
@@ -222,27 +232,37 @@ struct MqLoader {
             xdst[i] = mq_swz(c, tid & 7);
             xvalid |= (u32)(r >= 0) << i;
         }
-        const i64 row = m0 + (tid >> 1);
-        const int w0 = (tid & 1) * HALF;
-        avalid = row < t.rows;
-        asrc = avalid ? t.w + row * t.nb1 + (i64)kt0 * mq_raw_bytes(QT) + 4 * w0 : t.w;
-        adst = MQ_TILE + (tid >> 1) * mq_raw_stride(QT) + 4 * w0;
+        avalid = 0;
+        const char* first = t.w + (i64)kt0 * RB;
+#pragma unroll
+        for (int i = 0; i < ACOPIES; i++) {
+            const int c = tid + MQ_THREADS * i, r = c / NBLK, b = c % NBLK;
+            const bool valid = c < MQ_BM * NBLK && m0 + r < t.rows;
+            asrc[i] = (u64)(valid ? first + (m0 + r) * t.nb1 : t.w);
+            ablk[i] = 16 * b;
+            adst[i] = MQ_TILE + r * mq_raw_stride(QT) + 16 * b;
+            avalid |= (u32)valid << i;
+        }
+        shift = (u32)(u64)(first + (m0 + (tid >> 1)) * t.nb1) & 15;
     }
 
     // Issues the copies of the next k-tile into the slot at shared address `slot`.
     __device__ __forceinline__ void load_next(u32 slot) {
-        const int last = (threadIdx.x & 1) ? RW - HALF - 1 : HALF - 1;
 #pragma unroll
         for (int i = 0; i < XCOPIES; i++) {
             tc_cp16_at(slot + xdst[i], xsrc[i], (xvalid >> i) & 1);
             xsrc[i] += MQ_ROW;
         }
 #pragma unroll
-        for (int i = 0; i < HALF; i++) {
-            const int w = min(i, last);
-            tc_cp4_at(slot + adst + 4 * w, asrc + 4 * w, avalid);
+        for (int i = 0; i < ACOPIES; i++) {
+            // blocks past the tile's (the last round's upper threads) are not copied at all: a
+            // zero-filling copy would still write its destination
+            if (MQ_THREADS * i + (int)threadIdx.x < MQ_BM * NBLK) {
+                const bool valid = (avalid >> i) & 1;
+                tc_cp16_at(slot + adst[i], (const void*)((asrc[i] & ~(u64)15) + ablk[i]), valid);
+                if (valid) asrc[i] += RB;
+            }
         }
-        if (avalid) asrc += mq_raw_bytes(QT);
     }
 };
 
@@ -373,7 +393,9 @@ __device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, con
     }
     tc_wait<S - 3>();
     __syncthreads();
-    mq_decode<QT>(smem + MQ_TILE, abf);
+    // where the decoded tile's rows start in their slot rows
+    u32 shift = loader.shift;
+    mq_decode<QT>(smem + MQ_TILE, abf, shift);
 
     // ring slots of the tile being multiplied and of the next load; decoded tile in use
     int cur = 0, load = S - 2, dec = 0;
@@ -389,7 +411,8 @@ __device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, con
         tc_commit();
         const int next = cur + 1 == S ? 0 : cur + 1, dec_next = dec + 1 == MQ_DECODED ? 0 : dec + 1;
         auto decode_next = [&]() {
-            if (kt + 1 < ktiles) mq_decode<QT>(smem + next * mq_slot_bytes(QT) + MQ_TILE, abf + dec_next * MQ_TILE);
+            shift = (shift + mq_raw_bytes(QT)) & 15;
+            if (kt + 1 < ktiles) mq_decode<QT>(smem + next * mq_slot_bytes(QT) + MQ_TILE, abf + dec_next * MQ_TILE, shift);
         };
         mq_multiply(acc, kt == 0, abf + dec * MQ_TILE, smem + cur * mq_slot_bytes(QT), decode_next);
         cur = next, dec = dec_next, load = load + 1 == S ? 0 : load + 1;

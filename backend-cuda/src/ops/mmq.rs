@@ -55,9 +55,10 @@ const MAX_SPLIT_TILES: i64 = (crate::launch::COUNTER_BYTES / 4) as i64;
 /// Bytes of one split block's partial sums: 64 f32 a thread.
 const SPLIT_BLOCK_BYTES: usize = 64 * 4 * THREADS as usize;
 
-/// Bytes of one row's raw weights in a slot (`mq_raw_stride`: q8_0's 68 padded to 72).
+/// Bytes of one row's raw weights in a slot (`mq_raw_stride`: the 16-byte blocks that hold a
+/// row's 64 values at any 4-byte offset, 5 for q8_0's 68 bytes and 3 for nvfp4's 36).
 fn raw_stride(d: DType) -> usize {
-    if d == DType::Q8_0 { 72 } else { 36 }
+    if d == DType::Q8_0 { 80 } else { 48 }
 }
 
 /// Dynamic shared memory of a block with `stages` ring slots: TAG(mmq-smem), `mq_shared_bytes`
