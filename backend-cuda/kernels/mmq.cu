@@ -28,7 +28,10 @@
 // while they work; elsewhere (sm_80, sm_100) 8 warps of 64 x 32 use `ldmatrix` and `mma.sync`.
 
 #define MQ_BM 128
+// Columns of a block tile: MQ_BN for mul_mat_id and narrow mul_mat tiles, MQ_BN_WIDE for mul_mat
+// tiles where the columns fill it (each decoded weight tile then serves twice the columns).
 #define MQ_BN 128
+#define MQ_BN_WIDE 256
 #define MQ_BK 64
 #define MQ_THREADS 256
 // Bytes of one row of a shared tile (64 f16: a k-tile) and of one tile; the packed activations
@@ -46,13 +49,14 @@ constexpr int mq_raw_blocks(int qt) { return (mq_raw_bytes(qt) + 12 + 15) / 16; 
 // Bytes between raw weight rows in a slot.
 constexpr int mq_raw_stride(int qt) { return 16 * mq_raw_blocks(qt); }
 
-// One ring slot: the activation tile, then the raw weights (`mq_raw_stride` bytes a row; 16 bytes
-// of slack: q8_0 decoding reads a whole word past a row's end), 1024-byte aligned.
-constexpr int mq_slot_bytes(int qt) { return (MQ_TILE + MQ_BM * mq_raw_stride(qt) + 16 + 1023) & ~1023; }
+// One ring slot of a block of `bn` columns: the activation tile (bn rows of MQ_ROW bytes), then the
+// raw weights (`mq_raw_stride` bytes a row; 16 bytes of slack: q8_0 decoding reads a whole word past
+// a row's end), 1024-byte aligned.
+constexpr int mq_slot_bytes(int qt, int bn) { return (bn * MQ_ROW + MQ_BM * mq_raw_stride(qt) + 16 + 1023) & ~1023; }
 // The ring and three decoded weight tiles, plus 1 KiB to align the base to 1024 bytes (wgmma's
 // swizzle is on address bits). TAG(mmq-smem): `shared_bytes` in src/ops/mmq.rs.
 #define MQ_DECODED 3
-constexpr int mq_shared_bytes(int qt, int stages) { return stages * mq_slot_bytes(qt) + MQ_DECODED * MQ_TILE + 1024; }
+constexpr int mq_shared_bytes(int qt, int stages, int bn) { return stages * mq_slot_bytes(qt, bn) + MQ_DECODED * MQ_TILE + 1024; }
 
 // Activations as mmq reads them, one warp per flat row r of b (f32, any strides): the row times
 // 2^(15 - e), where 2^e bounds its largest magnitude, as f16 in k-tiles of 64 at
@@ -207,10 +211,10 @@ struct MqTile {
 // the 16-byte blocks tid + 256 i of the raw weights (block c: row c / mq_raw_blocks, so a warp's
 // copies are whole runs of a few rows). `shift` is the decode's: where thread tid's decode row
 // (tid / 2) starts in its slot row.
-template <int QT>
+template <int QT, int BN>
 struct MqLoader {
     static constexpr int RB = mq_raw_bytes(QT), NBLK = mq_raw_blocks(QT), ACOPIES = (MQ_BM * NBLK + MQ_THREADS - 1) / MQ_THREADS,
-                         XCOPIES = MQ_BN * (MQ_ROW / 16) / MQ_THREADS;
+                         XCOPIES = BN * (MQ_ROW / 16) / MQ_THREADS;
     const char* xsrc[XCOPIES];
     u32 xdst[XCOPIES], xvalid;
     // the k-tile's first byte in weight row c / NBLK (it moves by RB), and the offset 16 (c % NBLK)
@@ -240,7 +244,7 @@ struct MqLoader {
             const bool valid = c < MQ_BM * NBLK && m0 + r < t.rows;
             asrc[i] = (u64)(valid ? first + (m0 + r) * t.nb1 : t.w);
             ablk[i] = 16 * b;
-            adst[i] = MQ_TILE + r * mq_raw_stride(QT) + 16 * b;
+            adst[i] = BN * MQ_ROW + r * mq_raw_stride(QT) + 16 * b;
             avalid |= (u32)valid << i;
         }
         shift = (u32)(u64)(first + (m0 + (tid >> 1)) * t.nb1) & 15;
@@ -273,14 +277,18 @@ struct MqLoader {
 #define MQ_WGMMA_ON false
 #endif
 
-// The accumulators of one thread: 64 f32 of its warp's (mma.sync: 64 x 32, fragment (i, j) at
-// 16 i + 4 j) or warpgroup's (wgmma: 64 x 128, n8 tile j at 4 j) output tile.
+// The accumulators of one thread for a block of BN columns: BN / 2 f32 of its warp's (mma.sync:
+// 64 x BN / 4, fragment (i, j) of NJ = BN / 32 n8 tiles a row at 4 (NJ i + j)) or warpgroup's
+// (wgmma: 64 x BN, n8 tile j at 4 j) output tile.
+template <int BN>
 struct MqAcc {
-    float v[64];
+    static constexpr int N = BN / 2, NJ = BN / 32;
+    float v[N];
 };
 
 // Row and column in the block tile of accumulator `idx` of this thread (the m16n8 fragment
 // layout: element e of a fragment is row g + 8 (e / 2), column 2 (lane % 4) + e % 2).
+template <int BN>
 __device__ __forceinline__ void mq_acc_coords(int idx, int& row, int& col) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, e = idx & 3;
     const int r = (lane >> 2) + 8 * (e >> 1), c = 2 * (lane & 3) + (e & 1);
@@ -288,20 +296,31 @@ __device__ __forceinline__ void mq_acc_coords(int idx, int& row, int& col) {
     row = (warp >> 2) * 64 + (warp & 3) * 16 + r;
     col = (idx >> 2) * 8 + c;
 #else
-    row = (warp & 1) * 64 + (idx >> 4) * 16 + r;
-    col = (warp >> 1) * 32 + ((idx >> 2) & 3) * 8 + c;
+    constexpr int NJ = MqAcc<BN>::NJ;
+    row = (warp & 1) * 64 + (idx / (4 * NJ)) * 16 + r;
+    col = (warp >> 1) * (BN / 4) + ((idx >> 2) % NJ) * 8 + c;
 #endif
 }
 
 #ifdef MQ_WGMMA
-// d = A (64 x 16, descriptor a) B^T (128 x 16, descriptor b) + (accumulate ? d : 0), issued
-// asynchronously by the warpgroup.
+// d = A (64 x 16, descriptor a) B^T (BN x 16, descriptor b) + (accumulate ? d : 0), issued
+// asynchronously by the warpgroup (BN = 128 or 256: wgmma's n).
+template <int BN>
 __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(a), "l"(b), "r"(accumulate)
-                 : "memory");
+    if constexpr (BN == 128) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                     : "l"(a), "l"(b), "r"(accumulate)
+                     : "memory");
+    } else {
+        static_assert(BN == 256, "wgmma n of 128 or 256");
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                     : "l"(a), "l"(b), "r"(accumulate)
+                     : "memory");
+    }
 }
 
 // acc += the warpgroup's 64 rows of the decoded weight tile `at` times the activation tile `xt`,
@@ -310,13 +329,13 @@ __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b, int accumulate) {
 // after that. `first` (the first k-tile) starts the sums from zero: acc is only ever written by
 // wgmma, so that tiles' products may stay in flight across iterations (a plain store to acc
 // would make the compiler serialize them).
-template <typename Decode>
-__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool first, const char* at, const char* xt, Decode decode_next) {
+template <int BN, typename Decode>
+__device__ __forceinline__ void mq_multiply(MqAcc<BN>& acc, bool first, const char* at, const char* xt, Decode decode_next) {
     const int warp = threadIdx.x >> 5;
     const u64 da = wg_desc(at + (warp >> 2) * 64 * MQ_ROW), db = wg_desc(xt);
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++) wg_mma(acc.v, da + 2 * ks, db + 2 * ks, !first || ks > 0);
+    for (int ks = 0; ks < 4; ks++) wg_mma<BN>(acc.v, da + 2 * ks, db + 2 * ks, !first || ks > 0);
     wg_commit();
     decode_next();
     wg_wait<1>();
@@ -329,36 +348,39 @@ __device__ __forceinline__ void mq_frag_a(u32* a, const char* at, int ks, int i,
     tc_ldsm4(a, at + mq_swz(r, 2 * ks + (lane >> 4)));
 }
 
-// The warp's B fragments of its four n8 tiles of the activation tile `xt`, k = 16 ks .. 16 ks + 15.
-__device__ __forceinline__ void mq_frag_b(u32 (&b)[4][2], const char* xt, int ks, int wn, int lane) {
+// The warp's B fragments of its NJ n8 tiles of the activation tile `xt` (columns NJ 8 wn ..),
+// k = 16 ks .. 16 ks + 15.
+template <int NJ>
+__device__ __forceinline__ void mq_frag_b(u32 (&b)[NJ][2], const char* xt, int ks, int wn, int lane) {
 #pragma unroll
-    for (int jp = 0; jp < 2; jp++) {
-        const int c = wn * 32 + jp * 16 + (lane & 7) + 8 * (lane >> 4);
+    for (int jp = 0; jp < NJ / 2; jp++) {
+        const int c = wn * 8 * NJ + jp * 16 + (lane & 7) + 8 * (lane >> 4);
         u32 v[4];
         tc_ldsm4(v, xt + mq_swz(c, 2 * ks + ((lane >> 3) & 1)));
         b[2 * jp][0] = v[0], b[2 * jp][1] = v[1], b[2 * jp + 1][0] = v[2], b[2 * jp + 1][1] = v[3];
     }
 }
 
-// acc += the warp's 64 x 32 product over the k-tile (mma.sync); the decode of the next tile runs
-// first (mma.sync blocks the warp).
-template <typename Decode>
-__device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, const char* xt, Decode decode_next) {
+// acc += the warp's 64 x BN / 4 product over the k-tile (mma.sync); the decode of the next tile
+// runs first (mma.sync blocks the warp).
+template <int BN, typename Decode>
+__device__ __forceinline__ void mq_multiply(MqAcc<BN>& acc, bool, const char* at, const char* xt, Decode decode_next) {
+    constexpr int NJ = MqAcc<BN>::NJ;
     decode_next();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp & 1, wn = warp >> 1;
 #pragma unroll
     for (int p = 0; p < 2; p++) {
-        u32 b[2][4][2];
-        mq_frag_b(b[0], xt, 2 * p, wn, lane);
-        mq_frag_b(b[1], xt, 2 * p + 1, wn, lane);
+        u32 b[2][NJ][2];
+        mq_frag_b<NJ>(b[0], xt, 2 * p, wn, lane);
+        mq_frag_b<NJ>(b[1], xt, 2 * p + 1, wn, lane);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             u32 a[2][4];
             mq_frag_a(a[0], at, 2 * p, i, wm, lane);
             mq_frag_a(a[1], at, 2 * p + 1, i, wm, lane);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float* d = acc.v + 16 * i + 4 * j;
+            for (int j = 0; j < NJ; j++) {
+                float* d = acc.v + 4 * (NJ * i + j);
                 tc_mma_f16(d, a[0], b[0][j][0], b[0][j][1]);
                 tc_mma_f16(d, a[1], b[1][j][0], b[1][j][1]);
             }
@@ -368,34 +390,35 @@ __device__ __forceinline__ void mq_multiply(MqAcc& acc, bool, const char* at, co
 #endif
 
 // acc = the block's product over k-tiles [kt0, kt1) (at least one): rows m0 .. m0 + MQ_BM of the
-// tile's weights times its MQ_BN columns (rows `k` long).
-template <int QT, int S>
-__device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 k, int kt0, int kt1) {
+// tile's weights times its BN columns (rows `k` long).
+template <int QT, int S, int BN>
+__device__ __forceinline__ void mq_gemm(MqAcc<BN>& acc, const MqTile& t, i64 m0, const i64* xrow, const char* x, i64 k, int kt0, int kt1) {
+    constexpr int SLOT = mq_slot_bytes(QT, BN), XTILE = BN * MQ_ROW;
     extern __shared__ __align__(16) char smem_raw[];
     // aligned by pointer arithmetic on the shared array, so the compiler keeps shared-space loads
     // and stores (an integer round trip would make every access generic)
     char* smem = smem_raw + ((1024 - (tc_smem(smem_raw) & 1023)) & 1023);
-    char* abf = smem + S * mq_slot_bytes(QT);
+    char* abf = smem + S * SLOT;
     const int ktiles = kt1 - kt0;
 
     // (with wgmma, the first product overwrites acc)
     if (!MQ_WGMMA_ON) {
 #pragma unroll
-        for (int i = 0; i < 64; i++) acc.v[i] = 0.0f;
+        for (int i = 0; i < acc.N; i++) acc.v[i] = 0.0f;
     }
 
-    MqLoader<QT> loader(t, m0, xrow, x, k / MQ_BK, kt0);
+    MqLoader<QT, BN> loader(t, m0, xrow, x, k / MQ_BK, kt0);
     const u32 ring = tc_smem(smem);
 #pragma unroll
     for (int s = 0; s < S - 2; s++) {
-        if (s < ktiles) loader.load_next(ring + s * mq_slot_bytes(QT));
+        if (s < ktiles) loader.load_next(ring + s * SLOT);
         tc_commit();
     }
     tc_wait<S - 3>();
     __syncthreads();
     // where the decoded tile's rows start in their slot rows
     u32 shift = loader.shift;
-    mq_decode<QT>(smem + MQ_TILE, abf, shift);
+    mq_decode<QT>(smem + XTILE, abf, shift);
 
     // ring slots of the tile being multiplied and of the next load; decoded tile in use
     int cur = 0, load = S - 2, dec = 0;
@@ -407,14 +430,14 @@ __device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, con
         tc_fence_async();
 #endif
         __syncthreads();
-        if (kt + S - 2 < ktiles) loader.load_next(ring + load * mq_slot_bytes(QT));
+        if (kt + S - 2 < ktiles) loader.load_next(ring + load * SLOT);
         tc_commit();
         const int next = cur + 1 == S ? 0 : cur + 1, dec_next = dec + 1 == MQ_DECODED ? 0 : dec + 1;
         auto decode_next = [&]() {
             shift = (shift + mq_raw_bytes(QT)) & 15;
-            if (kt + 1 < ktiles) mq_decode<QT>(smem + next * mq_slot_bytes(QT) + MQ_TILE, abf + dec_next * MQ_TILE, shift);
+            if (kt + 1 < ktiles) mq_decode<QT>(smem + next * SLOT + XTILE, abf + dec_next * MQ_TILE, shift);
         };
-        mq_multiply(acc, kt == 0, abf + dec * MQ_TILE, smem + cur * mq_slot_bytes(QT), decode_next);
+        mq_multiply<BN>(acc, kt == 0, abf + dec * MQ_TILE, smem + cur * SLOT, decode_next);
         cur = next, dec = dec_next, load = load + 1 == S ? 0 : load + 1;
     }
 #ifdef MQ_WGMMA
@@ -425,11 +448,12 @@ __device__ __forceinline__ void mq_gemm(MqAcc& acc, const MqTile& t, i64 m0, con
 
 // Stores the block's product acc (rows m0 .. of the tile's weights; column c scaled by xscale[c]
 // into ocol[c], none where it is null).
-__device__ __forceinline__ void mq_store(const MqAcc& acc, const MqTile& t, i64 m0, const float* xscale, char* const* ocol) {
+template <int BN>
+__device__ __forceinline__ void mq_store(const MqAcc<BN>& acc, const MqTile& t, i64 m0, const float* xscale, char* const* ocol) {
 #pragma unroll
-    for (int i = 0; i < 64; i++) {
+    for (int i = 0; i < acc.N; i++) {
         int row, col;
-        mq_acc_coords(i, row, col);
+        mq_acc_coords<BN>(i, row, col);
         const i64 m = m0 + row;
         char* dst = ocol[col];
         if (dst && m < t.rows) *(float*)(dst + m * t.onb0) = acc.v[i] * xscale[col];
@@ -437,7 +461,7 @@ __device__ __forceinline__ void mq_store(const MqAcc& acc, const MqTile& t, i64 
 }
 
 // out [M, N, b2, b3] = a^T b for weights a [K, M, A2, A3] (K % 64 == 0, rows 4-byte aligned) and
-// the packed activations x, xs of b [K, N, b2, b3]. Tiles of MQ_BM rows x MQ_BN columns, columns
+// the packed activations x, xs of b [K, N, b2, b3]. Tiles of MQ_BM rows x BN columns, columns
 // fastest, then rows, then batches (neighbouring blocks share weight tiles in L2). The grid is
 // one block a tile for the first `dp` tiles, then `splits` blocks for each remaining tile, each
 // over `kper` k-tiles: one block a multiprocessor, a grid of whole waves plus a few tiles would
@@ -446,12 +470,12 @@ __device__ __forceinline__ void mq_store(const MqAcc& acc, const MqTile& t, i64 
 // adds them up in split order, so results do not depend on timing. With `a_up` (not null: a second
 // weight matrix of a's shape and strides, mul_mat_swiglu's up weights) the tiles of the same
 // product of a_up into `out_up` follow a's in the same grid, over the same packed activations.
-template <int QT, int S>
+template <int QT, int S, int BN>
 __device__ __forceinline__ void mmq_body(Tensor a, const char* a_up, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out, Tensor out_up, i64 dp, int splits, int kper, float* partial, unsigned* count) {
-    __shared__ i64 xrow[MQ_BN];
-    __shared__ float xscale[MQ_BN];
-    __shared__ char* ocol[MQ_BN];
-    const i64 ncols = (n + MQ_BN - 1) / MQ_BN, nrows = (a.ne[1] + MQ_BM - 1) / MQ_BM, ktiles = a.ne[0] / MQ_BK;
+    __shared__ i64 xrow[BN];
+    __shared__ float xscale[BN];
+    __shared__ char* ocol[BN];
+    const i64 ncols = (n + BN - 1) / BN, nrows = (a.ne[1] + MQ_BM - 1) / MQ_BM, ktiles = a.ne[0] / MQ_BK;
     i64 tile = blockIdx.x, unit = -1;
     if (tile >= dp) unit = tile - dp, tile = dp + unit / splits;
     // tile (global: the split counters') as a tile of one product
@@ -464,8 +488,8 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* a_up, const char*
     const i64 onb0 = up ? out_up.nb[0] : out.nb[0], onb1 = up ? out_up.nb[1] : out.nb[1];
     const i64 onb2 = up ? out_up.nb[2] : out.nb[2], onb3 = up ? out_up.nb[3] : out.nb[3];
     const i64 rest = local / ncols, batch = rest / nrows, i2 = batch % b2, i3 = batch / b2;
-    const i64 n0 = (local % ncols) * MQ_BN, m0 = (rest % nrows) * MQ_BM;
-    for (int c = threadIdx.x; c < MQ_BN; c += MQ_THREADS) {
+    const i64 n0 = (local % ncols) * BN, m0 = (rest % nrows) * MQ_BM;
+    for (int c = threadIdx.x; c < BN; c += MQ_THREADS) {
         const bool valid = n0 + c < n;
         xrow[c] = valid ? batch * n + n0 + c : -1;
         xscale[c] = valid ? xs[batch * n + n0 + c] : 0.0f;
@@ -475,20 +499,21 @@ __device__ __forceinline__ void mmq_body(Tensor a, const char* a_up, const char*
     const i64 a2 = i2 / (b2 / a.ne[2]), a3 = i3 / (b3 / a.ne[3]);
     const MqTile t = {(up ? a_up : a.data) + a2 * a.nb[2] + a3 * a.nb[3], a.nb[1], a.ne[1], onb0};
     const int kt0 = unit < 0 ? 0 : (int)(unit % splits) * kper, kt1 = unit < 0 ? (int)ktiles : min((int)ktiles, kt0 + kper);
-    MqAcc acc;
-    mq_gemm<QT, S>(acc, t, m0, xrow, x, a.ne[0], kt0, kt1);
+    MqAcc<BN> acc;
+    constexpr int N = MqAcc<BN>::N;
+    mq_gemm<QT, S, BN>(acc, t, m0, xrow, x, a.ne[0], kt0, kt1);
     if (unit >= 0) {
         const int tid = threadIdx.x;
         const i64 first = unit - unit % splits;  // the tile's first split block
 #pragma unroll
-        for (int i = 0; i < 64; i++) partial[(unit * 64 + i) * MQ_THREADS + tid] = acc.v[i];
+        for (int i = 0; i < N; i++) partial[(unit * N + i) * MQ_THREADS + tid] = acc.v[i];
         if (!split_last_arrival(count + (tile - dp), splits)) return;
-        MqAcc sum;
+        MqAcc<BN> sum;
 #pragma unroll
-        for (int i = 0; i < 64; i++) sum.v[i] = 0.0f;
+        for (int i = 0; i < N; i++) sum.v[i] = 0.0f;
         for (int sp = 0; sp < splits; sp++) {
 #pragma unroll
-            for (int i = 0; i < 64; i++) sum.v[i] += __ldcg(partial + ((first + sp) * 64 + i) * MQ_THREADS + tid);
+            for (int i = 0; i < N; i++) sum.v[i] += __ldcg(partial + ((first + sp) * N + i) * MQ_THREADS + tid);
         }
         if (tid == 0) count[tile - dp] = 0u;
         mq_store(sum, t, m0, xscale, ocol);
@@ -521,21 +546,24 @@ __device__ __forceinline__ void mmq_id_body(Tensor as, const char* x, const floa
             ocol[c] = valid ? out.data + u * out.nb[1] + tok * out.nb[2] : nullptr;
         }
         __syncthreads();
-        MqAcc acc;
-        mq_gemm<QT, S>(acc, t, m0, xrow, x, as.ne[0], 0, (int)(as.ne[0] / MQ_BK));
+        MqAcc<MQ_BN> acc;
+        mq_gemm<QT, S, MQ_BN>(acc, t, m0, xrow, x, as.ne[0], 0, (int)(as.ne[0] / MQ_BK));
         mq_store(acc, t, m0, xscale, ocol);
     }
 }
 
 // Entry points: weight type x ring depth (5 slots where a block may have the shared memory, 4
-// otherwise).
-#define MQ_ENTRY(NAME, QT, S)                                                                                 \
+// otherwise), and mul_mat's wide tiles (MQ_BN_WIDE columns, 4 slots: 221 KiB for q8_0, Hopper's
+// shared memory).
+#define MQ_MUL_MAT_ENTRY(NAME, QT, S, BN)                                                                    \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
         NAME(Tensor a, const char* a_up, const char* x, const float* xs, i64 n, i64 b2, i64 b3, Tensor out,   \
              Tensor out_up, i64 dp, int splits, int kper, float* partial, unsigned* count) {                  \
         grid_begin();                                                                                         \
-        mmq_body<QT, S>(a, a_up, x, xs, n, b2, b3, out, out_up, dp, splits, kper, partial, count);            \
-    }                                                                                                         \
+        mmq_body<QT, S, BN>(a, a_up, x, xs, n, b2, b3, out, out_up, dp, splits, kper, partial, count);        \
+    }
+#define MQ_ENTRY(NAME, QT, S)                                                                                 \
+    MQ_MUL_MAT_ENTRY(NAME, QT, S, MQ_BN)                                                                      \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, 1)                                              \
         NAME##_id(Tensor as, const char* x, const float* xs, i64 n_b, i64 n_used, const int* offsets,         \
                   const int* list, int min_pairs, Tensor out) {                                               \
@@ -546,6 +574,8 @@ MQ_ENTRY(mmq_q8_0_s4, DT_Q8_0, 4)
 MQ_ENTRY(mmq_q8_0_s5, DT_Q8_0, 5)
 MQ_ENTRY(mmq_nvfp4_s4, DT_NVFP4, 4)
 MQ_ENTRY(mmq_nvfp4_s5, DT_NVFP4, 5)
+MQ_MUL_MAT_ENTRY(mmq_wide_q8_0_s4, DT_Q8_0, 4, MQ_BN_WIDE)
+MQ_MUL_MAT_ENTRY(mmq_wide_nvfp4_s4, DT_NVFP4, 4, MQ_BN_WIDE)
 
 // ---------------------------------------------------------------------------------------------
 // mul_mat_id with few pairs per expert (a batch of decode steps, a short prefill): each routed

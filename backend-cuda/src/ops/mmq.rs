@@ -19,6 +19,8 @@ const MMQ: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::Mmq, "mmq_q8_0_s4"), Kernel::new(Module::Mmq, "mmq_q8_0_s5")],
     [Kernel::new(Module::Mmq, "mmq_nvfp4_s4"), Kernel::new(Module::Mmq, "mmq_nvfp4_s5")],
 ];
+/// mul_mat's wide tiles (`MQ_BN_WIDE` columns, 4 ring slots), `[q8_0, nvfp4]`.
+const MMQ_WIDE: [Kernel; 2] = [Kernel::new(Module::Mmq, "mmq_wide_q8_0_s4"), Kernel::new(Module::Mmq, "mmq_wide_nvfp4_s4")];
 const MMQ_ID: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::Mmq, "mmq_q8_0_s4_id"), Kernel::new(Module::Mmq, "mmq_q8_0_s5_id")],
     [Kernel::new(Module::Mmq, "mmq_nvfp4_s4_id"), Kernel::new(Module::Mmq, "mmq_nvfp4_s5_id")],
@@ -42,17 +44,22 @@ const PREP_THREADS: u32 = 256;
 /// Block tile: weight rows, activation columns, k per step (`MQ_BM`, `MQ_BN`, `MQ_BK`).
 const BM: i64 = 128;
 const BN: i64 = 128;
+/// Columns of mul_mat's wide tiles (`MQ_BN_WIDE`).
+const BN_WIDE: i64 = 256;
 const BK: i64 = 64;
 const THREADS: u32 = 256;
 /// Bytes of one 128-row shared tile of 64 f16 (`MQ_TILE`).
 const TILE: usize = 128 * 128;
-/// Bytes of the entry points' static shared arrays (column tables).
-const STATIC_SHARED: usize = 128 * (8 + 4 + 8);
+/// Bytes of the entry points' static shared arrays (column tables) for tiles of `bn` columns.
+fn static_shared(bn: i64) -> usize {
+    bn as usize * (8 + 4 + 8)
+}
 /// Split blocks of the last tiles of a mul_mat at most (their partial sums are scratch), and the
 /// tiles that may be split (one zeroed block counter each).
 const MAX_SPLIT_BLOCKS: usize = 128;
 const MAX_SPLIT_TILES: i64 = (crate::launch::COUNTER_BYTES / 4) as i64;
-/// Bytes of one split block's partial sums: 64 f32 a thread.
+/// Bytes of one split block's partial sums of a narrow tile: 64 f32 a thread (a wide tile's
+/// are twice that, so at most half as many wide blocks split).
 const SPLIT_BLOCK_BYTES: usize = 64 * 4 * THREADS as usize;
 
 /// Bytes of one row's raw weights in a slot (`mq_raw_stride`: the 16-byte blocks that hold a
@@ -61,22 +68,40 @@ fn raw_stride(d: DType) -> usize {
     if d == DType::Q8_0 { 80 } else { 48 }
 }
 
-/// Dynamic shared memory of a block with `stages` ring slots: TAG(mmq-smem), `mq_shared_bytes`
-/// (slots of an activation tile and the raw weights, the decoded weight tiles, 1 KiB to align the
-/// base).
-fn shared_bytes(d: DType, stages: usize) -> usize {
-    let slot = (TILE + BM as usize * raw_stride(d) + 16).next_multiple_of(1024);
+/// Dynamic shared memory of a block of `bn` columns with `stages` ring slots: TAG(mmq-smem),
+/// `mq_shared_bytes` (slots of an activation tile and the raw weights, the decoded weight tiles,
+/// 1 KiB to align the base).
+fn shared_bytes(d: DType, stages: usize, bn: i64) -> usize {
+    let slot = (bn as usize * 128 + BM as usize * raw_stride(d) + 16).next_multiple_of(1024);
     stages * slot + DECODED * TILE + 1024
 }
 
-/// The kernel variant for `d` on this device: 5 ring slots where a block may have that much
-/// shared memory (Hopper: 179 KiB for q8_0), else 4 (153 KiB: sm_80's 163 KiB fits). The static
-/// shared arrays of the entry points (column tables, 2.5 KiB) come on top.
+/// The narrow kernel variant for `d` on this device (mul_mat_id's, and mul_mat's where wide tiles
+/// do not fit): 5 ring slots where a block may have that much shared memory (Hopper: 184 KiB for
+/// q8_0), else 4 (158 KiB: sm_80's 163 KiB fits). The static shared arrays of the entry points
+/// (column tables, 2.5 KiB) come on top. (weight type index, slots index, dynamic shared bytes)
 fn variant(cx: &Cx<'_>, d: DType) -> Option<(usize, usize, u32)> {
     let ty = usize::from(d == DType::NvFp4);
-    let fits = |stages| shared_bytes(d, stages) + STATIC_SHARED <= cx.info.max_shared_per_block;
+    let fits = |stages| shared_bytes(d, stages, BN) + static_shared(BN) <= cx.info.max_shared_per_block;
     let stages = [5, 4].into_iter().find(|&s| fits(s))?;
-    Some((ty, stages - 4, shared_bytes(d, stages) as u32))
+    Some((ty, stages - 4, shared_bytes(d, stages, BN) as u32))
+}
+
+/// Whether mul_mat of `n` columns and `wide_tiles` wide tiles takes the wide tiles: where they fit
+/// the device's shared memory (221 KiB for q8_0: Hopper), cover the columns with no more padding
+/// than narrow tiles (an even number of narrow tiles), and fill at least half a wave of the
+/// multiprocessors (one block each). Each decoded weight tile then serves 256 columns instead of
+/// 128, half the decode work a product; a smaller grid keeps the narrow tiles, which split along
+/// k over twice the blocks. `TESSERA_MMQ_WIDE` (read once a process) overrides the last rule:
+/// `0` never takes wide tiles, `1` takes them wherever they fit.
+fn wide(cx: &Cx<'_>, d: DType, n: i64, wide_tiles: i64) -> bool {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    let fills = match crate::launch::env_number(&SET, "TESSERA_MMQ_WIDE") {
+        Some(0) => return false,
+        Some(1) => true,
+        _ => 2 * wide_tiles >= cx.info.multiprocessors as i64,
+    };
+    fills && tiles(n, BN) % 2 == 0 && shared_bytes(d, 4, BN_WIDE) + static_shared(BN_WIDE) <= cx.info.max_shared_per_block
 }
 
 /// Raw bytes of one row's 64 values: two q8_0 blocks or one nvfp4 block (`mq_raw_bytes`).
@@ -121,9 +146,9 @@ pub(super) fn mul_mat_scratch_bytes(b: &TensorMeta) -> usize {
 /// grid of whole waves and a few tiles would leave most multiprocessors idle while the last few
 /// run (as does a grid of fewer tiles than a wave); those tiles are split along k instead, over
 /// about a wave of blocks.
-fn split_plan(tiles: i64, ktiles: i64, blocks: i64) -> (i64, i32, i32) {
+fn split_plan(tiles: i64, ktiles: i64, blocks: i64, max_split_blocks: i64) -> (i64, i32, i32) {
     let tail = tiles % blocks.max(1);
-    let splits = (blocks / tail.max(1)).min(MAX_SPLIT_BLOCKS as i64 / tail.max(1)).min(ktiles).min(16);
+    let splits = (blocks / tail.max(1)).min(max_split_blocks / tail.max(1)).min(ktiles).min(16);
     if tail == 0 || tail > MAX_SPLIT_TILES || splits < 2 {
         return (tiles, 1, ktiles as i32);
     }
@@ -171,16 +196,22 @@ pub(super) fn mul_mat(
     }
     let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
     let products = if up.is_some() { 2 } else { 1 };
-    let all_tiles = tiles(n, BN) * tiles(a.ne[1], BM) * b2 * b3 * products;
+    let wide_tiles = tiles(n, BN_WIDE) * tiles(a.ne[1], BM) * b2 * b3 * products;
+    // a split wide block's partial sums take the room of two narrow ones
+    let (kernel, shared, bn, max_split_blocks) = if wide(cx, d, n, wide_tiles) {
+        (MMQ_WIDE[ty], shared_bytes(d, 4, BN_WIDE) as u32, BN_WIDE, MAX_SPLIT_BLOCKS as i64 / 2)
+    } else {
+        (MMQ[ty][s], shared, BN, MAX_SPLIT_BLOCKS as i64)
+    };
+    let all_tiles = tiles(n, bn) * tiles(a.ne[1], BM) * b2 * b3 * products;
     if all_tiles > i64::from(i32::MAX) - MAX_SPLIT_BLOCKS as i64 {
         return None;
     }
-    let kernel = MMQ[ty][s];
     let run = |cx: &mut Cx<'_>| {
         let xs = pack_x(cx, b, x)?;
         cx.allow_shared(kernel, shared)?;
         let resident = cx.resident_blocks(kernel, THREADS, shared)? as i64;
-        let (dp, splits, kper) = split_plan(all_tiles, a.ne[0] / BK, resident);
+        let (dp, splits, kper) = split_plan(all_tiles, a.ne[0] / BK, resident, max_split_blocks);
         let blocks = dp + (all_tiles - dp) * i64::from(splits);
         let packed = packed_size(b.nelements() as usize, b.ne[0] as usize);
         let (partial, count) = (x + packed as u64, cx.counters);
@@ -199,9 +230,10 @@ pub(super) fn mul_mat(
         // xs hold the b2 * b3 * n packed rows; columns past n and rows past M are neither read
         // nor written; out is [M, n, b2, b3] f32 at its strides; the blocks past dp
         // split at most MAX_SPLIT_TILES tiles (count: zeroed block counters, one a tile, left
-        // zeroed) into at most MAX_SPLIT_BLOCKS blocks of kper >= 1 k-tiles inside K
-        // (`split_plan`), whose sums fit the scratch after the packed activations
-        // (`mul_mat_scratch_bytes`); `shared` bytes were allowed above.
+        // zeroed) into at most MAX_SPLIT_BLOCKS narrow blocks or half as many wide ones (twice
+        // the sums) of kper >= 1 k-tiles inside K (`split_plan`), whose sums fit the scratch
+        // after the packed activations (`mul_mat_scratch_bytes`); `shared` bytes were allowed
+        // above.
         unsafe { args.launch(config((blocks as u32, 1, 1), (THREADS, 1, 1), shared)) }?;
         Ok(())
     };
@@ -479,18 +511,33 @@ mod tests {
     #[test]
     fn only_a_partial_last_wave_is_split_along_k() {
         // 512 tokens x 17408 rows on 132 SMs: 4 full waves, then 16 tiles over 128 blocks
-        assert_eq!(split_plan(544, 80, 132), (528, 8, 10));
+        assert_eq!(split_plan(544, 80, 132, 128), (528, 8, 10));
         // whole waves stay as they are
-        assert_eq!(split_plan(264, 80, 132), (264, 1, 80));
+        assert_eq!(split_plan(264, 80, 132, 128), (264, 1, 80));
         // fewer tiles than a wave: 16 tokens x 2048 rows
-        assert_eq!(split_plan(16, 32, 132), (0, 8, 4));
+        assert_eq!(split_plan(16, 32, 132, 128), (0, 8, 4));
         // 60 tiles left: split in two, 16 k-tiles each
-        assert_eq!(split_plan(192, 32, 132), (132, 2, 16));
+        assert_eq!(split_plan(192, 32, 132, 128), (132, 2, 16));
         // more tiles left than there are counters, or too few k-tiles to split
-        assert_eq!(split_plan(100, 80, 132), (100, 1, 80));
-        assert_eq!(split_plan(136, 1, 132), (136, 1, 1));
+        assert_eq!(split_plan(100, 80, 132, 128), (100, 1, 80));
+        assert_eq!(split_plan(136, 1, 132, 128), (136, 1, 1));
         // every split block gets k-tiles: 5 k-tiles over up to 16 splits -> 5 blocks of 1
-        assert_eq!(split_plan(4, 5, 132), (0, 5, 1));
+        assert_eq!(split_plan(4, 5, 132, 128), (0, 5, 1));
+        // wide tiles (at most 64 split blocks): 512 tokens x 17408 rows, 2 full waves, then 8
+        // tiles over 64 blocks
+        assert_eq!(split_plan(272, 80, 132, 64), (264, 8, 10));
+    }
+
+    #[test]
+    fn mmq_blocks_fit_hopper_and_ampere() {
+        let (hopper, ampere) = (227 * 1024, 163 * 1024);
+        for d in [DType::Q8_0, DType::NvFp4] {
+            assert!(shared_bytes(d, 5, BN) + static_shared(BN) <= hopper);
+            assert!(shared_bytes(d, 4, BN) + static_shared(BN) <= ampere);
+            assert!(shared_bytes(d, 4, BN_WIDE) + static_shared(BN_WIDE) <= hopper);
+        }
+        // q8_0's wide block: 4 slots of 43 KiB, 3 decoded tiles, 1 KiB of alignment
+        assert_eq!(shared_bytes(DType::Q8_0, 4, BN_WIDE), 4 * 43 * 1024 + 3 * 16384 + 1024);
     }
 
     #[test]

@@ -248,7 +248,7 @@ static BAD_IDS_1: [i32; 8] = ids_with_one_bad::<8>(2);
 /// Perf cases for quantized weights and routed experts (register them in `perf.rs`): decode
 /// GEMVs through the 27B FFN weights (17408 x 5120) and the 35B-A3B's dense projections at 2 and
 /// 8 tokens, a 512-token prefill of the 2048-wide QKV
-/// projection in q8_0 / nvfp4; the MoE expert FFN (2048 -> 512 gate/up, 512 -> 2048 down, top-8)
+/// projection in q8_0 / nvfp4 and of the 35B-A3B's other dense projections in nvfp4; the MoE expert FFN (2048 -> 512 gate/up, 512 -> 2048 down, top-8)
 /// at decode and a 512-token prefill over 64 experts, and over all 256 (151 MB of nvfp4 a
 /// projection: more than L2 holds) from 1 to 2048 tokens.
 pub(crate) fn perf_cases() -> Vec<Case> {
@@ -270,6 +270,12 @@ pub(crate) fn perf_cases() -> Vec<Case> {
         }
         // The GEMM floor shape: a 512-token prefill through the 27B FFN up/gate weights.
         out.push(MulMat::new(type_a, 17408, 512, 5120).case());
+    }
+    // The 35B-A3B's other dense projections over a 512-token micro-batch (nvfp4, as its file):
+    // DeltaNet inputs, attention inputs, output, and the shared expert's down; small grids, where
+    // the GEMM's tile width and k-splits decide.
+    for (m, k) in [(12352, 2048), (9216, 2048), (2048, 4096), (2048, 512)] {
+        out.push(MulMat::new(QUANTS[1], m, 512, k).case());
     }
     // bf16 at the same prefill (cuBLAS); its decode shapes are in perf.rs.
     out.push(MulMat::new(BF16, 17408, 512, 5120).case());
