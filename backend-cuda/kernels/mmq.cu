@@ -14,18 +14,19 @@
 // for, 11% slower at 512 x 17408 x 5120.) A q8_0 weight beyond f16's range (|d q| > 65504) would
 // overflow; trained weights are many orders of magnitude smaller.
 //
-// Tiles: a block computes 128 weight rows x 128 activation columns of one batch (or one expert's
-// columns), k in steps of 64. Each k-tile's raw weight bytes (4-byte cp.async) and packed
-// activations (16-byte cp.async) go through a ring of S shared-memory slots, loaded S - 2 tiles
-// ahead; the raw weights of tile kt + 1 are decoded into one of three f16 tiles while the tensor
+// Tiles: a block computes 128 weight rows x 128 activation columns (256 for mul_mat's wide tiles)
+// of one batch (or one expert's columns), k in steps of 64. Each k-tile's raw weight bytes (the
+// 16-byte blocks that hold them) and packed activations go through a ring of S shared-memory slots
+// (16-byte cp.async), loaded S - 2 tiles ahead; the raw weights of tile kt + 1 are decoded into one of three f16 tiles while the tensor
 // cores multiply tile kt (and, with wgmma, finish tile kt - 1), so one barrier per k-tile orders
 // everything. Shared tiles have 128-byte rows whose 16-byte chunks are
 // XOR-swizzled (chunk c of row r at c ^ (r % 8)): Hopper's 128-byte swizzle, which also keeps
 // ldmatrix and the decode stores free of bank conflicts.
 //
 // Two multiply paths over the same tiles: on sm_90a (Hopper) two warpgroups issue asynchronous
-// `wgmma` (64 x 128 x 16 each) straight from shared memory, and the decode of the next tile runs
-// while they work; elsewhere (sm_80, sm_100) 8 warps of 64 x 32 use `ldmatrix` and `mma.sync`.
+// `wgmma` (64 x 128 or 64 x 256 x 16 each) straight from shared memory, and the decode of the
+// next tile runs while they work; elsewhere (sm_80, sm_100) 8 warps of 64 x 32 (64 x 64) use
+// `ldmatrix` and `mma.sync`.
 
 #define MQ_BM 128
 // Columns of a block tile: MQ_BN for mul_mat_id and narrow mul_mat tiles, MQ_BN_WIDE for mul_mat

@@ -20,7 +20,8 @@ const MMQ: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::Mmq, "mmq_nvfp4_s4"), Kernel::new(Module::Mmq, "mmq_nvfp4_s5")],
 ];
 /// mul_mat's wide tiles (`MQ_BN_WIDE` columns, 4 ring slots), `[q8_0, nvfp4]`.
-const MMQ_WIDE: [Kernel; 2] = [Kernel::new(Module::Mmq, "mmq_wide_q8_0_s4"), Kernel::new(Module::Mmq, "mmq_wide_nvfp4_s4")];
+const MMQ_WIDE: [Kernel; 2] =
+    [Kernel::new(Module::Mmq, "mmq_wide_q8_0_s4"), Kernel::new(Module::Mmq, "mmq_wide_nvfp4_s4")];
 const MMQ_ID: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::Mmq, "mmq_q8_0_s4_id"), Kernel::new(Module::Mmq, "mmq_q8_0_s5_id")],
     [Kernel::new(Module::Mmq, "mmq_nvfp4_s4_id"), Kernel::new(Module::Mmq, "mmq_nvfp4_s5_id")],
@@ -101,7 +102,9 @@ fn wide(cx: &Cx<'_>, d: DType, n: i64, wide_tiles: i64) -> bool {
         Some(1) => true,
         _ => 2 * wide_tiles >= cx.info.multiprocessors as i64,
     };
-    fills && tiles(n, BN) % 2 == 0 && shared_bytes(d, 4, BN_WIDE) + static_shared(BN_WIDE) <= cx.info.max_shared_per_block
+    fills
+        && tiles(n, BN) % 2 == 0
+        && shared_bytes(d, 4, BN_WIDE) + static_shared(BN_WIDE) <= cx.info.max_shared_per_block
 }
 
 /// Raw bytes of one row's 64 values: two q8_0 blocks or one nvfp4 block (`mq_raw_bytes`).
