@@ -11,7 +11,7 @@
 // error (11 significant bits): about 3e-8 for nvfp4, 7e-8 for q8_0, under the f32 bound (1e-7) of
 // the CPU oracle. (Keeping q8_0 exact meant scaling each 32-value block's partial sums in f32
 // between tensor-core steps: 128 more instructions a thread and k-tile, with every wgmma waited
-// for, 11% slower at 512 x 17408 x 5120.) A q8_0 weight beyond f16's range (|d q| > 65504) would
+// for; docs/GPU.md.) A q8_0 weight beyond f16's range (|d q| > 65504) would
 // overflow; trained weights are many orders of magnitude smaller.
 //
 // Tiles: a block computes 128 weight rows x 128 activation columns (256 for mul_mat's wide tiles)
@@ -71,8 +71,8 @@ __device__ __forceinline__ void mq_pack_rows(Tensor b, char* x, float* xs, i64 w
         row_coords(b, r, i1, i2, i3);
         const char* src = b.data + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3];
         // dense aligned rows: a lane's 8-value groups c = lane + 32 j as two float4 each, several
-        // groups' loads in flight (the scalar loop's one load an iteration made an 8-row pack of
-        // 2048 values 7 us); the second pass reads them again, from L1
+        // groups' loads in flight (a scalar loop has one load in flight an iteration); the second
+        // pass reads them again, from L1
         const bool vec = b.nb[0] == 4 && ((u64)src & 15) == 0;
         const float4* v4 = (const float4*)src;
         float amax = 0.0f;
