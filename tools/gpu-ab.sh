@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Kernel variants against each other in one GPU-machine call: the same binaries run with each
 # variant's kernel sources (TESSERA_KERNEL_DIR; "-" for the sources built in), or a variant's own
-# binaries ("@DIR": a host-side change, with the kernels built into them), alternated REPS times,
-# so that every figure of the table was taken in the same call on the same device.
+# binaries ("@DIR": a host-side change, with the kernels built into them), or the same binaries
+# with settings in the environment ("%NAME=VALUE[,NAME=VALUE]", e.g. narrow=%TESSERA_MMQ_WIDE=0),
+# alternated REPS times, so that every figure of the table was taken in the same call on the same
+# device.
 #
 #   VARIANTS='old=.gpu/kold new=-' EVAL='mul_mat_id' \
 #   PERF='mul_mat_id b=[2048,1,32,1]|mul_mat_id b=[2048,1,512,1]' \
@@ -29,13 +31,23 @@ mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 RAW=$(mktemp -d)
 log() { echo "$@" | tee -a "$LOG"; }
-use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources
-    local dir=${1#*=}
+ENV_SET=""
+use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources, its settings exported
+    local dir=${1#*=} e
     B=$BIN
     unset TESSERA_KERNEL_DIR
+    for e in $ENV_SET; do unset "$e"; done
+    ENV_SET=""
     case "$dir" in
         -) ;;
         @*) B=${dir#@} ;;
+        %*)
+            IFS=',' read -ra settings <<< "${dir#%}"
+            for e in "${settings[@]}"; do
+                export "${e?}"
+                ENV_SET="$ENV_SET ${e%%=*}"
+            done
+            ;;
         *) export TESSERA_KERNEL_DIR=$(realpath "$dir") ;;
     esac
 }
