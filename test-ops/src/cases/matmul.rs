@@ -120,8 +120,8 @@ const ALIGNED_WINDOW: Layout = Layout::Window { pad: [4, 1, 0, 0], at: [4, 1, 0,
 
 /// q8_0 / nvfp4 weights: odd sizes, slices of the 2048- and 5120-wide projections at 1, 2, 5
 /// and 17 tokens (GEMV and GEMM paths), 1-token products of rows 4 to 272 blocks of 64 values
-/// long, batch broadcast, windowed weights, strided activations, and products of 12 to 130
-/// tokens with partial tiles, and one of more tiles than a GPU holds.
+/// long, batch broadcast, windowed weights, strided activations, and products of 12 to 200
+/// tokens with partial tiles, and two of more tiles than a GPU holds.
 fn quantized(out: &mut Vec<Case>) {
     for type_a in QUANTS {
         for (m, n, k) in [(1, 1, 64), (7, 3, 64), (33, 7, 128), (19, 4, 192), (5, 9, 320)] {
@@ -162,6 +162,10 @@ fn quantized(out: &mut Vec<Case>) {
         // More 128 x 128 tiles than a GPU holds at once (150 on a 132-multiprocessor GPU), so
         // that the last ones may be split along k (a block each, then split blocks, in one grid).
         out.push(MulMat::new(type_a, 150 * 128 - 40, 9, 512).case());
+        // A grid of 256-column tiles where a backend takes them for large grids (160 row tiles
+        // of 200 tokens): partial rows, columns and k-steps, rows of 3 k-steps whose start moves
+        // by 4 bytes mod 16 from row to row, and a last wave split along k.
+        out.push(MulMat::new(type_a, 160 * 128 - 40, 200, 192).case());
     }
     // q8_0 rows that are not whole 64-value steps.
     out.push(MulMat::new(QUANTS[0], 33, 12, 96).case());
