@@ -31,6 +31,7 @@ const COMMON: &str = include_str!("../kernels/common.cuh");
 const MATMUL: &str = include_str!("../kernels/matmul.cuh");
 const NORM: &str = include_str!("../kernels/norm.cuh");
 const ROPE: &str = include_str!("../kernels/rope.cuh");
+const QUANT_MMA: &str = include_str!("../kernels/quant_mma.cuh");
 
 /// One kernel source file: an op family, or one kernel family of mul_mat / mul_mat_id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,7 +51,10 @@ pub enum Module {
     Moe,
     /// mul_mat of f32 weights for many tokens: the split-tf32 tensor-core GEMM.
     GemmF32,
+    /// mul_mat and mul_mat_id of q8_0 / nvfp4 weights for many tokens: the tiled tensor-core GEMM.
     Mmq,
+    /// mul_mat_id with few pairs an expert on tensor cores: the grouping and the routed experts.
+    MoeMma,
     Attention,
     Conv,
     DeltaNet,
@@ -60,7 +64,7 @@ pub enum Module {
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 16] = [
+    pub const ALL: [Module; 17] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
@@ -72,6 +76,7 @@ impl Module {
         Module::Moe,
         Module::GemmF32,
         Module::Mmq,
+        Module::MoeMma,
         Module::Attention,
         Module::Conv,
         Module::DeltaNet,
@@ -102,6 +107,7 @@ impl Module {
             Module::Moe => "moe",
             Module::GemmF32 => "gemm_f32",
             Module::Mmq => "mmq",
+            Module::MoeMma => "moe_mma",
             Module::Attention => "attention",
             Module::Conv => "conv",
             Module::DeltaNet => "delta_net",
@@ -123,6 +129,7 @@ impl Module {
             Module::Moe => include_str!("../kernels/moe.cu"),
             Module::GemmF32 => include_str!("../kernels/gemm_f32.cu"),
             Module::Mmq => include_str!("../kernels/mmq.cu"),
+            Module::MoeMma => include_str!("../kernels/moe_mma.cu"),
             Module::Attention => include_str!("../kernels/attention.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::DeltaNet => include_str!("../kernels/delta_net.cu"),
@@ -137,6 +144,7 @@ impl Module {
     pub const fn headers(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Module::Pack | Module::Gemv | Module::Moe => &[("matmul.cuh", MATMUL)],
+            Module::Mmq | Module::MoeMma => &[("quant_mma.cuh", QUANT_MMA)],
             Module::Reduce | Module::DeltaNet => &[("norm.cuh", NORM)],
             Module::Rope => &[("rope.cuh", ROPE)],
             Module::Fused => &[("norm.cuh", NORM), ("rope.cuh", ROPE)],

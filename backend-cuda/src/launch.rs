@@ -135,7 +135,7 @@ pub(crate) struct Cx<'a> {
     /// Launch kernels with programmatic stream serialization ([`Launch`]).
     pub overlap: bool,
     /// The constant pair lists a dense mul_mat of a few tokens hands `moe_mma_*` as one expert
-    /// (`ops::mmq::DensePairs`).
+    /// (`ops::DensePairs`).
     pub dense_pairs: u64,
 }
 

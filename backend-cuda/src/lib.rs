@@ -149,7 +149,7 @@ impl CudaBackend {
         let mut pool = Pool::new(dev.stream.cu_stream());
         let errors = alloc_zeroed(&mut pool, std::mem::size_of::<ErrorRecord>(), "zeroing the error record")?;
         let counters = alloc_zeroed(&mut pool, launch::COUNTER_BYTES, "zeroing the block counters")?;
-        let table = ops::mmq::DensePairs::table();
+        let table = ops::DensePairs::table();
         let (dense_pairs, _) = pool.alloc(table.len())?;
         // SAFETY: a fresh block of at least table.len() bytes; synchronous copy from host memory.
         unsafe { result::memcpy_htod_sync(dense_pairs, &table) }

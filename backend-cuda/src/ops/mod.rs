@@ -9,7 +9,6 @@ mod elementwise;
 mod elemfuse;
 mod fused;
 mod matmul;
-pub(crate) mod mmq;
 mod quant;
 mod reduce;
 mod rope;
@@ -18,6 +17,7 @@ mod sample;
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{Family, Op, TensorMeta};
 
+pub(crate) use self::matmul::moe_mma::DensePairs;
 use crate::launch::{Cx, TensorArg, unsupported};
 
 /// The matmul fusions (family `Fused`) run in `matmul/` with mul_mat and mul_mat_id: their GEMV

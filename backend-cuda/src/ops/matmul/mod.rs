@@ -4,11 +4,17 @@
 //!   dequantized to bf16, in scratch;
 //! - `gemv.rs` (`gemv.cu`): 1-8 tokens a pass, the warp GEMV (any weights) and the fast GEMV;
 //! - `gemv_one.rs` (`gemv_one.cu`): one token against one matrix, the ring and word GEMVs;
-//! - `moe.rs` (`moe.cu`): mul_mat_id's paths, its own kernels and `mmq.rs`'s tensor-core ones;
+//! - `moe.rs` (`moe.cu`): mul_mat_id's paths and its kernels off the tensor cores;
+//! - `mmq.rs` (`mmq.cu`): the tiled tensor-core GEMM of q8_0 / nvfp4 weights (mul_mat and
+//!   mul_mat_id with many pairs an expert);
+//! - `moe_mma.rs` (`moe_mma.cu`): mul_mat_id with few pairs an expert on tensor cores (the pairs
+//!   grouped by expert on the device, each routed expert's rows read once), and dense products
+//!   of a few tokens on the same kernels;
 //! - `gemm_f32.rs` (`gemm_f32.cu`): the split-tf32 tensor-core GEMM of f32 weights;
 //! - `blas.rs`: the GEMM through cuBLAS.
 //!
-//! `kernels/matmul.cuh` holds the device code that `pack.cu`, `gemv.cu` and `moe.cu` share.
+//! `kernels/matmul.cuh` holds the device code that `pack.cu`, `gemv.cu` and `moe.cu` share;
+//! `kernels/quant_mma.cuh` what `mmq.cu` and `moe_mma.cu` share.
 //!
 //! Paths (f32 accumulation throughout):
 //! - **GEMV** (`n <= GEMV_MAX_N`, and the general path for anything cuBLAS cannot take): the
@@ -26,7 +32,7 @@
 //!   takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a
 //!   thread. Both come closer to the copy bandwidth at one token than the GEMVs before them
 //!   (docs/perf-log/kernels-matmul.md). 5-8 tokens against contiguous q8_0 / nvfp4 matrices of
-//!   at least 2 32-row items a multiprocessor take `mmq::dense_mma` instead: the matrix as one
+//!   at least 2 32-row items a multiprocessor take `moe_mma::dense_mma` instead: the matrix as one
 //!   expert of `moe_mma_*` (rows streamed through shared memory, tensor cores), where `gemv_fast`'s
 //!   dp4a work, growing with the tokens, would bound the step (`dense_mma_limits`).
 //! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes; one f32 weight matrix of
@@ -45,8 +51,8 @@
 //!   `moe_decode` runs a warp per
 //!   weight row over the routed (slot, token) pairs only, with `gemv_fast`'s units (for q8_0 /
 //!   nvfp4 experts only where it beats `moe_mma_*`: long rows, a few tokens, `moe_decode_wins`).
-//!   Beyond, `mmq::moe_prep` groups the (slot, token) pairs by expert on the device (no host
-//!   sync). q8_0 / nvfp4 experts that `mmq::moe_fits` then take `moe_mma_*` (mmq.cu): each routed
+//!   Beyond, `moe_mma::moe_prep` groups the (slot, token) pairs by expert on the device (no host
+//!   sync). q8_0 / nvfp4 experts that `moe_mma::moe_fits` then take `moe_mma_*` (moe_mma.cu): each routed
 //!   expert's rows are read once and multiplied by all its pairs on tensor cores; when experts
 //!   average more than `MOE_TILED_AVG` pairs, those with more than `MOE_MMA_MAX` go to the tiled
 //!   `mmq_*_id` instead. Other experts: `moe_gemv` runs the rows of experts with few pairs over
@@ -59,7 +65,9 @@ mod blas;
 mod gemm_f32;
 mod gemv;
 mod gemv_one;
+mod mmq;
 mod moe;
+pub(crate) mod moe_mma;
 mod pack;
 
 use tessera_graph::{BackendError, Task};
@@ -74,7 +82,6 @@ use self::moe::{
     weighted_decode_taken, weighted_slot_sum,
 };
 use self::pack::packed_f32_bytes;
-use super::mmq;
 use crate::errors::op_code;
 use crate::launch::{Cx, TensorArg, unsupported};
 
@@ -138,16 +145,16 @@ fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
     }
 }
 
-/// When `mmq::dense_mma` takes a quantized mul_mat of a few tokens, on `sms` multiprocessors: (the
+/// When `moe_mma::dense_mma` takes a quantized mul_mat of a few tokens, on `sms` multiprocessors: (the
 /// least 32-row items of weight rows, the fewest tokens). Default
-/// `mmq::DENSE_MMA_MIN_ITEMS_PER_SM` items each and `mmq::DENSE_MMA_MIN_TOKENS` tokens;
+/// `moe_mma::DENSE_MMA_MIN_ITEMS_PER_SM` items each and `moe_mma::DENSE_MMA_MIN_TOKENS` tokens;
 /// `TESSERA_DENSE_MMA=N`, read once a process, sets N items in all and 2 tokens (1: every shape,
 /// to test it), 0 turns the path off.
 fn dense_mma_limits(sms: usize) -> (i64, i64) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     match crate::launch::env_number(&SET, "TESSERA_DENSE_MMA") {
         Some(items) => (items, 2),
-        None => (mmq::DENSE_MMA_MIN_ITEMS_PER_SM * sms as i64, mmq::DENSE_MMA_MIN_TOKENS),
+        None => (moe_mma::DENSE_MMA_MIN_ITEMS_PER_SM * sms as i64, moe_mma::DENSE_MMA_MIN_TOKENS),
     }
 }
 
@@ -253,7 +260,7 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let (min_items, min_tokens) = dense_mma_limits(cx.info.multiprocessors);
     if n >= min_tokens
         && min_items > 0
-        && let Some(done) = mmq::dense_mma(cx, a, d, b, out, min_items, min_tokens)
+        && let Some(done) = moe_mma::dense_mma(cx, a, d, b, out, min_items, min_tokens)
     {
         return done;
     }

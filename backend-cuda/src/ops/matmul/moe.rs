@@ -2,7 +2,7 @@
 //! their paths, and the wrappers of `kernels/moe.cu`. One token over q8_0 / nvfp4 experts takes
 //! `moe_ring_*` (gemv_one.rs) where it fits (`moe_rings`). A few tokens take `moe_decode*` (each routed
 //! (slot, token) pair straight over its expert's rows, no grouping) unless the tensor-core
-//! `moe_mma_*` (`mmq.rs`) wins; more tokens group the pairs by expert on the device (`moe_prep`)
+//! `moe_mma_*` (`moe_mma.rs`) wins; more tokens group the pairs by expert on the device (`moe_prep`)
 //! and run the busy experts on tensor cores or `moe_gemm`, the rest through `moe_gemv`.
 
 use std::sync::OnceLock;
@@ -13,7 +13,7 @@ use tessera_ops::{DType, TensorMeta};
 use super::gemv::{fast_activations, fast_rows, quant_x_bytes};
 use super::gemv_one::{MoeRingMode, moe_rings};
 use super::pack::{pack_b, packed_len};
-use super::{GF_THREADS, MM_WARPS, THREADS, align, mmq, rows_vectorizable};
+use super::{GF_THREADS, MM_WARPS, THREADS, align, mmq, moe_mma, rows_vectorizable};
 use crate::compile::{Kernel, Module};
 use crate::launch::{Cx, GRID_YZ, TensorArg, blocks_for, config, dt};
 
@@ -73,7 +73,7 @@ fn moe_path() -> MoePath {
     })
 }
 
-/// Scratch of mul_mat_id: the pairs grouped by expert (`mmq::MoeGroups`), then packed
+/// Scratch of mul_mat_id: the pairs grouped by expert (`moe_mma::MoeGroups`), then packed
 /// activations (`moe_decode` uses the start of scratch for its own).
 pub(super) fn moe_scratch(w: &TensorMeta, b: &TensorMeta, ids: &TensorMeta) -> usize {
     moe_packed_at(w.ne[2], ids.nelements(), b.nelements(), b.ne[0]) + mmq::packed_bytes(b)
@@ -88,7 +88,7 @@ fn moe_packed_at(n_expert: usize, n_pairs: usize, n_b: usize, k: usize) -> usize
 }
 
 fn moe_groups_bytes(n_expert: usize, n_pairs: usize) -> usize {
-    mmq::MoeGroups::at(0, n_expert, n_pairs).1
+    moe_mma::MoeGroups::at(0, n_expert, n_pairs).1
 }
 
 /// mul_mat_id; `op` is the code device errors (a bad expert id) name: mul_mat_id's, or that of
@@ -127,7 +127,7 @@ pub(super) fn mul_mat_id(
         return moe_decode(cx, w, None, d, b, ids, out, op);
     }
     let n_used = ids.ne[0];
-    let (g, groups) = mmq::MoeGroups::at(cx.scratch, n_expert as usize, n_pairs as usize);
+    let (g, groups) = moe_mma::MoeGroups::at(cx.scratch, n_expert as usize, n_pairs as usize);
     let packed = cx.scratch
         + moe_packed_at(n_expert as usize, n_pairs as usize, b.nelements() as usize, b.ne[0] as usize) as u64;
     if mma {
@@ -136,8 +136,8 @@ pub(super) fn mul_mat_id(
             && mmq::tiled_id_fits(cx, &w, d)
             && up.is_none_or(|(wu, _)| mmq::tiled_id_fits(cx, &wu, d));
         let max_pairs = if tiled { MOE_MMA_MAX } else { i32::MAX };
-        let xs = mmq::moe_prep(cx, ids, n_expert, &g, max_pairs, b, Some(packed), op)?;
-        mmq::moe_mma(cx, w, d, b.ne[1], n_used, n_pairs, &g, packed, xs, out, up)?;
+        let xs = moe_mma::moe_prep(cx, ids, n_expert, &g, max_pairs, b, Some(packed), op)?;
+        moe_mma::moe_mma(cx, w, d, b.ne[1], n_used, n_pairs, &g, packed, xs, out, up)?;
         if tiled {
             let (offsets, list) = (g.offsets, g.list);
             for (w, out) in std::iter::once((w, out)).chain(up) {
@@ -148,7 +148,7 @@ pub(super) fn mul_mat_id(
         }
         return Ok(());
     }
-    mmq::moe_prep(cx, ids, n_expert, &g, i32::MAX, b, None, op)?;
+    moe_mma::moe_prep(cx, ids, n_expert, &g, i32::MAX, b, None, op)?;
     let bp = cx.scratch + groups as u64;
     let ldb = packed_len(b.ne[0] as usize) as i64;
     pack_b(cx, b, bp, 0, 0, 0, ldb)?;
@@ -226,7 +226,7 @@ pub(super) fn moe_decode_taken(w: &TensorArg, d: DType, ids: &TensorArg, mma: bo
 
 /// Whether `moe_mma_*` can take these experts for this many pairs (and is not switched off).
 pub(super) fn moe_mma_fits(cx: &Cx<'_>, w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
-    moe_path() != MoePath::Grouped && mmq::moe_fits(cx, w, d, ids.nelements())
+    moe_path() != MoePath::Grouped && moe_mma::moe_fits(cx, w, d, ids.nelements())
 }
 
 /// Whether `moe_decode` beats `moe_mma_*` at `n_tokens` tokens (at most `MOE_DECODE_TOKENS`) for
