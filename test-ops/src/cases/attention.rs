@@ -476,6 +476,7 @@ pub(super) fn perf_cases() -> Vec<Case> {
         Fa::new(256, 512, 16, 2, 2048, 1).kv(BF16).mask(F16).causal().case(),
         // the qwen3 family's attention (32 query heads over 4 kv heads of dim 128)
         Fa::new(128, 512, 32, 4, 512, 1).mask(F16).causal().case(),
+        Fa::new(128, 512, 32, 4, 512, 1).kv(BF16).mask(F16).causal().case(),
         Fa::new(128, 512, 32, 4, 2048, 1).kv(BF16).mask(F16).causal().case(),
     ];
     // The 35B-A3B attention layer (16 query heads over 2 kv heads of dim 256, f16 paged cache),
