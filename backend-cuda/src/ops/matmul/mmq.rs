@@ -30,8 +30,10 @@ const DECODED: usize = 3;
 /// Block tile: weight rows, activation columns, k per step (`MQ_BM`, `MQ_BN`, `MQ_BK`).
 const BM: i64 = 128;
 const BN: i64 = 128;
-/// Columns of mul_mat's wide tiles (`MQ_BN_WIDE`).
+/// Columns of mul_mat's wide tiles (`MQ_BN_WIDE`), and their ring slots (the `mmq_wide_*_s4`
+/// entries).
 const BN_WIDE: i64 = 256;
+const WIDE_STAGES: usize = 4;
 const BK: i64 = 64;
 const THREADS: u32 = 256;
 /// Bytes of one 128-row shared tile of 64 f16 (`MQ_TILE`).
@@ -89,11 +91,12 @@ fn wide(cx: &Cx<'_>, d: DType, n: i64, wide_tiles: i64) -> bool {
     };
     fills
         && tiles(n, BN) % 2 == 0
-        && shared_bytes(d, 4, BN_WIDE) + static_shared(BN_WIDE) <= cx.info.max_shared_per_block
+        && shared_bytes(d, WIDE_STAGES, BN_WIDE) + static_shared(BN_WIDE) <= cx.info.max_shared_per_block
 }
 
 /// Whether these kernels can take weights `a` (dtype `d`): q8_0 / nvfp4 rows of whole k-tiles
-/// starting 4-byte aligned (the raw tiles are copied in words).
+/// starting 4-byte aligned (a row's k-tile is copied as the 16-byte blocks that hold it, which
+/// are 3 or 5 at any 4-byte offset, each with some of its bytes).
 pub(super) fn weights_fit(a: &TensorArg, d: DType) -> bool {
     matches!(d, DType::Q8_0 | DType::NvFp4)
         && a.ne[0] > 0
@@ -175,7 +178,7 @@ pub(super) fn mul_mat(
     let wide_tiles = tiles(n, BN_WIDE) * tiles(a.ne[1], BM) * b2 * b3 * products;
     // a split wide block's partial sums take the room of two narrow ones
     let (kernel, shared, bn, max_split_blocks) = if wide(cx, d, n, wide_tiles) {
-        (MMQ_WIDE[ty], shared_bytes(d, 4, BN_WIDE) as u32, BN_WIDE, MAX_SPLIT_BLOCKS as i64 / 2)
+        (MMQ_WIDE[ty], shared_bytes(d, WIDE_STAGES, BN_WIDE) as u32, BN_WIDE, MAX_SPLIT_BLOCKS as i64 / 2)
     } else {
         (MMQ[ty][s], shared, BN, MAX_SPLIT_BLOCKS as i64)
     };
@@ -311,9 +314,9 @@ mod tests {
         for d in [DType::Q8_0, DType::NvFp4] {
             assert!(shared_bytes(d, 5, BN) + static_shared(BN) <= hopper);
             assert!(shared_bytes(d, 4, BN) + static_shared(BN) <= ampere);
-            assert!(shared_bytes(d, 4, BN_WIDE) + static_shared(BN_WIDE) <= hopper);
+            assert!(shared_bytes(d, WIDE_STAGES, BN_WIDE) + static_shared(BN_WIDE) <= hopper);
         }
         // q8_0's wide block: 4 slots of 43 KiB, 3 decoded tiles, 1 KiB of alignment
-        assert_eq!(shared_bytes(DType::Q8_0, 4, BN_WIDE), 4 * 43 * 1024 + 3 * 16384 + 1024);
+        assert_eq!(shared_bytes(DType::Q8_0, WIDE_STAGES, BN_WIDE), 4 * 43 * 1024 + 3 * 16384 + 1024);
     }
 }
