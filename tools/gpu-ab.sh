@@ -56,7 +56,7 @@ name() { echo "${1%%=*}"; }
 log "== $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU ($BACKEND)"), $(date -u +'%Y-%m-%d %H:%M UTC')"
 log "variants: $VARIANTS"
 
-EVAL_ON=${EVAL_ON:-$(for v in ${VARIANTS#* }; do name "$v"; done)}
+EVAL_ON=${EVAL_ON:-$(for v in ${VARIANTS#* }; do printf '%s ' "$(name "$v")"; done)}
 for v in $VARIANTS; do
     if [ -n "${EVAL:-}" ] && [[ " $EVAL_ON " == *" $(name "$v") "* ]]; then
         use "$v"
