@@ -3,7 +3,7 @@
 //! Each op family (mul_mat / mul_mat_id: each of its kernel families) is one `.cu` file in
 //! `backend-cuda/kernels/` (a [`Module`]), compiled as a whole with `common.cuh` prepended (and
 //! the headers it shares with other modules, [`Module::headers`]: the matmul modules'
-//! `matmul.cuh`, reduce's and delta_net's `norm.cuh`), to a CUBIN for the device's architecture, the first time one of its kernels is
+//! `matmul.cuh`, reduce's and delta_net's `norm.cuh`, the attention modules' `attention.cuh`), to a CUBIN for the device's architecture, the first time one of its kernels is
 //! launched. The CUBIN is cached on disk under a SHA-256 of the source, the options, the
 //! architecture and the NVRTC version, so a second process loads it without compiling.
 //! A compile error carries NVRTC's log and names the kernel that needed the module.
@@ -32,6 +32,7 @@ const MATMUL: &str = include_str!("../kernels/matmul.cuh");
 const NORM: &str = include_str!("../kernels/norm.cuh");
 const ROPE: &str = include_str!("../kernels/rope.cuh");
 const QUANT_MMA: &str = include_str!("../kernels/quant_mma.cuh");
+const ATTENTION: &str = include_str!("../kernels/attention.cuh");
 
 /// One kernel source file: an op family, or one kernel family of mul_mat / mul_mat_id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,7 +56,12 @@ pub enum Module {
     Mmq,
     /// mul_mat_id with few pairs an expert on tensor cores: the grouping and the routed experts.
     MoeMma,
+    /// flash_attn_ext off the tensor cores: the SIMT kernel and the combine of split partials.
     Attention,
+    /// flash_attn_ext's prefill on tensor cores (`wgmma` on Hopper).
+    AttentionPrefill,
+    /// flash_attn_ext's decode on tensor cores.
+    AttentionDecode,
     Conv,
     DeltaNet,
     Sample,
@@ -64,7 +70,7 @@ pub enum Module {
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 17] = [
+    pub const ALL: [Module; 19] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
@@ -78,6 +84,8 @@ impl Module {
         Module::Mmq,
         Module::MoeMma,
         Module::Attention,
+        Module::AttentionPrefill,
+        Module::AttentionDecode,
         Module::Conv,
         Module::DeltaNet,
         Module::Sample,
@@ -88,7 +96,7 @@ impl Module {
     /// source uses when present: the `wgmma` paths of `mmq` and of the prefill attention on Hopper.
     pub const fn arch_specific_on(self) -> &'static [&'static str] {
         match self {
-            Module::Mmq | Module::Attention => &["sm_90"],
+            Module::Mmq | Module::AttentionPrefill => &["sm_90"],
             _ => &[],
         }
     }
@@ -109,6 +117,8 @@ impl Module {
             Module::Mmq => "mmq",
             Module::MoeMma => "moe_mma",
             Module::Attention => "attention",
+            Module::AttentionPrefill => "attention_prefill",
+            Module::AttentionDecode => "attention_decode",
             Module::Conv => "conv",
             Module::DeltaNet => "delta_net",
             Module::Sample => "sample",
@@ -131,6 +141,8 @@ impl Module {
             Module::Mmq => include_str!("../kernels/mmq.cu"),
             Module::MoeMma => include_str!("../kernels/moe_mma.cu"),
             Module::Attention => include_str!("../kernels/attention.cu"),
+            Module::AttentionPrefill => include_str!("../kernels/attention_prefill.cu"),
+            Module::AttentionDecode => include_str!("../kernels/attention_decode.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::DeltaNet => include_str!("../kernels/delta_net.cu"),
             Module::Sample => include_str!("../kernels/sample.cu"),
@@ -145,6 +157,7 @@ impl Module {
         match self {
             Module::Pack | Module::Gemv | Module::Moe => &[("matmul.cuh", MATMUL)],
             Module::Mmq | Module::MoeMma => &[("quant_mma.cuh", QUANT_MMA)],
+            Module::Attention | Module::AttentionPrefill | Module::AttentionDecode => &[("attention.cuh", ATTENTION)],
             Module::Reduce | Module::DeltaNet => &[("norm.cuh", NORM)],
             Module::Rope => &[("rope.cuh", ROPE)],
             Module::Fused => &[("norm.cuh", NORM), ("rope.cuh", ROPE)],

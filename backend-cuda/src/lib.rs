@@ -617,12 +617,14 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn only_mmq_and_attention_on_hopper_get_the_arch_specific_target() {
+    fn only_mmq_and_the_prefill_attention_on_hopper_get_the_arch_specific_target() {
         use crate::Module;
         use crate::compile::target;
         assert_eq!(target(Module::Mmq, "sm_90", true), "sm_90a");
-        assert_eq!(target(Module::Attention, "sm_90", true), "sm_90a");
-        assert_eq!(target(Module::Attention, "sm_80", true), "sm_80");
+        assert_eq!(target(Module::AttentionPrefill, "sm_90", true), "sm_90a");
+        assert_eq!(target(Module::AttentionPrefill, "sm_80", true), "sm_80");
+        assert_eq!(target(Module::AttentionDecode, "sm_90", true), "sm_90");
+        assert_eq!(target(Module::Attention, "sm_90", true), "sm_90");
         assert_eq!(target(Module::Mmq, "sm_90", false), "sm_90");
         assert_eq!(target(Module::Mmq, "sm_80", true), "sm_80");
         assert_eq!(target(Module::Mmq, "sm_100", true), "sm_100");

@@ -1,4 +1,5 @@
-//! flash_attn_ext: `kernels/attention.cu`.
+//! flash_attn_ext: `kernels/attention.cu` (SIMT and combine), `attention_prefill.cu` and
+//! `attention_decode.cu` (tensor cores), sharing `attention.cuh`.
 //!
 //! `fa_partial_*` runs a tile of query rows (heads of one kv group times tokens) over one range
 //! of kv positions; long contexts are split over several blocks (split-K), whose partial
@@ -30,14 +31,14 @@ const PARTIAL_F32: Kernel = Kernel::new(Module::Attention, "fa_partial_f32");
 const PARTIAL_F16: Kernel = Kernel::new(Module::Attention, "fa_partial_f16");
 const PARTIAL_BF16: Kernel = Kernel::new(Module::Attention, "fa_partial_bf16");
 const COMBINE: Kernel = Kernel::new(Module::Attention, "fa_combine");
-const MMA_F16_D128: Kernel = Kernel::new(Module::Attention, "fa_mma_f16_d128");
-const MMA_F16_D256: Kernel = Kernel::new(Module::Attention, "fa_mma_f16_d256");
-const MMA_BF16_D128: Kernel = Kernel::new(Module::Attention, "fa_mma_bf16_d128");
-const MMA_BF16_D256: Kernel = Kernel::new(Module::Attention, "fa_mma_bf16_d256");
-const DEC_F16_D128: Kernel = Kernel::new(Module::Attention, "fa_dec_f16_d128");
-const DEC_F16_D256: Kernel = Kernel::new(Module::Attention, "fa_dec_f16_d256");
-const DEC_BF16_D128: Kernel = Kernel::new(Module::Attention, "fa_dec_bf16_d128");
-const DEC_BF16_D256: Kernel = Kernel::new(Module::Attention, "fa_dec_bf16_d256");
+const MMA_F16_D128: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d128");
+const MMA_F16_D256: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d256");
+const MMA_BF16_D128: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_bf16_d128");
+const MMA_BF16_D256: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_bf16_d256");
+const DEC_F16_D128: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d128");
+const DEC_F16_D256: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d256");
+const DEC_BF16_D128: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_bf16_d128");
+const DEC_BF16_D256: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_bf16_d256");
 
 /// TAG(fa-tile): FA_W, FA_R and FA_D in attention.cu.
 const WARPS: u32 = 4;
@@ -53,13 +54,13 @@ const COMBINE_THREADS: u32 = 256;
 /// never exceed its target block count.
 const COMBINE_MAX_SPLITS: usize = 384;
 const _: () = assert!(TARGET_BLOCKS <= COMBINE_MAX_SPLITS && DEC_TARGET_BLOCKS <= COMBINE_MAX_SPLITS);
-/// TAG(fa-mma-tile): FT_BM, FT_BN, FT_PAD and FT_MLD in attention.cu.
+/// TAG(fa-mma-tile): FT_BM, FT_BN and FT_MLD in attention_prefill.cu, FT_PAD in attention.cuh.
 const MMA_BM: usize = 64;
 const MMA_BN: usize = 64;
 const MMA_PAD: usize = 8;
 /// Halves between the rows of the prefill kernel's staged mask tile (MMA_BM rows).
 const MMA_MASK_LD: usize = 72;
-/// TAG(fa-dec-tile): FD_W, FD_S, FD_N and FD_R in attention.cu (query rows per block: one mma N
+/// TAG(fa-dec-tile): FD_W, FD_S, FD_N and FD_R in attention_decode.cu (query rows per block: one mma N
 /// tile).
 const DEC_WARPS: u32 = 4;
 const DEC_STAGES: usize = 2;
@@ -81,7 +82,7 @@ enum Tokens {
     Dense,
     /// A ragged batch, one token per tile: `slots` tile slots per (kv head, head block), packed
     /// token `t` when `seq_stride == 0`, else token `i < seq_stride` of sequence `s` at slot
-    /// `s * seq_stride + i` (`fa_ragged_token` / `fa_ragged_local` in attention.cu).
+    /// `s * seq_stride + i` (`fa_ragged_token` / `fa_ragged_local` in attention.cuh).
     Ragged { slots: usize, seq_stride: usize },
 }
 
@@ -320,7 +321,7 @@ fn mma_kernel(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DTy
         (DType::BF16, 128) => MMA_BF16_D128,
         _ => MMA_BF16_D256,
     };
-    let launch = MmaLaunch { kernel, d, wgmma: cx.kernels.arch_specific_for(Module::Attention) };
+    let launch = MmaLaunch { kernel, d, wgmma: cx.kernels.arch_specific_for(Module::AttentionPrefill) };
     (launch.shared(2) <= cx.info.max_shared_per_block).then_some(launch)
 }
 
@@ -613,7 +614,7 @@ mod tests {
     #[test]
     fn the_prefill_takes_two_warp_groups_for_small_grids_and_long_ragged_batches() {
         use crate::compile::{Kernel, Module};
-        let wgmma = MmaLaunch { kernel: Kernel::new(Module::Attention, "fa_mma_f16_d256"), d: 256, wgmma: true };
+        let wgmma = MmaLaunch { kernel: Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d256"), d: 256, wgmma: true };
         assert_eq!(wgmma.groups(128, 132, false, 2048), 2);
         assert_eq!(wgmma.groups(165, 132, false, 512), 2);
         assert_eq!(wgmma.groups(192, 132, false, 512), 1);

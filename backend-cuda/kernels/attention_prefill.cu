@@ -1,0 +1,627 @@
+// attention_prefill.cu: flash_attn_ext's prefill on tensor cores (semantics: attention.cuh).
+//
+// `fa_mma_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256). A block takes FT_BM = 64 tokens of
+// one query head and walks the kv positions in tiles of FT_BN = 64: S = Q K^T and O += P V on
+// tensor cores (Q and P rounded to the K/V type, f32 accumulators), with the online softmax on
+// the S fragments in f32 (base-2 units). Two product paths (`ft_scores`, `ft_pv`): wgmma on
+// sm_90a, mma.sync elsewhere; each group of 4 warps holds the block's 64 rows (16 a warp). On
+// sm_90a a block may be two such groups (blockDim.x = 256, the host's choice), each walking half
+// of the block's kv tiles with its own K, V and mask tiles, merged at the end
+// (`ft_merge_groups`). A tile's K and V rows (through the block table when paged) are copied
+// into shared memory with 16-byte cp.async, overlapping the tensor cores (the schedule is at the
+// loop). An f16 mask with 16-byte aligned rows rides along with K (FT_BN columns of the block's
+// 64 rows, read from shared memory by the softmax); other masks are read from global memory.
+// With a mask, the block first finds its last tile that any of its rows can see
+// (`ft_mask_stop`), so a causal mask's upper triangle costs neither copies nor tensor-core work.
+// Dynamic shared memory: the Q tile, then each group's K and V tiles (64 x D halves, laid out for
+// the path: `ft_at`) and mask tile (FT_BM * FT_MLD halves). TAG(fa-mma-tile)
+//
+// Ragged: a block takes 64 tokens of one sequence of at least `l_min` tokens (tile x counts such
+// sequences' ceil(L / 64) tiles in order: the first warp finds this block's by a running scan)
+// and stops at the last position its last token sees; logits past each row's own last position
+// are -inf (the causal rule, on the fly: no mask needed). Blocks past the last tile zero the
+// padding tokens' rows (the host launches one spare tile row so that there are some).
+
+#define FT_BM 64
+#define FT_BN 64
+#define FT_MLD 72  // halves between the mask tile's rows (144 bytes: a fragment's 32 reads hit 32 banks)
+
+// Waits for the 128 threads of warp group `wg` (named barrier 1 + wg; 0 is __syncthreads).
+__device__ __forceinline__ void ft_group_sync(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
+__device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) { ft_ldsm4_trans_at(r, tc_smem(p)); }
+// Copies a tile's query rows into sQ (ROWS rows of D halves; element (r, c) at sQ[at(r, c)], with
+// c a multiple of 4 and the 4 halves from c adjacent), rounded to the K/V type: row r is f32 at
+// row(r) with element stride nb0 (float4 loads where nb0 == 4 and aligned), or zeros where row(r)
+// is null. A thread issues a round's loads (up to 8 groups of 4) before it
+// stores any of them, so one memory latency covers the round; a load-then-store loop waited one
+// latency per element, which dominated the one-token decode.
+template <int DT, int ROWS, int D, int THREADS, typename Row, typename At>
+__device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row, At at) {
+    constexpr int PER = ROWS * D / 4 / THREADS, BATCH = PER < 8 ? PER : 8;
+    static_assert(ROWS * D % (4 * THREADS) == 0 && PER % BATCH == 0, "whole rounds per thread");
+#pragma unroll 1
+    for (int b0 = 0; b0 < PER; b0 += BATCH) {
+        float4 x[BATCH];
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int gi = threadIdx.x + (b0 + i) * THREADS, r = gi / (D / 4), c = gi % (D / 4) * 4;
+            const char* p = row(r);
+            x[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (p) {
+                p += c * nb0;
+                if (nb0 == 4 && ((unsigned long long)p & 15) == 0) {
+                    x[i] = *(const float4*)p;
+                } else {
+                    const float* f = (const float*)p;
+                    x[i] = make_float4(f[0], *(const float*)(p + nb0), *(const float*)(p + 2 * nb0),
+                                       *(const float*)(p + 3 * nb0));
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int gi = threadIdx.x + (b0 + i) * THREADS, r = gi / (D / 4), c = gi % (D / 4) * 4;
+            *(uint2*)&sQ[at(r, c)] = make_uint2(ft_pack<DT>(x[i].x, x[i].y), ft_pack<DT>(x[i].z, x[i].w));
+        }
+    }
+}
+// 2^x as one ex2.approx (2 ulp; results below 2^-126 flush to 0, which a softmax sum of at least
+// 1 cannot see): the prefill kernel keeps its logits in base-2 units (scaled by log2(e) with the
+// scale), so a probability is one subtraction and this; CUDA's expf added range reduction.
+#define FT_LOG2E 1.4426950408889634f
+__device__ __forceinline__ float ft_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FT_WGMMA 1
+#endif
+
+#ifdef FT_WGMMA
+#define FT_WG 2
+// On sm_90a each warpgroup of the block (4 warps) runs both products as wgmma: S = Q K^T as
+// m64n64k16 steps with Q and K read from shared memory, O += P V as m64nDk16 steps with P from
+// registers (the S fragments, rounded) and V read from shared memory transposed. The tensor
+// cores read each K and V value once for the block's 64 rows, where mma.sync's ldmatrix read it
+// once per warp; and the loads and their latencies leave the instruction stream. Tiles are D / 64
+// sub-tiles of ROWS rows of 128 bytes with wgmma's 128-byte swizzle (common.cuh), 1024-byte aligned.
+constexpr int ft_tile_halves(int rows, int d) { return rows * d; }
+template <int ROWS, int D>
+__device__ __forceinline__ int ft_at(int r, int c) {
+    return (c >> 6) * (ROWS * 64) + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+}
+
+#define FT_WG_SS(T)                                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                                    \
+                 : "l"(a), "l"(b), "r"(accumulate)                                                              \
+                 : "memory")
+
+#define FT_WG_RS128(T)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)                                      \
+                 : "memory")
+
+#define FT_WG_RS256(T)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)                                      \
+                 : "memory")
+
+
+// sc = the block's S tile (Q K^T; this thread's fragments of its warp's 16 rows, as mma.sync's).
+template <int DT, int D>
+__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* sQ, const u16* sK, int, int) {
+    float* d = &sc[0][0];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const int off = (ks >> 2) * 64 * 64 + (ks & 3) * 16;
+        const u64 a = wg_desc(sQ + off), b = wg_desc(sK + off);
+        const int accumulate = ks > 0;
+        if (DT == DT_BF16) FT_WG_SS("bf16");
+        else FT_WG_SS("f16");
+    }
+    wg_commit();
+    wg_wait<0>();
+}
+// o += P V for the tile, P the rounded probabilities `sc`.
+template <int DT, int D>
+__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const u16* sV, int) {
+    float* d = &o[0][0];
+    // every fragment packed before the fence (a register written between two wgmmas makes ptxas
+    // serialize them)
+    u32 p[FT_BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < FT_BN / 16; kk++) {
+        p[kk][0] = ft_pack<DT>(sc[2 * kk][0], sc[2 * kk][1]);
+        p[kk][1] = ft_pack<DT>(sc[2 * kk][2], sc[2 * kk][3]);
+        p[kk][2] = ft_pack<DT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        p[kk][3] = ft_pack<DT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < FT_BN / 16; kk++) {
+        const u32* a = p[kk];
+        const u64 b = wg_desc_mn(sV + kk * 16 * 64, FT_BN * 128);
+        if (D == 256) {
+            if (DT == DT_BF16) FT_WG_RS256("bf16");
+            else FT_WG_RS256("f16");
+        } else {
+            if (DT == DT_BF16) FT_WG_RS128("bf16");
+            else FT_WG_RS128("f16");
+        }
+    }
+    wg_commit();
+    wg_wait<0>();
+}
+#else
+#define FT_WG 1
+// Elsewhere each warp runs mma.sync m16n8k16 on its 16 rows, operands through ldmatrix from tiles
+// of ROWS rows padded by FT_PAD halves (bank-conflict free); the block is one group of 4 warps.
+constexpr int ft_tile_halves(int rows, int d) { return rows * (d + FT_PAD); }
+template <int ROWS, int D>
+__device__ __forceinline__ int ft_at(int r, int c) {
+    return r * (D + FT_PAD) + c;
+}
+// sc = this warp's 16 rows of S = Q K^T for the tile.
+template <int DT, int D>
+__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* sQ, const u16* sK, int warp, int lane) {
+    constexpr int LD = D + FT_PAD;
+#pragma unroll
+    for (int n = 0; n < FT_BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll 4
+    for (int kk = 0; kk < D; kk += 16) {
+        u32 a[4];
+        tc_ldsm4(a, &sQ[(warp * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8]);
+#pragma unroll
+        for (int n = 0; n < FT_BN / 8; n += 2) {
+            u32 b[4];
+            tc_ldsm4(b, &sK[(n * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk + ((lane >> 3) & 1) * 8]);
+            ft_mma<DT>(sc[n], a, b[0], b[1]);
+            ft_mma<DT>(sc[n + 1], a, b[2], b[3]);
+        }
+    }
+}
+// o += P V for this warp's 16 rows, P the rounded probabilities `sc`.
+template <int DT, int D>
+__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const u16* sV, int lane) {
+    constexpr int LD = D + FT_PAD;
+#pragma unroll
+    for (int kk = 0; kk < FT_BN / 16; kk++) {
+        const u32 a[4] = {ft_pack<DT>(sc[2 * kk][0], sc[2 * kk][1]), ft_pack<DT>(sc[2 * kk][2], sc[2 * kk][3]),
+                          ft_pack<DT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), ft_pack<DT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            u32 b[4];
+            ft_ldsm4_trans(b, &sV[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
+            ft_mma<DT>(o[n], a, b[0], b[1]);
+            ft_mma<DT>(o[n + 1], a, b[2], b[3]);
+        }
+    }
+}
+#endif
+
+#if FT_WG == 2
+// The end of a two-group block: group 1 hands its softmax state (max, sum and O of the same rows
+// and columns, thread for thread) to group 0 through `so`, its own K and V tiles (free once its
+// last products were waited for), and returns false; group 0 merges it into its own and returns
+// true.
+template <int D>
+__device__ __forceinline__ bool ft_merge_groups(float (&o)[D / 8][4], float (&m)[2], float (&l)[2], float* so, int wg, int gt) {
+    __shared__ float s_ml[4][128];
+    __syncthreads();
+    if (wg == 1) {
+        s_ml[0][gt] = m[0], s_ml[1][gt] = m[1], s_ml[2][gt] = l[0], s_ml[3][gt] = l[1];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) *(float4*)&so[(n * 128 + gt) * 4] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
+    }
+    __syncthreads();
+    if (wg == 1) return false;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const float m1 = s_ml[rr][gt], l1 = s_ml[2 + rr][gt], mx = fmaxf(m[rr], m1);
+        const float ms = mx == -TS_INF ? 0.0f : mx, a0 = exp2f(m[rr] - ms), a1 = exp2f(m1 - ms);
+        l[rr] = l[rr] * a0 + l1 * a1;
+        m[rr] = mx;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const float2 x = *(const float2*)&so[(n * 128 + gt) * 4 + 2 * rr];
+            o[n][2 * rr] = o[n][2 * rr] * a0 + x.x * a1;
+            o[n][2 * rr + 1] = o[n][2 * rr + 1] * a0 + x.y * a1;
+        }
+    }
+    return true;
+}
+#endif
+
+// The end of the kv positions a prefill block needs under a mask: past the last tile that any
+// of its rows (tokens t0 .. t_end) sees, tiles are all -inf (a causal mask's upper triangle) and
+// cost nothing. A NaN counts as seen (it reaches the output). Call with the whole block; the
+// first 128 threads scan, and a thread's loads of a tile are all issued before any is tested
+// (one memory latency a tile, not one a value: a block near the start of a causal prefill scans
+// most tiles). `mstage`: an f16 mask with 16-byte aligned rows, read in pieces of 8 values.
+__device__ __forceinline__ int ft_mask_stop(const Tensor& mask, int mdt, i64 m_seq, bool mstage, int t0, int t_end, int j_stop) {
+    const int tid = threadIdx.x;
+    int last = (j_stop + FT_BN - 1) / FT_BN - 1;
+    for (; last > 0; last--) {
+        bool seen = false;
+        if (tid >= 128) {
+            // (the first group scans)
+        } else if (mstage) {
+            // -inf is 0xFC00; a NaN is any other pattern
+#pragma unroll
+            for (int i = 0; i < FT_BM * FT_BN / 8 / 128; i++) {
+                const int idx = tid + 128 * i, t = t0 + idx / (FT_BN / 8), j = last * FT_BN + idx % (FT_BN / 8) * 8;
+                if (t < t_end && j < j_stop) {
+                    const uint4 x = *(const uint4*)(mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq);
+                    const u32 w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        seen |= j + e < j_stop && (u16)(w[e / 2] >> (16 * (e % 2))) != 0xFC00u;
+                    }
+                }
+            }
+        } else {
+#pragma unroll 8
+            for (int idx = tid; idx < FT_BM * FT_BN; idx += 128) {
+                const int t = t0 + idx / FT_BN, j = last * FT_BN + idx % FT_BN;
+                if (t < t_end && j < j_stop) {
+                    seen |= !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF);
+                }
+            }
+        }
+        if (__syncthreads_or(seen)) break;
+    }
+    return min(j_stop, (last + 1) * FT_BN);
+}
+
+template <int DT, int D>
+__device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
+                                            Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
+                                            float scale, float softcap, int l_min, u64 err, u32 opcode) {
+    extern __shared__ __align__(16) u16 ft_smem[];
+    __shared__ __align__(8) int s_cell[FT_WG][2][FT_BN];
+    __shared__ int s_gap[FT_WG][2][2];  // per tile buffer: whether warp 0 / 1's 32 cells hold a -1
+    __shared__ int s_work[3];
+#ifdef FT_WGMMA
+    // 1024-byte aligned by pointer arithmetic, so that accesses stay shared-space ones (the
+    // unpadded tiles leave room for it in the host's size, which the padded ones fill)
+    u16* sQ = ft_smem + ((1024 - (tc_smem(ft_smem) & 1023)) & 1023) / 2;
+#else
+    u16* sQ = ft_smem;
+#endif
+    // Q, then each warp group's K, V and mask tiles (blockDim.x / 128 groups, at most FT_WG)
+    const int groups = (int)blockDim.x >> 7;
+    const int tid = threadIdx.x, wg = tid >> 7, gt = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
+    const int g = lane >> 2, tq = lane & 3;
+    constexpr int GROUP_HALVES = 2 * ft_tile_halves(FT_BN, D) + FT_BM * FT_MLD;
+    u16* sK = sQ + ft_tile_halves(FT_BM, D) + wg * GROUP_HALVES;
+    u16* sV = sK + ft_tile_halves(FT_BN, D);
+    u16* sM = sV + ft_tile_halves(FT_BN, D);
+
+    const int n_tokens = (int)q.ne[1], n_head = (int)q.ne[2];
+    const int n_cells = (int)k.ne[1], n_head_kv = (int)k.ne[2];
+    const int n_kv = paged ? (int)table.ne[0] : n_cells;
+    // Dense: the grid's blocks in launch order take every head's last token tile first, then
+    // every head's next-to-last, ...: under a causal mask the tiles that see the most positions
+    // start first and the short ones fill the last wave.
+    const int lin = (int)(blockIdx.x + gridDim.x * blockIdx.y);
+    const int h = offsets.data ? (int)blockIdx.y : lin % (int)gridDim.y;
+    // Tokens t0 .. t_end (at most 64) of sequence s, in q's slot qs; token t sees positions
+    // j <= t + causal (dense: all, causal = n_kv) and the block walks positions 0 .. j_stop.
+    int t0 = ((int)gridDim.x - 1 - lin / (int)gridDim.y) * FT_BM, t_end = n_tokens, s = blockIdx.z, qs = blockIdx.z, causal = n_kv, j_stop = n_kv;
+    if (offsets.data) {
+        if (!fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) return;
+        const int n_seq = (int)kv_lens.ne[0];
+        if (tid < 32) {
+            // This block's (sequence, tile) among the tiles of the sequences it takes, in order.
+            int base = 0;
+            for (int s0 = 0; s0 < n_seq; s0 += 32) {
+                const int si = s0 + lane;
+                const int len = si < n_seq ? fa_i32(offsets, si + 1) - fa_i32(offsets, si) : 0;
+                const int c = len >= l_min ? (len + FT_BM - 1) / FT_BM : 0;
+                int x = c;
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int y = __shfl_up_sync(0xffffffffu, x, d);
+                    if (lane >= d) x += y;
+                }
+                const int first = base + x - c;
+                if ((int)blockIdx.x >= first && (int)blockIdx.x < first + c) {
+                    s_work[0] = si;
+                    s_work[1] = (int)blockIdx.x - first;
+                }
+                base += __shfl_sync(0xffffffffu, x, 31);
+            }
+            if (lane == 0) s_work[2] = base;
+        }
+        __syncthreads();
+        qs = 0;
+        if ((int)blockIdx.x >= s_work[2]) {
+            // A spare block: zero the rows of padding tokens (before offsets[0], from offsets[n_seq]).
+            const int lead = fa_i32(offsets, 0), tail = fa_i32(offsets, n_seq);
+            const i64 rows = (i64)(lead + n_tokens - tail) * n_head;
+            const i64 spare = (i64)(gridDim.x - s_work[2]) * gridDim.y;
+            for (i64 r = (i64)(blockIdx.x - s_work[2]) * gridDim.y + h; r < rows; r += spare) {
+                const int tp = (int)(r / n_head), hr = (int)(r % n_head), t = tp < lead ? tp : tail + (tp - lead);
+                for (int e = tid; e < (int)out.ne[0]; e += blockDim.x) fa_store(out, gate, e, hr, t, 0, 0.0f);
+            }
+            return;
+        }
+        s = s_work[0];
+        const int o = fa_i32(offsets, s), len = fa_i32(offsets, s + 1) - o;
+        t0 = o + s_work[1] * FT_BM;
+        t_end = min(o + len, t0 + FT_BM);
+        causal = fa_i32(kv_lens, s) - len - o;  // token t's last position is t + causal
+        j_stop = t_end + causal;                // <= kv_lens[s] <= n_kv
+    }
+    const int hk = h / (n_head / n_head_kv);
+    const i64 ks = paged ? 0 : s;
+    const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
+    const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
+    const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
+    const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
+    // logits in base-2 units (ft_exp2)
+    const float scale_2 = scale * FT_LOG2E, softcap_2 = softcap * FT_LOG2E;
+    // the mask goes through shared memory when it is f16 with 16-byte aligned rows of whole pieces
+    const bool mstage = has_mask && mdt == DT_F16 && mask.nb[0] == 2 && (mask.nb[1] & 15) == 0 &&
+                        ((u64)(mask.data + m_seq) & 15) == 0 && (mask.ne[0] & 7) == 0;
+
+    // cells[r]: the K/V row of position j0 + r, or -1 past j_stop (an out-of-range table entry is
+    // reported and reads as -1 too)
+    auto find_cells = [&](int j0, int slot) {
+        int* cells = s_cell[wg][slot];
+        if (gt < FT_BN) {
+            const int j = j0 + gt;
+            int cell = -1;
+            if (j < j_stop) {
+                const int raw = paged ? *(const int*)(table.data + (i64)j * table.nb[0] + (i64)s * table.nb[1]) : j;
+                if (raw < 0 || raw >= n_cells) {
+                    report_error((ErrorRecord*)err, ERR_INDEX_OUT_OF_RANGE, WHAT_KV_CELL, opcode, raw, n_cells, 0, 0);
+                } else {
+                    cell = raw;
+                }
+            }
+            cells[gt] = cell;
+            const bool gap = __any_sync(0xffffffffu, cell < 0);
+            if (lane == 0) s_gap[wg][slot][gt >> 5] = gap;
+        }
+    };
+    // copies the tile's rows of K or V (zeros for cells of -1) into dst: a thread always takes the
+    // same 16-byte piece of every 128 / (D / 8)-th row, so that the addresses it computes once
+    // serve every row (a copy is a few instructions, not a division and a generic-to-shared
+    // conversion each; the 4 warps issue 2 x 64 rows of copies a tile)
+    auto copy_rows = [&](u16* dst, const char* base, i64 nb1, const int* cells) {
+        constexpr int CPR = D / 8, RPP = 128 / CPR;
+        const int c8 = gt % CPR, r0 = gt / CPR;
+        const u32 d0 = tc_smem(dst);
+        const char* src = base + c8 * 16;
+#pragma unroll
+        for (int i = 0; i < FT_BN / RPP; i++) {
+            const int r = r0 + RPP * i, cell = cells[r];
+            tc_cp16_at(d0 + 2 * ft_at<FT_BN, D>(r, c8 * 8), src + (i64)max(cell, 0) * nb1, cell >= 0);
+        }
+    };
+    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst
+    auto copy_mask = [&](int j0, u16* dst) {
+        for (int idx = gt; idx < FT_BM * (FT_BN / 8); idx += 128) {
+            const int r = idx / (FT_BN / 8), j = j0 + idx % (FT_BN / 8) * 8, t = t0 + r;
+            const bool ok = t < t_end && j < (int)mask.ne[0];
+            tc_cp16(&dst[r * FT_MLD + j - j0], ok ? mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq : mask.data, ok);
+        }
+    };
+
+    // the first tile's copies fly while the mask is scanned and Q is loaded (its cells are the
+    // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it
+    if (wg == 0) find_cells(0, 0);
+    __syncthreads();
+    if (wg == 0 && j_stop > 0) {
+        copy_rows(sK, kbase, k.nb[1], s_cell[0][0]);
+        if (mstage) copy_mask(0, sM);
+    }
+    tc_commit();
+    if (has_mask) j_stop = ft_mask_stop(mask, mdt, m_seq, mstage, t0, t_end, j_stop);
+    // The groups split the block's kv tiles: group 0 the first half (rounded up), group 1 the
+    // rest; their partial softmax states are merged at the end.
+    const int n_tiles = (j_stop + FT_BN - 1) / FT_BN, half = groups == 2 ? (n_tiles + 1) / 2 : n_tiles;
+    const int j_begin = wg == 0 ? 0 : half * FT_BN, j_end = wg == 0 ? min(j_stop, half * FT_BN) : j_stop;
+    if (wg == 1 && j_begin < j_end) {
+        find_cells(j_begin, 0);
+        ft_group_sync(1);
+        copy_rows(sK, kbase, k.nb[1], s_cell[1][0]);
+        if (mstage) copy_mask(j_begin, sM);
+    }
+    tc_commit();
+
+    if (wg == 0) ft_load_q<DT, FT_BM, D, 128>(
+        sQ, q.nb[0],
+        [&](int r) -> const char* {
+            const int t = t0 + r;
+            return t < t_end ? q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3] : nullptr;
+        },
+        [](int r, int c) { return ft_at<FT_BM, D>(r, c); });
+#ifdef FT_WGMMA
+    tc_fence_async();
+#endif
+    __syncthreads();  // Q written (each group reads all of it)
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
+    const int tok[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
+
+    // The copies overlap the tensor cores, staggered over one K, one V and one mask buffer: V of
+    // tile j lands while S of tile j is computed, K and the mask of tile j + 1 while O takes P V
+    // of tile j; two barriers a tile. (Two buffers of each, all of tile j + 1 copied during tile
+    // j, left one block a multiprocessor at D = 256 and were slower: docs/perf-log.)
+    // Each group walks its tiles with its own buffers and barriers.
+    for (int j0 = j_begin, buf = 0; j0 < j_end; j0 += FT_BN, buf ^= 1) {
+        const int* cell = s_cell[wg][buf];
+        tc_wait<0>();
+#ifdef FT_WGMMA
+        tc_fence_async();  // this thread's copies, before the tensor cores read them
+#endif
+        ft_group_sync(wg);  // K and the mask of this tile landed; V is free
+        copy_rows(sV, vbase, v.nb[1], cell);
+        tc_commit();
+        const bool more = j0 + FT_BN < j_end;
+        if (more) find_cells(j0 + FT_BN, buf ^ 1);
+
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+        float sc[FT_BN / 8][4];
+        ft_scores<DT, D>(sc, sQ, sK, warp, lane);
+        // Logits and the online-softmax update (rows g and g + 8 of the warp's 16). The softcap
+        // and mask choices are uniform branches around whole loops: taken per element, every
+        // element inlined tanhf and the mask's dtype switch, and the loop outgrew the
+        // instruction cache.
+        if (softcap > 0.0f) {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[n][i] = softcap_2 * tanhf(sc[n][i] * inner);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[n][i] *= scale_2;
+            }
+        }
+        if (mstage) {
+            // rows past t_end were zero-filled; columns past j_stop become -inf below
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const u32 mm = *(const u32*)&sM[(warp * 16 + g + 8 * rr) * FT_MLD + n * 8 + 2 * tq];
+                    sc[n][2 * rr] = fmaf(f16_to_f32((u16)mm), FT_LOG2E, sc[n][2 * rr]);
+                    sc[n][2 * rr + 1] = fmaf(f16_to_f32((u16)(mm >> 16)), FT_LOG2E, sc[n][2 * rr + 1]);
+                }
+            }
+        } else if (has_mask) {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = j0 + n * 8 + 2 * tq + (i & 1), t = tok[i >> 1];
+                    if (j < j_stop && t < t_end) {
+                        const float mv = load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt);
+                        sc[n][i] = fmaf(mv, FT_LOG2E, sc[n][i]);
+                    }
+                }
+            }
+        }
+        float mx[2] = {-TS_INF, -TS_INF};
+        // A tile whose 64 cells are all valid and whose positions every row of the warp sees
+        // (all but a causal batch's diagonal tiles) needs no test per logit.
+        const bool whole = !s_gap[wg][buf][0] && !s_gap[wg][buf][1] && j0 + FT_BN - 1 <= t0 + warp * 16 + causal;
+        if (whole) {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], sc[n][i]);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < FT_BN / 8; n++) {
+                const int2 cc = *(const int2*)&cell[n * 8 + 2 * tq];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = j0 + n * 8 + 2 * tq + (i & 1), rr = i >> 1;
+                    const float x = ((i & 1) ? cc.y : cc.x) >= 0 && j <= tok[rr] + causal ? sc[n][i] : -TS_INF;
+                    sc[n][i] = x;
+                    mx[rr] = fmaxf(mx[rr], x);
+                }
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+            mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+        }
+        float ms[2], alpha[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const float m_new = fmaxf(m[rr], mx[rr]);
+            ms[rr] = m_new == -TS_INF ? 0.0f : m_new;
+            alpha[rr] = exp2f(m[rr] - ms[rr]);
+            l[rr] *= alpha[rr];
+            m[rr] = m_new;
+        }
+        // O is rescaled only when some row of the warp has a new maximum (after the first tiles
+        // most have not; times 1 would change nothing)
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < FT_BN / 8; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p = ft_exp2(sc[n][i] - ms[i >> 1]);
+                sc[n][i] = p;
+                l[i >> 1] += p;
+            }
+        }
+        tc_wait<0>();
+#ifdef FT_WGMMA
+        tc_fence_async();
+#endif
+        ft_group_sync(wg);  // V of this tile landed; every warp is done with K, the mask and `cell`
+        if (more) {
+            copy_rows(sK, kbase, k.nb[1], s_cell[wg][buf ^ 1]);
+            if (mstage) copy_mask(j0 + FT_BN, sM);
+        }
+        tc_commit();
+        // O += P V.
+        ft_pv<DT, D>(o, sc, sV, lane);
+    }
+
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+    }
+#if FT_WG == 2
+    if (groups == 2 && !ft_merge_groups<D>(o, m, l, (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES), wg, gt)) return;
+#endif
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        if (tok[rr] >= t_end) continue;
+        const float inv = m[rr] == -TS_INF ? 0.0f : 1.0f / l[rr];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const int d = n * 8 + 2 * tq;
+            fa_store(out, gate, d, h, tok[rr], qs, o[n][2 * rr] * inv);
+            fa_store(out, gate, d + 1, h, tok[rr], qs, o[n][2 * rr + 1] * inv);
+        }
+    }
+}
+
+#define FA_MMA(NAME, DT, D)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128 * FT_WG)                                                  \
+        NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
+             Tensor gate,                                                                                        \
+             int mdt, int has_mask, int paged, float scale, float softcap, int l_min, u64 err, u32 opcode) {     \
+        grid_begin();                                                                                            \
+        fa_mma_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged, scale, softcap,  \
+                           l_min, err, opcode);                                                                \
+    }
+
+FA_MMA(fa_mma_f16_d128, DT_F16, 128)
+FA_MMA(fa_mma_f16_d256, DT_F16, 256)
+FA_MMA(fa_mma_bf16_d128, DT_BF16, 128)
+FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
