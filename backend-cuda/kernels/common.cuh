@@ -342,16 +342,40 @@ __device__ __forceinline__ void report_error(ErrorRecord* rec, u32 code, u32 wha
 #define WHAT_SEQ_OFFSETS 6u
 #define WHAT_KV_LENS 7u
 
+// Whether the n slots slot(0 .. n) (a slot below 0 for a sequence that is not checked) are in range
+// and distinct, in one pass: each in-range slot sets its bit in a shared bitmap, and a bit already
+// set is a repeat. O(n) a block with one round of loads, so that a kernel can afford the check in
+// every block; where n_slots exceeds the bitmap it returns false, as for a bad slot, and the caller
+// runs its exact pass. Call with one whole block; the result goes to every thread.
+#define SLOT_BITMAP_BITS 8192
+#define SLOT_SKIP (-(1LL << 62))  // a sequence whose slot is not checked (no tokens)
+template <typename Slot>
+__device__ bool slots_distinct_fast(i64 n, i64 n_slots, Slot slot) {
+    __shared__ u32 seen[SLOT_BITMAP_BITS / 32];
+    if (n_slots > SLOT_BITMAP_BITS) return false;
+    for (i64 i = threadIdx.x; i < (n_slots + 31) / 32; i += blockDim.x) seen[i] = 0u;
+    __syncthreads();
+    bool bad = false;
+    for (i64 s = threadIdx.x; s < n; s += blockDim.x) {
+        const i64 v = slot(s);
+        if (v == SLOT_SKIP) continue;
+        bad = bad || v < 0 || v >= n_slots || ((atomicOr(&seen[v >> 5], 1u << (v & 31)) >> (v & 31)) & 1u);
+    }
+    return !__syncthreads_or(bad);
+}
+
 // Slots must be in range and distinct; the first bad one in sequence order is reported, as
 // `tessera_ops::checked_slots` does. Call with one whole block; sequence s is bad when its slot is
 // out of range or an earlier sequence names the same slot. Kernels that write state run after it
 // on the stream and return early when the error record is set (or, checking in every block, on
-// the result: true, to every thread, when the slots are fine).
+// the result: true, to every thread, when the slots are fine). The bitmap pass decides; the
+// exact pass below runs only to find the slot to report (or past the bitmap's size).
 __device__ bool check_state_slots(const Tensor& slots, i64 n_slots, u64 err, u32 op) {
+    i64 n = slots.ne[0];
+    if (slots_distinct_fast(n, n_slots, [&](i64 s) -> i64 { return *(const int*)(slots.data + s * slots.nb[0]); })) return true;
     __shared__ long long first_bad;
     if (threadIdx.x == 0) first_bad = 0x7fffffffffffffffLL;
     __syncthreads();
-    i64 n = slots.ne[0];
     for (i64 s = threadIdx.x; s < n; s += blockDim.x) {
         i64 v = *(const int*)(slots.data + s * slots.nb[0]);
         bool bad = v < 0 || v >= n_slots;
@@ -423,10 +447,11 @@ __device__ __forceinline__ i64 seq_of_token(const Tensor& offsets, i64 n_seq, i6
 // The slots of a ragged batch's sequences that have tokens (`seq_offsets[s] < seq_offsets[s + 1]`,
 // offsets already checked) must be in range and distinct among themselves; sequences without
 // tokens are skipped. The first bad one in sequence order is reported, as
-// `tessera_ops::checked_ragged_slots` does. Call with one whole block. Up to RAGGED_STAGE
-// sequences' slots (-1 for none) are staged in shared memory, and each thread compares its slot
-// with all earlier ones without an early exit, so the loads pipeline. Returns (to every thread)
-// whether they are all fine.
+// `tessera_ops::checked_ragged_slots` does. Call with one whole block. The bitmap pass
+// (`slots_distinct_fast`) decides; past it (a bad slot, or more slots than the bitmap holds) up to
+// RAGGED_STAGE sequences' slots (-1 for none) are staged in shared memory, and each thread
+// compares its slot with all earlier ones without an early exit, so the loads pipeline. Returns
+// (to every thread) whether they are all fine.
 #define RAGGED_STAGE 2048
 __device__ bool check_ragged_state_slots(const Tensor& slots, const Tensor& offsets, i64 n_slots, u64 err, u32 op) {
     __shared__ long long first_bad_ragged;
@@ -438,6 +463,7 @@ __device__ bool check_ragged_state_slots(const Tensor& slots, const Tensor& offs
     };
     // The slot of sequence s if it has tokens, else -1 (never equal to a slot in range).
     auto active = [&](i64 s) -> i64 { return has_tokens(s) ? slot(s) : -1; };
+    if (slots_distinct_fast(n, n_slots, [&](i64 s) -> i64 { return has_tokens(s) ? slot(s) : SLOT_SKIP; })) return true;
     if (threadIdx.x == 0) first_bad_ragged = 0x7fffffffffffffffLL;
     for (i64 s = threadIdx.x; s < n && s < RAGGED_STAGE; s += blockDim.x) staged[s] = (int)active(s);
     __syncthreads();

@@ -301,18 +301,32 @@ extern "C" __global__ void conv_update_state(Tensor x, int xdt, Tensor state, Te
 // (c, s) runs the tokens of sequence s (grid row s < n_seq) on channel c in order, its window (the
 // slot's state, then the tokens) in registers, stores each output as conv_update_out computes it
 // (with its `conv_out`, so the same values), then the slot's last d_conv - 1 samples; grid row
-// n_seq zeroes the ragged padding tokens. Every block checks the slots and offsets itself (a few
-// sequences: cheaper than a second launch) and writes nothing unless they pass. d_conv <= UPD_MAXD.
+// n_seq zeroes the ragged padding tokens. Every block checks the slots and offsets itself (one
+// round of loads with `slots_distinct_fast`: cheaper than a second launch), with its taps and
+// state samples already loading (through a slot clamped into range, so the loads stay in bounds
+// whatever the check finds), and writes nothing unless they pass. d_conv <= UPD_MAXD.
 extern "C" __global__ void __launch_bounds__(256) conv_update_seq(Tensor out, Tensor x, int xdt, Tensor state, Tensor kern,
                                                                   int kdt, Tensor slots, Tensor offsets, int silu, u64 err,
                                                                   u32 op) {
     grid_begin();
     if (((volatile ErrorRecord*)err)->code != 0u) return;
     const i64 channels = out.ne[0], n_t = out.ne[1], n_all = n_t * out.ne[2], n_seq = slots.ne[0];
-    if (!conv_check_slots(slots, offsets, n_all, state.ne[2], err, op)) return;
     const i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x, s = blockIdx.y;
+    const bool dense = offsets.data == nullptr, runs = c < channels && s < n_seq;
+    const i64 d_conv = kern.ne[0], keep = d_conv - 1;
+    float kr[UPD_MAXD], w[UPD_MAXD];
+    char* st = nullptr;
+    if (runs) {
+        const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+        st = state.data + c * state.nb[1] + (slot >= 0 && slot < state.ne[2] ? slot : 0) * state.nb[2];
+#pragma unroll
+        for (int i = 0; i < UPD_MAXD; i++) {
+            kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
+            w[i] = i < keep ? *(const float*)(st + i * state.nb[0]) : 0.0f;
+        }
+    }
+    if (!conv_check_slots(slots, offsets, n_all, state.ne[2], err, op)) return;
     if (c >= channels) return;
-    const bool dense = offsets.data == nullptr;
     if (s == n_seq) {
         if (!dense) {  // before the first sequence and after the last
             const i64 first = seq_offset(offsets, 0, n_all);
@@ -324,14 +338,6 @@ extern "C" __global__ void __launch_bounds__(256) conv_update_seq(Tensor out, Te
     const i64 begin = dense ? 0 : seq_offset(offsets, s, n_all), outer = dense ? s : 0;
     const i64 len = (dense ? n_t : seq_offset(offsets, s + 1, n_all)) - begin;
     if (len <= 0) return;
-    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]), d_conv = kern.ne[0], keep = d_conv - 1;
-    char* st = state.data + c * state.nb[1] + slot * state.nb[2];
-    float kr[UPD_MAXD], w[UPD_MAXD];
-#pragma unroll
-    for (int i = 0; i < UPD_MAXD; i++) {
-        kr[i] = i < d_conv ? load_f32(kern.data + offset_of(kern, i, c, 0, 0), kdt) : 0.0f;
-        w[i] = i < keep ? *(const float*)(st + i * state.nb[0]) : 0.0f;
-    }
     for (i64 t = 0; t < len; t++) {
         // w[0 .. keep) the samples before token t, w[keep] the token
         const float xv = conv_x(x, xdt, c, begin + t, outer);
