@@ -12,7 +12,7 @@
 
 use tessera_ops::DType;
 
-use super::delta_net::{RAGGED_BAD, RAGGED_EVAL, RAGGED_PERF, RAGGED_QWEN, Ragged};
+use super::delta_net::{RAGGED_BAD, RAGGED_EVAL, RAGGED_MANY_SLOTS, RAGGED_PERF, RAGGED_QWEN, Ragged};
 use super::{BF16, F16, F32, I32, sh};
 use crate::case::{Case, Init, InputSpec as In, Layout};
 
@@ -246,6 +246,11 @@ fn ragged(out: &mut Vec<Case>) {
     out.push(Update::ragged(3, 33, mix).types(BF16, F16).case());
     out.push(Update::ragged(4, 33, mix).layout(1, STATE_SLICE).layout(3, Layout::WINDOW).case());
     for r in RAGGED_BAD {
+        out.push(Update::ragged(4, 7, r).case());
+    }
+    // Past the CUDA kernels' bitmap of slots (8192): dense and ragged, and a repeat it must catch.
+    out.push(Update::new(4, 7, 1, 3, 8200).case());
+    for r in RAGGED_MANY_SLOTS {
         out.push(Update::ragged(4, 7, r).case());
     }
     out.push(Update::ragged(4, C_MOE, RAGGED_QWEN).case());

@@ -108,6 +108,13 @@ pub(super) const RAGGED_BAD: [Ragged; 7] = [
     Ragged::new("decode_slot_out_of_range", 2, &[0, 1, 2], &[0, 3], 3).bad(),
 ];
 
+/// More slots than the CUDA backend's one-pass slot check holds (a bitmap of 8192), so that its
+/// exact pass decides: a decode batch over far-apart slots, and the same with a slot repeated.
+pub(super) const RAGGED_MANY_SLOTS: [Ragged; 2] = [
+    Ragged::new("many_slots", 4, &[0, 1, 2, 3, 4], &[8199, 3, 8192, 0], 8200),
+    Ragged::new("many_slots_repeated", 4, &[0, 1, 2, 3, 4], &[8199, 3, 8199, 0], 8200).bad(),
+];
+
 /// For 128-wide heads: sequences over several 64-token chunks (130 and 69 tokens), at the CUDA
 /// backend's limit of 16 tokens for its decode kernel and past it, decode tokens, an empty
 /// sequence, padding.
