@@ -111,14 +111,31 @@ pub(super) fn flops(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     (2 * inputs[0].ne[0] as u64).saturating_mul(out.nelements() as u64)
 }
 
-/// Bytes of mul_mat_id: the routed experts' weights (at most `min(n_expert, n_used * n_tokens)`
-/// distinct experts, each read once), the activations, the ids and the output.
+/// Bytes of mul_mat_id: the routed experts' weights (each distinct expert read once), the
+/// activations, the ids and the output. The cost model does not see the ids, so the distinct
+/// experts are their expected number when each of the T tokens routes to n_used distinct experts
+/// drawn uniformly from n (as test-ops' cases do): `n (1 - (1 - n_used / n)^T)`, exactly n_used at
+/// one token and n when the tokens route to every expert on average (256 experts top-8: 8 at one
+/// token, 163.3 at 32, 255.9 at 512). Skewed routing reads fewer.
 pub(super) fn mul_mat_id_bytes(inputs: &[&TensorMeta], out: &TensorMeta) -> u64 {
     let (w, b, ids) = (inputs[0], inputs[1], inputs[2]);
     let size = |m: &TensorMeta| m.nbytes_contiguous() as u64;
     let expert = (w.row_bytes() as u64).saturating_mul(w.ne[1] as u64);
-    let routed = (w.ne[2] as u64).min(ids.nelements() as u64);
-    expert.saturating_mul(routed).saturating_add(size(b)).saturating_add(size(ids)).saturating_add(size(out))
+    expert
+        .saturating_mul(expected_distinct_experts(w.ne[2], ids.ne[0], ids.nelements() / ids.ne[0].max(1)))
+        .saturating_add(size(b))
+        .saturating_add(size(ids))
+        .saturating_add(size(out))
+}
+
+/// The expected number of distinct experts (rounded to the nearest) that `tokens` tokens touch when
+/// each takes `n_used` distinct experts of `n` uniformly at random.
+fn expected_distinct_experts(n: usize, n_used: usize, tokens: usize) -> u64 {
+    if n == 0 || n_used >= n {
+        return n as u64;
+    }
+    let unused = (1.0 - n_used as f64 / n as f64).powf(tokens as f64);
+    (n as f64 * (1.0 - unused)).round() as u64
 }
 
 #[cfg(test)]
@@ -127,6 +144,17 @@ mod tests {
 
     fn meta(dtype: DType, ne: [usize; 4]) -> TensorMeta {
         TensorMeta::contiguous("t", dtype, ne).unwrap()
+    }
+
+    #[test]
+    fn routed_experts_are_their_expected_number_under_uniform_routing() {
+        use super::expected_distinct_experts as e;
+        assert_eq!(e(256, 8, 1), 8);
+        assert_eq!(e(256, 8, 32), 163); // 256 (1 - (31/32)^32) = 163.3
+        assert_eq!(e(256, 8, 512), 256);
+        assert_eq!(e(8, 8, 3), 8);
+        assert_eq!(e(4, 6, 1), 4); // more slots than experts: every expert
+        assert_eq!(e(64, 8, 0), 0);
     }
 
     #[test]
@@ -178,11 +206,11 @@ mod tests {
         let expert = 2176 * 512;
         assert_eq!(c.bytes, 8 * expert + 2048 * 4 + 8 * 4 + 512 * 8 * 4);
         assert_eq!(c.flops, 2 * 2048 * 512 * 8);
-        // 3 tokens x 8 used > 16 experts: at most every expert once.
+        // 3 tokens of 8 of 16 experts: 16 (1 - (1/2)^3) = 14 distinct experts expected, each once.
         let ids = meta(DType::I32, [8, 3, 1, 1]);
         let b = meta(DType::F32, [2048, 1, 3, 1]);
         let out = infer(&Op::MulMatId, &[&w, &b, &ids]).unwrap();
         let c = cost(&Op::MulMatId, &[&w, &b, &ids], &out);
-        assert_eq!(c.bytes, 16 * expert + 3 * 2048 * 4 + 24 * 4 + 512 * 24 * 4);
+        assert_eq!(c.bytes, 14 * expert + 3 * 2048 * 4 + 24 * 4 + 512 * 24 * 4);
     }
 }
