@@ -19,7 +19,6 @@
 // same kernels run them with other tilings (see each), the host picking the launches from
 // the shapes alone (a CUDA graph replays them with new offsets), never reading offsets back.
 
-
 // Output element (e, h, t, s) = o, times sigmoid(gate[e, h, t, s]) when gated.
 __device__ __forceinline__ void fa_store(const Tensor& out, const Tensor& gate, i64 e, i64 h, i64 t, i64 s, float o) {
     if (gate.data) {
