@@ -342,11 +342,11 @@ __device__ __forceinline__ void report_error(ErrorRecord* rec, u32 code, u32 wha
 #define WHAT_SEQ_OFFSETS 6u
 #define WHAT_KV_LENS 7u
 
-// Whether the n slots slot(0 .. n) (a slot below 0 for a sequence that is not checked) are in range
-// and distinct, in one pass: each in-range slot sets its bit in a shared bitmap, and a bit already
-// set is a repeat. O(n) a block with one round of loads, so that a kernel can afford the check in
-// every block; where n_slots exceeds the bitmap it returns false, as for a bad slot, and the caller
-// runs its exact pass. Call with one whole block; the result goes to every thread.
+// Whether the n slots slot(0 .. n) (SLOT_SKIP for a sequence that is not checked) are in range and
+// distinct, in one pass: each in-range slot sets its bit in a shared bitmap, and a bit already set
+// is a repeat. O(n) a block, so that a kernel can afford the check in every block; where n_slots
+// exceeds the bitmap it returns false, as for a bad slot, and the caller runs its exact pass. Call
+// with one whole block; the result goes to every thread.
 #define SLOT_BITMAP_BITS 8192
 #define SLOT_SKIP (-(1LL << 62))  // a sequence whose slot is not checked (no tokens)
 template <typename Slot>
