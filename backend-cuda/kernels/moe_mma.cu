@@ -324,6 +324,14 @@ struct MeLoader {
     __device__ __forceinline__ void wait() { tc_wait<ME_STAGES - 2>(); }
 };
 
+// Where a pass writes: `out`, or `out_up` for the up experts' items, selected field by field (a
+// reference to either kernel parameter made the compiler copy both to local memory and read
+// their fields back from there).
+struct MeOut {
+    char* data;
+    i64 nb0, nb1, nb2;
+};
+
 // Packed activation row of pair s.
 __device__ __forceinline__ i64 me_xrow(u32 s, u32 n_used, u32 n_b) {
     const u32 u = s % n_used, t = s / n_used;
@@ -381,7 +389,7 @@ __device__ __forceinline__ void me_load_b(u32 (&B)[NT][8], const char* const (&x
 // passes keep fewer sets: every path of the kernel shares its register count, which with 168
 // still allows three blocks a multiprocessor.
 template <int QT, int NT>
-__device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, const Tensor& as, const MeExpert* listed, char* ring, int& slot, const char* x, const float* xs, u32 n_used, u32 n_b, const int* list, const Tensor& out) {
+__device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, const Tensor& as, const MeExpert* listed, char* ring, int& slot, const char* x, const float* xs, u32 n_used, u32 n_b, const int* list, const MeOut& out) {
     constexpr int STAGE = me_stage_bytes(QT);
     constexpr bool AHEAD = NT <= 2, AHEAD_A = NT == 1 && QT == DT_NVFP4;
     static_assert(ME_UNITS % 2 == 0, "units go in pairs");
@@ -437,13 +445,13 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
                 if (p >= np) continue;
                 const u32 s = (u32)__ldg(pairs + p), u = s % n_used, t = s / n_used;
                 const float f = back * __ldg(xs + me_xrow(s, n_used, n_b));
-                char* o = out.data + u * out.nb[1] + t * out.nb[2];
+                char* o = out.data + u * out.nb1 + t * out.nb2;
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int r = mt * 16 + h * 8 + g;
-                        if (r < it.rows) *(float*)(o + (it.m0 + r) * out.nb[0]) = acc[mt][nt][2 * h + e] * f;
+                        if (r < it.rows) *(float*)(o + (it.m0 + r) * out.nb0) = acc[mt][nt][2 * h + e] * f;
                     }
                 }
             }
@@ -480,7 +488,9 @@ __device__ __forceinline__ void moe_mma_body(Tensor as, const char* as_up, const
     int slot = 0;
     for (i64 i = (i64)blockIdx.x * ME_WARPS + warp; i < ld.n_items; i += ld.step) {
         const MeItem it = me_item(as, as_up, ld.n_half, listed, i, ld.tiles, ld.chunks);
-        const Tensor& o = it.up ? out_up : out;
+        const bool up = it.up;
+        const MeOut o{up ? out_up.data : out.data, up ? out_up.nb[0] : out.nb[0], up ? out_up.nb[1] : out.nb[1],
+                      up ? out_up.nb[2] : out.nb[2]};
         if (it.nt == 1) {
             me_run_item<QT, 1>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
         } else if (it.nt == 2) {
