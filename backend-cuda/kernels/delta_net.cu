@@ -825,47 +825,89 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
 CW_PREP_KERNEL(gdn_cw_prep, false)
 CW_PREP_KERNEL(gdn_cw_prep_vec, true)
 
-// Grid (S_v / (8 NT), H_v, n_seq) dense, (S_v / (8 NT), H_v, long-sequence bound) ragged (block
-// z is the z-th long sequence of the work list; blocks past its count return), 64 NT threads (2 NT
-// warps), dynamic shared memory `scan_shared(NT)` in ops/delta_net.rs (213 KiB at NT = 8, 185 at NT = 4). Each block
-// owns 8 NT state columns (NT column tiles): `gdn_cw_scan` NT = 8, `gdn_cw_scan4` NT = 4, which
-// the host takes where the NT = 8 grid would leave multiprocessors idle (a 32-head prefill: 64
-// blocks). Warps 0..NT-1 compute X = W S (then V_new), warps NT..2NT-1 Y = Q S (then the
-// outputs), each for token rows 16 mt.. and four column tiles 4 ng..; every warp then updates the
-// state tiles it holds in registers: keys 16 sm.., column tiles 4 sg.. . Chunk ci + 1's W, Q and
-// decays (one cp.async group) and its P and K^T (a second group, double buffered) are copied to
-// shared memory while chunk ci finishes; X warps read U straight into registers.
+// What both in-order kernels share: the sequence a block runs and the staging of each chunk's A
+// tiles. Grid (column blocks, H_v, n_seq) dense, (column blocks, H_v, long-sequence bound) ragged:
+// block z is the z-th long sequence of the work list (blocks past its count do nothing). The
+// sequence's chunks are g0 .. g0 + nch of the buffers, its len tokens from `base` at outer index
+// `so`, its state in slot `slot`. The staging: W, Q (32 A tiles of 64 uint4 each), two buffers
+// of K^T (32 tiles) and of P (10 tiles: (mt, kk <= mt) at mt (mt + 1) / 2 + kk) and of the decays
+// (gm's layout, 128 floats), `CW_STAGE_BYTES` in all.
+#define CW_STAGE_BYTES (16 * 64 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * 2 * 2 * CW_C)
+struct CwScan {
+    i64 h, kh, h_v, h_k, s, g0, nch, base, len, so, slot;
+    uint4 *wsm, *qsm, *ksm, *psm;
+    float* gsm;
+
+    // False when the block has nothing to run: an error is recorded, the block is past the work
+    // list, or the slot is out of range (unreachable after gdn_check_slots).
+    __device__ __forceinline__ bool init(const Tensor& out, const Tensor& state, const Tensor& slots, int hk, int grouped,
+                                         const Tensor& offsets, const int* table, u64 err, void* stage) {
+        if (((volatile ErrorRecord*)err)->code != 0u) return false;
+        const i64 n_t = out.ne[2];
+        h_v = out.ne[1], h_k = hk, h = blockIdx.y;
+        if (table == nullptr) {
+            s = blockIdx.z, nch = (n_t + CW_C - 1) / CW_C, g0 = s * nch, base = 0, len = n_t, so = s;
+        } else {
+            const i64 n_seq = offsets.ne[0] - 1, i = blockIdx.z;
+            if (i >= table[0]) return false;
+            s = table[1 + i], g0 = table[1 + n_seq + i], nch = table[1 + n_seq + i + 1] - g0;
+            base = seq_offset(offsets, s, n_t), len = seq_offset(offsets, s + 1, n_t) - base, so = 0;
+        }
+        kh = grouped ? h / (h_v / h_k) : h % h_k;
+        slot = *(const int*)(slots.data + s * slots.nb[0]);
+        wsm = (uint4*)stage, qsm = wsm + 32 * 64, ksm = qsm + 32 * 64, psm = ksm + 2 * 32 * 64;
+        gsm = (float*)(psm + 2 * 10 * 64);
+        return slot >= 0 && slot < state.ne[3];
+    }
+    __device__ __forceinline__ i64 vch(i64 ci) const { return (g0 + ci) * h_v + h; }
+    __device__ __forceinline__ i64 kch(i64 ci) const { return (g0 + ci) * h_k + kh; }
+
+    // Chunk ci's W, Q and decays (one cp.async group), then its P and K^T into buffer ci & 1
+    // (another), copied by the block's `threads` threads.
+    __device__ __forceinline__ void copy_chunk(i64 ci, const u32* wf, const u32* pf, const float* gm, const u32* qf,
+                                               const u32* ktf, int tid, int threads) const {
+        const i64 v = vch(ci), k = kch(ci);
+        const uint4* w = (const uint4*)(wf + v * 32 * CW_TILE);
+        const uint4* qq = (const uint4*)(qf + k * 32 * CW_TILE);
+        for (int i = tid; i < 32 * 64; i += threads) tc_cp16(wsm + i, w + i, true), tc_cp16(qsm + i, qq + i, true);
+        if (tid < 32) tc_cp16(gsm + (ci & 1) * 2 * CW_C + tid * 4, gm + v * 2 * CW_C + tid * 4, true);
+        tc_commit();
+        const uint4* kt = (const uint4*)(ktf + k * 32 * CW_TILE);
+        uint4* kd = ksm + (ci & 1) * 32 * 64;
+        for (int i = tid; i < 32 * 64; i += threads) tc_cp16(kd + i, kt + i, true);
+        const uint4* p = (const uint4*)(pf + v * 16 * CW_TILE);
+        uint4* pd = psm + (ci & 1) * 10 * 64;
+        for (int i = tid; i < 10 * 64; i += threads) {
+            const int tile = i >> 6, pm = tile >= 6 ? 3 : tile >= 3 ? 2 : tile >= 1 ? 1 : 0;
+            const int pk = tile - pm * (pm + 1) / 2;
+            tc_cp16(pd + i, p + (pm * 4 + pk) * 64 + (i & 63), true);
+        }
+        tc_commit();
+    }
+};
+
+// `gdn_cw_scan<NT>`: 64 NT threads (2 NT warps), 8 NT state columns a block (S_v / (8 NT) column
+// blocks), dynamic shared memory `scan_shared(NT)` in ops/delta_net.rs (213 KiB at NT = 8, 185 at
+// NT = 4): `gdn_cw_scan` NT = 8, `gdn_cw_scan4` NT = 4, which the host takes where the NT = 8 grid
+// would leave multiprocessors idle (a 32-head prefill: 64 blocks). Warps 0..NT-1 compute X = W S
+// (then V_new), warps NT..2NT-1 Y = Q S (then the outputs), each for token rows 16 mt.. and four
+// column tiles 4 ng..; every warp then updates the state tiles it holds in registers: keys 16
+// sm.., column tiles 4 sg.. . Chunk ci + 1's tiles are copied while chunk ci finishes; X warps
+// read U straight into registers.
 template <int NT>
 __device__ __forceinline__ void cw_scan_body(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf,
                                              const u32* pf, const float* uf, const float* gm, const u32* qf,
                                              const u32* ktf, Tensor offsets, const int* table, u64 err) {
     static_assert(NT == 4 || NT == 8, "four X warps (one a row tile), whole groups of four column tiles");
     extern __shared__ __align__(16) uint4 shq[];
-    uint4* wsm = shq;                 // W, 32 A tiles of 64 uint4
-    uint4* qsm = wsm + 32 * 64;       // Q
-    uint4* ksm = qsm + 32 * 64;       // K^T [2 buffers][32 tiles]
-    uint4* psm = ksm + 2 * 32 * 64;   // P [2 buffers][10 tiles: (mt, kk <= mt) at mt (mt + 1) / 2 + kk]
-    uint4* sb = psm + 2 * 10 * 64;    // S as B tiles [kk 8][NT][32]
-    uint4* vb = sb + 8 * NT * 32;     // V_new as B tiles [kk 4][NT][32]
-    uint4* vbs = vb + 4 * NT * 32;    // exp(gamma_last - gamma) V_new as B tiles
-    float* gsm = (float*)(vbs + 4 * NT * 32);  // the decays [2 buffers][128] (gm's layout)
-    if (((volatile ErrorRecord*)err)->code != 0u) return;
-    const i64 n_t = out.ne[2], h_v = out.ne[1];
-    const i64 h = blockIdx.y;
-    // The sequence: its chunks g0 .. g0 + nch of the buffers, its len tokens from `base` at outer
-    // index `so`.
-    i64 s, g0, nch, base, len, so;
-    if (table == nullptr) {
-        s = blockIdx.z, nch = (n_t + CW_C - 1) / CW_C, g0 = s * nch, base = 0, len = n_t, so = s;
-    } else {
-        const i64 n_seq = offsets.ne[0] - 1, i = blockIdx.z;
-        if (i >= table[0]) return;
-        s = table[1 + i], g0 = table[1 + n_seq + i], nch = table[1 + n_seq + i + 1] - g0;
-        base = seq_offset(offsets, s, n_t), len = seq_offset(offsets, s + 1, n_t) - base, so = 0;
-    }
-    const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
-    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
-    if (slot < 0 || slot >= state.ne[3]) return;  // unreachable after gdn_check_slots
+    uint4* sb = shq + CW_STAGE_BYTES / 16;  // S as B tiles [kk 8][NT][32]
+    uint4* vb = sb + 8 * NT * 32;            // V_new as B tiles [kk 4][NT][32]
+    uint4* vbs = vb + 4 * NT * 32;           // exp(gamma_last - gamma) V_new as B tiles
+    CwScan sc;
+    if (!sc.init(out, state, slots, h_k, grouped, offsets, table, err, shq)) return;
+    const i64 h = sc.h, nch = sc.nch, base = sc.base, len = sc.len, so = sc.so, slot = sc.slot;
+    const uint4 *wsm = sc.wsm, *qsm = sc.qsm, *ksm = sc.ksm, *psm = sc.psm;
+    const float* gsm = sc.gsm;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
     const int col0 = blockIdx.x * 8 * NT;
     const int sm = warp & 7, sg = warp >> 3;
@@ -874,27 +916,7 @@ __device__ __forceinline__ void cw_scan_body(Tensor out, Tensor state, Tensor sl
     // with mt).
     const int w2 = xw ? warp : warp - NT, ng = w2 >> 2;
     const int mt = xw || ng == 0 ? (w2 & 3) : 3 - (w2 & 3);
-
-    // Chunk ci's W, Q and decays (one group), then its P and K^T into buffer ci & 1 (another).
-    auto copy_chunk = [&](i64 ci) {
-        const i64 vch = (g0 + ci) * h_v + h, kch = (g0 + ci) * h_k + kh;
-        const uint4* w = (const uint4*)(wf + vch * 32 * CW_TILE);
-        const uint4* qq = (const uint4*)(qf + kch * 32 * CW_TILE);
-        for (int i = tid; i < 32 * 64; i += 64 * NT) tc_cp16(wsm + i, w + i, true), tc_cp16(qsm + i, qq + i, true);
-        if (tid < 32) tc_cp16(gsm + (ci & 1) * 2 * CW_C + tid * 4, gm + vch * 2 * CW_C + tid * 4, true);
-        tc_commit();
-        const uint4* kt = (const uint4*)(ktf + kch * 32 * CW_TILE);
-        uint4* kd = ksm + (ci & 1) * 32 * 64;
-        for (int i = tid; i < 32 * 64; i += 64 * NT) tc_cp16(kd + i, kt + i, true);
-        const uint4* p = (const uint4*)(pf + vch * 16 * CW_TILE);
-        uint4* pd = psm + (ci & 1) * 10 * 64;
-        for (int i = tid; i < 10 * 64; i += 64 * NT) {
-            const int tile = i >> 6, pm = tile >= 6 ? 3 : tile >= 3 ? 2 : tile >= 1 ? 1 : 0;
-            const int pk = tile - pm * (pm + 1) / 2;
-            tc_cp16(pd + i, p + (pm * 4 + pk) * 64 + (i & 63), true);
-        }
-        tc_commit();
-    };
+    auto copy_chunk = [&](i64 ci) { sc.copy_chunk(ci, wf, pf, gm, qf, ktf, tid, 64 * NT); };
 
     char* sbase = state.data + h * state.nb[2] + slot * state.nb[3];
     float st[4][4];
@@ -908,7 +930,7 @@ __device__ __forceinline__ void cw_scan_body(Tensor out, Tensor state, Tensor sl
 
     copy_chunk(0);
     for (i64 ci = 0; ci < nch; ci++) {
-        const i64 vch = (g0 + ci) * h_v + h;
+        const i64 vch = sc.vch(ci);
         const float* gv = gsm + (ci & 1) * 2 * CW_C;
         const uint4* kbuf = ksm + (ci & 1) * 32 * 64;
         const uint4* pbuf = psm + (ci & 1) * 10 * 64;
@@ -1015,6 +1037,189 @@ __device__ __forceinline__ void cw_scan_body(Tensor out, Tensor state, Tensor sl
     }
 CW_SCAN_KERNEL(gdn_cw_scan, 8)
 CW_SCAN_KERNEL(gdn_cw_scan4, 4)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// `gdn_cw_scan_wg` (sm_90a): the same pass on warpgroup products. 256 threads (two warpgroups), 64
+// state columns a block (S_v / 64 column blocks), dynamic shared memory `CW_WG_SHARED` (214 KiB).
+// Warpgroup 0 computes X = W S, then V_new; warpgroup 1 Y = Q S, then the outputs; both then
+// update their 64 keys of the state (keys 64 wg..), which stay in registers in the accumulator
+// layout (warp w of a group: rows 16 w.. of its 64). Every product is m64n64k16 wgmma in bf16x3
+// with the A operand from registers (the staged pre-split tiles, whose lane-major layout is the
+// A fragment's) and the B operand (S, V_new, scaled V_new, split into hi and lo bf16 tiles) read
+// by the tensor cores from shared memory: MN-major, 64 columns of 128 bytes a row with the
+// 128-byte swizzle (common.cuh). Against mma.sync, each B value is read once a warpgroup rather
+// than once a warp, and the operand loads leave the instruction stream.
+#define CW_WG_B_BYTES (2 * 2 * (CW_D * 64 + 2 * CW_C * 64))  // S, V_new, scaled V_new: hi and lo
+#define CW_WG_SHARED (1024 + CW_WG_B_BYTES + CW_STAGE_BYTES)
+
+// d (64 x 64, this thread's accumulators) += a b for one k16 step, a from registers, b the
+// MN-major tile of descriptor `b`.
+#define CW_WG_RS(d, a, b)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, " \
+                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "  \
+                 "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                      \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)                                 \
+                 : "memory")
+
+// d += a b in bf16x3 for one k16 step: a_lo b_hi, a_hi b_lo, a_hi b_hi (small terms first), b
+// the hi and lo tiles' descriptors.
+__device__ __forceinline__ void cw_wg_mma3(float* d, const CwA& a, u64 bh, u64 bl) {
+    CW_WG_RS(d, a.l, bh);
+    CW_WG_RS(d, a.h, bl);
+    CW_WG_RS(d, a.h, bh);
+}
+// Elements (k, n) and (k, n + 1) (n even) of an MN-major B operand of 64 columns, split into the
+// hi and lo tiles: row k of 128 bytes, 16-byte chunk (n / 8) ^ (k % 8).
+__device__ __forceinline__ void cw_wg_put(u16* hi, u16* lo, int k, int n, float x0, float x1) {
+    u32 h, l;
+    cw_split2(x0, x1, h, l);
+    const int at = k * 64 + ((((n >> 3) ^ k) & 7) << 3) + (n & 7);
+    *(u32*)(hi + at) = h;
+    *(u32*)(lo + at) = l;
+}
+// The descriptors of k16 step kk of an MN-major B tile pair of `rows` rows.
+__device__ __forceinline__ u64 cw_wg_desc(const u16* tile, int kk, int rows) {
+    return wg_desc_mn(tile + kk * 16 * 64, rows * 128);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    gdn_cw_scan_wg(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,
+                   const float* uf, const float* gm, const u32* qf, const u32* ktf, Tensor offsets, const int* table,
+                   u64 err) {
+    grid_begin();
+    extern __shared__ __align__(16) u8 cw_wg_raw[];
+    // 1024-byte aligned for the swizzle (the host's size has room for it)
+    u16* s_hi = (u16*)(cw_wg_raw + ((1024 - (tc_smem(cw_wg_raw) & 1023)) & 1023));
+    u16* s_lo = s_hi + CW_D * 64;  // S: keys x the block's columns
+    u16* v_hi = s_lo + CW_D * 64;  // V_new: tokens x columns
+    u16* v_lo = v_hi + CW_C * 64;
+    u16* vs_hi = v_lo + CW_C * 64;  // exp(gamma_last - gamma) V_new
+    u16* vs_lo = vs_hi + CW_C * 64;
+    CwScan sc;
+    if (!sc.init(out, state, slots, h_k, grouped, offsets, table, err, vs_lo + CW_C * 64)) return;
+    const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, w = (tid >> 5) & 3, g8 = lane >> 2, t4 = lane & 3;
+    const int col0 = blockIdx.x * 64, key0 = 64 * wg + 16 * w + g8;
+    // accumulator element 4 j + e: row (16 w + g8 + 8 (e >> 1)) of the group's 64, column 8 j + 2 t4 + (e & 1)
+
+    char* sbase = state.data + sc.h * state.nb[2] + sc.slot * state.nb[3];
+    float st[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int key = key0 + 8 * ((i >> 1) & 1), col = col0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+        st[i] = *(const float*)(sbase + col * state.nb[1] + key * state.nb[0]);
+    }
+
+    sc.copy_chunk(0, wf, pf, gm, qf, ktf, tid, 256);
+    for (i64 ci = 0; ci < sc.nch; ci++) {
+        const i64 vch = sc.vch(ci);
+        const float* gv = sc.gsm + (ci & 1) * 2 * CW_C;
+        const uint4* kbuf = sc.ksm + (ci & 1) * 32 * 64;
+        const uint4* pbuf = sc.psm + (ci & 1) * 10 * 64;
+        float4 u[8];
+        if (wg == 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) u[j] = *(const float4*)(uf + ((vch * 4 + w) * 16 + col0 / 8 + j) * 128 + lane * 4);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                cw_wg_put(s_hi, s_lo, key0 + 8 * r, 8 * j + 2 * t4, st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
+        tc_fence_async();
+        tc_wait<1>();  // W, Q and the decays of this chunk
+        __syncthreads();
+
+        // X = W S (group 0) or Y = Q S (group 1): this warp's token rows 16 w.. of A.
+        float acc[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+        {
+            const u32* at = (const u32*)((wg == 0 ? sc.wsm : sc.qsm) + w * 8 * 64);
+            CwA a[8];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) a[kk] = cw_a_load(at + kk * CW_TILE, lane);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) cw_wg_mma3(acc, a[kk], cw_wg_desc(s_hi, kk, CW_D), cw_wg_desc(s_lo, kk, CW_D));
+            wg_commit();
+            wg_wait<0>();
+        }
+        if (wg == 0) {
+            const float uu[32] = {u[0].x, u[0].y, u[0].z, u[0].w, u[1].x, u[1].y, u[1].z, u[1].w,
+                                  u[2].x, u[2].y, u[2].z, u[2].w, u[3].x, u[3].y, u[3].z, u[3].w,
+                                  u[4].x, u[4].y, u[4].z, u[4].w, u[5].x, u[5].y, u[5].z, u[5].w,
+                                  u[6].x, u[6].y, u[6].z, u[6].w, u[7].x, u[7].y, u[7].z, u[7].w};
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int tok = 16 * w + g8 + 8 * r, n = 8 * j + 2 * t4, i = 4 * j + 2 * r;
+                    const float v0 = uu[i] - acc[i], v1 = uu[i + 1] - acc[i + 1], d = gv[CW_C + tok];
+                    cw_wg_put(v_hi, v_lo, tok, n, v0, v1);
+                    cw_wg_put(vs_hi, vs_lo, tok, n, v0 * d, v1 * d);
+                }
+        }
+        tc_fence_async();
+        tc_wait<0>();  // P and K^T of this chunk
+        __syncthreads();
+        // W, Q and decay buffer (ci + 1) & 1 were last read before the barrier, P and K^T buffer
+        // (ci + 1) & 1 in chunk ci - 1.
+        if (ci + 1 < sc.nch) sc.copy_chunk(ci + 1, wf, pf, gm, qf, ktf, tid, 256);
+        if (wg == 1) {
+            // O = exp(gamma) Y + P V_new (P is zero right of its diagonal tiles)
+#pragma unroll
+            for (int i = 0; i < 32; i++) acc[i] *= gv[16 * w + g8 + 8 * ((i >> 1) & 1)];
+            CwA p[4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                if (kk <= w) {
+                    p[kk] = cw_a_load((const u32*)(pbuf + (w * (w + 1) / 2 + kk) * 64), lane);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) p[kk].h[e] = p[kk].l[e] = 0u;
+                }
+            }
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) cw_wg_mma3(acc, p[kk], cw_wg_desc(v_hi, kk, CW_C), cw_wg_desc(v_lo, kk, CW_C));
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const i64 tok = ci * CW_C + 16 * w + g8 + 8 * ((i >> 1) & 1);
+                const int col = col0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+                if (tok < sc.len) *(float*)(out.data + offset_of(out, col, sc.h, sc.base + tok, sc.so)) = acc[i];
+            }
+        }
+        // S <- exp(gamma_last) S + K^T (exp(gamma_last - gamma) V_new), this group's 64 keys
+        const float el = gv[CW_C - 1];
+#pragma unroll
+        for (int i = 0; i < 32; i++) st[i] *= el;
+        {
+            CwA a[4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) a[kk] = cw_a_load((const u32*)(kbuf + ((4 * wg + w) * 4 + kk) * 64), lane);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) cw_wg_mma3(st, a[kk], cw_wg_desc(vs_hi, kk, CW_C), cw_wg_desc(vs_lo, kk, CW_C));
+            wg_commit();
+            wg_wait<0>();
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int key = key0 + 8 * ((i >> 1) & 1), col = col0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
+        *(float*)(sbase + col * state.nb[1] + key * state.nb[0]) = st[i];
+    }
+}
+#endif
 
 // ---- gated_delta_net_fused: the input preparation ----
 //

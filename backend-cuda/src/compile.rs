@@ -96,7 +96,7 @@ impl Module {
     /// source uses when present: the `wgmma` paths of `mmq` and of the prefill attention on Hopper.
     pub const fn arch_specific_on(self) -> &'static [&'static str] {
         match self {
-            Module::Mmq | Module::AttentionPrefill => &["sm_90"],
+            Module::Mmq | Module::AttentionPrefill | Module::DeltaNet => &["sm_90"],
             _ => &[],
         }
     }

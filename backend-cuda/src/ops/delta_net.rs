@@ -6,7 +6,8 @@
 //! chunked shapes the chunked kernels do not cover. Chunked prefills of 128-key, 128-value heads
 //! run the WY / UT-transform form on tensor cores in bf16x3 instead (see the end of the .cu file):
 //! `gdn_cw_prep` builds every 64-token chunk's W, U, masked Q K^T and decays in parallel, then
-//! `gdn_cw_scan*` runs the chunks in order over column blocks of the state, writing the outputs.
+//! `gdn_cw_scan*` runs the chunks in order over column blocks of the state, writing the outputs
+//! (on Hopper's sm_90a target `gdn_cw_scan_wg`, the same pass on warpgroup products).
 
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetFusedParams, GatedDeltaNetParams, HeadMap, Op, TensorMeta};
@@ -27,6 +28,7 @@ const CW_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep");
 const CW_PREP_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep_vec");
 const CW_SCAN: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan");
 const CW_SCAN4: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan4");
+const CW_SCAN_WG: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan_wg");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;
@@ -48,10 +50,34 @@ const fn scan_shared(nt: usize) -> u32 {
     (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 32 * nt * (8 + 4 + 4) + 2 * 32)) as u32
 }
 
+/// CW_WG_SHARED: gdn_cw_scan_wg's S, V_new and scaled V_new tiles (hi and lo bf16, 64 columns),
+/// the same staging as gdn_cw_scan's, and 1 KiB to align the tiles to 1024 bytes (214 KiB).
+const CW_WG_SHARED: u32 =
+    (1024 + 4 * (CW_D * 64 + 2 * CW_C * 64) + 16 * 64 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * 2 * 2 * CW_C) as u32;
+
+/// The in-order pass's kernel, its grid's column blocks, threads a block and shared memory.
+/// The mma.sync kernels take [`scan_tiles`] column tiles a block. Where that is 8 (64 columns)
+/// and the module runs its sm_90a path, `gdn_cw_scan_wg` takes the same 64 columns on warpgroup
+/// products instead (a quarter less time at 48 heads), unless `TESSERA_GDN_SCAN=0` asks for the
+/// mma.sync kernels (to measure one against the other). Where 4 tiles fit one wave, `gdn_cw_scan4`
+/// stays: twice the wg kernel's blocks (a 32-head prefill: 128 against 64), measured faster.
+fn scan_kernel(cx: &mut Cx<'_>, heads_x_seqs: usize) -> (Kernel, usize, u32, u32) {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    let nt = scan_tiles(heads_x_seqs, cx.info.multiprocessors);
+    let wg = nt == 8
+        && crate::launch::env_number(&SET, "TESSERA_GDN_SCAN") != Some(0)
+        && cx.kernels.arch_specific_for(Module::DeltaNet)
+        && cx.info.max_shared_per_block >= CW_WG_SHARED as usize;
+    if wg {
+        return (CW_SCAN_WG, CW_D / 64, 256, CW_WG_SHARED);
+    }
+    (if nt == 4 { CW_SCAN4 } else { CW_SCAN }, CW_D / (8 * nt), 64 * nt as u32, scan_shared(nt))
+}
+
 /// gdn_cw_scan's column tiles a block: 4 (`gdn_cw_scan4`: S_v / 32 blocks a head and sequence,
-/// each with half the state columns but the whole per-chunk loads) where that grid still fits
-/// one wave (a 32-head prefill: 128 blocks, where NT = 8 left half of 132 multiprocessors idle),
-/// else 8 (`gdn_cw_scan`; a second wave would cost more than the idle ones).
+/// each with a quarter of the state columns but the whole per-chunk loads) where that grid still
+/// fits one wave (a 32-head prefill: 128 blocks, where NT = 8 left half of 132 multiprocessors
+/// idle), else 8 (`gdn_cw_scan`; a second wave would cost more than the idle ones).
 fn scan_tiles(heads_x_seqs: usize, multiprocessors: usize) -> usize {
     if (CW_D / 32) * heads_x_seqs <= multiprocessors { 4 } else { 8 }
 }
@@ -281,22 +307,22 @@ fn delta_rule(
         // buffers), null dense; the dynamic shared memory is CW_PREP_SHARED, allowed above.
         unsafe { a.launch(config(grid, (256, 1, 1), CW_PREP_SHARED)) }?;
 
-        let nt = scan_tiles(h_v as usize * *n_long, cx.info.multiprocessors);
-        let (scan, shared) = (if nt == 4 { CW_SCAN4 } else { CW_SCAN }, scan_shared(nt));
+        let (scan, col_blocks, threads, shared) = scan_kernel(cx, h_v as usize * *n_long);
         cx.allow_shared(scan, shared)?;
         let mut a = cx.kernel(scan)?;
         a.arg(&out).arg(&state).arg(&slots).arg(&h_k).arg(&grouped);
         a.arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table).arg(&err);
-        let grid = ((CW_D / (8 * nt)) as u32, h_v as u32, *n_long as u32);
-        // SAFETY: `gdn_cw_scan{,4}(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf,
+        let grid = (col_blocks as u32, h_v as u32, *n_long as u32);
+        // SAFETY: `gdn_cw_scan{,4,_wg}(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf,
         // offsets, table, err)`: out is [128, H_v, n_t, n_outer] and state [128, 128, H_v,
-        // n_slots] (shape rules); the grid covers (128 / (8 nt), H_v, sequences: dense all, ragged
-        // the bound on the work list's long ones, blocks past its count return), each block 8 nt
-        // columns with 64 nt threads; slots outside [0, n_slots) are skipped and outputs past a
-        // sequence's tokens not written; the chunk buffers are those gdn_cw_prep filled for every
-        // chunk of the block's sequence, 16-byte aligned for its cp.async copies; the dynamic
-        // shared memory is scan_shared(nt), allowed just above.
-        unsafe { a.launch(config(grid, (64 * nt as u32, 1, 1), shared)) }?;
+        // n_slots] (shape rules); the grid covers (column blocks, H_v, sequences: dense all,
+        // ragged the bound on the work list's long ones, blocks past its count return), each block
+        // 128 / col_blocks columns with the threads scan_kernel gives; slots outside [0, n_slots)
+        // are skipped and outputs past a sequence's tokens not written; the chunk buffers are those
+        // gdn_cw_prep filled for every chunk of the block's sequence, 16-byte aligned for its
+        // cp.async copies; the dynamic shared memory is scan_kernel's, allowed just above (the wg
+        // kernel runs only where its module was compiled for sm_90a).
+        unsafe { a.launch(config(grid, (threads, 1, 1), shared)) }?;
         if !plan.ragged {
             return Ok(());
         }
