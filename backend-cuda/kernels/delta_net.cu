@@ -1039,22 +1039,22 @@ CW_SCAN_KERNEL(gdn_cw_scan, 8)
 CW_SCAN_KERNEL(gdn_cw_scan4, 4)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// `gdn_cw_scan_wg` (sm_90a): the same pass on warpgroup products. 256 threads (two warpgroups), 64
-// state columns a block (S_v / 64 column blocks), dynamic shared memory `CW_WG_SHARED` (214 KiB).
+// `gdn_cw_scan_wg<NC>` (sm_90a): the same pass on warpgroup products. 256 threads (two
+// warpgroups), NC state columns a block (S_v / NC column blocks), dynamic shared memory
+// `CW_WG_SHARED(NC)`: `gdn_cw_scan_wg` NC = 64 (214 KiB), `gdn_cw_scan_wg32` NC = 32 (185 KiB).
 // Warpgroup 0 computes X = W S, then V_new; warpgroup 1 Y = Q S, then the outputs; both then
 // update their 64 keys of the state (keys 64 wg..), which stay in registers in the accumulator
-// layout (warp w of a group: rows 16 w.. of its 64). Every product is m64n64k16 wgmma in bf16x3
-// with the A operand from registers (the staged pre-split tiles, whose lane-major layout is the
-// A fragment's) and the B operand (S, V_new, scaled V_new, split into hi and lo bf16 tiles) read
-// by the tensor cores from shared memory: MN-major, 64 columns of 128 bytes a row with the
-// 128-byte swizzle (common.cuh). Against mma.sync, each B value is read once a warpgroup rather
-// than once a warp, and the operand loads leave the instruction stream.
-#define CW_WG_B_BYTES (2 * 2 * (CW_D * 64 + 2 * CW_C * 64))  // S, V_new, scaled V_new: hi and lo
-#define CW_WG_SHARED (1024 + CW_WG_B_BYTES + CW_STAGE_BYTES)
+// layout (warp w of a group: rows 16 w.. of its 64). Every product is an m64nNCk16 wgmma in
+// bf16x3 with the A operand from registers (the staged pre-split tiles, whose lane-major layout is
+// the A fragment's) and the B operand (S, V_new, scaled V_new, split into hi and lo bf16 tiles)
+// read by the tensor cores from shared memory, MN-major: rows of NC columns (2 NC bytes) with the
+// 2 NC-byte swizzle. Against mma.sync, each B value is read once a warpgroup rather than once a
+// warp, and the operand loads leave the instruction stream.
+#define CW_WG_SHARED(NC) (1024 + 2 * 2 * (CW_D * (NC) + 2 * CW_C * (NC)) + CW_STAGE_BYTES)
 
-// d (64 x 64, this thread's accumulators) += a b for one k16 step, a from registers, b the
+// d (64 x NC, this thread's accumulators) += a b for one k16 step, a from registers, b the
 // MN-major tile of descriptor `b`.
-#define CW_WG_RS(d, a, b)                                                                                     \
+#define CW_WG_RS64(d, a, b)                                                                                   \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, " \
                  "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "  \
@@ -1066,51 +1066,77 @@ CW_SCAN_KERNEL(gdn_cw_scan4, 4)
                    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)                                 \
                  : "memory")
+#define CW_WG_RS32(d, a, b)                                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, " \
+                 "%9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"             \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+                   "+f"(d[14]), "+f"(d[15])                                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1)                                 \
+                 : "memory")
 
 // d += a b in bf16x3 for one k16 step: a_lo b_hi, a_hi b_lo, a_hi b_hi (small terms first), b
 // the hi and lo tiles' descriptors.
+template <int NC>
 __device__ __forceinline__ void cw_wg_mma3(float* d, const CwA& a, u64 bh, u64 bl) {
-    CW_WG_RS(d, a.l, bh);
-    CW_WG_RS(d, a.h, bl);
-    CW_WG_RS(d, a.h, bh);
+    if (NC == 64) {
+        CW_WG_RS64(d, a.l, bh);
+        CW_WG_RS64(d, a.h, bl);
+        CW_WG_RS64(d, a.h, bh);
+    } else {
+        CW_WG_RS32(d, a.l, bh);
+        CW_WG_RS32(d, a.h, bl);
+        CW_WG_RS32(d, a.h, bh);
+    }
 }
-// Elements (k, n) and (k, n + 1) (n even) of an MN-major B operand of 64 columns, split into the
-// hi and lo tiles: row k of 128 bytes, 16-byte chunk (n / 8) ^ (k % 8).
+// Elements (k, n) and (k, n + 1) (n even) of an MN-major B operand of NC columns, split into the
+// hi and lo tiles: row k of 2 NC bytes; its 16-byte chunk n / 8 XOR-swizzled as the 128-byte
+// (NC = 64: chunk ^ k % 8) or the 64-byte mode (NC = 32: chunk ^ (k / 2) % 4) places it.
+template <int NC>
 __device__ __forceinline__ void cw_wg_put(u16* hi, u16* lo, int k, int n, float x0, float x1) {
     u32 h, l;
     cw_split2(x0, x1, h, l);
-    const int at = k * 64 + ((((n >> 3) ^ k) & 7) << 3) + (n & 7);
+    const int swz = NC == 64 ? k & 7 : (k >> 1) & 3;
+    const int at = k * NC + (((n >> 3) ^ swz) << 3) + (n & 7);
     *(u32*)(hi + at) = h;
     *(u32*)(lo + at) = l;
 }
-// The descriptors of k16 step kk of an MN-major B tile pair of `rows` rows.
+// The descriptor of k16 step kk of an MN-major B tile of `rows` rows (16 rows of 2 NC bytes a
+// step; 8-row groups 16 NC bytes apart; swizzle mode 128-byte (1) or 64-byte (2); the leading
+// offset, to a next swizzle atom along n, is the tile's size: there is none).
+template <int NC>
 __device__ __forceinline__ u64 cw_wg_desc(const u16* tile, int kk, int rows) {
-    return wg_desc_mn(tile + kk * 16 * 64, rows * 128);
+    const u64 a = tc_smem(tile + kk * 16 * NC);
+    return ((a & 0x3FFFF) >> 4) | ((u64)(rows * 2 * NC >> 4) << 16) | ((u64)(16 * NC >> 4) << 32) |
+           ((NC == 64 ? 1ull : 2ull) << 62);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-    gdn_cw_scan_wg(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,
-                   const float* uf, const float* gm, const u32* qf, const u32* ktf, Tensor offsets, const int* table,
-                   u64 err) {
-    grid_begin();
+template <int NC>
+__device__ __forceinline__ void cw_scan_wg_body(Tensor out, Tensor state, Tensor slots, int h_k, int grouped,
+                                                const u32* wf, const u32* pf, const float* uf, const float* gm,
+                                                const u32* qf, const u32* ktf, Tensor offsets, const int* table,
+                                                u64 err) {
+    static_assert(NC == 32 || NC == 64, "one swizzle atom of B columns");
+    constexpr int J = NC / 8, R = NC / 2;  // column tiles; accumulators a thread
     extern __shared__ __align__(16) u8 cw_wg_raw[];
     // 1024-byte aligned for the swizzle (the host's size has room for it)
     u16* s_hi = (u16*)(cw_wg_raw + ((1024 - (tc_smem(cw_wg_raw) & 1023)) & 1023));
-    u16* s_lo = s_hi + CW_D * 64;  // S: keys x the block's columns
-    u16* v_hi = s_lo + CW_D * 64;  // V_new: tokens x columns
-    u16* v_lo = v_hi + CW_C * 64;
-    u16* vs_hi = v_lo + CW_C * 64;  // exp(gamma_last - gamma) V_new
-    u16* vs_lo = vs_hi + CW_C * 64;
+    u16* s_lo = s_hi + CW_D * NC;  // S: keys x the block's columns
+    u16* v_hi = s_lo + CW_D * NC;  // V_new: tokens x columns
+    u16* v_lo = v_hi + CW_C * NC;
+    u16* vs_hi = v_lo + CW_C * NC;  // exp(gamma_last - gamma) V_new
+    u16* vs_lo = vs_hi + CW_C * NC;
     CwScan sc;
-    if (!sc.init(out, state, slots, h_k, grouped, offsets, table, err, vs_lo + CW_C * 64)) return;
+    if (!sc.init(out, state, slots, h_k, grouped, offsets, table, err, vs_lo + CW_C * NC)) return;
     const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, w = (tid >> 5) & 3, g8 = lane >> 2, t4 = lane & 3;
-    const int col0 = blockIdx.x * 64, key0 = 64 * wg + 16 * w + g8;
+    const int col0 = blockIdx.x * NC, key0 = 64 * wg + 16 * w + g8;
     // accumulator element 4 j + e: row (16 w + g8 + 8 (e >> 1)) of the group's 64, column 8 j + 2 t4 + (e & 1)
 
     char* sbase = state.data + sc.h * state.nb[2] + sc.slot * state.nb[3];
-    float st[32];
+    float st[R];
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < R; i++) {
         const int key = key0 + 8 * ((i >> 1) & 1), col = col0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
         st[i] = *(const float*)(sbase + col * state.nb[1] + key * state.nb[0]);
     }
@@ -1121,24 +1147,24 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         const float* gv = sc.gsm + (ci & 1) * 2 * CW_C;
         const uint4* kbuf = sc.ksm + (ci & 1) * 32 * 64;
         const uint4* pbuf = sc.psm + (ci & 1) * 10 * 64;
-        float4 u[8];
+        float4 u[J];
         if (wg == 0) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) u[j] = *(const float4*)(uf + ((vch * 4 + w) * 16 + col0 / 8 + j) * 128 + lane * 4);
+            for (int j = 0; j < J; j++) u[j] = *(const float4*)(uf + ((vch * 4 + w) * 16 + col0 / 8 + j) * 128 + lane * 4);
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < J; j++)
 #pragma unroll
             for (int r = 0; r < 2; r++)
-                cw_wg_put(s_hi, s_lo, key0 + 8 * r, 8 * j + 2 * t4, st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
+                cw_wg_put<NC>(s_hi, s_lo, key0 + 8 * r, 8 * j + 2 * t4, st[4 * j + 2 * r], st[4 * j + 2 * r + 1]);
         tc_fence_async();
         tc_wait<1>();  // W, Q and the decays of this chunk
         __syncthreads();
 
         // X = W S (group 0) or Y = Q S (group 1): this warp's token rows 16 w.. of A.
-        float acc[32];
+        float acc[R];
 #pragma unroll
-        for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+        for (int i = 0; i < R; i++) acc[i] = 0.0f;
         {
             const u32* at = (const u32*)((wg == 0 ? sc.wsm : sc.qsm) + w * 8 * 64);
             CwA a[8];
@@ -1146,23 +1172,20 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             for (int kk = 0; kk < 8; kk++) a[kk] = cw_a_load(at + kk * CW_TILE, lane);
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) cw_wg_mma3(acc, a[kk], cw_wg_desc(s_hi, kk, CW_D), cw_wg_desc(s_lo, kk, CW_D));
+            for (int kk = 0; kk < 8; kk++) cw_wg_mma3<NC>(acc, a[kk], cw_wg_desc<NC>(s_hi, kk, CW_D), cw_wg_desc<NC>(s_lo, kk, CW_D));
             wg_commit();
             wg_wait<0>();
         }
         if (wg == 0) {
-            const float uu[32] = {u[0].x, u[0].y, u[0].z, u[0].w, u[1].x, u[1].y, u[1].z, u[1].w,
-                                  u[2].x, u[2].y, u[2].z, u[2].w, u[3].x, u[3].y, u[3].z, u[3].w,
-                                  u[4].x, u[4].y, u[4].z, u[4].w, u[5].x, u[5].y, u[5].z, u[5].w,
-                                  u[6].x, u[6].y, u[6].z, u[6].w, u[7].x, u[7].y, u[7].z, u[7].w};
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < J; j++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const int tok = 16 * w + g8 + 8 * r, n = 8 * j + 2 * t4, i = 4 * j + 2 * r;
-                    const float v0 = uu[i] - acc[i], v1 = uu[i + 1] - acc[i + 1], d = gv[CW_C + tok];
-                    cw_wg_put(v_hi, v_lo, tok, n, v0, v1);
-                    cw_wg_put(vs_hi, vs_lo, tok, n, v0 * d, v1 * d);
+                    const float u0 = r ? u[j].z : u[j].x, u1 = r ? u[j].w : u[j].y;
+                    const float v0 = u0 - acc[i], v1 = u1 - acc[i + 1], d = gv[CW_C + tok];
+                    cw_wg_put<NC>(v_hi, v_lo, tok, n, v0, v1);
+                    cw_wg_put<NC>(vs_hi, vs_lo, tok, n, v0 * d, v1 * d);
                 }
         }
         tc_fence_async();
@@ -1174,7 +1197,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         if (wg == 1) {
             // O = exp(gamma) Y + P V_new (P is zero right of its diagonal tiles)
 #pragma unroll
-            for (int i = 0; i < 32; i++) acc[i] *= gv[16 * w + g8 + 8 * ((i >> 1) & 1)];
+            for (int i = 0; i < R; i++) acc[i] *= gv[16 * w + g8 + 8 * ((i >> 1) & 1)];
             CwA p[4];
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
@@ -1187,11 +1210,11 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             }
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) cw_wg_mma3(acc, p[kk], cw_wg_desc(v_hi, kk, CW_C), cw_wg_desc(v_lo, kk, CW_C));
+            for (int kk = 0; kk < 4; kk++) cw_wg_mma3<NC>(acc, p[kk], cw_wg_desc<NC>(v_hi, kk, CW_C), cw_wg_desc<NC>(v_lo, kk, CW_C));
             wg_commit();
             wg_wait<0>();
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
+            for (int i = 0; i < R; i++) {
                 const i64 tok = ci * CW_C + 16 * w + g8 + 8 * ((i >> 1) & 1);
                 const int col = col0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
                 if (tok < sc.len) *(float*)(out.data + offset_of(out, col, sc.h, sc.base + tok, sc.so)) = acc[i];
@@ -1200,25 +1223,36 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         // S <- exp(gamma_last) S + K^T (exp(gamma_last - gamma) V_new), this group's 64 keys
         const float el = gv[CW_C - 1];
 #pragma unroll
-        for (int i = 0; i < 32; i++) st[i] *= el;
+        for (int i = 0; i < R; i++) st[i] *= el;
         {
             CwA a[4];
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) a[kk] = cw_a_load((const u32*)(kbuf + ((4 * wg + w) * 4 + kk) * 64), lane);
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) cw_wg_mma3(st, a[kk], cw_wg_desc(vs_hi, kk, CW_C), cw_wg_desc(vs_lo, kk, CW_C));
+            for (int kk = 0; kk < 4; kk++) cw_wg_mma3<NC>(st, a[kk], cw_wg_desc<NC>(vs_hi, kk, CW_C), cw_wg_desc<NC>(vs_lo, kk, CW_C));
             wg_commit();
             wg_wait<0>();
         }
     }
 
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < R; i++) {
         const int key = key0 + 8 * ((i >> 1) & 1), col = col0 + 8 * (i >> 2) + 2 * t4 + (i & 1);
         *(float*)(sbase + col * state.nb[1] + key * state.nb[0]) = st[i];
     }
 }
+
+#define CW_SCAN_WG_KERNEL(name, NC)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                      \
+        name(Tensor out, Tensor state, Tensor slots, int h_k, int grouped, const u32* wf, const u32* pf,      \
+             const float* uf, const float* gm, const u32* qf, const u32* ktf, Tensor offsets,                 \
+             const int* table, u64 err) {                                                                     \
+        grid_begin();                                                                                         \
+        cw_scan_wg_body<NC>(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf, offsets, table, err);  \
+    }
+CW_SCAN_WG_KERNEL(gdn_cw_scan_wg, 64)
+CW_SCAN_WG_KERNEL(gdn_cw_scan_wg32, 32)
 #endif
 
 // ---- gated_delta_net_fused: the input preparation ----

@@ -29,6 +29,7 @@ const CW_PREP_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep_vec");
 const CW_SCAN: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan");
 const CW_SCAN4: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan4");
 const CW_SCAN_WG: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan_wg");
+const CW_SCAN_WG32: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan_wg32");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;
@@ -50,28 +51,29 @@ const fn scan_shared(nt: usize) -> u32 {
     (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 32 * nt * (8 + 4 + 4) + 2 * 32)) as u32
 }
 
-/// CW_WG_SHARED: gdn_cw_scan_wg's S, V_new and scaled V_new tiles (hi and lo bf16, 64 columns),
-/// the same staging as gdn_cw_scan's, and 1 KiB to align the tiles to 1024 bytes (214 KiB).
-const CW_WG_SHARED: u32 =
-    (1024 + 4 * (CW_D * 64 + 2 * CW_C * 64) + 16 * 64 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * 2 * 2 * CW_C) as u32;
+/// CW_WG_SHARED(NC): gdn_cw_scan_wg*'s S, V_new and scaled V_new tiles (hi and lo bf16, NC
+/// columns), the same staging as gdn_cw_scan's, and 1 KiB to align the tiles to 1024 bytes (214
+/// KiB at NC = 64, 185 at 32).
+const fn wg_shared(nc: usize) -> u32 {
+    (1024 + 4 * (CW_D * nc + 2 * CW_C * nc) + 16 * 64 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * 2 * 2 * CW_C) as u32
+}
 
-/// The in-order pass's kernel, its grid's column blocks, threads a block and shared memory.
-/// The mma.sync kernels take [`scan_tiles`] column tiles a block. Where that is 8 (64 columns)
-/// and the module runs its sm_90a path, `gdn_cw_scan_wg` takes the same 64 columns on warpgroup
-/// products instead (a quarter less time at 48 heads), unless `TESSERA_GDN_SCAN=0` asks for the
-/// mma.sync kernels (to measure one against the other). Where 4 tiles fit one wave, `gdn_cw_scan4`
-/// stays: twice the wg kernel's blocks (a 32-head prefill: 128 against 64), measured faster.
+/// The in-order pass's kernel, its grid's column blocks, threads a block and shared memory. The
+/// columns a block are the mma.sync kernels' choice ([`scan_tiles`]: 64, or 32 where that grid
+/// fits one wave); where the module runs its sm_90a path, the wgmma kernel of the same columns
+/// runs them (`gdn_cw_scan_wg`, `gdn_cw_scan_wg32`), unless `TESSERA_GDN_SCAN=0` asks for the
+/// mma.sync kernels (to measure one against the other).
 fn scan_kernel(cx: &mut Cx<'_>, heads_x_seqs: usize) -> (Kernel, usize, u32, u32) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     let nt = scan_tiles(heads_x_seqs, cx.info.multiprocessors);
-    let wg = nt == 8
-        && crate::launch::env_number(&SET, "TESSERA_GDN_SCAN") != Some(0)
+    let (nc, col_blocks) = (8 * nt, CW_D / (8 * nt));
+    let wg = crate::launch::env_number(&SET, "TESSERA_GDN_SCAN") != Some(0)
         && cx.kernels.arch_specific_for(Module::DeltaNet)
-        && cx.info.max_shared_per_block >= CW_WG_SHARED as usize;
+        && cx.info.max_shared_per_block >= wg_shared(nc) as usize;
     if wg {
-        return (CW_SCAN_WG, CW_D / 64, 256, CW_WG_SHARED);
+        return (if nc == 32 { CW_SCAN_WG32 } else { CW_SCAN_WG }, col_blocks, 256, wg_shared(nc));
     }
-    (if nt == 4 { CW_SCAN4 } else { CW_SCAN }, CW_D / (8 * nt), 64 * nt as u32, scan_shared(nt))
+    (if nt == 4 { CW_SCAN4 } else { CW_SCAN }, col_blocks, 64 * nt as u32, scan_shared(nt))
 }
 
 /// gdn_cw_scan's column tiles a block: 4 (`gdn_cw_scan4`: S_v / 32 blocks a head and sequence,
