@@ -158,11 +158,6 @@ __device__ bool fa_ragged_valid_warp(const Tensor& offsets, const Tensor& kv_len
 
 #define FT_PAD 8  // halves after each K/V row in shared memory: ldmatrix's 8 rows meet 8 bank groups
 
-__device__ __forceinline__ void ft_ldsm4_trans_at(u32* r, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
 template <int DT>
 __device__ __forceinline__ u16 ft_half(float x) {
     return DT == DT_BF16 ? f32_to_bf16(x) : f32_to_f16(x);

@@ -274,7 +274,7 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
         for (int n = 0; n < MT; n++) {
             u32 a[4];
-            ft_ldsm4_trans_at(a, sV + (((lane & 7) + (lane >> 4) * 8) * LD + 16 * n + ((lane >> 3) & 1) * 8) * 2);
+            tc_ldsm4_trans_at(a, sV + (((lane & 7) + (lane >> 4) * 8) * LD + 16 * n + ((lane >> 3) & 1) * 8) * 2);
             ft_mma<DT>(o[n], a, b0, b1);
         }
         __syncwarp();  // the stage is consumed: refill it with chunk it + FD_S

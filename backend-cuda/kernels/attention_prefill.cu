@@ -28,7 +28,6 @@
 
 // Waits for the 128 threads of warp group `wg` (named barrier 1 + wg; 0 is __syncthreads).
 __device__ __forceinline__ void ft_group_sync(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
-__device__ __forceinline__ void ft_ldsm4_trans(u32* r, const void* p) { ft_ldsm4_trans_at(r, tc_smem(p)); }
 // Copies a tile's query rows into sQ (ROWS rows of D halves; element (r, c) at sQ[at(r, c)], with
 // c a multiple of 4 and the 4 halves from c adjacent), rounded to the K/V type: row r is f32 at
 // row(r) with element stride nb0 (float4 loads where nb0 == 4 and aligned), or zeros where row(r)
@@ -200,7 +199,7 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
             u32 b[4];
-            ft_ldsm4_trans(b, &sV[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
+            tc_ldsm4_trans(b, &sV[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 8 + (lane >> 4) * 8]);
             ft_mma<DT>(o[n], a, b[0], b[1]);
             ft_mma<DT>(o[n + 1], a, b[2], b[3]);
         }

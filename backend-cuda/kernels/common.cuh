@@ -547,6 +547,14 @@ __device__ __forceinline__ void tc_ldsm4_at(u32* r, u32 addr) {
                  : "r"(addr));
 }
 __device__ __forceinline__ void tc_ldsm4(u32* r, const void* p) { tc_ldsm4_at(r, tc_smem(p)); }
+// The same, each matrix transposed: register i of lane l receives matrix i's column l / 4,
+// elements 2 (l % 4) and 2 (l % 4) + 1 (rows).
+__device__ __forceinline__ void tc_ldsm4_trans_at(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void tc_ldsm4_trans(u32* r, const void* p) { tc_ldsm4_trans_at(r, tc_smem(p)); }
 // c += a * b for one m16n8k16 tile, bf16 operands (row-major A, column-major B), f32 accumulators.
 __device__ __forceinline__ void tc_mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"

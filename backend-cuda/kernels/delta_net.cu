@@ -538,6 +538,16 @@ __device__ __forceinline__ void cw_b_put(uint4* tile, int k, int n, float x) {
     p[(lane * 4 + 2 + r) * 2 + half] = f32_to_bf16(x - bf16_to_f32(hi));
 }
 
+// Four consecutive values x (times f) as hi / lo bf16 pairs at element `at` of the split rows hi
+// and lo (8-byte aligned).
+__device__ __forceinline__ void cw_put4(u16* hi, u16* lo, int at, float4 x, float f) {
+    u32 h0, l0, h1, l1;
+    cw_split2(x.x * f, x.y * f, h0, l0);
+    cw_split2(x.z * f, x.w * f, h1, l1);
+    *(uint2*)(hi + at) = make_uint2(h0, h1);
+    *(uint2*)(lo + at) = make_uint2(l0, l1);
+}
+
 // Chunk `gc` of the chunk buffers: dense, chunk ci of sequence s is gc = s n_chunks + ci (tokens
 // ci CW_C.. of outer index s); ragged (a work list `table` from gdn_check_slots), the chunks of the
 // i-th long sequence are table[1 + n_seq + i] .. table[1 + n_seq + i + 1], its tokens starting at
@@ -600,7 +610,8 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     // v rows in registers until q is done with (element (r, c) of vr[m] is idx = tid + 256 m,
-    // r = idx / 128, c = idx % 128; VEC: four consecutive c per float4); k and q rows to shared.
+    // r = idx / 128, c = idx % 128; VEC: four consecutive c per float4); k and q rows to shared
+    // as f32, then split in place (cw_prep_split).
     float vr[32];
     if (VEC) {
 #pragma unroll
@@ -628,7 +639,7 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
             const int idx = tid + 256 * m, r = idx >> 7, c = idx & 127;
             vr[m] = r < cn ? load_f32(v.data + offset_of(v, c, h, t0 + r, s), vdt) : 0.0f;
             ks[r * CW_LD + c] = r < cn ? load_f32(k.data + offset_of(k, c, kh, t0 + r, s), kdt) : 0.0f;
-            qs[r * CW_LD + c] = r < cn ? load_f32(q.data + offset_of(q, c, kh, t0 + r, s), qdt) * scale : 0.0f;
+            qs[r * CW_LD + c] = r < cn ? load_f32(q.data + offset_of(q, c, kh, t0 + r, s), qdt) : 0.0f;
         }
     }
     if (tid < CW_C) {
@@ -636,36 +647,57 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
         gam[tid] = in ? load_f32(g.data + offset_of(g, 0, h, t0 + tid, s), gdt) : 0.0f;
         bet[tid] = in ? load_f32(beta.data + offset_of(beta, 0, h, t0 + tid, s), bdt) : 0.0f;
     }
-    if (VEC) {
-        tc_wait<0>();
-        __syncthreads();
-#pragma unroll 8
-        for (int m = 0; m < CW_C * CW_D / 256; m++) {
-            const int idx = tid + 256 * m;
-            qs[(idx >> 7) * CW_LD + (idx & 127)] *= scale;
-        }
-    }
+    if (VEC) tc_wait<0>();
     __syncthreads();
-    if (warp == 0) {  // inclusive scan of g, two tokens per lane
-        const float a = gam[2 * lane], b = a + gam[2 * lane + 1];
-        float x = b;
+    // k and q (times scale) as hi / lo bf16 rows in their own bytes: KH, KL [C][LD] in ks's, QH,
+    // QL in qs's, read from here on through ldmatrix, each value split once.
+    u16 *KH = (u16*)ks, *KL = KH + CW_C * CW_LD, *QH = (u16*)qs, *QL = QH + CW_C * CW_LD;
+    {
+        float4 x[8];
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
+        for (int m = 0; m < 8; m++) {
+            const int idx = tid + 256 * m;
+            x[m] = *(const float4*)(ks + (idx >> 5) * CW_LD + (idx & 31) * 4);
         }
-        gam[2 * lane] = x - b + a;
-        gam[2 * lane + 1] = x;
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const int idx = tid + 256 * m;
+            cw_put4(KH, KL, (idx >> 5) * CW_LD + (idx & 31) * 4, x[m], 1.0f);
+            x[m] = *(const float4*)(qs + (idx >> 5) * CW_LD + (idx & 31) * 4);
+        }
+        if (warp == 0) {  // inclusive scan of g, two tokens per lane
+            const float a = gam[2 * lane], b = a + gam[2 * lane + 1];
+            float y = b;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float z = __shfl_up_sync(0xffffffffu, y, o);
+                if (lane >= o) y += z;
+            }
+            gam[2 * lane] = y - b + a;
+            gam[2 * lane + 1] = y;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const int idx = tid + 256 * m;
+            cw_put4(QH, QL, (idx >> 5) * CW_LD + (idx & 31) * 4, x[m], scale);
+        }
     }
-    __syncthreads();
     if (tid < CW_C) {
         const float gi = gam[tid];
         gm[vch * 2 * CW_C + tid] = expf(gi);
         gm[vch * 2 * CW_C + CW_C + tid] = expf(gam[CW_C - 1] - gi);
         bw[tid] = bet[tid] * expf(gi);
     }
+    __syncthreads();
 
     const int g8 = lane >> 2, t4 = lane & 3;
+    // ldmatrix lanes: an A tile's row and column (16 rows from r0, 16 columns from c0) at
+    // (r0 + ar, c0 + ac); a pair of B tiles (8 n-rows each from n0, 16 k from c0) at (n0 + br,
+    // c0 + bc); a transposed pair (16 k-rows from r0, 8 n-columns each from n0) at (r0 + bc +
+    // (lane & 7), n0 + (br & 8)).
+    const int ar = lane & 15, ac = (lane >> 4) * 8, br = (lane & 7) + (lane >> 4) * 8, bc = ((lane >> 3) & 1) * 8;
     {
         // K K^T and Q K^T: warp owns rows 16 mt.. and columns 8 (nb + j).. (tiles right of the
         // diagonal are skipped: they are masked). Warps w and w + 4 share a scheduler, so they
@@ -678,11 +710,19 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
             for (int e = 0; e < 4; e++) ca[j][e] = 0.0f, cp[j][e] = 0.0f;
 #pragma unroll 2
         for (int kk = 0; kk < CW_D / 16; kk++) {
-            const CwA ak = cw_a_rows(ks + 16 * mt * CW_LD + 16 * kk, CW_LD, lane);
-            const CwA aq = cw_a_rows(qs + 16 * mt * CW_LD + 16 * kk, CW_LD, lane);
+            const int ao = (16 * mt + ar) * CW_LD + 16 * kk + ac;
+            CwA ak, aq;
+            tc_ldsm4(ak.h, KH + ao), tc_ldsm4(ak.l, KL + ao);
+            tc_ldsm4(aq.h, QH + ao), tc_ldsm4(aq.l, QL + ao);
             CwB b[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) b[j] = cw_b_nmaj(ks + 8 * (nb + j) * CW_LD + 16 * kk, CW_LD, lane);
+            for (int jp = 0; jp < 2; jp++) {
+                const int bo = (8 * (nb + 2 * jp) + br) * CW_LD + 16 * kk + bc;
+                u32 hh[4], ll[4];
+                tc_ldsm4(hh, KH + bo), tc_ldsm4(ll, KL + bo);
+                b[2 * jp] = CwB{{hh[0], hh[1]}, {ll[0], ll[1]}};
+                b[2 * jp + 1] = CwB{{hh[2], hh[3]}, {ll[2], ll[3]}};
+            }
 #pragma unroll
             for (int term = 0; term < 3; term++)
 #pragma unroll
@@ -709,29 +749,51 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
         if (kwriter) {
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const int kk = (warp >> 2) * 4 + q;
-                cw_a_store(qf + (kch * 32 + mt * 8 + kk) * CW_TILE, lane,
-                           cw_a_rows(qs + 16 * mt * CW_LD + 16 * kk, CW_LD, lane));
+                const int kk = (warp >> 2) * 4 + q, ao = (16 * mt + ar) * CW_LD + 16 * kk + ac;
+                CwA a;
+                tc_ldsm4(a.h, QH + ao), tc_ldsm4(a.l, QL + ao);
+                cw_a_store(qf + (kch * 32 + mt * 8 + kk) * CW_TILE, lane, a);
             }
+            // K^T's tiles: rows are keys 16 warp.., columns tokens 16 kk.. (k transposed)
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                cw_a_store(ktf + (kch * 32 + warp * 4 + kk) * CW_TILE, lane,
-                           cw_a_cols(ks + 16 * kk * CW_LD + 16 * warp, CW_LD, lane));
+            for (int kk = 0; kk < 4; kk++) {
+                const int ao = (16 * kk + (lane & 7) + (lane >> 4) * 8) * CW_LD + 16 * warp + bc;
+                CwA a;
+                tc_ldsm4_trans(a.h, KH + ao), tc_ldsm4_trans(a.l, KL + ao);
+                cw_a_store(ktf + (kch * 32 + warp * 4 + kk) * CW_TILE, lane, a);
+            }
         }
     }
     __syncthreads();
 
-    // beta exp(gamma) k in place; beta v in place of q.
-#pragma unroll 8
-    for (int m = 0; m < CW_C * CW_D / 256; m++) {
-        const int idx = tid + 256 * m, r = idx >> 7, c = idx & 127;
-        ks[r * CW_LD + c] *= bw[r];
+    // beta exp(gamma) k in place of k (from its split: about 16 bits of k, as every product sees
+    // it), beta v in place of q.
+#pragma unroll 4
+    for (int m = 0; m < CW_C * CW_D / 1024; m++) {
+        const int idx = tid + 256 * m, r = idx >> 5, c = (idx & 31) * 4;
+        const uint2 hi = *(const uint2*)(KH + r * CW_LD + c), lo = *(const uint2*)(KL + r * CW_LD + c);
+        const float4 x = make_float4(
+            __uint_as_float(hi.x << 16) + __uint_as_float(lo.x << 16),
+            __uint_as_float(hi.x & 0xffff0000u) + __uint_as_float(lo.x & 0xffff0000u),
+            __uint_as_float(hi.y << 16) + __uint_as_float(lo.y << 16),
+            __uint_as_float(hi.y & 0xffff0000u) + __uint_as_float(lo.y & 0xffff0000u));
+        cw_put4(KH, KL, r * CW_LD + c, x, bw[r]);
     }
+    if (VEC) {
 #pragma unroll
-    for (int m = 0; m < 32; m++) {
-        const int idx = VEC ? tid + 256 * (m >> 2) : tid + 256 * m;
-        const int r = VEC ? idx >> 5 : idx >> 7, c = VEC ? (idx & 31) * 4 + (m & 3) : idx & 127;
-        qs[r * CW_LD + c] = vr[m] * bet[r];
+        for (int m = 0; m < 8; m++) {
+            const int idx = tid + 256 * m, r = idx >> 5, c = (idx & 31) * 4;
+            cw_put4(QH, QL, r * CW_LD + c, make_float4(vr[4 * m], vr[4 * m + 1], vr[4 * m + 2], vr[4 * m + 3]), bet[r]);
+        }
+    } else {
+#pragma unroll
+        for (int m = 0; m < 32; m++) {
+            const int idx = tid + 256 * m, r = idx >> 7, c = idx & 127;
+            const float x = vr[m] * bet[r];
+            const u16 hi = f32_to_bf16(x);
+            QH[r * CW_LD + c] = hi;
+            QL[r * CW_LD + c] = f32_to_bf16(x - bf16_to_f32(hi));
+        }
     }
     // T = (I + A)^-1, unit lower triangular. The 16 x 16 diagonal blocks first: lane c of warp I
     // solves column c of (I + A_II) by forward substitution in registers.
@@ -790,9 +852,15 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
             for (int jg = 0; jg < 8; jg += 4) {
                 CwB bk[4], bv[4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    bk[j] = cw_b_kmaj(ks + 16 * kk * CW_LD + 8 * (nb + jg + j), CW_LD, lane);
-                    bv[j] = cw_b_kmaj(qs + 16 * kk * CW_LD + 8 * (nb + jg + j), CW_LD, lane);
+                for (int jp = 0; jp < 2; jp++) {
+                    const int bo = (16 * kk + bc + (lane & 7)) * CW_LD + 8 * (nb + jg + 2 * jp) + (br & 8);
+                    u32 kh4[4], kl4[4], vh4[4], vl4[4];
+                    tc_ldsm4_trans(kh4, KH + bo), tc_ldsm4_trans(kl4, KL + bo);
+                    tc_ldsm4_trans(vh4, QH + bo), tc_ldsm4_trans(vl4, QL + bo);
+                    bk[2 * jp] = CwB{{kh4[0], kh4[1]}, {kl4[0], kl4[1]}};
+                    bk[2 * jp + 1] = CwB{{kh4[2], kh4[3]}, {kl4[2], kl4[3]}};
+                    bv[2 * jp] = CwB{{vh4[0], vh4[1]}, {vl4[0], vl4[1]}};
+                    bv[2 * jp + 1] = CwB{{vh4[2], vh4[3]}, {vl4[2], vl4[3]}};
                 }
 #pragma unroll
                 for (int term = 0; term < 3; term++)
@@ -1141,7 +1209,10 @@ __device__ __forceinline__ void cw_scan_wg_body(Tensor out, Tensor state, Tensor
         st[i] = *(const float*)(sbase + col * state.nb[1] + key * state.nb[0]);
     }
 
-    sc.copy_chunk(0, wf, pf, gm, qf, ktf, tid, 256);
+    // Warpgroup 0 issues the copies: after the chunk's second barrier it has the S update only,
+    // where warpgroup 1 also has P V_new and the outputs. (Group 1's copy waits return at once;
+    // the block barriers after group 0's make the tiles visible to both.)
+    if (wg == 0) sc.copy_chunk(0, wf, pf, gm, qf, ktf, tid, 128);
     for (i64 ci = 0; ci < sc.nch; ci++) {
         const i64 vch = sc.vch(ci);
         const float* gv = sc.gsm + (ci & 1) * 2 * CW_C;
@@ -1193,7 +1264,7 @@ __device__ __forceinline__ void cw_scan_wg_body(Tensor out, Tensor state, Tensor
         __syncthreads();
         // W, Q and decay buffer (ci + 1) & 1 were last read before the barrier, P and K^T buffer
         // (ci + 1) & 1 in chunk ci - 1.
-        if (ci + 1 < sc.nch) sc.copy_chunk(ci + 1, wf, pf, gm, qf, ktf, tid, 256);
+        if (wg == 0 && ci + 1 < sc.nch) sc.copy_chunk(ci + 1, wf, pf, gm, qf, ktf, tid, 128);
         if (wg == 1) {
             // O = exp(gamma) Y + P V_new (P is zero right of its diagonal tiles)
 #pragma unroll
