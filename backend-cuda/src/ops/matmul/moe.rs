@@ -38,11 +38,11 @@ const MOE_GEMV_MAX: i32 = 8;
 /// (docs/perf-log/kernels-matmul.md).
 const MOE_DECODE_TOKENS: i64 = 16;
 
-/// mul_mat_id_weighted_sum takes `moe_decode_sum` up to this many tokens, else mul_mat_id and
-/// `weighted_slot_sum`: fused is faster at one token and slower from 8 on (each slot's rows read
-/// once per token, where `moe_mma_*` shares nothing either but runs on tensor cores;
-/// docs/perf-log/kernels-matmul.md).
-const MOE_DECODE_SUM_TOKENS: i64 = 2;
+/// mul_mat_id_weighted_sum takes `moe_decode_sum` up to this many tokens (where the one-token
+/// ring does not run), else mul_mat_id and `weighted_slot_sum`: fused is faster at one token and
+/// slower from 2 on (each slot's rows read once per token, where `moe_mma_*` shares nothing
+/// either but runs on tensor cores; docs/perf-log/kernels-matmul.md).
+const MOE_DECODE_SUM_TOKENS: i64 = 1;
 
 /// With more (slot, token) pairs than this an expert on average, the experts with more than
 /// `MOE_MMA_MAX` pairs take the tiled `mmq_*_id` (128-column tiles) rather than `moe_mma_*`
@@ -285,7 +285,7 @@ pub(super) fn moe_decode(
     Ok(())
 }
 
-/// Whether mul_mat_id_weighted_sum takes `moe_decode_sum`: up to `MOE_DECODE_SUM_TOKENS` tokens
+/// Whether mul_mat_id_weighted_sum takes `moe_decode_sum`: up to `MOE_DECODE_SUM_TOKENS` token
 /// (`TESSERA_MOE_PATH=decode` up to `MOE_DECODE_TOKENS`; `mma` / `grouped` never), rows the
 /// fast units can read.
 pub(super) fn weighted_decode_taken(w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
