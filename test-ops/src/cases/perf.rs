@@ -35,6 +35,7 @@ fn mul_mat(out: &mut Vec<Case>) {
         out.push(MulMat::new(type_a, 17408, 1, 5120).case());
     }
     for type_a in [F16, BF16] {
+        out.push(MulMat::new(type_a, 17408, 2, 5120).case());
         out.push(MulMat::new(type_a, 17408, 8, 5120).case());
         out.push(MulMat::new(type_a, 5120, 1, 17408).case());
     }

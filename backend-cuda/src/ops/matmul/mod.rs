@@ -41,7 +41,8 @@
 //!   with a fixed-order sum when the tiles alone would leave the GPU idle (the MoE router's 256 x
 //!   512 x 2048: 32 tiles, 8 splits). Else cuBLAS (`blas.rs`): f32 weights go through `gemm_ex`
 //!   in place; f16 / bf16 weights through `gemm_ex` in place with the activations converted to
-//!   the weights' type; q8_0 / nvfp4 weights are dequantized in row chunks to bf16 (nvfp4
+//!   the weights' type (also for 2-8 tokens against f16 / bf16 matrices `gemv_fast` does not
+//!   take); q8_0 / nvfp4 weights are dequantized in row chunks to bf16 (nvfp4
 //!   values are exact in bf16; q8_0 values are split into hi + lo bf16 parts) and multiplied by
 //!   hi + lo bf16 activations, so the result keeps f32-level accuracy (the quantized cases take
 //!   the f32 bound).
@@ -141,8 +142,17 @@ fn mul_mat_scratch(a: &TensorMeta, b: &TensorMeta) -> usize {
         // (mmq's packed activations for `dense_mma` at a few tokens)
         gemv.max(mmq::packed_bytes(b))
     } else {
-        gemv
+        // (cuBLAS's converted activations for f16 / bf16 weights at 2-8 tokens)
+        gemv.max(blas_scratch(a, b))
     }
+}
+
+/// The fewest tokens for which f16 / bf16 weights that `gemv_fast` does not take go to cuBLAS: 2,
+/// or `TESSERA_HALF_BLAS_TOKENS` (read once a process; 9 keeps `gemv_warp` up to GEMV_MAX_N
+/// tokens, to measure one against the other).
+fn half_blas_tokens() -> i64 {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    crate::launch::env_number(&SET, "TESSERA_HALF_BLAS_TOKENS").unwrap_or(2).max(2)
 }
 
 /// When `moe_mma::dense_mma` takes a quantized mul_mat of a few tokens, on `sms` multiprocessors: (the
@@ -255,6 +265,16 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
         return gemm_f32(cx, a, b, out);
     }
     if n > GEMV_MAX_N && blas_fits(&a, d, &b, &out) {
+        return mul_mat_blas(cx, a, d, b, out);
+    }
+    // f16 / bf16 weights against 2-8 tokens that `gemv_fast` does not take (more than its
+    // SPLIT_ROWS rows): cuBLAS reads the matrix once for all the tokens, where `gemv_warp` ran at
+    // a sixth of the copy rate (docs/perf-log/kernels-matmul.md).
+    if n >= half_blas_tokens()
+        && matches!(d, DType::F16 | DType::BF16)
+        && !fast_gemv_fits(&a, d)
+        && blas_fits(&a, d, &b, &out)
+    {
         return mul_mat_blas(cx, a, d, b, out);
     }
     let (min_items, min_tokens) = dense_mma_limits(cx.info.multiprocessors);
