@@ -1180,6 +1180,17 @@ __device__ __forceinline__ u64 cw_wg_desc(const u16* tile, int kk, int rows) {
            ((NC == 64 ? 1ull : 2ull) << 62);
 }
 
+// d += A B over K k16 steps as one committed wgmma group, waited for: A this warp's fragments
+// `a`, B the hi / lo tiles of `rows` rows.
+template <int NC, int K>
+__device__ __forceinline__ void cw_wg_product(float* d, const CwA (&a)[K], const u16* hi, const u16* lo, int rows) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < K; kk++) cw_wg_mma3<NC>(d, a[kk], cw_wg_desc<NC>(hi, kk, rows), cw_wg_desc<NC>(lo, kk, rows));
+    wg_commit();
+    wg_wait<0>();
+}
+
 template <int NC>
 __device__ __forceinline__ void cw_scan_wg_body(Tensor out, Tensor state, Tensor slots, int h_k, int grouped,
                                                 const u32* wf, const u32* pf, const float* uf, const float* gm,
@@ -1241,11 +1252,7 @@ __device__ __forceinline__ void cw_scan_wg_body(Tensor out, Tensor state, Tensor
             CwA a[8];
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) a[kk] = cw_a_load(at + kk * CW_TILE, lane);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) cw_wg_mma3<NC>(acc, a[kk], cw_wg_desc<NC>(s_hi, kk, CW_D), cw_wg_desc<NC>(s_lo, kk, CW_D));
-            wg_commit();
-            wg_wait<0>();
+            cw_wg_product<NC>(acc, a, s_hi, s_lo, CW_D);
         }
         if (wg == 0) {
 #pragma unroll
@@ -1279,11 +1286,7 @@ __device__ __forceinline__ void cw_scan_wg_body(Tensor out, Tensor state, Tensor
                     for (int e = 0; e < 4; e++) p[kk].h[e] = p[kk].l[e] = 0u;
                 }
             }
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) cw_wg_mma3<NC>(acc, p[kk], cw_wg_desc<NC>(v_hi, kk, CW_C), cw_wg_desc<NC>(v_lo, kk, CW_C));
-            wg_commit();
-            wg_wait<0>();
+            cw_wg_product<NC>(acc, p, v_hi, v_lo, CW_C);
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const i64 tok = ci * CW_C + 16 * w + g8 + 8 * ((i >> 1) & 1);
@@ -1299,11 +1302,7 @@ __device__ __forceinline__ void cw_scan_wg_body(Tensor out, Tensor state, Tensor
             CwA a[4];
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) a[kk] = cw_a_load((const u32*)(kbuf + ((4 * wg + w) * 4 + kk) * 64), lane);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) cw_wg_mma3<NC>(st, a[kk], cw_wg_desc<NC>(vs_hi, kk, CW_C), cw_wg_desc<NC>(vs_lo, kk, CW_C));
-            wg_commit();
-            wg_wait<0>();
+            cw_wg_product<NC>(st, a, vs_hi, vs_lo, CW_C);
         }
     }
 
