@@ -7,7 +7,7 @@
 //! run the WY / UT-transform form on tensor cores in bf16x3 instead (see the end of the .cu file):
 //! `gdn_cw_prep` builds every 64-token chunk's W, U, masked Q K^T and decays in parallel, then
 //! `gdn_cw_scan*` runs the chunks in order over column blocks of the state, writing the outputs
-//! (on Hopper's sm_90a target `gdn_cw_scan_wg`, the same pass on warpgroup products).
+//! (on Hopper's sm_90a target `gdn_cw_scan_wg*`, the same pass on warpgroup products).
 
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetFusedParams, GatedDeltaNetParams, HeadMap, Op, TensorMeta};
