@@ -408,12 +408,13 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32)
 //   W = T (beta exp(gamma) K),  U = T (beta V),  P[i][j] = (q_i . k_j) exp(gamma_i - gamma_j) (j <= i),
 // and writes W and P as pre-split A-operand tiles, U in accumulator layout and exp(gamma),
 // exp(gamma_last - gamma) to scratch; the block of the first value head of each key head also
-// writes Q and K^T as pre-split A tiles. `gdn_cw_scan<NT>`, one block per 8 NT state columns of
-// a (value head, sequence), then runs the chunks in order with its columns of the state in
-// registers (accumulator layout) and, per chunk,
+// writes Q and K^T as pre-split A tiles. The in-order pass, one block per column block of a
+// (value head, sequence) (`gdn_cw_scan<NT>` on mma.sync, `gdn_cw_scan_wg<NC>` on sm_90a's
+// wgmma), then runs the chunks in order with its columns of the state in registers (accumulator
+// layout) and, per chunk,
 //   X = W S, Y = Q S, V_new = U - X,  O = exp(gamma) Y + P V_new,
 //   S <- exp(gamma_last) S + K^T (exp(gamma_last - gamma) V_new),
-// staging S and V_new in shared memory as pre-split B tiles. Rows past the sequence are zero in
+// staging S and V_new in shared memory as split B tiles. Rows past the sequence are zero in
 // every buffer (g = beta = k = q = v = 0), so they change nothing.
 //
 // Fragment layouts (mma.m16n8k16, lane = 4 g + t): A a0 (g, 2t..+1), a1 (g + 8, 2t..), a2 (g,
