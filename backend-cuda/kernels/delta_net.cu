@@ -612,7 +612,7 @@ __device__ __forceinline__ void cw_prep_body(Tensor q, int qdt, Tensor k, int kd
 
     // v rows in registers until q is done with (element (r, c) of vr[m] is idx = tid + 256 m,
     // r = idx / 128, c = idx % 128; VEC: four consecutive c per float4); k and q rows to shared
-    // as f32, then split in place (cw_prep_split).
+    // as f32, then split in place below.
     float vr[32];
     if (VEC) {
 #pragma unroll
