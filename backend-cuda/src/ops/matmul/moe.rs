@@ -41,7 +41,7 @@ const MOE_DECODE_TOKENS: i64 = 16;
 /// mul_mat_id_weighted_sum takes `moe_decode_sum` up to this many tokens (where the one-token
 /// ring does not run), else mul_mat_id and `weighted_slot_sum`: fused is faster at one token and
 /// slower from 2 on (each slot's rows read once per token, where `moe_mma_*` shares nothing
-/// either but runs on tensor cores; docs/perf-log/kernels-matmul.md).
+/// either but runs on tensor cores; docs/perf-log/kernels-matmul.md and kernels-mmid.md).
 const MOE_DECODE_SUM_TOKENS: i64 = 1;
 
 /// With more (slot, token) pairs than this an expert on average, the experts with more than
@@ -285,7 +285,7 @@ pub(super) fn moe_decode(
     Ok(())
 }
 
-/// Whether mul_mat_id_weighted_sum takes `moe_decode_sum`: up to `MOE_DECODE_SUM_TOKENS` token
+/// Whether mul_mat_id_weighted_sum takes `moe_decode_sum`: up to `MOE_DECODE_SUM_TOKENS` tokens
 /// (`TESSERA_MOE_PATH=decode` up to `MOE_DECODE_TOKENS`; `mma` / `grouped` never), rows the
 /// fast units can read.
 pub(super) fn weighted_decode_taken(w: &TensorArg, d: DType, ids: &TensorArg) -> bool {
