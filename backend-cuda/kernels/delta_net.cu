@@ -474,34 +474,6 @@ __device__ __forceinline__ CwA cw_a_rows(const float* p, int ld, int lane) {
     cw_split2(x3.x, x3.y, a.h[3], a.l[3]);
     return a;
 }
-// A tile from f32 with element (r, k) at p[k * ld + r].
-__device__ __forceinline__ CwA cw_a_cols(const float* p, int ld, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    CwA a;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = g + 8 * (i & 1), k = 2 * t + 8 * (i >> 1);
-        cw_split2(p[k * ld + r], p[(k + 1) * ld + r], a.h[i], a.l[i]);
-    }
-    return a;
-}
-// B tile from f32 with element (k, n) at p[n * ld + k].
-__device__ __forceinline__ CwB cw_b_nmaj(const float* p, int ld, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    const float2 x0 = *(const float2*)(p + g * ld + 2 * t), x1 = *(const float2*)(p + g * ld + 2 * t + 8);
-    CwB b;
-    cw_split2(x0.x, x0.y, b.h[0], b.l[0]);
-    cw_split2(x1.x, x1.y, b.h[1], b.l[1]);
-    return b;
-}
-// B tile from f32 with element (k, n) at p[k * ld + n].
-__device__ __forceinline__ CwB cw_b_kmaj(const float* p, int ld, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    CwB b;
-    cw_split2(p[2 * t * ld + g], p[(2 * t + 1) * ld + g], b.h[0], b.l[0]);
-    cw_split2(p[(2 * t + 8) * ld + g], p[(2 * t + 9) * ld + g], b.h[1], b.l[1]);
-    return b;
-}
 
 // Pre-split tiles: an A tile in global memory (this lane's 32 bytes), a B tile in shared memory.
 __device__ __forceinline__ CwA cw_a_load(const u32* tile, int lane) {

@@ -93,7 +93,8 @@ impl Module {
     ];
 
     /// The architectures whose architecture-specific features (the `a` targets) the module's
-    /// source uses when present: the `wgmma` paths of `mmq` and of the prefill attention on Hopper.
+    /// source uses when present: the `wgmma` paths of `mmq`, of the prefill attention and of the
+    /// chunked delta rule's in-order pass on Hopper.
     pub const fn arch_specific_on(self) -> &'static [&'static str] {
         match self {
             Module::Mmq | Module::AttentionPrefill | Module::DeltaNet => &["sm_90"],

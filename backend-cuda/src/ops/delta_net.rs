@@ -43,19 +43,22 @@ const CW_D: usize = 128;
 /// CW_PREP_SHARED: gdn_cw_prep's k and q rows (padded to 136), A and T (padded to 72), the
 /// solve's partial products and three per-token vectors (two blocks per SM).
 const CW_PREP_SHARED: u32 = (4 * (2 * CW_C * (CW_D + 8) + 2 * CW_C * (CW_C + 8) + 3 * 256 + 3 * CW_C)) as u32;
-/// gdn_cw_scan's shared memory for NT column tiles a block (8 NT state columns): W and Q (32
-/// tiles of 1 KiB each), two buffers of K^T (32 tiles) and of P (10 tiles), S, V_new and scaled
-/// V_new of the block's columns, and two chunks' decays (213 KiB at NT = 8, 185 at NT = 4: one
-/// block per SM).
+/// CW_STAGE_BYTES: both in-order passes' staging of a chunk's A tiles: W and Q (32 tiles of 1 KiB
+/// each), two buffers of K^T (32 tiles) and of P (10 tiles), and two chunks' decays.
+const SCAN_STAGE_BYTES: usize = 1024 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * 2 * 2 * CW_C;
+
+/// gdn_cw_scan's shared memory for NT column tiles a block (8 NT state columns): the staging, then
+/// S, V_new and scaled V_new of the block's columns as pre-split B tiles (213 KiB at NT = 8, 185 at
+/// NT = 4: one block per SM).
 const fn scan_shared(nt: usize) -> u32 {
-    (16 * (64 * (32 + 32 + 2 * 32 + 2 * 10) + 32 * nt * (8 + 4 + 4) + 2 * 32)) as u32
+    (SCAN_STAGE_BYTES + 512 * nt * (8 + 4 + 4)) as u32
 }
 
 /// CW_WG_SHARED(NC): gdn_cw_scan_wg*'s S, V_new and scaled V_new tiles (hi and lo bf16, NC
-/// columns), the same staging as gdn_cw_scan's, and 1 KiB to align the tiles to 1024 bytes (214
-/// KiB at NC = 64, 185 at 32).
+/// columns), the staging, and 1 KiB to align the tiles to 1024 bytes (214 KiB at NC = 64, 185 at
+/// 32).
 const fn wg_shared(nc: usize) -> u32 {
-    (1024 + 4 * (CW_D * nc + 2 * CW_C * nc) + 16 * 64 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * 2 * 2 * CW_C) as u32
+    (1024 + 4 * (CW_D * nc + 2 * CW_C * nc) + SCAN_STAGE_BYTES) as u32
 }
 
 /// The in-order pass's kernel, its grid's column blocks, threads a block and shared memory. The
@@ -676,6 +679,16 @@ mod tests {
             let pad = &o_gpu[o_gpu.len() - 3 * 128 * 32..];
             assert!(pad.iter().all(|&x| x == 0.0), "padding outputs 0");
         }
+    }
+
+    #[test]
+    fn scan_shared_memory_is_what_the_kernels_lay_out() {
+        // gdn_cw_scan{,4}: 152576 bytes of staging and 32 NT B tiles of 512 bytes; the wg
+        // kernels: 1 KiB of alignment and NC-column hi / lo tiles of S, V_new and scaled V_new.
+        assert_eq!(super::scan_shared(8), 152576 + 65536);
+        assert_eq!(super::scan_shared(4), 152576 + 32768);
+        assert_eq!(super::wg_shared(64), 1024 + 65536 + 152576);
+        assert_eq!(super::wg_shared(32), 1024 + 32768 + 152576);
     }
 
     #[test]
