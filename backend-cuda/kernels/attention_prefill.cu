@@ -3,7 +3,7 @@
 // `fa_mma_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256). A block takes FT_BM = 64 tokens of
 // one query head and walks the kv positions in tiles of FT_BN = 64: S = Q K^T and O += P V on
 // tensor cores (Q and P rounded to the K/V type, f32 accumulators), with the online softmax on
-// the S fragments in f32 (base-2 units). Two product paths (`ft_scores`, `ft_pv`): wgmma on
+// the S fragments in f32 (a row's max may lag its logits by up to FT_STALE). Two product paths (`ft_scores`, `ft_pv`): wgmma on
 // sm_90a, mma.sync elsewhere; each group of 4 warps holds the block's 64 rows (16 a warp). On
 // sm_90a a block may be two such groups (blockDim.x = 256, the host's choice), each walking half
 // of the block's kv tiles with its own K, V and mask tiles, merged at the end
@@ -28,46 +28,11 @@
 
 // Waits for the 128 threads of warp group `wg` (named barrier 1 + wg; 0 is __syncthreads).
 __device__ __forceinline__ void ft_group_sync(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
-// Copies a tile's query rows into sQ (ROWS rows of D halves; element (r, c) at sQ[at(r, c)], with
-// c a multiple of 4 and the 4 halves from c adjacent), rounded to the K/V type: row r is f32 at
-// row(r) with element stride nb0 (float4 loads where nb0 == 4 and aligned), or zeros where row(r)
-// is null. A thread issues a round's loads (up to 8 groups of 4) before it
-// stores any of them, so one memory latency covers the round; a load-then-store loop waited one
-// latency per element, which dominated the one-token decode.
-template <int DT, int ROWS, int D, int THREADS, typename Row, typename At>
-__device__ __forceinline__ void ft_load_q(u16* sQ, i64 nb0, Row row, At at) {
-    constexpr int PER = ROWS * D / 4 / THREADS, BATCH = PER < 8 ? PER : 8;
-    static_assert(ROWS * D % (4 * THREADS) == 0 && PER % BATCH == 0, "whole rounds per thread");
-#pragma unroll 1
-    for (int b0 = 0; b0 < PER; b0 += BATCH) {
-        float4 x[BATCH];
-#pragma unroll
-        for (int i = 0; i < BATCH; i++) {
-            const int gi = threadIdx.x + (b0 + i) * THREADS, r = gi / (D / 4), c = gi % (D / 4) * 4;
-            const char* p = row(r);
-            x[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (p) {
-                p += c * nb0;
-                if (nb0 == 4 && ((unsigned long long)p & 15) == 0) {
-                    x[i] = *(const float4*)p;
-                } else {
-                    const float* f = (const float*)p;
-                    x[i] = make_float4(f[0], *(const float*)(p + nb0), *(const float*)(p + 2 * nb0),
-                                       *(const float*)(p + 3 * nb0));
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < BATCH; i++) {
-            const int gi = threadIdx.x + (b0 + i) * THREADS, r = gi / (D / 4), c = gi % (D / 4) * 4;
-            *(uint2*)&sQ[at(r, c)] = make_uint2(ft_pack<DT>(x[i].x, x[i].y), ft_pack<DT>(x[i].z, x[i].w));
-        }
-    }
-}
 // 2^x as one ex2.approx (2 ulp; results below 2^-126 flush to 0, which a softmax sum of at least
-// 1 cannot see): the prefill kernel keeps its logits in base-2 units (scaled by log2(e) with the
-// scale), so a probability is one subtraction and this; CUDA's expf added range reduction.
+// 1 cannot see): a probability is one multiply-add into base-2 units and this; CUDA's expf added
+// range reduction.
 #define FT_LOG2E 1.4426950408889634f
+#define FT_STALE 5.5451774f  // 8 ln 2: how far a row's logits may pass its running max before it moves
 __device__ __forceinline__ float ft_exp2(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
@@ -88,7 +53,7 @@ __device__ __forceinline__ float ft_exp2(float x) {
 // sub-tiles of ROWS rows of 128 bytes with wgmma's 128-byte swizzle (common.cuh), 1024-byte aligned.
 constexpr int ft_tile_halves(int rows, int d) { return rows * d; }
 template <int ROWS, int D>
-__device__ __forceinline__ int ft_at(int r, int c) {
+__device__ __forceinline__ constexpr int ft_at(int r, int c) {
     return (c >> 6) * (ROWS * 64) + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
 }
 
@@ -114,15 +79,23 @@ __device__ __forceinline__ int ft_at(int r, int c) {
                  : "memory")
 
 
+// A group's operand tiles as wgmma descriptors, made once before the kv loop: a product's steps
+// add constants to them (a descriptor's start address counts 16-byte units).
+struct FtTiles {
+    u64 q, k, v;
+};
+__device__ __forceinline__ FtTiles ft_tiles(const u16* sQ, const u16* sK, const u16* sV) {
+    return {wg_desc(sQ), wg_desc(sK), wg_desc_mn(sV, FT_BN * 128)};
+}
 // sc = the block's S tile (Q K^T; this thread's fragments of its warp's 16 rows, as mma.sync's).
 template <int DT, int D>
-__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* sQ, const u16* sK, int, int) {
+__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const FtTiles& t, int, int) {
     float* d = &sc[0][0];
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        const int off = (ks >> 2) * 64 * 64 + (ks & 3) * 16;
-        const u64 a = wg_desc(sQ + off), b = wg_desc(sK + off);
+        // k step ks: sub-tile ks / 4 (64 x 64 halves), 16 columns (32 bytes) each step within it
+        const u64 step = (ks >> 2) * (64 * 64 * 2 / 16) + (ks & 3) * 2, a = t.q + step, b = t.k + step;
         const int accumulate = ks > 0;
         if (DT == DT_BF16) FT_WG_SS("bf16");
         else FT_WG_SS("f16");
@@ -132,7 +105,7 @@ __device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* 
 }
 // o += P V for the tile, P the rounded probabilities `sc`.
 template <int DT, int D>
-__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const u16* sV, int) {
+__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const FtTiles& t, int) {
     float* d = &o[0][0];
     // every fragment packed before the fence (a register written between two wgmmas makes ptxas
     // serialize them)
@@ -148,7 +121,7 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
 #pragma unroll
     for (int kk = 0; kk < FT_BN / 16; kk++) {
         const u32* a = p[kk];
-        const u64 b = wg_desc_mn(sV + kk * 16 * 64, FT_BN * 128);
+        const u64 b = t.v + kk * (16 * 64 * 2 / 16);  // 16 k rows of 128 bytes a step
         if (D == 256) {
             if (DT == DT_BF16) FT_WG_RS256("bf16");
             else FT_WG_RS256("f16");
@@ -166,13 +139,18 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
 // of ROWS rows padded by FT_PAD halves (bank-conflict free); the block is one group of 4 warps.
 constexpr int ft_tile_halves(int rows, int d) { return rows * (d + FT_PAD); }
 template <int ROWS, int D>
-__device__ __forceinline__ int ft_at(int r, int c) {
+__device__ __forceinline__ constexpr int ft_at(int r, int c) {
     return r * (D + FT_PAD) + c;
 }
+struct FtTiles {
+    const u16 *q, *k, *v;
+};
+__device__ __forceinline__ FtTiles ft_tiles(const u16* sQ, const u16* sK, const u16* sV) { return {sQ, sK, sV}; }
 // sc = this warp's 16 rows of S = Q K^T for the tile.
 template <int DT, int D>
-__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* sQ, const u16* sK, int warp, int lane) {
+__device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const FtTiles& t, int warp, int lane) {
     constexpr int LD = D + FT_PAD;
+    const u16 *sQ = t.q, *sK = t.k;
 #pragma unroll
     for (int n = 0; n < FT_BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll 4
@@ -190,8 +168,9 @@ __device__ __forceinline__ void ft_scores(float (&sc)[FT_BN / 8][4], const u16* 
 }
 // o += P V for this warp's 16 rows, P the rounded probabilities `sc`.
 template <int DT, int D>
-__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const u16* sV, int lane) {
+__device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT_BN / 8][4], const FtTiles& t, int lane) {
     constexpr int LD = D + FT_PAD;
+    const u16* sV = t.v;
 #pragma unroll
     for (int kk = 0; kk < FT_BN / 16; kk++) {
         const u32 a[4] = {ft_pack<DT>(sc[2 * kk][0], sc[2 * kk][1]), ft_pack<DT>(sc[2 * kk][2], sc[2 * kk][3]),
@@ -206,6 +185,48 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
     }
 }
 #endif
+
+// Copies query rows first .. first + rows - 1 of the tile into sQ (D halves a row; element (r, c)
+// at sQ[ft_at<ROWS, D>(r, c)]), rounded to the K/V type, with THREADS threads: row r is f32 at
+// `q0 + r * nb1` with element stride nb0 (float4 loads where nb0 == 4 and the rows are 16-byte
+// aligned), or zeros from row `valid` on. A thread keeps one 4-column piece and steps its row
+// pointer (no address arithmetic a value), and issues a round's loads (up to 8) before it stores
+// any of them, so that one memory latency covers the round.
+template <int DT, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void ft_load_q(u16* sQ, const char* q0, i64 nb0, i64 nb1, int valid, int first, int rows,
+                                          int tid) {
+    constexpr int PIECES = D / 4, STEP = THREADS / PIECES, BATCH = 8;
+    static_assert(THREADS % PIECES == 0, "whole rows a pass");
+    const int c = tid % PIECES * 4, per = rows / STEP;  // the caller's rows: whole batches a thread
+    int r = first + tid / PIECES;
+    const char* p = q0 + (i64)r * nb1 + (i64)c * nb0;
+    const i64 step = (i64)STEP * nb1;
+    const bool vec = nb0 == 4 && ((unsigned long long)q0 & 15) == 0 && (nb1 & 15) == 0;
+#pragma unroll 1
+    for (int b0 = 0; b0 < per; b0 += BATCH) {
+        float4 x[BATCH];
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const char* pi = p + i * step;
+            x[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r + i * STEP < valid) {
+                if (vec) {
+                    x[i] = *(const float4*)pi;
+                } else {
+                    x[i] = make_float4(*(const float*)pi, *(const float*)(pi + nb0), *(const float*)(pi + 2 * nb0),
+                                       *(const float*)(pi + 3 * nb0));
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            *(uint2*)&sQ[ft_at<ROWS, D>(r + i * STEP, c)] =
+                make_uint2(ft_pack<DT>(x[i].x, x[i].y), ft_pack<DT>(x[i].z, x[i].w));
+        }
+        r += BATCH * STEP;
+        p += BATCH * step;
+    }
+}
 
 #if FT_WG == 2
 // The end of a two-group block: group 1 hands its softmax state (max, sum and O of the same rows
@@ -226,7 +247,7 @@ __device__ __forceinline__ bool ft_merge_groups(float (&o)[D / 8][4], float (&m)
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
         const float m1 = s_ml[rr][gt], l1 = s_ml[2 + rr][gt], mx = fmaxf(m[rr], m1);
-        const float ms = mx == -TS_INF ? 0.0f : mx, a0 = exp2f(m[rr] - ms), a1 = exp2f(m1 - ms);
+        const float ms = mx == -TS_INF ? 0.0f : mx, a0 = exp2f((m[rr] - ms) * FT_LOG2E), a1 = exp2f((m1 - ms) * FT_LOG2E);
         l[rr] = l[rr] * a0 + l1 * a1;
         m[rr] = mx;
 #pragma unroll
@@ -298,7 +319,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #endif
     // Q, then each warp group's K, V and mask tiles (blockDim.x / 128 groups, at most FT_WG)
     const int groups = (int)blockDim.x >> 7;
-    const int tid = threadIdx.x, wg = tid >> 7, gt = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
+    // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform, and keeps the
+    // tiles' addresses and wgmma descriptors in uniform registers
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), gt = tid & 127, lane = tid & 31,
+              warp = (tid >> 5) & 3;
     const int g = lane >> 2, tq = lane & 3;
     constexpr int GROUP_HALVES = 2 * ft_tile_halves(FT_BN, D) + FT_BM * FT_MLD;
     u16* sK = sQ + ft_tile_halves(FT_BM, D) + wg * GROUP_HALVES;
@@ -367,8 +391,6 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
     const i64 m_seq = has_mask ? (qs % mask.ne[3]) * mask.nb[3] : 0;
     const float inner = softcap > 0.0f ? scale / softcap : 0.0f;
-    // logits in base-2 units (ft_exp2)
-    const float scale_2 = scale * FT_LOG2E, softcap_2 = softcap * FT_LOG2E;
     // the mask goes through shared memory when it is f16 with 16-byte aligned rows of whole pieces
     const bool mstage = has_mask && mdt == DT_F16 && mask.nb[0] == 2 && (mask.nb[1] & 15) == 0 &&
                         ((u64)(mask.data + m_seq) & 15) == 0 && (mask.ne[0] & 7) == 0;
@@ -393,19 +415,26 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             if (lane == 0) s_gap[wg][slot][gt >> 5] = gap;
         }
     };
-    // copies the tile's rows of K or V (zeros for cells of -1) into dst: a thread always takes the
-    // same 16-byte piece of every 128 / (D / 8)-th row, so that the addresses it computes once
-    // serve every row (a copy is a few instructions, not a division and a generic-to-shared
-    // conversion each; the 4 warps issue 2 x 64 rows of copies a tile)
+    // copies the tile's rows of K or V (zeros for cells of -1) into dst: a thread takes the same
+    // two 16-byte pieces (c8 and c8 + D / 16 of the row's D / 8) of every RPP-th row, so that one
+    // shared-memory address serves all its rows plus constants, and a row's source address is one
+    // cell read and two multiply-adds (nb1 split in 32-bit halves: cell * nb1 exactly, without a
+    // 64-bit product)
     auto copy_rows = [&](u16* dst, const char* base, i64 nb1, const int* cells) {
-        constexpr int CPR = D / 8, RPP = 128 / CPR;
-        const int c8 = gt % CPR, r0 = gt / CPR;
-        const u32 d0 = tc_smem(dst);
+        constexpr int HALF = D / 16, RPP = 128 / HALF;
+        constexpr int ROW_STEP = 2 * (ft_at<FT_BN, D>(RPP, 0) - ft_at<FT_BN, D>(0, 0));  // bytes, RPP rows on
+        constexpr int SECOND = 2 * (ft_at<FT_BN, D>(0, D / 2) - ft_at<FT_BN, D>(0, 0));   // bytes, D / 2 columns on
+        const int c8 = gt % HALF, r0 = gt / HALF;
+        const u32 d0 = tc_smem(dst) + 2 * ft_at<FT_BN, D>(r0, c8 * 8);
         const char* src = base + c8 * 16;
+        const u32 nb1_lo = (u32)nb1, nb1_hi = (u32)((u64)nb1 >> 32);
 #pragma unroll
         for (int i = 0; i < FT_BN / RPP; i++) {
-            const int r = r0 + RPP * i, cell = cells[r];
-            tc_cp16_at(d0 + 2 * ft_at<FT_BN, D>(r, c8 * 8), src + (i64)max(cell, 0) * nb1, cell >= 0);
+            const int cell = cells[r0 + RPP * i];
+            const u32 c = (u32)max(cell, 0);
+            const char* row = src + (u64)c * nb1_lo + ((u64)(c * nb1_hi) << 32);
+            tc_cp16_at(d0 + i * ROW_STEP, row, cell >= 0);
+            tc_cp16_at(d0 + i * ROW_STEP + SECOND, row + D, cell >= 0);
         }
     };
     // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst
@@ -439,13 +468,9 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     }
     tc_commit();
 
-    if (wg == 0) ft_load_q<DT, FT_BM, D, 128>(
-        sQ, q.nb[0],
-        [&](int r) -> const char* {
-            const int t = t0 + r;
-            return t < t_end ? q.data + (i64)t * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3] : nullptr;
-        },
-        [](int r, int c) { return ft_at<FT_BM, D>(r, c); });
+    // each group loads its share of the query rows
+    ft_load_q<DT, FT_BM, D, 128>(sQ, q.data + (i64)t0 * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3], q.nb[0],
+                                 q.nb[1], t_end - t0, wg * (FT_BM / groups), FT_BM / groups, gt);
 #ifdef FT_WGMMA
     tc_fence_async();
 #endif
@@ -454,14 +479,17 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};
+    float m[2] = {-TS_INF, -TS_INF}, l[2] = {0.0f, 0.0f};  // the rows' running max (natural units) and sum
+    const FtTiles tiles = ft_tiles(sQ, sK, sV);
     const int tok[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
+    const u16* mrow = sM + (warp * 16 + g) * FT_MLD + 2 * tq;  // this thread's mask values: row g, pair tq
 
     // The copies overlap the tensor cores, staggered over one K, one V and one mask buffer: V of
-    // tile j lands while S of tile j is computed, K and the mask of tile j + 1 while O takes P V
-    // of tile j; two barriers a tile. (Two buffers of each, all of tile j + 1 copied during tile
-    // j, left one block a multiprocessor at D = 256 and were slower: docs/perf-log.)
-    // Each group walks its tiles with its own buffers and barriers.
+    // tile j lands while S of tile j and the softmax are computed, K of tile j + 1 (copied as
+    // soon as every warp's S is done) while the softmax and P V of tile j are, and the mask of
+    // tile j + 1 during P V; three barriers a tile. (Two buffers of each, all of tile j + 1
+    // copied during tile j, left one block a multiprocessor at D = 256 and were slower:
+    // docs/perf-log.) Each group walks its tiles with its own buffers and barriers.
     for (int j0 = j_begin, buf = 0; j0 < j_end; j0 += FT_BN, buf ^= 1) {
         const int* cell = s_cell[wg][buf];
         tc_wait<0>();
@@ -476,7 +504,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
         float sc[FT_BN / 8][4];
-        ft_scores<DT, D>(sc, sQ, sK, warp, lane);
+        ft_scores<DT, D>(sc, tiles, warp, lane);
+        ft_group_sync(wg);  // every warp's S is done (K is free) and the next tile's cells are in
+        if (more) copy_rows(sK, kbase, k.nb[1], s_cell[wg][buf ^ 1]);
+        tc_commit();
         // Logits and the online-softmax update (rows g and g + 8 of the warp's 16). The softcap
         // and mask choices are uniform branches around whole loops: taken per element, every
         // element inlined tanhf and the mask's dtype switch, and the loop outgrew the
@@ -485,24 +516,26 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) sc[n][i] = softcap_2 * tanhf(sc[n][i] * inner);
+                for (int i = 0; i < 4; i++) sc[n][i] = softcap * tanhf(sc[n][i] * inner);
             }
-        } else {
+        } else if (!mstage) {
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) sc[n][i] *= scale_2;
+                for (int i = 0; i < 4; i++) sc[n][i] *= scale;
             }
         }
         if (mstage) {
-            // rows past t_end were zero-filled; columns past j_stop become -inf below
+            // the scale (without a softcap) folded into the mask's add; rows past t_end were
+            // zero-filled, columns past j_stop become -inf below
+            const float mul = softcap > 0.0f ? 1.0f : scale;
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
-                    const u32 mm = *(const u32*)&sM[(warp * 16 + g + 8 * rr) * FT_MLD + n * 8 + 2 * tq];
-                    sc[n][2 * rr] = fmaf(f16_to_f32((u16)mm), FT_LOG2E, sc[n][2 * rr]);
-                    sc[n][2 * rr + 1] = fmaf(f16_to_f32((u16)(mm >> 16)), FT_LOG2E, sc[n][2 * rr + 1]);
+                    const u32 mm = *(const u32*)&mrow[rr * 8 * FT_MLD + n * 8];
+                    sc[n][2 * rr] = fmaf(sc[n][2 * rr], mul, f16_to_f32((u16)mm));
+                    sc[n][2 * rr + 1] = fmaf(sc[n][2 * rr + 1], mul, f16_to_f32((u16)(mm >> 16)));
                 }
             }
         } else if (has_mask) {
@@ -513,7 +546,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                     const int j = j0 + n * 8 + 2 * tq + (i & 1), t = tok[i >> 1];
                     if (j < j_stop && t < t_end) {
                         const float mv = load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt);
-                        sc[n][i] = fmaf(mv, FT_LOG2E, sc[n][i]);
+                        sc[n][i] += mv;
                     }
                 }
             }
@@ -546,18 +579,19 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
             mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
         }
-        float ms[2], alpha[2];
+        // The running max moves (and O and l are rescaled) only when some row of the warp sees a
+        // logit more than FT_STALE above it: below that the probabilities of a stale max stay
+        // under 2^8, which f32 sums and the rounded P hold as well as values under 1, and O's
+        // 128 products a thread are skipped on most tiles.
+        if (__any_sync(0xffffffffu, mx[0] > m[0] + FT_STALE || mx[1] > m[1] + FT_STALE)) {
+            float alpha[2];
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const float m_new = fmaxf(m[rr], mx[rr]);
-            ms[rr] = m_new == -TS_INF ? 0.0f : m_new;
-            alpha[rr] = exp2f(m[rr] - ms[rr]);
-            l[rr] *= alpha[rr];
-            m[rr] = m_new;
-        }
-        // O is rescaled only when some row of the warp has a new maximum (after the first tiles
-        // most have not; times 1 would change nothing)
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+            for (int rr = 0; rr < 2; rr++) {
+                const float m_new = fmaxf(m[rr], mx[rr]);
+                alpha[rr] = m_new == -TS_INF ? 1.0f : exp2f((m[rr] - m_new) * FT_LOG2E);
+                l[rr] *= alpha[rr];
+                m[rr] = m_new;
+            }
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
                 o[n][0] *= alpha[0];
@@ -566,27 +600,25 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                 o[n][3] *= alpha[1];
             }
         }
+        const float ms[2] = {m[0] == -TS_INF ? 0.0f : m[0] * FT_LOG2E, m[1] == -TS_INF ? 0.0f : m[1] * FT_LOG2E};
 #pragma unroll
         for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float p = ft_exp2(sc[n][i] - ms[i >> 1]);
+                const float p = ft_exp2(fmaf(sc[n][i], FT_LOG2E, -ms[i >> 1]));
                 sc[n][i] = p;
                 l[i >> 1] += p;
             }
         }
-        tc_wait<0>();
+        tc_wait<1>();  // V of this tile (the next K may still be in flight)
 #ifdef FT_WGMMA
         tc_fence_async();
 #endif
-        ft_group_sync(wg);  // V of this tile landed; every warp is done with K, the mask and `cell`
-        if (more) {
-            copy_rows(sK, kbase, k.nb[1], s_cell[wg][buf ^ 1]);
-            if (mstage) copy_mask(j0 + FT_BN, sM);
-        }
+        ft_group_sync(wg);  // V of this tile landed; every warp is done with the mask and `cell`
+        if (more && mstage) copy_mask(j0 + FT_BN, sM);
         tc_commit();
         // O += P V.
-        ft_pv<DT, D>(o, sc, sV, lane);
+        ft_pv<DT, D>(o, sc, tiles, lane);
     }
 
 #pragma unroll
