@@ -27,6 +27,28 @@ __device__ __forceinline__ void fa_store(const Tensor& out, const Tensor& gate, 
     }
     *(float*)(out.data + e * out.nb[0] + h * out.nb[1] + t * out.nb[2] + s * out.nb[3]) = o;
 }
+// Whether x's rows are contiguous f32 and 16-byte aligned (fa_store4's fast path; a null x passes).
+__device__ __forceinline__ bool fa_rows_vec(const Tensor& x) {
+    return !x.data || (x.nb[0] == 4 && (((u64)x.data | (u64)x.nb[1] | (u64)x.nb[2] | (u64)x.nb[3]) & 15) == 0);
+}
+// Output elements e .. e + 3 of (h, t, s), as fa_store: one 16-byte store (and gate load) where
+// `vec` (fa_rows_vec of out and gate) and e is a multiple of 4, else four fa_store.
+__device__ __forceinline__ void fa_store4(const Tensor& out, const Tensor& gate, bool vec, i64 e, i64 h, i64 t, i64 s,
+                                          float4 o) {
+    if (!vec) {
+        fa_store(out, gate, e, h, t, s, o.x);
+        fa_store(out, gate, e + 1, h, t, s, o.y);
+        fa_store(out, gate, e + 2, h, t, s, o.z);
+        fa_store(out, gate, e + 3, h, t, s, o.w);
+        return;
+    }
+    if (gate.data) {
+        const float4 z = *(const float4*)(gate.data + e * 4 + h * gate.nb[1] + t * gate.nb[2] + s * gate.nb[3]);
+        o = make_float4(__fmul_rn(o.x, sigmoid_f(z.x)), __fmul_rn(o.y, sigmoid_f(z.y)), __fmul_rn(o.z, sigmoid_f(z.z)),
+                        __fmul_rn(o.w, sigmoid_f(z.w)));
+    }
+    *(float4*)(out.data + e * 4 + h * out.nb[1] + t * out.nb[2] + s * out.nb[3]) = o;
+}
 
 // ---- ragged batches ----
 

@@ -190,12 +190,17 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
 // at sQ[ft_at<ROWS, D>(r, c)]), rounded to the K/V type, with THREADS threads: row r is f32 at
 // `q0 + r * nb1` with element stride nb0 (float4 loads where nb0 == 4 and the rows are 16-byte
 // aligned), or zeros from row `valid` on. A thread keeps one 4-column piece and steps its row
-// pointer (no address arithmetic a value), and issues a round's loads (up to 8) before it stores
+// pointer (no address arithmetic a value), and issues a batch of loads before it stores
 // any of them, so that one memory latency covers the round.
 template <int DT, int ROWS, int D, int THREADS>
 __device__ __forceinline__ void ft_load_q(u16* sQ, const char* q0, i64 nb0, i64 nb1, int valid, int first, int rows,
                                           int tid) {
-    constexpr int PIECES = D / 4, STEP = THREADS / PIECES, BATCH = 8;
+    constexpr int PIECES = D / 4, STEP = THREADS / PIECES;
+#ifdef FT_WGMMA
+    constexpr int BATCH = ROWS / 2 / STEP;  // a two-group share: 16 loads a thread at D = 256, 8 at D = 128
+#else
+    constexpr int BATCH = 8;  // (16 spill on mma.sync's register budget)
+#endif
     static_assert(THREADS % PIECES == 0, "whole rows a pass");
     const int c = tid % PIECES * 4, per = rows / STEP;  // the caller's rows: whole batches a thread
     int r = first + tid / PIECES;
@@ -629,16 +634,29 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #if FT_WG == 2
     if (groups == 2 && !ft_merge_groups<D>(o, m, l, (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES), wg, gt)) return;
 #endif
+    // The output goes through the group's K and V tiles (free once every warp's last P V is done;
+    // at least FT_BM x D floats in either layout): each thread puts its values, times 1 / l, in
+    // f32 rows of D whose 8-value chunks are XOR-swizzled by the row (a store's 8 rows meet
+    // different banks), then the group writes whole rows, 16 bytes a thread (fa_store4): scattered
+    // 4-byte stores, 8 rows an instruction, held the block's end up on the memory pipe.
+    float* so = (float*)sK;
+    ft_group_sync(wg);
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
-        if (tok[rr] >= t_end) continue;
         const float inv = m[rr] == -TS_INF ? 0.0f : 1.0f / l[rr];
+        const int r = warp * 16 + g + 8 * rr;
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
-            const int d = n * 8 + 2 * tq;
-            fa_store(out, gate, d, h, tok[rr], qs, o[n][2 * rr] * inv);
-            fa_store(out, gate, d + 1, h, tok[rr], qs, o[n][2 * rr + 1] * inv);
+            *(float2*)&so[r * D + (n ^ (r & 7)) * 8 + 2 * tq] = make_float2(o[n][2 * rr] * inv, o[n][2 * rr + 1] * inv);
         }
+    }
+    ft_group_sync(wg);
+    constexpr int C4 = D / 4, RSTEP = 128 / C4;
+    const int c4 = gt % C4, rows = min(FT_BM, t_end - t0);
+    const bool vec = fa_rows_vec(out) && fa_rows_vec(gate);
+    for (int r = gt / C4; r < rows; r += RSTEP) {
+        const float4 x = *(const float4*)&so[r * D + ((c4 >> 1) ^ (r & 7)) * 8 + (c4 & 1) * 4];
+        fa_store4(out, gate, vec, c4 * 4, h, t0 + r, qs, x);
     }
 }
 
