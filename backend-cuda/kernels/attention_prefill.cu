@@ -24,6 +24,7 @@
 
 #define FT_BM 64
 #define FT_BN 64
+#define FT_NO_CELL 0xFFFFFFFFu  // a row offset for a position without a K/V row (past j_stop)
 #define FT_MLD 72  // halves between the mask tile's rows (144 bytes: a fragment's 32 reads hit 32 banks)
 
 // Waits for the 128 threads of warp group `wg` (named barrier 1 + wg; 0 is __syncthreads).
@@ -312,7 +313,9 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
                                             float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
-    __shared__ __align__(8) int s_cell[FT_WG][2][FT_BN];
+    // per group and tile buffer: each position's K row offset, then its V row offset, in 16-byte
+    // units from the head's first row (the host keeps them below 2^32 - 1), or FT_NO_CELL
+    __shared__ __align__(8) u32 s_off[FT_WG][2][2 * FT_BN];
     __shared__ int s_gap[FT_WG][2][2];  // per tile buffer: whether warp 0 / 1's 32 cells hold a -1
     __shared__ int s_work[3];
 #ifdef FT_WGMMA
@@ -400,10 +403,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const bool mstage = has_mask && mdt == DT_F16 && mask.nb[0] == 2 && (mask.nb[1] & 15) == 0 &&
                         ((u64)(mask.data + m_seq) & 15) == 0 && (mask.ne[0] & 7) == 0;
 
-    // cells[r]: the K/V row of position j0 + r, or -1 past j_stop (an out-of-range table entry is
-    // reported and reads as -1 too)
+    // the row offsets of positions j0 .. j0 + 63 (FT_NO_CELL past j_stop; an out-of-range table
+    // entry is reported and reads as FT_NO_CELL too)
+    const u64 k_nb16 = (u64)k.nb[1] >> 4, v_nb16 = (u64)v.nb[1] >> 4;  // 16-byte aligned rows (host)
     auto find_cells = [&](int j0, int slot) {
-        int* cells = s_cell[wg][slot];
+        u32* offs = s_off[wg][slot];
         if (gt < FT_BN) {
             const int j = j0 + gt;
             int cell = -1;
@@ -415,39 +419,45 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                     cell = raw;
                 }
             }
-            cells[gt] = cell;
+            offs[gt] = cell < 0 ? FT_NO_CELL : (u32)((u64)cell * k_nb16);
+            offs[FT_BN + gt] = cell < 0 ? FT_NO_CELL : (u32)((u64)cell * v_nb16);
             const bool gap = __any_sync(0xffffffffu, cell < 0);
             if (lane == 0) s_gap[wg][slot][gt >> 5] = gap;
         }
     };
-    // copies the tile's rows of K or V (zeros for cells of -1) into dst: a thread takes the same
+    // copies the tile's rows of K or V (zeros for FT_NO_CELL) into dst: a thread takes the same
     // two 16-byte pieces (c8 and c8 + D / 16 of the row's D / 8) of every RPP-th row, so that one
     // shared-memory address serves all its rows plus constants, and a row's source address is one
-    // cell read and two multiply-adds (nb1 split in 32-bit halves: cell * nb1 exactly, without a
-    // 64-bit product)
-    auto copy_rows = [&](u16* dst, const char* base, i64 nb1, const int* cells) {
+    // offset read and a multiply-add
+    auto copy_rows = [&](u16* dst, const char* base, const u32* offs) {
         constexpr int HALF = D / 16, RPP = 128 / HALF;
         constexpr int ROW_STEP = 2 * (ft_at<FT_BN, D>(RPP, 0) - ft_at<FT_BN, D>(0, 0));  // bytes, RPP rows on
         constexpr int SECOND = 2 * (ft_at<FT_BN, D>(0, D / 2) - ft_at<FT_BN, D>(0, 0));   // bytes, D / 2 columns on
         const int c8 = gt % HALF, r0 = gt / HALF;
         const u32 d0 = tc_smem(dst) + 2 * ft_at<FT_BN, D>(r0, c8 * 8);
-        const char* src = base + c8 * 16;
-        const u32 nb1_lo = (u32)nb1, nb1_hi = (u32)((u64)nb1 >> 32);
+        const char *src = base + c8 * 16, *src2 = src + D;
 #pragma unroll
         for (int i = 0; i < FT_BN / RPP; i++) {
-            const int cell = cells[r0 + RPP * i];
-            const u32 c = (u32)max(cell, 0);
-            const char* row = src + (u64)c * nb1_lo + ((u64)(c * nb1_hi) << 32);
-            tc_cp16_at(d0 + i * ROW_STEP, row, cell >= 0);
-            tc_cp16_at(d0 + i * ROW_STEP + SECOND, row + D, cell >= 0);
+            const u32 o = offs[r0 + RPP * i];
+            const bool ok = o != FT_NO_CELL;
+            const u64 at = (u64)(ok ? o : 0) * 16;
+            tc_cp16_at(d0 + i * ROW_STEP, src + at, ok);
+            tc_cp16_at(d0 + i * ROW_STEP + SECOND, src2 + at, ok);
         }
     };
-    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst
+    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst: a thread takes the
+    // same 8 columns of every 16th row
     auto copy_mask = [&](int j0, u16* dst) {
-        for (int idx = gt; idx < FT_BM * (FT_BN / 8); idx += 128) {
-            const int r = idx / (FT_BN / 8), j = j0 + idx % (FT_BN / 8) * 8, t = t0 + r;
-            const bool ok = t < t_end && j < (int)mask.ne[0];
-            tc_cp16(&dst[r * FT_MLD + j - j0], ok ? mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq : mask.data, ok);
+        constexpr int PIECES = FT_BN / 8, RSTEP = 128 / PIECES;
+        const int c = gt % PIECES * 8, r0 = gt / PIECES, j = j0 + c;
+        const u32 d0 = tc_smem(dst + r0 * FT_MLD + c);
+        const char* p = mask.data + m_seq + (i64)j * 2 + (i64)(t0 + r0) * mask.nb[1];
+        const i64 step = (i64)RSTEP * mask.nb[1];
+        const bool in_cols = j < (int)mask.ne[0];
+#pragma unroll
+        for (int i = 0; i < FT_BM / RSTEP; i++) {
+            const bool ok = in_cols && t0 + r0 + i * RSTEP < t_end;
+            tc_cp16_at(d0 + i * RSTEP * FT_MLD * 2, ok ? p + i * step : mask.data, ok);
         }
     };
 
@@ -456,7 +466,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     if (wg == 0) find_cells(0, 0);
     __syncthreads();
     if (wg == 0 && j_stop > 0) {
-        copy_rows(sK, kbase, k.nb[1], s_cell[0][0]);
+        copy_rows(sK, kbase, s_off[0][0]);
         if (mstage) copy_mask(0, sM);
     }
     tc_commit();
@@ -468,7 +478,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     if (wg == 1 && j_begin < j_end) {
         find_cells(j_begin, 0);
         ft_group_sync(1);
-        copy_rows(sK, kbase, k.nb[1], s_cell[1][0]);
+        copy_rows(sK, kbase, s_off[1][0]);
         if (mstage) copy_mask(j_begin, sM);
     }
     tc_commit();
@@ -496,13 +506,13 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     // copied during tile j, left one block a multiprocessor at D = 256 and were slower:
     // docs/perf-log.) Each group walks its tiles with its own buffers and barriers.
     for (int j0 = j_begin, buf = 0; j0 < j_end; j0 += FT_BN, buf ^= 1) {
-        const int* cell = s_cell[wg][buf];
+        const u32* offs = s_off[wg][buf];
         tc_wait<0>();
 #ifdef FT_WGMMA
         tc_fence_async();  // this thread's copies, before the tensor cores read them
 #endif
         ft_group_sync(wg);  // K and the mask of this tile landed; V is free
-        copy_rows(sV, vbase, v.nb[1], cell);
+        copy_rows(sV, vbase, offs + FT_BN);
         tc_commit();
         const bool more = j0 + FT_BN < j_end;
         if (more) find_cells(j0 + FT_BN, buf ^ 1);
@@ -511,7 +521,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         float sc[FT_BN / 8][4];
         ft_scores<DT, D>(sc, tiles, warp, lane);
         ft_group_sync(wg);  // every warp's S is done (K is free) and the next tile's cells are in
-        if (more) copy_rows(sK, kbase, k.nb[1], s_cell[wg][buf ^ 1]);
+        if (more) copy_rows(sK, kbase, s_off[wg][buf ^ 1]);
         tc_commit();
         // Logits and the online-softmax update (rows g and g + 8 of the warp's 16). The softcap
         // and mask choices are uniform branches around whole loops: taken per element, every
@@ -569,11 +579,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         } else {
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n++) {
-                const int2 cc = *(const int2*)&cell[n * 8 + 2 * tq];
+                const uint2 cc = *(const uint2*)&offs[n * 8 + 2 * tq];
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = j0 + n * 8 + 2 * tq + (i & 1), rr = i >> 1;
-                    const float x = ((i & 1) ? cc.y : cc.x) >= 0 && j <= tok[rr] + causal ? sc[n][i] : -TS_INF;
+                    const float x = ((i & 1) ? cc.y : cc.x) != FT_NO_CELL && j <= tok[rr] + causal ? sc[n][i] : -TS_INF;
                     sc[n][i] = x;
                     mx[rr] = fmaxf(mx[rr], x);
                 }
@@ -619,7 +629,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #ifdef FT_WGMMA
         tc_fence_async();
 #endif
-        ft_group_sync(wg);  // V of this tile landed; every warp is done with the mask and `cell`
+        ft_group_sync(wg);  // V of this tile landed; every warp is done with the mask and `offs`
         if (more && mstage) copy_mask(j0 + FT_BN, sM);
         tc_commit();
         // O += P V.

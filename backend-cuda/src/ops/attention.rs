@@ -312,7 +312,9 @@ impl MmaLaunch {
 /// most 65535 heads, its grid's y).
 fn mma_kernel(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DType, vdt: DType) -> Option<MmaLaunch> {
     let d = tensor_core_dims(cx, q, k, v, kdt, vdt)?;
-    if q.ne[2] > 65535 {
+    // the kernel keeps a row's offset as a 32-bit count of 16-byte units, with all ones reserved
+    let rows_fit = |t: &TensorArg| (t.ne[1] as u128) * (t.nb[1] as u128) < 1 << 36;
+    if q.ne[2] > 65535 || !rows_fit(k) || !rows_fit(v) {
         return None;
     }
     let kernel = match (kdt, d) {
