@@ -436,6 +436,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         const int c8 = gt % HALF, r0 = gt / HALF;
         const u32 d0 = tc_smem(dst) + 2 * ft_at<FT_BN, D>(r0, c8 * 8);
         const char *src = base + c8 * 16, *src2 = src + D;
+        // (whole 64-bit registers, so that a row's address is one multiply-add)
+        asm("" : "+l"(src), "+l"(src2));
 #pragma unroll
         for (int i = 0; i < FT_BN / RPP; i++) {
             const u32 o = offs[r0 + RPP * i];
@@ -571,10 +573,15 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         // (all but a causal batch's diagonal tiles) needs no test per logit.
         const bool whole = !s_gap[wg][buf][0] && !s_gap[wg][buf][1] && j0 + FT_BN - 1 <= t0 + warp * 16 + causal;
         if (whole) {
+            // four independent chains a row (two warps a scheduler hide little dependent latency)
+            float m4[2][4];
 #pragma unroll
-            for (int n = 0; n < FT_BN / 8; n++) {
+            for (int rr = 0; rr < 2; rr++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], sc[n][i]);
+                for (int c = 0; c < 4; c++) m4[rr][c] = fmaxf(sc[2 * c][2 * rr], sc[2 * c][2 * rr + 1]);
+#pragma unroll
+                for (int c = 0; c < 4; c++) m4[rr][c] = fmaxf(m4[rr][c], fmaxf(sc[2 * c + 1][2 * rr], sc[2 * c + 1][2 * rr + 1]));
+                mx[rr] = fmaxf(fmaxf(m4[rr][0], m4[rr][1]), fmaxf(m4[rr][2], m4[rr][3]));
             }
         } else {
 #pragma unroll
@@ -616,15 +623,18 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             }
         }
         const float ms[2] = {m[0] == -TS_INF ? 0.0f : m[0] * FT_LOG2E, m[1] == -TS_INF ? 0.0f : m[1] * FT_LOG2E};
+        float ls[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // two partial sums a row
 #pragma unroll
         for (int n = 0; n < FT_BN / 8; n++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const float p = ft_exp2(fmaf(sc[n][i], FT_LOG2E, -ms[i >> 1]));
                 sc[n][i] = p;
-                l[i >> 1] += p;
+                ls[i >> 1][n & 1] += p;
             }
         }
+        l[0] += ls[0][0] + ls[0][1];
+        l[1] += ls[1][0] + ls[1][1];
         tc_wait<1>();  // V of this tile (the next K may still be in flight)
 #ifdef FT_WGMMA
         tc_fence_async();

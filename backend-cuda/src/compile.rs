@@ -243,12 +243,16 @@ pub struct KernelResources {
     pub spill_loads: u32,
     /// Static (`__shared__`) bytes; dynamic shared memory is the launch's.
     pub static_shared: u32,
+    /// ptxas's performance warnings for the entry (such as "wgmma.mma_async instructions are
+    /// serialized due to ..."), as written.
+    pub warnings: Vec<String>,
 }
 
 /// The kernel entries of a `--ptxas-options=-v` log, in the order ptxas compiled them. ptxas
 /// writes, per entry, "Compiling entry function 'NAME'", "Function properties for NAME" followed by
 /// the stack and spill bytes, then "Used R registers, ... S bytes smem"; device functions that
-/// were not inlined get properties lines too, which are skipped.
+/// were not inlined get properties lines too, which are skipped. ptxas's "Potential Performance
+/// Loss" lines (written before the entries, each naming its function) go to the entry they name.
 pub fn parse_resources(log: &str) -> Vec<KernelResources> {
     // the integer just before `unit` in `line` ("12 bytes spill stores" -> 12 for "bytes spill stores")
     fn count(line: &str, unit: &str) -> Option<u32> {
@@ -260,8 +264,11 @@ pub fn parse_resources(log: &str) -> Vec<KernelResources> {
     }
     let mut out: Vec<KernelResources> = Vec::new();
     let mut props_for_entry = false;
+    let mut warnings: Vec<(&str, String)> = Vec::new(); // (line, what it says)
     for line in log.lines() {
-        if line.contains("Compiling entry function") {
+        if let Some(what) = line.split("Potential Performance Loss").nth(1) {
+            warnings.push((line, what.trim_start_matches(':').trim().to_string()));
+        } else if line.contains("Compiling entry function") {
             if let Some(name) = quoted(line) {
                 out.push(KernelResources { name: name.to_string(), ..Default::default() });
             }
@@ -280,6 +287,11 @@ pub fn parse_resources(log: &str) -> Vec<KernelResources> {
         {
             k.registers = count(line, " registers").unwrap_or(0);
             k.static_shared = count(line, " bytes smem").unwrap_or(0);
+        }
+    }
+    for (line, what) in warnings {
+        if let Some(k) = out.iter_mut().find(|k| line.contains(&format!("'{}'", k.name))) {
+            k.warnings.push(what);
         }
     }
     out
@@ -580,7 +592,8 @@ mod tests {
     #[test]
     fn ptxas_reports_parse_per_entry() {
         // NVRTC 13.0's log for two entries and a device function that was not inlined
-        let log = "ptxas info    : 145 bytes gmem
+        let log = "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to x in the function 'fa_mma_f16_d256' in line 0
+ptxas info    : 145 bytes gmem
 ptxas info    : Compiling entry function 'rope_multi' for 'sm_90'
 ptxas info    : Function properties for rope_multi
 ptxas         .     40 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
@@ -599,8 +612,13 @@ ptxas info    : Used 255 registers, used 1 barriers, 544 bytes smem";
             spill_stores,
             spill_loads,
             static_shared,
+            warnings: Vec::new(),
         };
-        assert_eq!(parse_resources(log), [k("rope_multi", 39, 40, 0, 0, 0), k("fa_mma_f16_d256", 255, 0, 16, 24, 544)]);
+        let mut fa = k("fa_mma_f16_d256", 255, 0, 16, 24, 544);
+        fa.warnings.push(
+            "wgmma.mma_async instructions are serialized due to x in the function 'fa_mma_f16_d256' in line 0".into(),
+        );
+        assert_eq!(parse_resources(log), [k("rope_multi", 39, 40, 0, 0, 0), fa]);
         assert_eq!(parse_resources(""), []);
     }
 

@@ -6,7 +6,8 @@
 //! log, when any module fails to compile.
 //!
 //! For kernel work: `--resources` prints what ptxas reports for every kernel (registers, spill
-//! bytes, stack, static shared memory: what decides occupancy, and whether a change spilled),
+//! bytes, stack, static shared memory: what decides occupancy, and whether a change spilled;
+//! ptxas's performance warnings, such as serialized wgmma, under the kernel they name),
 //! `--cubin-dir DIR` writes each CUBIN as `DIR/<module>.<target>.cubin` (for `cuobjdump -sass`),
 //! and `--module NAME` (repeatable) limits the run to those modules.
 
@@ -113,6 +114,9 @@ fn run() -> std::io::Result<ExitCode> {
                             "        {:40} {:>3} registers {:>5} bytes stack {:>6} bytes smem{spills}",
                             k.name, k.registers, k.stack_bytes, k.static_shared
                         )?;
+                        for w in &k.warnings {
+                            writeln!(out, "            ptxas: {w}")?;
+                        }
                     }
                     if let Some(dir) = &args.cubin_dir {
                         let path = dir.join(format!("{}.{target}.cubin", m.name()));
