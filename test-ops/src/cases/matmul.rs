@@ -377,7 +377,10 @@ fn mul_mat_id(out: &mut Vec<Case>) {
 /// `[head_dim, n_head, n_tokens]`, and `kqv = v^T softmax(kq)`.
 fn attention(out: &mut Vec<Case>) {
     // (head_dim, n_kv, n_tokens, n_head_kv, n_head)
-    for (head_dim, n_kv, n_tokens, n_head_kv, n_head) in [(128, 32, 5, 2, 8), (256, 16, 3, 1, 4)] {
+    // (the one-token rows: decode, where the heads that share a kv head are one product's columns)
+    for (head_dim, n_kv, n_tokens, n_head_kv, n_head) in
+        [(128, 32, 5, 2, 8), (256, 16, 3, 1, 4), (128, 300, 1, 2, 8), (256, 40, 1, 2, 12)]
+    {
         for type_k in [F32, F16] {
             let kq = MulMat::new(type_k, n_kv, n_tokens, head_dim)
                 .batched([n_head_kv, 1], [n_head, 1])

@@ -253,6 +253,9 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if let Some((a, b, out)) = one_row_swapped(&a, d, &b, &out) {
         return mul_mat(cx, a, DType::F32, b, out);
     }
+    if let Some((b, out)) = broadcast_as_columns(&a, &b, &out) {
+        return mul_mat(cx, a, d, b, out);
+    }
     let n = b.ne[1];
     let x = cx.scratch;
     if n > GEMV_MAX_N
@@ -311,6 +314,25 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     gemv_warp(cx, a, d, b, out)
 }
 
+/// One column against batches that share their matrices (grouped-query attention at decode: the
+/// r query heads of a kv head against its K or V) as r columns against each matrix: batch
+/// `i2 r + j` of b and out becomes column j of batch i2, so each matrix is read once for the r
+/// columns rather than once for each (the warp GEMV ran such a K Q at 1% of the copy rate:
+/// docs/perf-log/kernels-matmul.md). Only the second dimension's broadcast folds; a broadcast
+/// of the fourth stays one.
+fn broadcast_as_columns(a: &TensorArg, b: &TensorArg, out: &TensorArg) -> Option<(TensorArg, TensorArg)> {
+    let r = b.ne[2] / a.ne[2].max(1);
+    if b.ne[1] != 1 || out.ne[1] != 1 || r < 2 || a.ne[2] * r != b.ne[2] || out.ne[2] != b.ne[2] {
+        return None;
+    }
+    let fold = |t: &TensorArg| TensorArg {
+        data: t.data,
+        ne: [t.ne[0], r, a.ne[2], t.ne[3]],
+        nb: [t.nb[0], t.nb[2], t.nb[2] * r, t.nb[3]],
+    };
+    Some((fold(b), fold(out)))
+}
+
 /// One f32 weight row against N > 1 columns (a gate's logit for every token) as the product with
 /// the roles swapped: the columns, dense f32 rows of K, as the matrix and the weight row as the one
 /// column, whose output [N, 1] has the bytes of [1, N] when that is dense. The same sums, read at
@@ -365,7 +387,7 @@ fn defined_in_its_module(kernel: crate::compile::Kernel) -> bool {
 mod tests {
     use tessera_ops::DType;
 
-    use super::one_row_swapped;
+    use super::{broadcast_as_columns, one_row_swapped};
     use crate::compile::{Kernel, Module};
     use crate::launch::TensorArg;
 
@@ -386,6 +408,21 @@ mod tests {
         assert!(one_row_swapped(&a, DType::F32, &dense(2, [2048, 512, 2, 1]), &dense(3, [1, 512, 2, 1])).is_none());
         let strided = TensorArg { nb: [8, 8, 4096, 4096], ..out };
         assert!(one_row_swapped(&a, DType::F32, &b, &strided).is_none());
+    }
+
+    #[test]
+    fn one_column_against_shared_matrices_runs_as_columns() {
+        // K [128, 4096, 4 kv heads] against q [128, 1, 32 heads] permuted from [128, 32, 1]
+        let k = TensorArg { data: 1, ne: [128, 4096, 4, 1], nb: [2, 256, 256 * 4096, 256 * 4096 * 4] };
+        let q = TensorArg { data: 2, ne: [128, 1, 32, 1], nb: [4, 512 * 32, 512, 512 * 32] };
+        let out = dense(3, [4096, 1, 32, 1]);
+        let (q2, out2) = broadcast_as_columns(&k, &q, &out).expect("folded");
+        assert_eq!((q2.data, q2.ne, q2.nb), (2, [128, 8, 4, 1], [4, 512, 512 * 8, 512 * 32]));
+        assert_eq!((out2.data, out2.ne, out2.nb), (3, [4096, 8, 4, 1], [4, 4 * 4096, 4 * 4096 * 8, 4 * 4096 * 32]));
+        // not for several columns, no broadcast, or a batch count that does not divide
+        assert!(broadcast_as_columns(&k, &dense(2, [128, 2, 32, 1]), &dense(3, [4096, 2, 32, 1])).is_none());
+        assert!(broadcast_as_columns(&k, &dense(2, [128, 1, 4, 1]), &dense(3, [4096, 1, 4, 1])).is_none());
+        assert!(broadcast_as_columns(&k, &dense(2, [128, 1, 6, 1]), &dense(3, [4096, 1, 6, 1])).is_none());
     }
 
     #[test]
