@@ -66,6 +66,17 @@ struct Row {
     /// Mean time split of one step over the repetitions, seconds.
     step: StepTimes,
     steps: usize,
+    /// Over the measured repetitions, steps the backend captured into a new graph, captured and
+    /// updated into one, and replayed ("graph_captures" / "_updates" / "_replays"; None when it
+    /// counts none: the CPU).
+    graph_steps: Option<[u64; 3]>,
+}
+
+/// The backend's graph counters: captures, updates, replays.
+fn graph_counters(engine: &Engine) -> Option<[u64; 3]> {
+    let c = engine.backend_counters();
+    let get = |name: &str| c.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    Some([get("graph_captures")?, get("graph_updates")?, get("graph_replays")?])
 }
 
 impl Row {
@@ -184,7 +195,9 @@ fn run_case(engine: &mut Engine, args: &BenchArgs, case: Case, graphs: Option<bo
         rates: Vec::new(),
         step: StepTimes::default(),
         steps: 0,
+        graph_steps: None,
     };
+    let mut counted = None;
     for rep in 0..=args.reps {
         engine.reset_stats();
         match case {
@@ -202,6 +215,7 @@ fn run_case(engine: &mut Engine, args: &BenchArgs, case: Case, graphs: Option<bo
         engine.run_to_completion().map_err(|e| e.to_string())?;
         let d = *engine.stats();
         if rep == 0 {
+            counted = graph_counters(engine);
             continue; // warm-up: first shapes are built, planned and captured here
         }
         let (rate, times, steps) = match case {
@@ -214,6 +228,9 @@ fn run_case(engine: &mut Engine, args: &BenchArgs, case: Case, graphs: Option<bo
             row.step += StepTimes { prepare: times.prepare / k, launch: times.launch / k, wait: times.wait / k };
         }
         row.steps = steps;
+    }
+    if let (Some(a), Some(b)) = (counted, graph_counters(engine)) {
+        row.graph_steps = Some([b[0] - a[0], b[1] - a[1], b[2] - a[2]]);
     }
     Ok(row)
 }
@@ -231,14 +248,17 @@ fn print_table(args: &BenchArgs, device: &str, peak: Option<u64>, load_secs: f64
         outln!("peak device memory (pool): {:.2} GiB", p as f64 / (1u64 << 30) as f64);
     }
     outln!();
-    outln!("| case | graphs | tokens/s | ms/step | host prepare us | launch us | wait us | host share |");
-    outln!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    outln!(
+        "| case | graphs | tokens/s | ms/step | host prepare us | launch us | wait us | host share | graphs captured / updated / replayed |"
+    );
+    outln!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in rows {
         let (mean, sd) = r.mean_sd();
         let st = r.step;
         let host = (st.prepare + st.launch) / st.total().max(1e-12);
+        let counts = r.graph_steps.map_or("-".to_string(), |[c, u, p]| format!("{c} / {u} / {p}"));
         outln!(
-            "| {} | {} | {mean:.1} ± {sd:.1} | {:.3} | {:.0} | {:.0} | {:.0} | {:.1}% |",
+            "| {} | {} | {mean:.1} ± {sd:.1} | {:.3} | {:.0} | {:.0} | {:.0} | {:.1}% | {counts} |",
             r.case,
             r.graphs.map_or("-", |g| if g { "on" } else { "off" }),
             st.total() * 1e3,
@@ -266,6 +286,7 @@ fn print_json(args: &BenchArgs, device: &str, peak: Option<u64>, load_secs: f64,
                     "total": r.step.total() * 1e6,
                 },
                 "steps_per_rep": r.steps,
+                "graph_steps": r.graph_steps.map(|[c, u, p]| serde_json::json!({ "captured": c, "updated": u, "replayed": p })),
             })
         })
         .collect();
