@@ -16,7 +16,10 @@
 //! `kernels/matmul.cuh` holds the device code that `pack.cu`, `gemv.cu` and `moe.cu` share;
 //! `kernels/quant_mma.cuh` what `mmq.cu` and `moe_mma.cu` share.
 //!
-//! Paths (f32 accumulation throughout):
+//! Paths (f32 accumulation throughout). First, one column against batches that share their
+//! matrices (grouped-query attention's K Q or V^T P at decode) becomes r columns against each
+//! matrix (`broadcast_as_columns`), and one f32 weight row against many columns swaps roles
+//! (`one_row_swapped`); then:
 //! - **GEMV** (`n <= GEMV_MAX_N`, and the general path for anything cuBLAS cannot take): the
 //!   activations are packed into f32 scratch rows, then one warp per weight row reads the row
 //!   once for up to 8 tokens (`gemv_warp_{1,2,4,8}`), any weight dtype and outer strides.
