@@ -272,11 +272,15 @@ fn norm(
 
 /// Longest head row of `rms_norm_mul_rope`: one warp's registers (`FZ_ROPE_HD_MAX` in fused.cu).
 const ROPE_HEAD_MAX: usize = WARP_ROW_MAX as usize;
-/// Threads of a `rms_norm_mul_rope` block: `FZ_ROPE_WARPS` warps in fused.cu.
-const ROPE_THREADS: u32 = 256;
+/// Warps of a `rms_norm_mul_rope` block (`FZ_ROPE_WARPS` in fused.cu), a head row each.
+const ROPE_WARPS: i64 = 8;
+const ROPE_THREADS: u32 = 32 * ROPE_WARPS as u32;
 
 /// Launches `rms_norm_mul_rope` on a grid of (tokens, head groups) as rope.rs launches
-/// rope_multi: about 512 blocks, each computing its token's angle table once.
+/// rope_multi (about 512 blocks, each computing its token's angle table once), but with a head
+/// for each of a block's warps where there are enough: rope_multi's one head a block at 32
+/// tokens left 7 of 8 warps idle and computed each token's angles 16 times, slower than the
+/// unfused ops (docs/perf-log/fusion.md).
 fn norm_rope(
     cx: &mut Cx<'_>,
     p: &RmsNormMulRopeParams,
@@ -289,7 +293,7 @@ fn norm_rope(
     if y.nelements() == 0 {
         return Ok(());
     }
-    let grid = RopeGrid::new(&p.rope, n_head, n_tokens);
+    let grid = RopeGrid::new(&p.rope, n_head, n_tokens).with_heads_per_block(ROPE_WARPS, n_head);
     let mut a = cx.kernel(RMS_NORM_MUL_ROPE)?;
     a.arg(&y).arg(&x).arg(&w).arg(&pos).arg(&p.norm.eps);
     grid.angle_args(&mut a);
@@ -308,6 +312,25 @@ fn norm_rope(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn norm_rope_blocks_give_every_warp_a_head() {
+        let p = tessera_ops::RopeParams {
+            n_rot: 64,
+            freq_base: 1e7,
+            pairing: tessera_ops::RopePairing::Neox,
+            sections: None,
+        };
+        let grid = |n_head: i64, n_tokens: i64| {
+            let g = RopeGrid::new(&p, n_head, n_tokens).with_heads_per_block(ROPE_WARPS, n_head);
+            (g.groups, g.heads_per_block)
+        };
+        assert_eq!(grid(16, 32), (2, 8));
+        assert_eq!(grid(16, 1), (2, 8));
+        assert_eq!(grid(16, 512), (1, 16));
+        assert_eq!(grid(4, 32), (1, 4));
+        assert_eq!(grid(20, 8), (3, 8));
+    }
 
     #[test]
     fn router_kernels_by_rows_k_and_alignment() {

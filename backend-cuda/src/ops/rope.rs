@@ -65,6 +65,16 @@ impl RopeGrid {
         }
     }
 
+    /// The same grid with at least `min` of the `n_head` heads a block (fewer groups).
+    pub(super) fn with_heads_per_block(mut self, min: i64, n_head: i64) -> RopeGrid {
+        let min = min.min(n_head).max(1);
+        if i64::from(self.heads_per_block) < min {
+            self.heads_per_block = min as i32;
+            self.groups = ((n_head + min - 1) / min).max(1) as u32;
+        }
+        self
+    }
+
     /// Adds `n_rot, freq_base, pairing, has_sections, s0, s1, s2, s3` to a launch.
     pub(super) fn angle_args<'a>(&'a self, a: &mut Launch<'a>) {
         a.arg(&self.n_rot).arg(&self.freq_base).arg(&self.pairing).arg(&self.has_sections);
