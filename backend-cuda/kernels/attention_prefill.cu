@@ -3,18 +3,19 @@
 // `fa_mma_*`: f16/bf16 K/V with d_k = d_v = D (128 or 256). A block takes FT_BM = 64 tokens of
 // one query head and walks the kv positions in tiles of FT_BN = 64: S = Q K^T and O += P V on
 // tensor cores (Q and P rounded to the K/V type, f32 accumulators), with the online softmax on
-// the S fragments in f32 (a row's max may lag its logits by up to FT_STALE). Two product paths (`ft_scores`, `ft_pv`): wgmma on
-// sm_90a, mma.sync elsewhere; each group of 4 warps holds the block's 64 rows (16 a warp). On
-// sm_90a a block may be two such groups (blockDim.x = 256, the host's choice), each walking half
-// of the block's kv tiles with its own K, V and mask tiles, merged at the end
-// (`ft_merge_groups`). A tile's K and V rows (through the block table when paged) are copied
-// into shared memory with 16-byte cp.async, overlapping the tensor cores (the schedule is at the
-// loop). An f16 mask with 16-byte aligned rows rides along with K (FT_BN columns of the block's
-// 64 rows, read from shared memory by the softmax); other masks are read from global memory.
-// With a mask, the block first finds its last tile that any of its rows can see
-// (`ft_mask_stop`), so a causal mask's upper triangle costs neither copies nor tensor-core work.
-// Dynamic shared memory: the Q tile, then each group's K and V tiles (64 x D halves, laid out for
-// the path: `ft_at`) and mask tile (FT_BM * FT_MLD halves). TAG(fa-mma-tile)
+// the S fragments in f32 (a row's max may lag its logits by up to FT_STALE). Two product paths
+// (`ft_scores`, `ft_pv`): wgmma on sm_90a, mma.sync elsewhere; each group of 4 warps holds the
+// block's 64 rows (16 a warp). On sm_90a a block may be two such groups (blockDim.x = 256, the
+// host's choice), each walking half of the block's kv tiles with its own K, V and mask tiles,
+// merged at the end (`ft_merge_groups`). A tile's K and V rows (through the block table when
+// paged; each row's offsets looked up once a tile) are copied into shared memory with 16-byte
+// cp.async, overlapping the tensor cores (the schedule is at the loop). An f16 mask with 16-byte
+// aligned rows is staged in shared memory too (FT_BN columns of the block's 64 rows, read by the
+// softmax); other masks are read from global memory. With a mask, the block first finds its last
+// tile that any of its rows can see (`ft_mask_stop`), so a causal mask's upper triangle costs
+// neither copies nor tensor-core work. The output leaves through the K and V tiles in 16-byte row
+// pieces. Dynamic shared memory: the Q tile, then each group's K and V tiles (64 x D halves, laid
+// out for the path: `ft_at`) and mask tile (FT_BM * FT_MLD halves). TAG(fa-mma-tile)
 //
 // Ragged: a block takes 64 tokens of one sequence of at least `l_min` tokens (tile x counts such
 // sequences' ceil(L / 64) tiles in order: the first warp finds this block's by a running scan)
@@ -143,6 +144,7 @@ template <int ROWS, int D>
 __device__ __forceinline__ constexpr int ft_at(int r, int c) {
     return r * (D + FT_PAD) + c;
 }
+// The group's operand tiles (mma.sync reads them through ldmatrix).
 struct FtTiles {
     const u16 *q, *k, *v;
 };
