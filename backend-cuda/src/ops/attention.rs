@@ -312,9 +312,7 @@ impl MmaLaunch {
 /// most 65535 heads, its grid's y).
 fn mma_kernel(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DType, vdt: DType) -> Option<MmaLaunch> {
     let d = tensor_core_dims(cx, q, k, v, kdt, vdt)?;
-    // the kernel keeps a row's offset as a 32-bit count of 16-byte units, with all ones reserved
-    let rows_fit = |t: &TensorArg| (t.ne[1] as u128) * (t.nb[1] as u128) < 1 << 36;
-    if q.ne[2] > 65535 || !rows_fit(k) || !rows_fit(v) {
+    if q.ne[2] > 65535 || !mma_row_offsets_fit(k) || !mma_row_offsets_fit(v) {
         return None;
     }
     let kernel = match (kdt, d) {
@@ -325,6 +323,12 @@ fn mma_kernel(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DTy
     };
     let launch = MmaLaunch { kernel, d, wgmma: cx.kernels.arch_specific_for(Module::AttentionPrefill) };
     (launch.shared(2) <= cx.info.max_shared_per_block).then_some(launch)
+}
+
+/// Whether the prefill kernel can address every row of K or V: it keeps a row's offset as a
+/// 32-bit count of 16-byte units, all ones reserved for "no row" (`FT_NO_CELL`).
+fn mma_row_offsets_fit(t: &TensorArg) -> bool {
+    t.ne[1] >= 0 && t.nb[1] >= 0 && (t.ne[1] as u128) * (t.nb[1] as u128) < 1 << 36
 }
 
 /// The tensor-core decode kernel for these K/V, if it applies (see [`tensor_core_dims`]).
@@ -596,6 +600,15 @@ fn run_dec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prefill_kernel_takes_k_and_v_whose_row_offsets_fit_32_bits() {
+        let kv = |cells: i64, nb1: i64| TensorArg { data: 0, ne: [256, cells, 4, 1], nb: [2, nb1, 512, 512 * cells] };
+        assert!(mma_row_offsets_fit(&kv(1 << 20, 2048)));
+        // 2^36 bytes of rows (32 Mi cells of 2 KiB) is one too many
+        assert!(mma_row_offsets_fit(&kv((1 << 25) - 1, 2048)));
+        assert!(!mma_row_offsets_fit(&kv(1 << 25, 2048)));
+    }
 
     #[test]
     fn ragged_launches_follow_the_shapes() {
