@@ -293,7 +293,7 @@ fn norm_rope(
     if y.nelements() == 0 {
         return Ok(());
     }
-    let grid = RopeGrid::new(&p.rope, n_head, n_tokens).with_heads_per_block(ROPE_WARPS, n_head);
+    let grid = RopeGrid::new(&p.rope, n_head, n_tokens, ROPE_WARPS);
     let mut a = cx.kernel(RMS_NORM_MUL_ROPE)?;
     a.arg(&y).arg(&x).arg(&w).arg(&pos).arg(&p.norm.eps);
     grid.angle_args(&mut a);
@@ -322,7 +322,7 @@ mod tests {
             sections: None,
         };
         let grid = |n_head: i64, n_tokens: i64| {
-            let g = RopeGrid::new(&p, n_head, n_tokens).with_heads_per_block(ROPE_WARPS, n_head);
+            let g = RopeGrid::new(&p, n_head, n_tokens, ROPE_WARPS);
             (g.groups, g.heads_per_block)
         };
         assert_eq!(grid(16, 32), (2, 8));

@@ -42,9 +42,12 @@ pub(super) struct RopeGrid {
 }
 
 impl RopeGrid {
-    pub(super) fn new(p: &RopeParams, n_head: i64, n_tokens: i64) -> RopeGrid {
+    /// About 512 blocks, with at least `min_heads` heads a block where there are that many (a
+    /// kernel whose warps each take a head wants one for each).
+    pub(super) fn new(p: &RopeParams, n_head: i64, n_tokens: i64, min_heads: i64) -> RopeGrid {
         let groups = (512 / n_tokens.max(1)).clamp(1, n_head.max(1));
-        let heads_per_block = ((n_head + groups - 1) / groups).max((n_head + 65534) / 65535).max(1);
+        let heads_per_block =
+            ((n_head + groups - 1) / groups).max((n_head + 65534) / 65535).max(min_heads.min(n_head)).max(1);
         let groups = ((n_head + heads_per_block - 1) / heads_per_block).max(1) as u32;
         let pairing = match p.pairing {
             RopePairing::Neox => 0,
@@ -63,16 +66,6 @@ impl RopeGrid {
             has_sections,
             sections,
         }
-    }
-
-    /// The same grid with at least `min` of the `n_head` heads a block (fewer groups).
-    pub(super) fn with_heads_per_block(mut self, min: i64, n_head: i64) -> RopeGrid {
-        let min = min.min(n_head).max(1);
-        if i64::from(self.heads_per_block) < min {
-            self.heads_per_block = min as i32;
-            self.groups = ((n_head + min - 1) / min).max(1) as u32;
-        }
-        self
     }
 
     /// Adds `n_rot, freq_base, pairing, has_sections, s0, s1, s2, s3` to a launch.
@@ -98,7 +91,7 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
     if out.nelements() == 0 {
         return Ok(());
     }
-    let grid = RopeGrid::new(p, n_head, n_tokens);
+    let grid = RopeGrid::new(p, n_head, n_tokens, 1);
     let mut a = cx.kernel(ROPE_MULTI)?;
     a.arg(&out).arg(&x).arg(&sdt).arg(&pos);
     grid.angle_args(&mut a);
