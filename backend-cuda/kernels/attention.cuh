@@ -19,11 +19,12 @@
 // same kernels run them with other tilings (see each), the host picking the launches from
 // the shapes alone (a CUDA graph replays them with new offsets), never reading offsets back.
 
+// An output value o gated by z: o * sigmoid(z), one rounded product.
+__device__ __forceinline__ float fa_gated(float o, float z) { return __fmul_rn(o, sigmoid_f(z)); }
 // Output element (e, h, t, s) = o, times sigmoid(gate[e, h, t, s]) when gated.
 __device__ __forceinline__ void fa_store(const Tensor& out, const Tensor& gate, i64 e, i64 h, i64 t, i64 s, float o) {
     if (gate.data) {
-        const float z = *(const float*)(gate.data + e * gate.nb[0] + h * gate.nb[1] + t * gate.nb[2] + s * gate.nb[3]);
-        o = __fmul_rn(o, sigmoid_f(z));
+        o = fa_gated(o, *(const float*)(gate.data + e * gate.nb[0] + h * gate.nb[1] + t * gate.nb[2] + s * gate.nb[3]));
     }
     *(float*)(out.data + e * out.nb[0] + h * out.nb[1] + t * out.nb[2] + s * out.nb[3]) = o;
 }
@@ -44,8 +45,7 @@ __device__ __forceinline__ void fa_store4(const Tensor& out, const Tensor& gate,
     }
     if (gate.data) {
         const float4 z = *(const float4*)(gate.data + e * 4 + h * gate.nb[1] + t * gate.nb[2] + s * gate.nb[3]);
-        o = make_float4(__fmul_rn(o.x, sigmoid_f(z.x)), __fmul_rn(o.y, sigmoid_f(z.y)), __fmul_rn(o.z, sigmoid_f(z.z)),
-                        __fmul_rn(o.w, sigmoid_f(z.w)));
+        o = make_float4(fa_gated(o.x, z.x), fa_gated(o.y, z.y), fa_gated(o.z, z.z), fa_gated(o.w, z.w));
     }
     *(float4*)(out.data + e * 4 + h * out.nb[1] + t * out.nb[2] + s * out.nb[3]) = o;
 }
