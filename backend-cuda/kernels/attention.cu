@@ -326,13 +326,15 @@ FA_PARTIAL(fa_partial_f32, DT_F32, true)
 FA_PARTIAL(fa_partial_f16, DT_F16, true)
 FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 
-// Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: one block per row
-// g = (s * n_head + h) * n_tokens + t (blockDim a multiple of 32). With a ragged batch tiled by
-// sequence (`seq_stride > 0`), rows of tokens the split-K kernel did not take are left alone.
-// One round of loads does most of the work: each split's max and sum (into shared memory) and
-// the first FC_PRE partials of the thread's first element (into registers), all in flight at once;
-// then the factors e^(max_i - max), and the sums in the same order as a plain loop would take them
-// (a decode's 32 splits load nothing more). n_splits <= FC_SPLITS: TAG(fa-splits).
+// Merges `n_splits` partials (max, sum, acc[d_v]) of each output row: block (g, y) takes
+// elements y * blockDim.x + threadIdx.x of row g = (s * n_head + h) * n_tokens + t (blockDim a
+// multiple of 32; several small blocks a row spread the partials' reads over more
+// multiprocessors). With a ragged batch tiled by sequence (`seq_stride > 0`), rows of tokens the
+// split-K kernel did not take are left alone. One round of loads does most of the work: the
+// splits' maxima and sums and the first FC_PRE partials of the thread's element, all in flight at
+// once. Up to 32 splits (a decode's) a warp holds them, lane i split i's, and every warp merges
+// them itself: no block barrier. More go through shared memory. n_splits <= FC_SPLITS:
+// TAG(fa-splits).
 #define FC_SPLITS 384
 #define FC_PRE 32
 extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate, Tensor offsets, Tensor kv_lens,
@@ -344,45 +346,54 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
     if (offsets.data && seq_stride > 0) {
         // offsets were checked by the split-K kernel; with bad ones its output is not used
         int s, t, vis;
-        fa_ragged_token(offsets, kv_lens, (int)(g % n_tokens), 0, s, t, vis);
+        fa_ragged_token(offsets, kv_lens, (int)((u32)g % (u32)n_tokens), 0, s, t, vis);
         const int len = fa_i32(offsets, s + 1) - fa_i32(offsets, s);
         if (vis == 0 || len > seq_stride || len < 0) return;
     }
     const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
     const i64 stride = dv + 2, split_stride = n_rows_g * stride;
     const float* pg = part + g * stride;
-    const int e0 = threadIdx.x;
+    const int e = blockIdx.y * blockDim.x + threadIdx.x;
+    const bool live = e < dv;
     float pre[FC_PRE];
 #pragma unroll
-    for (int i = 0; i < FC_PRE; i++) pre[i] = e0 < dv && i < n_splits ? pg[i * split_stride + 2 + e0] : 0.0f;
-    float mm = -TS_INF;
-    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
-        const float m = pg[i * split_stride], l = pg[i * split_stride + 1];
-        factor[i] = m;
-        sums[i] = l;
-        mm = fmaxf(mm, m);
-    }
-    mm = block_max(mm, scratch);  // its barriers also order the writes to factor and sums
-    const float ms = mm == -TS_INF ? 0.0f : mm;
-    float ll = 0.0f;
-    for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
-        const float f = expf(factor[i] - ms);
-        factor[i] = f;
-        ll += sums[i] * f;
-    }
-    ll = block_sum(ll, scratch);
-    const int t = (int)(g % n_tokens), h = (int)((g / n_tokens) % n_head), s = (int)(g / ((i64)n_tokens * n_head));
-    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-        float a = 0.0f;
-        int i = 0;
-        if (e == e0) {
+    for (int i = 0; i < FC_PRE; i++) pre[i] = live && i < n_splits ? pg[i * split_stride + 2 + e] : 0.0f;
+    // rows = gridDim.x < 2^31: 32-bit divisions
+    const u32 gt = (u32)g / (u32)n_tokens;
+    const int t = (int)((u32)g % (u32)n_tokens), h = (int)(gt % (u32)n_head), s = (int)(gt / (u32)n_head);
+    float mm, ll, a = 0.0f;
+    if (n_splits <= 32) {
+        const int lane = threadIdx.x & 31;
+        const bool has = lane < n_splits;
+        const float m = has ? pg[lane * split_stride] : -TS_INF, l = has ? pg[lane * split_stride + 1] : 0.0f;
+        mm = warp_max(m);
+        const float f = has ? expf(m - (mm == -TS_INF ? 0.0f : mm)) : 0.0f;
+        ll = warp_sum(l * f);
 #pragma unroll
-            for (; i < FC_PRE; i++) {
-                if (i < n_splits) a += pre[i] * factor[i];
-            }
+        for (int i = 0; i < FC_PRE; i++) a += pre[i] * __shfl_sync(0xffffffffu, f, i);
+    } else {
+        mm = -TS_INF;
+        for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
+            const float m = pg[i * split_stride], l = pg[i * split_stride + 1];
+            factor[i] = m;
+            sums[i] = l;
+            mm = fmaxf(mm, m);
         }
+        mm = block_max(mm, scratch);  // its barriers also order the writes to factor and sums
+        const float ms = mm == -TS_INF ? 0.0f : mm;
+        ll = 0.0f;
+        for (int i = threadIdx.x; i < n_splits; i += blockDim.x) {
+            const float f = expf(factor[i] - ms);
+            factor[i] = f;
+            ll += sums[i] * f;
+        }
+        ll = block_sum(ll, scratch);
+#pragma unroll
+        for (int i = 0; i < FC_PRE; i++) a += pre[i] * factor[i];
+        if (live) {
 #pragma unroll 16
-        for (; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * factor[i];
-        fa_store(out, gate, e, h, t, s, mm == -TS_INF ? 0.0f : a / ll);
+            for (int i = FC_PRE; i < n_splits; i++) a += pg[i * split_stride + 2 + e] * factor[i];
+        }
     }
+    if (live) fa_store(out, gate, e, h, t, s, mm == -TS_INF ? 0.0f : a / ll);
 }

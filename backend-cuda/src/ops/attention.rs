@@ -49,7 +49,9 @@ const MAX_D: usize = 256;
 const TARGET_BLOCKS: usize = 384;
 /// Fewest kv positions per split.
 const MIN_SPLIT: usize = 128;
-const COMBINE_THREADS: u32 = 256;
+/// `fa_combine`'s threads a block, one output element each: a row's elements are spread over
+/// d_v / 64 blocks, so that its partials are read through that many multiprocessors.
+const COMBINE_THREADS: u32 = 64;
 /// Most splits `fa_combine` merges: FC_SPLITS in attention.cu (TAG(fa-splits)). A plan's splits
 /// never exceed its target block count.
 const COMBINE_MAX_SPLITS: usize = 384;
@@ -493,12 +495,13 @@ fn combine(
         }
         let (part, n_splits, seq_stride) = (cx.scratch, pl.splits as i32, pl.seq_stride as i32);
         let (dv, n_tokens, n_head) = (pl.d_v as i32, q.ne[1] as i32, q.ne[2] as i32);
-        let cfg = config((pl.rows as u32, 1, 1), (COMBINE_THREADS, 1, 1), 0);
+        let cfg = config((pl.rows as u32, (pl.d_v as u32).div_ceil(COMBINE_THREADS), 1), (COMBINE_THREADS, 1, 1), 0);
         let mut a = cx.kernel(COMBINE)?;
         a.arg(&part).arg(&out).arg(&gate).arg(&offsets).arg(&kv_lens).arg(&seq_stride);
         a.arg(&n_splits).arg(&dv).arg(&n_tokens).arg(&n_head);
         // SAFETY: `fa_combine(part, out, gate, offsets, kv_lens, seq_stride, n_splits, dv,
-        // n_tokens, n_head)`: one block per output row (the gate, when not null, of out's shape);
+        // n_tokens, n_head)`: blocks (row, element group) over every output row and d_v elements
+        // (threads past d_v write nothing; the gate, when not null, of out's shape);
         // n_splits <= FC_SPLITS (checked above); `part` holds n_splits * rows partials of d_v + 2
         // floats, all written above for the rows it merges (with a ragged batch tiled by sequence
         // it skips the rows of other launches, finding a row's sequence within offsets [n_seq + 1]).
