@@ -11,8 +11,10 @@
 // c % FD_W) with its own online-softmax state: the chunk's K and V rows (through the block table
 // when paged) are copied into the warp's shared-memory ring of FD_S stages with 16-byte cp.async,
 // each stage refilled as soon as its chunk is computed, and the softmax runs on the S^T fragments
-// in f32. The chunk's table entries and mask values are loaded into registers a chunk ahead, so that no
-// global-memory latency sits on a warp's chunk-to-chunk path. At the end each warp leaves its
+// in f32. A chunk's mask values are loaded into registers an iteration ahead, and the table
+// entries of the chunk that refills a stage at the top of the iteration that refills it (used
+// after the chunk's products), so that no global-memory latency sits on a warp's chunk-to-chunk
+// path. At the end each warp leaves its
 // state in shared memory and warp w merges the head-dim tiles w, w + FD_W, ...: with one split
 // the block writes the output rows, else (max, sum, acc[D]) partials for `fa_combine`. Dynamic
 // shared memory: FD_W * FD_S * 2 * FD_N * (D + FT_PAD) halves. (The measurements behind the
@@ -91,7 +93,7 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     int n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
     int my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
     // The table entry (unchecked; j itself when not paged) of lane's position in chunk `it`.
-    // Loaded an iteration before `issue` needs it, so that its latency hides behind a chunk.
+    // Loaded a chunk's products before `issue` needs it, so that its latency hides behind them.
     auto raw_of = [&](int it) -> int {
         const int j = j_begin + (warp + it * FD_W) * FD_N + lane;
         if (!paged || it >= my_chunks || lane >= FD_N || j >= j_end) return j;
@@ -205,7 +207,6 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         if (st < my_chunks) issue(st, st, raw_pre[st]);
         tc_commit();
     }
-    int raw_next = raw_of(FD_S);
     u32 qf[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
@@ -218,6 +219,10 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
 #pragma unroll
         for (int i = 0; i < 4; i++) mv[i] = mask_val(mb[i]);
         mask_bits(it + 1, mb);
+        // the table entries of the chunk that refills this stage: loaded here, used after the
+        // products (carried over from the previous iteration, ptxas placed the wait for them at
+        // the loop's top)
+        const int raw_refill = raw_of(it + FD_S);
         const int st = it % FD_S;
         tc_wait<FD_S - 1>();
         __syncwarp();
@@ -278,9 +283,8 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
             ft_mma<DT>(o[n], a, b0, b1);
         }
         __syncwarp();  // the stage is consumed: refill it with chunk it + FD_S
-        if (it + FD_S < my_chunks) issue(it + FD_S, st, raw_next);
+        if (it + FD_S < my_chunks) issue(it + FD_S, st, raw_refill);
         tc_commit();
-        raw_next = raw_of(it + FD_S + 1);
     }
 
     // Merge the warps: each leaves (m, l) per row and its O^T fragments (in its own ring), then
