@@ -4,7 +4,8 @@
 # binaries ("@DIR": a host-side change, with the kernels built into them), or the same binaries
 # with settings in the environment ("%NAME=VALUE[,NAME=VALUE]", e.g. narrow=%TESSERA_MMQ_WIDE=0),
 # alternated REPS times, so that every figure of the table was taken in the same call on the same
-# device.
+# device. "@DIR+KDIR" runs DIR's binaries with the kernel sources of KDIR (a host change measured
+# against an older tree's kernels).
 #
 #   VARIANTS='old=.gpu/kold new=-' EVAL='mul_mat_id' \
 #   PERF='mul_mat_id b=[2048,1,32,1]|mul_mat_id b=[2048,1,512,1]' \
@@ -40,6 +41,11 @@ use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources, i
     ENV_SET=""
     case "$dir" in
         -) ;;
+        @*+*)
+            B=${dir%%+*}
+            B=${B#@}
+            export TESSERA_KERNEL_DIR=$(realpath "${dir#*+}")
+            ;;
         @*) B=${dir#@} ;;
         %*)
             IFS=',' read -ra settings <<< "${dir#%}"
