@@ -337,6 +337,9 @@ FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 // TAG(fa-splits).
 #define FC_SPLITS 384
 #define FC_PRE 32
+// the warp path holds a split a lane and all of its partials in `pre`; the shared-memory path
+// (more than 32 splits) reads the first FC_PRE from `pre` and every factor it multiplies exists
+static_assert(FC_PRE == 32, "one warp of splits in pre");
 extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate, Tensor offsets, Tensor kv_lens,
                                       int seq_stride, int n_splits, int dv, int n_tokens, int n_head) {
     grid_begin();
@@ -362,7 +365,7 @@ extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate
     const u32 gt = (u32)g / (u32)n_tokens;
     const int t = (int)((u32)g % (u32)n_tokens), h = (int)(gt % (u32)n_head), s = (int)(gt / (u32)n_head);
     float mm, ll, a = 0.0f;
-    if (n_splits <= 32) {
+    if (n_splits <= FC_PRE) {
         const int lane = threadIdx.x & 31;
         const bool has = lane < n_splits;
         const float m = has ? pg[lane * split_stride] : -TS_INF, l = has ? pg[lane * split_stride + 1] : 0.0f;
