@@ -22,6 +22,10 @@ date -u +"%Y-%m-%d %H:%M UTC" >> "$OUT/gpu.txt"
 
 timeout 240 "$G/tessera-test-ops" eval --backend cuda > "$OUT/eval.txt" 2>&1
 note "eval --backend cuda: rc=$? $(tail -1 "$OUT/eval.txt")"
+# the prefill attention's head pairs on every eval shape they can take (the host's rule gives them
+# to large grids only)
+TESSERA_FA_PAIR=1 timeout 120 "$G/tessera-test-ops" eval --backend cuda --op flash_attn_ext > "$OUT/eval-pairs.txt" 2>&1
+note "eval flash_attn_ext, TESSERA_FA_PAIR=1: rc=$? $(tail -1 "$OUT/eval-pairs.txt")"
 timeout 120 "$G/device-tests" --test-threads=1 > "$OUT/device.txt" 2>&1
 note "tessera-cuda device tests: rc=$? $(grep '^test result' "$OUT/device.txt")"
 if [ -x "$G/cuda-unit-tests" ]; then

@@ -7,15 +7,18 @@
 // (`ft_scores`, `ft_pv`): wgmma on sm_90a, mma.sync elsewhere; each group of 4 warps holds the
 // block's 64 rows (16 a warp). On sm_90a a block may be two such groups (blockDim.x = 256, the
 // host's choice), each walking half of the block's kv tiles with its own K, V and mask tiles,
-// merged at the end (`ft_merge_groups`). A tile's K and V rows (through the block table when
-// paged; each row's offsets looked up once a tile) are copied into shared memory with 16-byte
-// cp.async, overlapping the tensor cores (the schedule is at the loop). An f16 mask with 16-byte
-// aligned rows is staged in shared memory too (FT_BN columns of the block's 64 rows, read by the
+// merged at the end (`ft_merge_groups`); or (`fa_mma_pair_*`) two query heads of one kv head,
+// each group the same 64 tokens of its own head, both reading one K, V and mask tile set, copied
+// once for both, two stages deep. A tile's K and V rows (through the block table when paged; each
+// row's offsets looked up once a tile) are copied into shared memory with 16-byte cp.async,
+// overlapping the tensor cores (the schedules are at the loops). An f16 mask with 16-byte aligned
+// rows is staged in shared memory too (FT_BN columns of the block's 64 rows, read by the
 // softmax); other masks are read from global memory. With a mask, the block first finds its last
 // tile that any of its rows can see (`ft_mask_stop`), so a causal mask's upper triangle costs
 // neither copies nor tensor-core work. The output leaves through the K and V tiles in 16-byte row
-// pieces. Dynamic shared memory: the Q tile, then each group's K and V tiles (64 x D halves, laid
-// out for the path: `ft_at`) and mask tile (FT_BM * FT_MLD halves). TAG(fa-mma-tile)
+// pieces. Dynamic shared memory: the Q tile (a head pair's two), then each tile set's K and V
+// tiles (64 x D halves, laid out for the path: `ft_at`) and mask tile (FT_BM * FT_MLD halves):
+// one set a group, or a head pair's two stages. TAG(fa-mma-tile)
 //
 // Ragged: a block takes 64 tokens of one sequence of at least `l_min` tokens (tile x counts such
 // sequences' ceil(L / 64) tiles in order: the first warp finds this block's by a running scan)
@@ -28,8 +31,13 @@
 #define FT_NO_CELL 0xFFFFFFFFu  // a row offset for a position without a K/V row (past j_stop)
 #define FT_MLD 72  // halves between the mask tile's rows (144 bytes: a fragment's 32 reads hit 32 banks)
 
-// Waits for the 128 threads of warp group `wg` (named barrier 1 + wg; 0 is __syncthreads).
-__device__ __forceinline__ void ft_group_sync(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
+// Waits for the threads that share warp group `wg`'s tiles: its 128 (named barrier 1 + wg; 0 is
+// __syncthreads), or with PAIR both groups' 256 (barrier 1).
+template <bool PAIR>
+__device__ __forceinline__ void ft_group_sync(int wg) {
+    if (PAIR) asm volatile("bar.sync 1, 256;" ::: "memory");
+    else asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
 // 2^x as one ex2.approx (2 ulp; results below 2^-126 flush to 0, which a softmax sum of at least
 // 1 cannot see): a probability is one multiply-add into base-2 units and this; CUDA's expf added
 // range reduction.
@@ -310,15 +318,16 @@ __device__ __forceinline__ int ft_mask_stop(const Tensor& mask, int mdt, i64 m_s
     return min(j_stop, (last + 1) * FT_BN);
 }
 
-template <int DT, int D>
+template <int DT, int D, bool PAIR>
 __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
                                             float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
-    // per group and tile buffer: each position's K row offset, then its V row offset, in 16-byte
-    // units from the head's first row (the host keeps them below 2^32 - 1), or FT_NO_CELL
-    __shared__ __align__(8) u32 s_off[FT_WG][2][2 * FT_BN];
-    __shared__ int s_gap[FT_WG][2][2];  // per tile buffer: whether warp 0 / 1's 32 cells hold a -1
+    // per slot (a tile set's two, or a pair's three, one a tile in flight): each position's K row
+    // offset, then its V row offset, in 16-byte units from the head's first row (the host keeps
+    // them below 2^32 - 1), or FT_NO_CELL; and whether warp 0 / 1's 32 cells hold a -1
+    __shared__ __align__(8) u32 s_off[2 * FT_WG][2 * FT_BN];
+    __shared__ int s_gap[2 * FT_WG][2];
     __shared__ int s_work[3];
 #ifdef FT_WGMMA
     // 1024-byte aligned by pointer arithmetic, so that accesses stay shared-space ones (the
@@ -327,7 +336,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #else
     u16* sQ = ft_smem;
 #endif
-    // Q, then each warp group's K, V and mask tiles (blockDim.x / 128 groups, at most FT_WG)
+    // Q, then each tile set's K, V and mask tiles (blockDim.x / 128 groups, at most FT_WG; with
+    // PAIR two, each its own Q tile and both one tile set, whose copies their 256 threads share)
     const int groups = (int)blockDim.x >> 7;
     // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform, and keeps the
     // tiles' addresses and wgmma descriptors in uniform registers
@@ -335,7 +345,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
               warp = (tid >> 5) & 3;
     const int g = lane >> 2, tq = lane & 3;
     constexpr int GROUP_HALVES = 2 * ft_tile_halves(FT_BN, D) + FT_BM * FT_MLD;
-    u16* sK = sQ + ft_tile_halves(FT_BM, D) + wg * GROUP_HALVES;
+    constexpr int CT = PAIR ? 256 : 128;  // the threads that copy a tile set's tiles
+    const int ts = PAIR ? 0 : wg, ct = PAIR ? tid : gt;  // this group's tile set; the thread's index among CT
+    u16* const sQ0 = sQ;
+    if (PAIR) sQ += wg * ft_tile_halves(FT_BM, D);
+    u16* sK = sQ0 + (PAIR ? 2 : 1) * ft_tile_halves(FT_BM, D) + ts * GROUP_HALVES;
     u16* sV = sK + ft_tile_halves(FT_BN, D);
     u16* sM = sV + ft_tile_halves(FT_BN, D);
 
@@ -346,7 +360,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     // every head's next-to-last, ...: under a causal mask the tiles that see the most positions
     // start first and the short ones fill the last wave.
     const int lin = (int)(blockIdx.x + gridDim.x * blockIdx.y);
-    const int h = offsets.data ? (int)blockIdx.y : lin % (int)gridDim.y;
+    const int hb = offsets.data ? (int)blockIdx.y : lin % (int)gridDim.y;  // the block's head (pair)
     // Tokens t0 .. t_end (at most 64) of sequence s, in q's slot qs; token t sees positions
     // j <= t + causal (dense: all, causal = n_kv) and the block walks positions 0 .. j_stop.
     int t0 = ((int)gridDim.x - 1 - lin / (int)gridDim.y) * FT_BM, t_end = n_tokens, s = blockIdx.z, qs = blockIdx.z, causal = n_kv, j_stop = n_kv;
@@ -382,7 +396,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             const int lead = fa_i32(offsets, 0), tail = fa_i32(offsets, n_seq);
             const i64 rows = (i64)(lead + n_tokens - tail) * n_head;
             const i64 spare = (i64)(gridDim.x - s_work[2]) * gridDim.y;
-            for (i64 r = (i64)(blockIdx.x - s_work[2]) * gridDim.y + h; r < rows; r += spare) {
+            for (i64 r = (i64)(blockIdx.x - s_work[2]) * gridDim.y + hb; r < rows; r += spare) {
                 const int tp = (int)(r / n_head), hr = (int)(r % n_head), t = tp < lead ? tp : tail + (tp - lead);
                 for (int e = tid; e < (int)out.ne[0]; e += blockDim.x) fa_store(out, gate, e, hr, t, 0, 0.0f);
             }
@@ -395,7 +409,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         causal = fa_i32(kv_lens, s) - len - o;  // token t's last position is t + causal
         j_stop = t_end + causal;                // <= kv_lens[s] <= n_kv
     }
-    const int hk = h / (n_head / n_head_kv);
+    const int h = PAIR ? 2 * hb + wg : hb, hk = h / (n_head / n_head_kv);  // (a pair: one kv head, the host)
     const i64 ks = paged ? 0 : s;
     const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
@@ -409,7 +423,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     // entry is reported and reads as FT_NO_CELL too)
     const u64 k_nb16 = (u64)k.nb[1] >> 4, v_nb16 = (u64)v.nb[1] >> 4;  // 16-byte aligned rows (host)
     auto find_cells = [&](int j0, int slot) {
-        u32* offs = s_off[wg][slot];
+        u32* offs = s_off[slot];
         if (gt < FT_BN) {
             const int j = j0 + gt;
             int cell = -1;
@@ -424,18 +438,18 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             offs[gt] = cell < 0 ? FT_NO_CELL : (u32)((u64)cell * k_nb16);
             offs[FT_BN + gt] = cell < 0 ? FT_NO_CELL : (u32)((u64)cell * v_nb16);
             const bool gap = __any_sync(0xffffffffu, cell < 0);
-            if (lane == 0) s_gap[wg][slot][gt >> 5] = gap;
+            if (lane == 0) s_gap[slot][gt >> 5] = gap;
         }
     };
-    // copies the tile's rows of K or V (zeros for FT_NO_CELL) into dst: a thread takes the same
-    // two 16-byte pieces (c8 and c8 + D / 16 of the row's D / 8) of every RPP-th row, so that one
+    // copies the tile's rows of K or V (zeros for FT_NO_CELL) into dst with CT threads: a thread takes
+    // the same two 16-byte pieces (c8 and c8 + D / 16 of the row's D / 8) of every RPP-th row, so that one
     // shared-memory address serves all its rows plus constants, and a row's source address is one
     // offset read and a multiply-add
     auto copy_rows = [&](u16* dst, const char* base, const u32* offs) {
-        constexpr int HALF = D / 16, RPP = 128 / HALF;
+        constexpr int HALF = D / 16, RPP = CT / HALF;
         constexpr int ROW_STEP = 2 * (ft_at<FT_BN, D>(RPP, 0) - ft_at<FT_BN, D>(0, 0));  // bytes, RPP rows on
         constexpr int SECOND = 2 * (ft_at<FT_BN, D>(0, D / 2) - ft_at<FT_BN, D>(0, 0));   // bytes, D / 2 columns on
-        const int c8 = gt % HALF, r0 = gt / HALF;
+        const int c8 = ct % HALF, r0 = ct / HALF;
         const u32 d0 = tc_smem(dst) + 2 * ft_at<FT_BN, D>(r0, c8 * 8);
         const char *src = base + c8 * 16, *src2 = src + D;
         // (whole 64-bit registers, so that a row's address is one multiply-add)
@@ -449,11 +463,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             tc_cp16_at(d0 + i * ROW_STEP + SECOND, src2 + at, ok);
         }
     };
-    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst: a thread takes the
-    // same 8 columns of every 16th row
+    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst with CT threads: a
+    // thread takes the same 8 columns of every CT / 8-th row
     auto copy_mask = [&](int j0, u16* dst) {
-        constexpr int PIECES = FT_BN / 8, RSTEP = 128 / PIECES;
-        const int c = gt % PIECES * 8, r0 = gt / PIECES, j = j0 + c;
+        constexpr int PIECES = FT_BN / 8, RSTEP = CT / PIECES;
+        const int c = ct % PIECES * 8, r0 = ct / PIECES, j = j0 + c;
         const u32 d0 = tc_smem(dst + r0 * FT_MLD + c);
         const char* p = mask.data + m_seq + (i64)j * 2 + (i64)(t0 + r0) * mask.nb[1];
         const i64 step = (i64)RSTEP * mask.nb[1];
@@ -466,30 +480,36 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     };
 
     // the first tile's copies fly while the mask is scanned and Q is loaded (its cells are the
-    // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it
+    // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it (both
+    // with PAIR)
     if (wg == 0) find_cells(0, 0);
     __syncthreads();
-    if (wg == 0 && j_stop > 0) {
-        copy_rows(sK, kbase, s_off[0][0]);
+    if ((PAIR || wg == 0) && j_stop > 0) {
+        copy_rows(sK, kbase, s_off[0]);
+        if (PAIR) copy_rows(sV, vbase, s_off[0] + FT_BN);
         if (mstage) copy_mask(0, sM);
     }
     tc_commit();
     if (has_mask) j_stop = ft_mask_stop(mask, mdt, m_seq, mstage, t0, t_end, j_stop);
-    // The groups split the block's kv tiles: group 0 the first half (rounded up), group 1 the
-    // rest; their partial softmax states are merged at the end.
-    const int n_tiles = (j_stop + FT_BN - 1) / FT_BN, half = groups == 2 ? (n_tiles + 1) / 2 : n_tiles;
-    const int j_begin = wg == 0 ? 0 : half * FT_BN, j_end = wg == 0 ? min(j_stop, half * FT_BN) : j_stop;
-    if (wg == 1 && j_begin < j_end) {
-        find_cells(j_begin, 0);
-        ft_group_sync(1);
-        copy_rows(sK, kbase, s_off[1][0]);
+    // Two groups of one head split the block's kv tiles: group 0 the first half (rounded up),
+    // group 1 the rest; their partial softmax states are merged at the end. A pair's groups both
+    // walk all of them.
+    const bool split = !PAIR && groups == 2;
+    const int n_tiles = (j_stop + FT_BN - 1) / FT_BN, half = split ? (n_tiles + 1) / 2 : n_tiles;
+    const int j_begin = wg == 0 || !split ? 0 : half * FT_BN, j_end = wg == 0 || !split ? min(j_stop, half * FT_BN) : j_stop;
+    if (split && wg == 1 && j_begin < j_end) {
+        find_cells(j_begin, 2);
+        ft_group_sync<PAIR>(1);
+        copy_rows(sK, kbase, s_off[2]);
         if (mstage) copy_mask(j_begin, sM);
     }
     tc_commit();
+    if (PAIR && wg == 0 && FT_BN < j_stop) find_cells(FT_BN, 1);  // a pair's next tile's cells
 
-    // each group loads its share of the query rows
+    // each group loads its share of the query rows (a pair's groups all of their own head's)
+    const int q_rows = split ? FT_BM / 2 : FT_BM;
     ft_load_q<DT, FT_BM, D, 128>(sQ, q.data + (i64)t0 * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3], q.nb[0],
-                                 q.nb[1], t_end - t0, wg * (FT_BM / groups), FT_BM / groups, gt);
+                                 q.nb[1], t_end - t0, split ? wg * q_rows : 0, q_rows, gt);
 #ifdef FT_WGMMA
     tc_fence_async();
 #endif
@@ -503,34 +523,13 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const int tok[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
     const u16* mrow = sM + (warp * 16 + g) * FT_MLD + 2 * tq;  // this thread's mask values: row g, pair tq
 
-    // The copies overlap the tensor cores, staggered over one K, one V and one mask buffer: V of
-    // tile j lands while S of tile j and the softmax are computed, K of tile j + 1 (copied as
-    // soon as every warp's S is done) while the softmax and P V of tile j are, and the mask of
-    // tile j + 1 during P V; three barriers a tile. (Two buffers of each, all of tile j + 1
-    // copied during tile j, left one block a multiprocessor at D = 256 and were slower:
-    // docs/perf-log.) Each group walks its tiles with its own buffers and barriers.
-    for (int j0 = j_begin, buf = 0; j0 < j_end; j0 += FT_BN, buf ^= 1) {
-        const u32* offs = s_off[wg][buf];
-        tc_wait<0>();
-#ifdef FT_WGMMA
-        tc_fence_async();  // this thread's copies, before the tensor cores read them
-#endif
-        ft_group_sync(wg);  // K and the mask of this tile landed; V is free
-        copy_rows(sV, vbase, offs + FT_BN);
-        tc_commit();
-        const bool more = j0 + FT_BN < j_end;
-        if (more) find_cells(j0 + FT_BN, buf ^ 1);
-
-        // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
-        float sc[FT_BN / 8][4];
-        ft_scores<DT, D>(sc, tiles, warp, lane);
-        ft_group_sync(wg);  // every warp's S is done (K is free) and the next tile's cells are in
-        if (more) copy_rows(sK, kbase, s_off[wg][buf ^ 1]);
-        tc_commit();
-        // Logits and the online-softmax update (rows g and g + 8 of the warp's 16). The softcap
-        // and mask choices are uniform branches around whole loops: taken per element, every
-        // element inlined tanhf and the mask's dtype switch, and the loop outgrew the
-        // instruction cache.
+    // Logits and the online-softmax update of tile j0 (rows g and g + 8 of the warp's 16): sc
+    // becomes the probabilities, o and l are rescaled where the max moves; `offs` and `gap` are
+    // the tile's cells, `mrow` this thread's values of its staged mask.
+    auto tile_softmax = [&](float (&sc)[FT_BN / 8][4], int j0, const u32* offs, const int* gap, const u16* mrow) {
+        // The softcap and mask choices are uniform branches around whole loops: taken per
+        // element, every element inlined tanhf and the mask's dtype switch, and the loop outgrew
+        // the instruction cache.
         if (softcap > 0.0f) {
 #pragma unroll
             for (int n = 0; n < FT_BN / 8; n++) {
@@ -573,7 +572,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         float mx[2] = {-TS_INF, -TS_INF};
         // A tile whose 64 cells are all valid and whose positions every row of the warp sees
         // (all but a causal batch's diagonal tiles) needs no test per logit.
-        const bool whole = !s_gap[wg][buf][0] && !s_gap[wg][buf][1] && j0 + FT_BN - 1 <= t0 + warp * 16 + causal;
+        const bool whole = !gap[0] && !gap[1] && j0 + FT_BN - 1 <= t0 + warp * 16 + causal;
         if (whole) {
             // four independent chains a row (two warps a scheduler hide little dependent latency)
             float m4[2][4];
@@ -637,16 +636,74 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         }
         l[0] += ls[0][0] + ls[0][1];
         l[1] += ls[1][0] + ls[1][1];
+    };
+
+    // The copies overlap the tensor cores, staggered over one K, one V and one mask buffer: V of
+    // tile j lands while S of tile j and the softmax are computed, K of tile j + 1 (copied as
+    // soon as every warp's S is done) while the softmax and P V of tile j are, and the mask of
+    // tile j + 1 during P V; three barriers a tile. (Two buffers of each, all of tile j + 1
+    // copied during tile j, left one block a multiprocessor at D = 256 and were slower:
+    // docs/perf-log.) Each group walks its tiles with its own buffers and barriers.
+    for (int j0 = j_begin, buf = 0; !PAIR && j0 < j_end; j0 += FT_BN, buf ^= 1) {
+        const int slot = 2 * ts + buf;
+        const u32* offs = s_off[slot];
+        tc_wait<0>();
+#ifdef FT_WGMMA
+        tc_fence_async();  // this thread's copies, before the tensor cores read them
+#endif
+        ft_group_sync<PAIR>(wg);  // K and the mask of this tile landed; V is free
+        copy_rows(sV, vbase, offs + FT_BN);
+        tc_commit();
+        const bool more = j0 + FT_BN < j_end;
+        if (more) find_cells(j0 + FT_BN, slot ^ 1);
+
+        // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+        float sc[FT_BN / 8][4];
+        ft_scores<DT, D>(sc, tiles, warp, lane);
+        ft_group_sync<PAIR>(wg);  // every warp's S is done (K is free) and the next tile's cells are in
+        if (more) copy_rows(sK, kbase, s_off[slot ^ 1]);
+        tc_commit();
+        tile_softmax(sc, j0, offs, s_gap[slot], mrow);
         tc_wait<1>();  // V of this tile (the next K may still be in flight)
 #ifdef FT_WGMMA
         tc_fence_async();
 #endif
-        ft_group_sync(wg);  // V of this tile landed; every warp is done with the mask and `offs`
+        ft_group_sync<PAIR>(wg);  // V of this tile landed; every warp is done with the mask and `offs`
         if (more && mstage) copy_mask(j0 + FT_BN, sM);
         tc_commit();
         // O += P V.
         ft_pv<DT, D>(o, sc, tiles, lane);
     }
+
+#ifdef FT_WGMMA
+    // A head pair's groups walk every tile over two stages of K, V and mask: all of tile j + 1 is
+    // copied (by both groups' 256 threads) while tile j is computed, so that one barrier a tile
+    // both publishes tile j and frees tile j - 1's stage and cells; within a tile the groups
+    // drift apart (one group's softmax beside the other's products).
+    if (PAIR) {
+        constexpr u64 STAGE = GROUP_HALVES * 2 / 16;  // a stage's step in descriptor units
+        for (int j0 = 0, it = 0; j0 < j_stop; j0 += FT_BN, it++) {
+            const int b = it & 1, j1 = j0 + FT_BN;
+            tc_wait<0>();
+            tc_fence_async();  // this thread's copies, before the tensor cores read them
+            ft_group_sync<true>(wg);  // tile j0 landed (stage b); the other stage and slot (it + 2) % 3 are free
+            if (j1 < j_stop) {
+                const u32* next = s_off[(it + 1) % 3];
+                u16* k1 = sK + (b ^ 1) * GROUP_HALVES;
+                copy_rows(k1, kbase, next);
+                copy_rows(k1 + ft_tile_halves(FT_BN, D), vbase, next + FT_BN);
+                if (mstage) copy_mask(j1, k1 + 2 * ft_tile_halves(FT_BN, D));
+            }
+            tc_commit();
+            if (wg == 0 && j1 + FT_BN < j_stop) find_cells(j1 + FT_BN, (it + 2) % 3);
+            const FtTiles tb = {tiles.q, tiles.k + b * STAGE, tiles.v + b * STAGE};
+            float sc[FT_BN / 8][4];
+            ft_scores<DT, D>(sc, tb, warp, lane);
+            tile_softmax(sc, j0, s_off[it % 3], s_gap[it % 3], mrow + b * GROUP_HALVES);
+            ft_pv<DT, D>(o, sc, tb, lane);
+        }
+    }
+#endif
 
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
@@ -654,15 +711,16 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
     }
 #if FT_WG == 2
-    if (groups == 2 && !ft_merge_groups<D>(o, m, l, (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES), wg, gt)) return;
+    if (split && !ft_merge_groups<D>(o, m, l, (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES), wg, gt)) return;
 #endif
     // The output goes through the group's K and V tiles (free once every warp's last P V is done;
-    // at least FT_BM x D floats in either layout): each thread puts its values, times 1 / l, in
+    // at least FT_BM x D floats in either layout; a pair's group 1 through both Q tiles, as
+    // large): each thread puts its values, times 1 / l, in
     // f32 rows of D whose 8-value chunks are XOR-swizzled by the row (a store's 8 rows meet
     // different banks), then the group writes whole rows, 16 bytes a thread (fa_store4): scattered
     // 4-byte stores, 8 rows an instruction, held the block's end up on the memory pipe.
-    float* so = (float*)sK;
-    ft_group_sync(wg);
+    float* so = PAIR && wg == 1 ? (float*)sQ0 : (float*)sK;
+    ft_group_sync<PAIR>(wg);
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
         const float inv = m[rr] == -TS_INF ? 0.0f : 1.0f / l[rr];
@@ -672,7 +730,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             *(float2*)&so[r * D + (n ^ (r & 7)) * 8 + 2 * tq] = make_float2(o[n][2 * rr] * inv, o[n][2 * rr + 1] * inv);
         }
     }
-    ft_group_sync(wg);
+    ft_group_sync<PAIR>(wg);
     constexpr int C4 = D / 4, RSTEP = 128 / C4;
     const int c4 = gt % C4, rows = min(FT_BM, t_end - t0);
     const bool vec = fa_rows_vec(out) && fa_rows_vec(gate);
@@ -682,17 +740,24 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     }
 }
 
-#define FA_MMA(NAME, DT, D)                                                                                    \
+#define FA_MMA(NAME, DT, D, PAIR)                                                                              \
     extern "C" __global__ void __launch_bounds__(128 * FT_WG)                                                  \
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
              Tensor gate,                                                                                        \
              int mdt, int has_mask, int paged, float scale, float softcap, int l_min, u64 err, u32 opcode) {     \
         grid_begin();                                                                                            \
-        fa_mma_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged, scale, softcap,  \
-                           l_min, err, opcode);                                                                \
+        fa_mma_impl<DT, D, PAIR>(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged, scale,  \
+                                 softcap, l_min, err, opcode);                                                 \
     }
 
-FA_MMA(fa_mma_f16_d128, DT_F16, 128)
-FA_MMA(fa_mma_f16_d256, DT_F16, 256)
-FA_MMA(fa_mma_bf16_d128, DT_BF16, 128)
-FA_MMA(fa_mma_bf16_d256, DT_BF16, 256)
+FA_MMA(fa_mma_f16_d128, DT_F16, 128, false)
+FA_MMA(fa_mma_f16_d256, DT_F16, 256, false)
+FA_MMA(fa_mma_bf16_d128, DT_BF16, 128, false)
+FA_MMA(fa_mma_bf16_d256, DT_BF16, 256, false)
+#if FT_WG == 2
+// Head pairs (sm_90a only: 256 threads, grid y = heads / 2; the host's choice)
+FA_MMA(fa_mma_pair_f16_d128, DT_F16, 128, true)
+FA_MMA(fa_mma_pair_f16_d256, DT_F16, 256, true)
+FA_MMA(fa_mma_pair_bf16_d128, DT_BF16, 128, true)
+FA_MMA(fa_mma_pair_bf16_d256, DT_BF16, 256, true)
+#endif

@@ -9,7 +9,8 @@
 //!
 //! Prefills (at least [`MMA_MIN_TOKENS`] tokens) with f16/bf16 K/V and d_k = d_v = 128 or 256
 //! run on tensor cores instead (`fa_mma_*`: 64 tokens of one head per block; on sm_90a two warp
-//! groups on wgmma, each taking half of the kv tiles, elsewhere four warps on mma.sync m16n8k16);
+//! groups on wgmma, each taking half of the kv tiles, or `fa_mma_pair_*`: the same 64 tokens of
+//! two heads of one kv head, sharing the K/V tiles; elsewhere four warps on mma.sync m16n8k16);
 //! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 8
 //! N columns of transposed products, K/V chunks copied to shared memory with cp.async, split-K
 //! merged by `fa_combine`).
@@ -35,6 +36,10 @@ const MMA_F16_D128: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d
 const MMA_F16_D256: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d256");
 const MMA_BF16_D128: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_bf16_d128");
 const MMA_BF16_D256: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_bf16_d256");
+const PAIR_F16_D128: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_pair_f16_d128");
+const PAIR_F16_D256: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_pair_f16_d256");
+const PAIR_BF16_D128: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_pair_bf16_d128");
+const PAIR_BF16_D256: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_pair_bf16_d256");
 const DEC_F16_D128: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d128");
 const DEC_F16_D256: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d256");
 const DEC_BF16_D128: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_bf16_d128");
@@ -276,38 +281,85 @@ fn tensor_core_dims(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kd
     ok.then_some(d as usize)
 }
 
-/// The tensor-core prefill kernel for some K/V: the entry, its head dim and whether it is the
-/// sm_90a build, whose blocks may be two warp groups (FT_WG), each taking half of a block's kv
-/// tiles.
+/// The tensor-core prefill kernels for some K/V: the one-head entry, the head-pair entry, their
+/// head dim and whether they are the sm_90a build, whose blocks may be two warp groups (FT_WG),
+/// each taking half of a block's kv tiles, or two heads' groups sharing them (`fa_mma_pair_*`).
 #[derive(Clone, Copy)]
 struct MmaLaunch {
     kernel: Kernel,
+    pair: Kernel,
     d: usize,
     wgmma: bool,
 }
 
+/// How a prefill launch cuts its work into blocks ([`MmaLaunch::blocks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MmaBlocks {
+    /// One warp group on 64 tokens of one head.
+    One,
+    /// Two warp groups on 64 tokens of one head, each half of the kv tiles.
+    SplitKv,
+    /// Two warp groups on the same 64 tokens of two heads of one kv head, each walking every kv
+    /// tile, copied once for both.
+    HeadPair,
+}
+
 impl MmaLaunch {
-    /// Dynamic shared memory of a block of `groups` warp groups. sm_90a: Q, then each group's K,
-    /// V and mask tiles, unpadded, 1024-byte aligned. Elsewhere one group, rows padded for
-    /// ldmatrix.
-    fn shared(&self, groups: usize) -> usize {
+    /// Dynamic shared memory of a block laid out as `b`. sm_90a: the Q tile (one a head), then
+    /// each tile set's K, V and mask tiles (one a group, or a head pair's two stages), unpadded,
+    /// 1024-byte aligned. Elsewhere one group, rows padded for ldmatrix.
+    fn shared(&self, b: MmaBlocks) -> usize {
         let d = self.d;
+        let (q_tiles, tile_sets) = match b {
+            MmaBlocks::One => (1, 1),
+            MmaBlocks::SplitKv => (1, 2),
+            MmaBlocks::HeadPair => (2, 2),
+        };
         if self.wgmma {
-            1024 + (MMA_BM + 2 * groups * MMA_BN) * d * 2 + groups * MMA_BM * MMA_MASK_LD * 2
+            1024 + (q_tiles * MMA_BM + 2 * tile_sets * MMA_BN) * d * 2 + tile_sets * MMA_BM * MMA_MASK_LD * 2
         } else {
             (MMA_BM + 2 * MMA_BN) * (d + MMA_PAD) * 2 + MMA_BM * MMA_MASK_LD * 2
         }
     }
 
-    /// Warp groups a block: two where the grid alone would leave multiprocessors with one group
-    /// or none (at most 5/4 of a block each), or where a ragged batch's causal blocks see up to
-    /// 32 kv tiles or more (the longest blocks set the time); else one, so that two blocks fit a
-    /// multiprocessor. (Measurements: docs/perf-log/kernels-attention.md.)
-    fn groups(&self, blocks: usize, multiprocessors: usize, ragged: bool, n_kv: usize) -> usize {
+    /// The block layout for a grid of `blocks` one-head blocks. sm_90a only: kv tiles split over
+    /// two groups where the grid alone would leave multiprocessors with one group or none (at
+    /// most 5/4 of a block each); else head pairs where a kv head's query heads pair up
+    /// (`heads_per_kv` even) and the pairs still give 7 in 8 multiprocessors a block (a pair takes
+    /// one multiprocessor where two one-head blocks share one, so fewer pairs leave the short
+    /// blocks of a causal grid less to balance with); else split kv tiles where a ragged batch's
+    /// causal blocks see up to 32 kv tiles or more (the longest blocks set the time). Else (and
+    /// elsewhere) one group, so that two blocks fit a multiprocessor. `pair_override` (from
+    /// `TESSERA_FA_PAIR`: [`pair_override`]) overrides the pairs, to measure and to test them:
+    /// 0 never, 1 wherever heads pair up. (Measurements: docs/perf-log/kernels-attention.md.)
+    fn blocks(
+        &self,
+        blocks: usize,
+        multiprocessors: usize,
+        ragged: bool,
+        n_kv: usize,
+        heads_per_kv: usize,
+        pair_override: Option<i64>,
+    ) -> MmaBlocks {
         let small_grid = 4 * blocks <= 5 * multiprocessors;
         let long_causal = ragged && n_kv >= 32 * MMA_BN;
-        if self.wgmma && (small_grid || long_causal) { 2 } else { 1 }
+        let pairs = self.wgmma && heads_per_kv.is_multiple_of(2);
+        let pairs_fill = 8 * (blocks / 2) >= 7 * multiprocessors;
+        match pair_override {
+            _ if !self.wgmma => MmaBlocks::One,
+            Some(1) if pairs => MmaBlocks::HeadPair,
+            _ if small_grid => MmaBlocks::SplitKv,
+            None if pairs && pairs_fill => MmaBlocks::HeadPair,
+            _ if long_causal => MmaBlocks::SplitKv,
+            _ => MmaBlocks::One,
+        }
     }
+}
+
+/// `TESSERA_FA_PAIR`, read once a process: the override of [`MmaLaunch::blocks`]'s head pairs.
+fn pair_override() -> Option<i64> {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    crate::launch::env_number(&SET, "TESSERA_FA_PAIR")
 }
 
 /// The tensor-core prefill kernel for these K/V, if it applies (see [`tensor_core_dims`]; at
@@ -323,8 +375,15 @@ fn mma_kernel(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DTy
         (DType::BF16, 128) => MMA_BF16_D128,
         _ => MMA_BF16_D256,
     };
-    let launch = MmaLaunch { kernel, d, wgmma: cx.kernels.arch_specific_for(Module::AttentionPrefill) };
-    (launch.shared(2) <= cx.info.max_shared_per_block).then_some(launch)
+    let pair = match (kdt, d) {
+        (DType::F16, 128) => PAIR_F16_D128,
+        (DType::F16, 256) => PAIR_F16_D256,
+        (DType::BF16, 128) => PAIR_BF16_D128,
+        _ => PAIR_BF16_D256,
+    };
+    let launch = MmaLaunch { kernel, pair, d, wgmma: cx.kernels.arch_specific_for(Module::AttentionPrefill) };
+    let most = launch.shared(MmaBlocks::SplitKv).max(launch.shared(MmaBlocks::HeadPair));
+    (most <= cx.info.max_shared_per_block).then_some(launch)
 }
 
 /// Whether the prefill kernel can address every row of K or V: it keeps a row's offset as a
@@ -535,21 +594,29 @@ fn run_mma(
     };
     let blocks = grid.0 as usize * grid.1 as usize * grid.2 as usize;
     let n_kv = if p.paged { table.ne[0] } else { k.ne[1] } as usize;
-    let groups = launch.groups(blocks, cx.info.multiprocessors, p.ragged, n_kv);
-    let (kernel, shared) = (launch.kernel, launch.shared(groups) as u32);
+    let heads_per_kv = (q.ne[2] / k.ne[2].max(1)) as usize;
+    let layout = launch.blocks(blocks, cx.info.multiprocessors, p.ragged, n_kv, heads_per_kv, pair_override());
+    let (kernel, grid, threads) = match layout {
+        MmaBlocks::One => (launch.kernel, grid, 128),
+        MmaBlocks::SplitKv => (launch.kernel, grid, 256),
+        MmaBlocks::HeadPair => (launch.pair, (grid.0, grid.1 / 2, grid.2), 256),
+    };
     // the function's limit at the largest block either choice may launch (a captured graph may
     // hold launches of both)
-    cx.allow_shared(kernel, launch.shared(2) as u32)?;
-    let cfg = config(grid, (128 * groups as u32, 1, 1), shared);
+    let limit = if layout == MmaBlocks::HeadPair { MmaBlocks::HeadPair } else { MmaBlocks::SplitKv };
+    cx.allow_shared(kernel, launch.shared(limit) as u32)?;
+    let cfg = config(grid, (threads, 1, 1), launch.shared(layout) as u32);
     let mut a = cx.kernel(kernel)?;
     a.arg(&q).arg(&k).arg(&v).arg(&mask).arg(&table).arg(&offsets).arg(&kv_lens).arg(&out).arg(&gate);
     a.arg(&mdt).arg(&has_mask).arg(&paged).arg(&scale).arg(&softcap).arg(&l_min).arg(&err).arg(&opcode);
     // SAFETY: `fa_mma(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged,
     // scale, softcap, l_min, err, opcode)`: shapes as for `fa_partial` (shape rules); `mma_kernel`
     // checked one f16/bf16 dtype, d_k = d_v = the kernel's D and 16-byte aligned rows (its uint4
-    // loads); `shared` holds the tiles of its `groups` warp groups (`MmaLaunch::shared`, at most
-    // the two-group size that `mma_kernel` checked against the device limit, raised above); the
-    // kernel takes its group count from its 128 * groups threads. Dense: the grid covers
+    // loads); `shared` holds the tiles of its layout (`MmaLaunch::shared`, at most the split-kv
+    // size that `mma_kernel` checked against the device limit, raised above); the kernel takes its
+    // group count from its threads; the pair entry runs only where `blocks` saw the sm_90a build
+    // (which has it), with y = n_head / 2 and the kv head's query heads even in number, so that
+    // heads 2y and 2y + 1 share a kv head. Dense: the grid covers
     // ceil(n_tokens / 64) x n_head x n_seq and rows past n_tokens are not written. Ragged: blocks
     // check every offset and kv length first, take the tiles of `ragged_mma_tiles` (a bound on
     // their count, plus a spare row) and write only their sequence's rows (or padding rows);
@@ -630,17 +697,38 @@ mod tests {
     }
 
     #[test]
-    fn the_prefill_takes_two_warp_groups_for_small_grids_and_long_ragged_batches() {
+    fn the_prefill_splits_kv_for_small_grids_and_long_ragged_batches_and_else_pairs_heads() {
         use crate::compile::{Kernel, Module};
-        let wgmma = MmaLaunch { kernel: Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d256"), d: 256, wgmma: true };
-        assert_eq!(wgmma.groups(128, 132, false, 2048), 2);
-        assert_eq!(wgmma.groups(165, 132, false, 512), 2);
-        assert_eq!(wgmma.groups(192, 132, false, 512), 1);
-        assert_eq!(wgmma.groups(512, 132, true, 2048), 2);
-        assert_eq!(wgmma.groups(512, 132, false, 2048), 1);
-        assert!(wgmma.shared(2) <= 227 * 1024 && 2 * wgmma.shared(1) <= 228 * 1024);
+        use MmaBlocks::{HeadPair, One, SplitKv};
+        let wgmma = MmaLaunch {
+            kernel: Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d256"),
+            pair: Kernel::new(Module::AttentionPrefill, "fa_mma_pair_f16_d256"),
+            d: 256,
+            wgmma: true,
+        };
+        assert_eq!(wgmma.blocks(128, 132, false, 2048, 8, None), SplitKv);
+        assert_eq!(wgmma.blocks(165, 132, false, 512, 6, None), SplitKv);
+        // 96 pairs would leave 36 of 132 multiprocessors idle; 128 do not
+        assert_eq!(wgmma.blocks(192, 132, false, 512, 6, None), One);
+        assert_eq!(wgmma.blocks(256, 132, false, 512, 8, None), HeadPair);
+        assert_eq!(wgmma.blocks(256, 132, false, 512, 3, None), One);
+        assert_eq!(wgmma.blocks(512, 132, true, 2048, 8, None), HeadPair);
+        assert_eq!(wgmma.blocks(512, 132, true, 2048, 3, None), SplitKv);
+        assert_eq!(wgmma.blocks(512, 132, false, 2048, 8, None), HeadPair);
+        for d in [128, 256] {
+            let l = MmaLaunch { d, ..wgmma };
+            assert!(l.shared(SplitKv) <= 227 * 1024 && 2 * l.shared(One) <= 228 * 1024);
+            assert!(l.shared(HeadPair) <= 227 * 1024);
+        }
+        // the override: pairs everywhere they can be, or nowhere
+        assert_eq!(wgmma.blocks(24, 132, false, 200, 4, Some(1)), HeadPair);
+        assert_eq!(wgmma.blocks(24, 132, false, 200, 1, Some(1)), SplitKv);
+        assert_eq!(wgmma.blocks(192, 132, false, 512, 6, Some(0)), One);
+        assert_eq!(wgmma.blocks(128, 132, false, 2048, 8, Some(0)), SplitKv);
         let portable = MmaLaunch { wgmma: false, ..wgmma };
-        assert_eq!(portable.groups(128, 132, true, 4096), 1);
+        assert_eq!(portable.blocks(512, 132, false, 512, 8, Some(1)), One);
+        assert_eq!(portable.blocks(128, 132, true, 4096, 8, None), One);
+        assert_eq!(portable.blocks(512, 132, false, 512, 8, None), One);
     }
 
     #[test]

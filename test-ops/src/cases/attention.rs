@@ -461,8 +461,8 @@ fn layouts(out: &mut Vec<Case>) {
 }
 
 /// Model-sized runs for perf mode: decode over 4096 cached positions (contiguous and paged, 4 and
-/// 32 sequences, f16 and bf16 K/V), and 512-token prefills over 512 and 2048 positions (scattered
-/// and causal masks), at the 27B and 35B-A3B head counts.
+/// 32 sequences, f16 and bf16 K/V), 512-token prefills over 512 and 2048 positions (scattered
+/// and causal masks) and whole 2048-token causal prefills, at the 27B and 35B-A3B head counts.
 pub(super) fn perf_cases() -> Vec<Case> {
     let mut out = vec![
         Fa::new(256, 1, 24, 4, 4096, 1).mask(F16).case(),
@@ -478,6 +478,10 @@ pub(super) fn perf_cases() -> Vec<Case> {
         Fa::new(128, 512, 32, 4, 512, 1).mask(F16).causal().case(),
         Fa::new(128, 512, 32, 4, 512, 1).kv(BF16).mask(F16).causal().case(),
         Fa::new(128, 512, 32, 4, 2048, 1).kv(BF16).mask(F16).causal().case(),
+        // whole 2048-token causal prefills at the 35B-A3B, 27B and qwen3 head counts
+        Fa::new(256, 2048, 16, 2, 2048, 1).mask(F16).causal().case(),
+        Fa::new(256, 2048, 24, 4, 2048, 1).mask(F16).causal().case(),
+        Fa::new(128, 2048, 32, 4, 2048, 1).kv(BF16).mask(F16).causal().case(),
     ];
     // The 35B-A3B attention layer (16 query heads over 2 kv heads of dim 256, f16 paged cache),
     // dense next to ragged for the same work: decodes of 1 to 128 sequences (dense: one token per
