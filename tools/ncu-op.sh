@@ -9,7 +9,7 @@
 # match KERNEL_REGEX (warm-up) and profiling the next COUNT, with the sections that say where time
 # goes (speed of light, warp states, occupancy, memory, source counters). Writes to $OUT (default
 # /tmp/out): NAME.details.txt (ncu's details page), NAME.sass.csv (per-instruction counters) and
-# NAME.stalls.md (tools/ncu_stalls.py: stall reasons and the instructions that wait most), and
+# NAME.stalls.md (tools/ncu_stalls.py: stall reasons, the instructions that wait most, the loops), and
 # prints the headline figures and the stall summary. BIN: the folder with tessera-test-ops
 # (default .gpu/bin); NCU: the ncu binary (default: on PATH, else the newest under /opt/nvidia).
 set -uo pipefail

@@ -6,16 +6,21 @@
     python3 tools/ncu_stalls.py rep.sass.csv [--top 12]
 
 For each kernel in the file: its stall samples by reason (the `stall_*` columns summed over its
-instructions, as shares of all samples), then the instructions that hold the most samples, each
-with its two largest reasons. `tools/ncu-op.sh` runs the whole sequence for one test-ops perf case
+instructions, as shares of all samples), the instructions that hold the most samples, each with
+its two largest reasons, and its loops (a backward branch and the instructions from its target to
+it; nested loops each listed) with their shares of the samples and of the executed instructions,
+so that a kernel's time splits into its phases: the loop a tile, the code each warp runs once. `tools/ncu-op.sh` runs the whole sequence for one test-ops perf case
 on the GPU machine. Stall sampling says where warps waited, not why a kernel is slow: read it next
 to the issue-slot and memory figures of `--page details`.
 """
 
 import argparse
 import csv
+import re
 import sys
 from collections import defaultdict
+
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(0x[0-9a-f]+)")
 
 
 def sections(rows):
@@ -49,6 +54,7 @@ def number(text):
 def report(name, header, data, top):
     col = {h: i for i, h in enumerate(header)}
     total_col = next((i for h, i in col.items() if h.startswith("Warp Stall Sampling (All")), None)
+    executed = col.get("Instructions Executed")
     stalls = [(h, i) for h, i in col.items() if h.startswith("stall_")]
     src = col["Source"]
     addr = next((i for h, i in col.items() if "Address" in h), None)
@@ -63,17 +69,47 @@ def report(name, header, data, top):
         samples = number(row[total_col]) if total_col is not None else sum(per.values())
         for r, v in per.items():
             by_reason[r] += v
-        lines.append((samples, row[addr] if addr is not None else "", row[src].strip(), per))
-    total = sum(s for s, *_ in lines) or 1.0
+        ran = number(row[executed]) if executed is not None else 0.0
+        lines.append((samples, row[addr] if addr is not None else "", row[src].strip(), per, ran))
+    total = sum(line[0] for line in lines) or 1.0
     print(f"## {name}: {total:.0f} samples over {len(lines)} instructions")
     reasons = sorted(by_reason.items(), key=lambda kv: -kv[1])
     print("stall reasons: " + ", ".join(f"{r} {100 * v / total:.1f}%" for r, v in reasons[:10] if v > 0))
     print(f"| share | address | instruction | top reasons |")
     print("| ---: | --- | --- | --- |")
-    for samples, a, text, per in sorted(lines, key=lambda x: -x[0])[:top]:
+    for samples, a, text, per, _ in sorted(lines, key=lambda x: -x[0])[:top]:
         best = sorted(per.items(), key=lambda kv: -kv[1])[:2]
         why = ", ".join(f"{r} {100 * v / max(samples, 1):.0f}%" for r, v in best if v > 0)
         print(f"| {100 * samples / total:.1f}% | {a} | `{text[:70]}` | {why} |")
+    print()
+    loops(lines, total)
+
+
+def loops(lines, total, least=0.02):
+    """The kernel's loops holding at least `least` of its samples: offsets from the kernel's first
+    instruction, static size, shares of the samples and of the executed instructions."""
+    try:
+        at = [int(a, 16) for _, a, *_ in lines]
+    except ValueError:
+        return
+    if not at:
+        return
+    ran_total = sum(line[4] for line in lines) or 1.0
+    found = []
+    for i, (_, _, text, _, _) in enumerate(lines):
+        m = BRANCH.search(text)
+        if m and int(m.group(1), 16) <= at[i]:
+            lo, hi = int(m.group(1), 16), at[i]
+            inside = [line for line, a in zip(lines, at) if lo <= a <= hi]
+            samples, ran = sum(x[0] for x in inside), sum(x[4] for x in inside)
+            if samples >= least * total:
+                found.append((lo - at[0], hi - at[0], len(inside), samples, ran))
+    if not found:
+        return
+    print("| loop (offsets) | instructions | samples | executed |")
+    print("| --- | ---: | ---: | ---: |")
+    for lo, hi, n, samples, ran in sorted(found):
+        print(f"| {lo:#x}-{hi:#x} | {n} | {100 * samples / total:.1f}% | {100 * ran / ran_total:.1f}% |")
     print()
 
 
