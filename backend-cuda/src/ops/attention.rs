@@ -369,17 +369,11 @@ fn mma_kernel(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kdt: DTy
     if q.ne[2] > 65535 || !mma_row_offsets_fit(k) || !mma_row_offsets_fit(v) {
         return None;
     }
-    let kernel = match (kdt, d) {
-        (DType::F16, 128) => MMA_F16_D128,
-        (DType::F16, 256) => MMA_F16_D256,
-        (DType::BF16, 128) => MMA_BF16_D128,
-        _ => MMA_BF16_D256,
-    };
-    let pair = match (kdt, d) {
-        (DType::F16, 128) => PAIR_F16_D128,
-        (DType::F16, 256) => PAIR_F16_D256,
-        (DType::BF16, 128) => PAIR_BF16_D128,
-        _ => PAIR_BF16_D256,
+    let (kernel, pair) = match (kdt, d) {
+        (DType::F16, 128) => (MMA_F16_D128, PAIR_F16_D128),
+        (DType::F16, 256) => (MMA_F16_D256, PAIR_F16_D256),
+        (DType::BF16, 128) => (MMA_BF16_D128, PAIR_BF16_D128),
+        _ => (MMA_BF16_D256, PAIR_BF16_D256),
     };
     let launch = MmaLaunch { kernel, pair, d, wgmma: cx.kernels.arch_specific_for(Module::AttentionPrefill) };
     let most = launch.shared(MmaBlocks::SplitKv).max(launch.shared(MmaBlocks::HeadPair));
