@@ -499,7 +499,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     const int j_begin = wg == 0 || !split ? 0 : half * FT_BN, j_end = wg == 0 || !split ? min(j_stop, half * FT_BN) : j_stop;
     if (split && wg == 1 && j_begin < j_end) {
         find_cells(j_begin, 2);
-        ft_group_sync<PAIR>(1);
+        ft_group_sync<false>(1);
         copy_rows(sK, kbase, s_off[2]);
         if (mstage) copy_mask(j_begin, sM);
     }
