@@ -337,8 +337,9 @@ FA_PARTIAL(fa_partial_bf16, DT_BF16, true)
 // TAG(fa-splits).
 #define FC_SPLITS 384
 #define FC_PRE 32
-// the warp path holds a split a lane and all of its partials in `pre`; the shared-memory path
-// (more than 32 splits) reads the first FC_PRE from `pre` and every factor it multiplies exists
+// The warp path (up to 32 splits) holds split i's factor in lane i and all of a thread's partials
+// in `pre`; the shared-memory path takes the first FC_PRE partials from `pre` and the rest from
+// memory.
 static_assert(FC_PRE == 32, "one warp of splits in pre");
 extern "C" __global__ void fa_combine(const float* part, Tensor out, Tensor gate, Tensor offsets, Tensor kv_lens,
                                       int seq_stride, int n_splits, int dv, int n_tokens, int n_head) {

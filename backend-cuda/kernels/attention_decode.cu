@@ -14,9 +14,9 @@
 // in f32. A chunk's mask values are loaded into registers an iteration ahead, and the table
 // entries of the chunk that refills a stage at the top of the iteration that refills it (used
 // after the chunk's products), so that no global-memory latency sits on a warp's chunk-to-chunk
-// path. At the end each warp leaves its
-// state in shared memory and warp w merges the head-dim tiles w, w + FD_W, ...: with one split
-// the block writes the output rows, else (max, sum, acc[D]) partials for `fa_combine`. Dynamic
+// path. At the end each warp leaves its state in shared memory and warp w merges the head-dim
+// tiles w, w + FD_W, ...: with one split the block writes the output rows, else (max, sum,
+// acc[D]) partials for `fa_combine`. Dynamic
 // shared memory: FD_W * FD_S * 2 * FD_N * (D + FT_PAD) halves. (The measurements behind the
 // layout: docs/perf-log/kernels-attention.md.)
 //

@@ -441,10 +441,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             if (lane == 0) s_gap[slot][gt >> 5] = gap;
         }
     };
-    // copies the tile's rows of K or V (zeros for FT_NO_CELL) into dst with CT threads: a thread takes
-    // the same two 16-byte pieces (c8 and c8 + D / 16 of the row's D / 8) of every RPP-th row, so that one
-    // shared-memory address serves all its rows plus constants, and a row's source address is one
-    // offset read and a multiply-add
+    // copies the tile's rows of K or V (zeros for FT_NO_CELL) into dst with CT threads: a thread
+    // takes the same two 16-byte pieces (c8 and c8 + D / 16 of the row's D / 8) of every RPP-th
+    // row, so that one shared-memory address serves all its rows plus constants, and a row's
+    // source address is one offset read and a multiply-add
     auto copy_rows = [&](u16* dst, const char* base, const u32* offs) {
         constexpr int HALF = D / 16, RPP = CT / HALF;
         constexpr int ROW_STEP = 2 * (ft_at<FT_BN, D>(RPP, 0) - ft_at<FT_BN, D>(0, 0));  // bytes, RPP rows on
@@ -480,8 +480,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     };
 
     // the first tile's copies fly while the mask is scanned and Q is loaded (its cells are the
-    // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it (both
-    // with PAIR)
+    // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it (a
+    // pair's two groups together)
     if (wg == 0) find_cells(0, 0);
     __syncthreads();
     if ((PAIR || wg == 0) && j_stop > 0) {
@@ -651,7 +651,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #ifdef FT_WGMMA
         tc_fence_async();  // this thread's copies, before the tensor cores read them
 #endif
-        ft_group_sync<PAIR>(wg);  // K and the mask of this tile landed; V is free
+        ft_group_sync<false>(wg);  // K and the mask of this tile landed; V is free
         copy_rows(sV, vbase, offs + FT_BN);
         tc_commit();
         const bool more = j0 + FT_BN < j_end;
@@ -660,7 +660,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
         float sc[FT_BN / 8][4];
         ft_scores<DT, D>(sc, tiles, warp, lane);
-        ft_group_sync<PAIR>(wg);  // every warp's S is done (K is free) and the next tile's cells are in
+        ft_group_sync<false>(wg);  // every warp's S is done (K is free) and the next tile's cells are in
         if (more) copy_rows(sK, kbase, s_off[slot ^ 1]);
         tc_commit();
         tile_softmax(sc, j0, offs, s_gap[slot], mrow);
@@ -668,7 +668,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 #ifdef FT_WGMMA
         tc_fence_async();
 #endif
-        ft_group_sync<PAIR>(wg);  // V of this tile landed; every warp is done with the mask and `offs`
+        ft_group_sync<false>(wg);  // V of this tile landed; every warp is done with the mask and `offs`
         if (more && mstage) copy_mask(j0 + FT_BN, sM);
         tc_commit();
         // O += P V.
@@ -714,11 +714,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     if (split && !ft_merge_groups<D>(o, m, l, (float*)(sQ + ft_tile_halves(FT_BM, D) + GROUP_HALVES), wg, gt)) return;
 #endif
     // The output goes through the group's K and V tiles (free once every warp's last P V is done;
-    // at least FT_BM x D floats in either layout; a pair's group 1 through both Q tiles, as
-    // large): each thread puts its values, times 1 / l, in
-    // f32 rows of D whose 8-value chunks are XOR-swizzled by the row (a store's 8 rows meet
-    // different banks), then the group writes whole rows, 16 bytes a thread (fa_store4): scattered
-    // 4-byte stores, 8 rows an instruction, held the block's end up on the memory pipe.
+    // at least FT_BM x D floats in either layout; a pair's group 1 through both Q tiles, as large):
+    // each thread puts its values, times 1 / l, in f32 rows of D whose 8-value chunks are
+    // XOR-swizzled by the row (a store's 8 rows meet different banks), then the group writes whole
+    // rows, 16 bytes a thread (fa_store4): scattered 4-byte stores, 8 rows an instruction, held the
+    // block's end up on the memory pipe.
     float* so = PAIR && wg == 1 ? (float*)sQ0 : (float*)sK;
     ft_group_sync<PAIR>(wg);
 #pragma unroll

@@ -563,8 +563,9 @@ fn combine(
     Ok(())
 }
 
-/// The tensor-core prefill: one block per 64 tokens of one query head of one sequence. `min_len`
-/// > 0 runs a ragged batch's sequences of at least that many tokens (and zeroes its padding).
+/// The tensor-core prefill: one block per 64 tokens of one query head (or of a head pair: see
+/// [`MmaLaunch::blocks`]) of one sequence. `min_len` > 0 runs a ragged batch's sequences of at
+/// least that many tokens (and zeroes its padding).
 fn run_mma(
     cx: &mut Cx<'_>,
     task: &Task<'_>,
@@ -610,8 +611,8 @@ fn run_mma(
     // size that `mma_kernel` checked against the device limit, raised above); the kernel takes its
     // group count from its threads; the pair entry runs only where `blocks` saw the sm_90a build
     // (which has it), with y = n_head / 2 and the kv head's query heads even in number, so that
-    // heads 2y and 2y + 1 share a kv head. Dense: the grid covers
-    // ceil(n_tokens / 64) x n_head x n_seq and rows past n_tokens are not written. Ragged: blocks
+    // heads 2y and 2y + 1 share a kv head. Dense: the grid covers ceil(n_tokens / 64) x n_head
+    // (pairs: n_head / 2) x n_seq and rows past n_tokens are not written. Ragged: blocks
     // check every offset and kv length first, take the tiles of `ragged_mma_tiles` (a bound on
     // their count, plus a spare row) and write only their sequence's rows (or padding rows);
     // positions read stay below kv_lens[s] <= n_kv. Table entries are checked before any K/V read.
