@@ -55,6 +55,27 @@ __device__ __forceinline__ float ft_exp2(float x) {
 
 #ifdef FT_WGMMA
 #define FT_WG 2
+// mbarriers (a head pair's stages: full when the producer's copies landed, empty when both
+// consumer groups are done with them) and the warpgroups' register split
+__device__ __forceinline__ void ft_mb_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ft_mb_arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
+// arrives on `bar` once every cp.async this thread issued so far has landed (counted in the init)
+__device__ __forceinline__ void ft_mb_arrive_copies(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void ft_mb_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "FT_WAIT:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+        "@!p bra FT_WAIT;\n\t}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+#define FT_PRODUCER_REGS 56
+#define FT_CONSUMER_REGS 224
 // On sm_90a each warpgroup of the block (4 warps) runs both products as wgmma: S = Q K^T as
 // m64n64k16 steps with Q and K read from shared memory, O += P V as m64nDk16 steps with P from
 // registers (the S fragments, rounded) and V read from shared memory transposed. The tensor
@@ -345,8 +366,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
               warp = (tid >> 5) & 3;
     const int g = lane >> 2, tq = lane & 3;
     constexpr int GROUP_HALVES = 2 * ft_tile_halves(FT_BN, D) + FT_BM * FT_MLD;
-    constexpr int CT = PAIR ? 256 : 128;  // the threads that copy a tile set's tiles
-    const int ts = PAIR ? 0 : wg, ct = PAIR ? tid : gt;  // this group's tile set; the thread's index among CT
+    constexpr int CT = 128;  // the threads that copy a tile set's tiles (a pair's: its producer warpgroup)
+    const int ts = PAIR ? 0 : wg, ct = gt;  // this group's tile set; the thread's index among CT
+    __shared__ __align__(8) u64 s_bar[4];  // a pair's full[2], empty[2]
+    const u32 full0 = tc_smem(&s_bar[0]), empty0 = tc_smem(&s_bar[2]);
     u16* const sQ0 = sQ;
     if (PAIR) sQ += wg * ft_tile_halves(FT_BM, D);
     u16* sK = sQ0 + (PAIR ? 2 : 1) * ft_tile_halves(FT_BM, D) + ts * GROUP_HALVES;
@@ -409,7 +432,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         causal = fa_i32(kv_lens, s) - len - o;  // token t's last position is t + causal
         j_stop = t_end + causal;                // <= kv_lens[s] <= n_kv
     }
-    const int h = PAIR ? 2 * hb + wg : hb, hk = h / (n_head / n_head_kv);  // (a pair: one kv head, the host)
+    // (a pair's producer, group 2, takes the second head's kv head: the same, the host)
+    const int h = PAIR ? 2 * hb + min(wg, 1) : hb, hk = h / (n_head / n_head_kv);
     const i64 ks = paged ? 0 : s;
     const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
     const char* vbase = v.data + hk * v.nb[2] + ks * v.nb[3];
@@ -481,13 +505,23 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 
     // the first tile's copies fly while the mask is scanned and Q is loaded (its cells are the
     // same for any j_stop the scan leaves: at least one whole tile); group 0 always takes it (a
-    // pair's two groups together)
-    if (wg == 0) find_cells(0, 0);
+    // pair's producer, group 2)
+    if (PAIR && tid == 0) {
+#ifdef FT_WGMMA
+        // full: each producer thread's copies (noinc) and its arrival; empty: every consumer thread
+        for (int i = 0; i < 2; i++) ft_mb_init(full0 + 8 * i, 256), ft_mb_init(empty0 + 8 * i, 256);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    }
+    if (wg == (PAIR ? 2 : 0)) find_cells(0, 0);
     __syncthreads();
-    if ((PAIR || wg == 0) && j_stop > 0) {
+    if (wg == (PAIR ? 2 : 0) && j_stop > 0) {
         copy_rows(sK, kbase, s_off[0]);
         if (PAIR) copy_rows(sV, vbase, s_off[0] + FT_BN);
         if (mstage) copy_mask(0, sM);
+#ifdef FT_WGMMA
+        if (PAIR) ft_mb_arrive_copies(full0), ft_mb_arrive(full0);
+#endif
     }
     tc_commit();
     if (has_mask) j_stop = ft_mask_stop(mask, mdt, m_seq, mstage, t0, t_end, j_stop);
@@ -504,12 +538,13 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         if (mstage) copy_mask(j_begin, sM);
     }
     tc_commit();
-    if (PAIR && wg == 0 && FT_BN < j_stop) find_cells(FT_BN, 1);  // a pair's next tile's cells
 
     // each group loads its share of the query rows (a pair's groups all of their own head's)
     const int q_rows = split ? FT_BM / 2 : FT_BM;
-    ft_load_q<DT, FT_BM, D, 128>(sQ, q.data + (i64)t0 * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3], q.nb[0],
-                                 q.nb[1], t_end - t0, split ? wg * q_rows : 0, q_rows, gt);
+    if (!PAIR || wg < 2) {
+        ft_load_q<DT, FT_BM, D, 128>(sQ, q.data + (i64)t0 * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3], q.nb[0],
+                                     q.nb[1], t_end - t0, split ? wg * q_rows : 0, q_rows, gt);
+    }
 #ifdef FT_WGMMA
     tc_fence_async();
 #endif
@@ -676,31 +711,42 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     }
 
 #ifdef FT_WGMMA
-    // A head pair's groups walk every tile over two stages of K, V and mask: all of tile j + 1 is
-    // copied (by both groups' 256 threads) while tile j is computed, so that one barrier a tile
-    // both publishes tile j and frees tile j - 1's stage and cells; within a tile the groups
-    // drift apart (one group's softmax beside the other's products).
+    // A head pair is warp-specialized: group 2 (the producer) looks up each tile's cells and
+    // copies its K, V and mask rows into one of two stages, then arrives on the stage's full
+    // barrier (its copies' landing counted through cp.async.mbarrier.arrive); groups 0 and 1
+    // (the consumers, one head each) wait on it, run the tile, and arrive on the stage's empty
+    // barrier, which the producer waits on before it refills the stage. No barrier joins the
+    // consumers within the loop, and the producer's registers go to them.
     if (PAIR) {
         constexpr u64 STAGE = GROUP_HALVES * 2 / 16;  // a stage's step in descriptor units
-        for (int j0 = 0, it = 0; j0 < j_stop; j0 += FT_BN, it++) {
-            const int b = it & 1, j1 = j0 + FT_BN;
-            tc_wait<0>();
-            tc_fence_async();  // this thread's copies, before the tensor cores read them
-            ft_group_sync<true>(wg);  // tile j0 landed (stage b); the other stage and slot (it + 2) % 3 are free
-            if (j1 < j_stop) {
-                const u32* next = s_off[(it + 1) % 3];
-                u16* k1 = sK + (b ^ 1) * GROUP_HALVES;
-                copy_rows(k1, kbase, next);
-                copy_rows(k1 + ft_tile_halves(FT_BN, D), vbase, next + FT_BN);
-                if (mstage) copy_mask(j1, k1 + 2 * ft_tile_halves(FT_BN, D));
+        const int n_tiles = (j_stop + FT_BN - 1) / FT_BN;
+        if (wg == 2) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FT_PRODUCER_REGS));
+            for (int it = 1; it < n_tiles; it++) {
+                const int b = it & 1;
+                if (it >= 2) ft_mb_wait(empty0 + 8 * b, (u32)((it >> 1) - 1) & 1u);
+                find_cells(it * FT_BN, b);
+                asm volatile("bar.sync 3, 128;" ::: "memory");  // the tile's cells, to every producer thread
+                u16* kb = sK + b * GROUP_HALVES;
+                copy_rows(kb, kbase, s_off[b]);
+                copy_rows(kb + ft_tile_halves(FT_BN, D), vbase, s_off[b] + FT_BN);
+                if (mstage) copy_mask(it * FT_BN, kb + 2 * ft_tile_halves(FT_BN, D));
+                ft_mb_arrive_copies(full0 + 8 * b);
+                ft_mb_arrive(full0 + 8 * b);
             }
-            tc_commit();
-            if (wg == 0 && j1 + FT_BN < j_stop) find_cells(j1 + FT_BN, (it + 2) % 3);
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FT_CONSUMER_REGS));
+        for (int it = 0; it < n_tiles; it++) {
+            const int b = it & 1, j0 = it * FT_BN;
+            ft_mb_wait(full0 + 8 * b, (u32)(it >> 1) & 1u);
+            tc_fence_async();  // the producer's copies, before the tensor cores read them
             const FtTiles tb = {tiles.q, tiles.k + b * STAGE, tiles.v + b * STAGE};
             float sc[FT_BN / 8][4];
             ft_scores<DT, D>(sc, tb, warp, lane);
-            tile_softmax(sc, j0, s_off[it % 3], s_gap[it % 3], mrow + b * GROUP_HALVES);
+            tile_softmax(sc, j0, s_off[b], s_gap[b], mrow + b * GROUP_HALVES);
             ft_pv<DT, D>(o, sc, tb, lane);
+            ft_mb_arrive(empty0 + 8 * b);
         }
     }
 #endif
@@ -741,7 +787,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
 }
 
 #define FA_MMA(NAME, DT, D, PAIR)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128 * FT_WG)                                                  \
+    extern "C" __global__ void __launch_bounds__(PAIR ? 384 : 128 * FT_WG)                                     \
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
              Tensor gate,                                                                                        \
              int mdt, int has_mask, int paged, float scale, float softcap, int l_min, u64 err, u32 opcode) {     \

@@ -325,13 +325,12 @@ impl MmaLaunch {
     /// The block layout for a grid of `blocks` one-head blocks. sm_90a only: kv tiles split over
     /// two groups where the grid alone would leave multiprocessors with one group or none (at
     /// most 5/4 of a block each); else head pairs where a kv head's query heads pair up
-    /// (`heads_per_kv` even) and the pairs still give 7 in 8 multiprocessors a block (a pair takes
-    /// one multiprocessor where two one-head blocks share one, so fewer pairs leave the short
-    /// blocks of a causal grid less to balance with); else split kv tiles where a ragged batch's
-    /// causal blocks see up to 32 kv tiles or more (the longest blocks set the time). Else (and
-    /// elsewhere) one group, so that two blocks fit a multiprocessor. `pair_override` (from
-    /// `TESSERA_FA_PAIR`: [`pair_override`]) overrides the pairs, to measure and to test them:
-    /// 0 never, 1 wherever heads pair up. (Measurements: docs/perf-log/kernels-attention.md.)
+    /// (`heads_per_kv` even: a pair's producer group copies each K/V tile once for two consumer
+    /// groups); else split kv tiles where a ragged batch's causal blocks see up to 32 kv tiles or
+    /// more (the longest blocks set the time). Else (and elsewhere) one group, so that two blocks
+    /// fit a multiprocessor. `pair_override` (from `TESSERA_FA_PAIR`: [`pair_override`])
+    /// overrides the pairs, to measure and to test them: 0 never, 1 wherever heads pair up.
+    /// (Measurements: docs/perf-log/kernels-attention.md.)
     fn blocks(
         &self,
         blocks: usize,
@@ -344,12 +343,11 @@ impl MmaLaunch {
         let small_grid = 4 * blocks <= 5 * multiprocessors;
         let long_causal = ragged && n_kv >= 32 * MMA_BN;
         let pairs = self.wgmma && heads_per_kv.is_multiple_of(2);
-        let pairs_fill = 8 * (blocks / 2) >= 7 * multiprocessors;
         match pair_override {
             _ if !self.wgmma => MmaBlocks::One,
             Some(1) if pairs => MmaBlocks::HeadPair,
             _ if small_grid => MmaBlocks::SplitKv,
-            None if pairs && pairs_fill => MmaBlocks::HeadPair,
+            None if pairs => MmaBlocks::HeadPair,
             _ if long_causal => MmaBlocks::SplitKv,
             _ => MmaBlocks::One,
         }
@@ -594,7 +592,7 @@ fn run_mma(
     let (kernel, grid, threads) = match layout {
         MmaBlocks::One => (launch.kernel, grid, 128),
         MmaBlocks::SplitKv => (launch.kernel, grid, 256),
-        MmaBlocks::HeadPair => (launch.pair, (grid.0, grid.1 / 2, grid.2), 256),
+        MmaBlocks::HeadPair => (launch.pair, (grid.0, grid.1 / 2, grid.2), 384),
     };
     // the function's limit at the largest block either choice may launch (a captured graph may
     // hold launches of both)
@@ -703,8 +701,9 @@ mod tests {
         };
         assert_eq!(wgmma.blocks(128, 132, false, 2048, 8, None), SplitKv);
         assert_eq!(wgmma.blocks(165, 132, false, 512, 6, None), SplitKv);
-        // 96 pairs would leave 36 of 132 multiprocessors idle; 128 do not
-        assert_eq!(wgmma.blocks(192, 132, false, 512, 6, None), One);
+        // 96 pairs leave 36 of 132 multiprocessors idle and still beat 192 one-head blocks
+        assert_eq!(wgmma.blocks(192, 132, false, 512, 6, None), HeadPair);
+        assert_eq!(wgmma.blocks(192, 132, false, 512, 3, None), One);
         assert_eq!(wgmma.blocks(256, 132, false, 512, 8, None), HeadPair);
         assert_eq!(wgmma.blocks(256, 132, false, 512, 3, None), One);
         assert_eq!(wgmma.blocks(512, 132, true, 2048, 8, None), HeadPair);
