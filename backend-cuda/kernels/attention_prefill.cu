@@ -300,43 +300,53 @@ __device__ __forceinline__ bool ft_merge_groups(float (&o)[D / 8][4], float (&m)
 
 // The end of the kv positions a prefill block needs under a mask: past the last tile that any
 // of its rows (tokens t0 .. t_end) sees, tiles are all -inf (a causal mask's upper triangle) and
-// cost nothing. A NaN counts as seen (it reaches the output). Call with the whole block; the
-// first 128 threads scan, and a thread's loads of a tile are all issued before any is tested
-// (one memory latency a tile, not one a value: a block near the start of a causal prefill scans
-// most tiles). `mstage`: an f16 mask with 16-byte aligned rows, read in pieces of 8 values.
+// cost nothing. A NaN counts as seen (it reaches the output). Call with the whole block: every
+// thread scans, from the last tile down, 1 tile in the first pass, then 2, 4, 8 and 16 (each
+// thread's loads of a pass all issued before any is tested: one memory latency a pass, where a
+// block near the start of a causal prefill has most of the tiles to scan, and a mask that sees
+// the last tile costs one tile's loads), then one barrier a tile of the pass, from the last,
+// until one was seen. Tile 0 is always kept. `mstage`: an f16 mask with 16-byte aligned rows,
+// read in pieces of 8 values.
 __device__ __forceinline__ int ft_mask_stop(const Tensor& mask, int mdt, i64 m_seq, bool mstage, int t0, int t_end, int j_stop) {
+    constexpr int PIECES = FT_BM * FT_BN / 8;  // a tile's 8-value pieces
     const int tid = threadIdx.x;
     int last = (j_stop + FT_BN - 1) / FT_BN - 1;
-    for (; last > 0; last--) {
-        bool seen = false;
-        if (tid >= 128) {
-            // (the first group scans)
-        } else if (mstage) {
+    for (int pass = 1; last > 0; pass = min(2 * pass, 16)) {
+        const int lo = max(1, last - pass + 1);
+        u32 seen = 0;  // bit i: tile last - i
+        if (mstage) {
             // -inf is 0xFC00; a NaN is any other pattern
-#pragma unroll
-            for (int i = 0; i < FT_BM * FT_BN / 8 / 128; i++) {
-                const int idx = tid + 128 * i, t = t0 + idx / (FT_BN / 8), j = last * FT_BN + idx % (FT_BN / 8) * 8;
+#pragma unroll 8
+            for (int idx = tid; idx < (last - lo + 1) * PIECES; idx += blockDim.x) {
+                const int i = idx / PIECES, e8 = idx % PIECES;
+                const int t = t0 + e8 / (FT_BN / 8), j = (last - i) * FT_BN + e8 % (FT_BN / 8) * 8;
                 if (t < t_end && j < j_stop) {
                     const uint4 x = *(const uint4*)(mask.data + (i64)j * 2 + (i64)t * mask.nb[1] + m_seq);
                     const u32 w[4] = {x.x, x.y, x.z, x.w};
+                    bool any = false;
 #pragma unroll
-                    for (int e = 0; e < 8; e++) {
-                        seen |= j + e < j_stop && (u16)(w[e / 2] >> (16 * (e % 2))) != 0xFC00u;
-                    }
+                    for (int e = 0; e < 8; e++) any |= j + e < j_stop && (u16)(w[e / 2] >> (16 * (e % 2))) != 0xFC00u;
+                    seen |= (u32)any << i;
                 }
             }
         } else {
 #pragma unroll 8
-            for (int idx = tid; idx < FT_BM * FT_BN; idx += 128) {
-                const int t = t0 + idx / FT_BN, j = last * FT_BN + idx % FT_BN;
+            for (int idx = tid; idx < (last - lo + 1) * FT_BM * FT_BN; idx += blockDim.x) {
+                const int i = idx / (FT_BM * FT_BN), e = idx % (FT_BM * FT_BN);
+                const int t = t0 + e / FT_BN, j = (last - i) * FT_BN + e % FT_BN;
                 if (t < t_end && j < j_stop) {
-                    seen |= !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF);
+                    seen |= (u32) !(load_f32(mask.data + (i64)j * mask.nb[0] + (i64)t * mask.nb[1] + m_seq, mdt) == -TS_INF) << i;
                 }
             }
         }
-        if (__syncthreads_or(seen)) break;
+        int i = 0;
+        for (; i <= last - lo; i++) {
+            if (__syncthreads_or((seen >> i) & 1u)) break;
+        }
+        if (i <= last - lo) return min(j_stop, (last - i + 1) * FT_BN);
+        last = lo - 1;
     }
-    return min(j_stop, (last + 1) * FT_BN);
+    return min(j_stop, FT_BN);
 }
 
 template <int DT, int D, bool PAIR>
