@@ -322,7 +322,7 @@ impl MmaLaunch {
         }
     }
 
-    /// The block layout for a grid of `blocks` one-head blocks. sm_90a only: kv tiles split over
+    /// The block layout for `blocks` one-head blocks of work. sm_90a only: kv tiles split over
     /// two groups where the grid alone would leave multiprocessors with one group or none (at
     /// most 5/4 of a block each); else head pairs where a kv head's query heads pair up
     /// (`heads_per_kv` even: a pair's producer group copies each K/V tile once for two consumer
@@ -585,7 +585,14 @@ fn run_mma(
     } else {
         (n_tokens.div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32)
     };
-    let blocks = grid.0 as usize * grid.1 as usize * grid.2 as usize;
+    // the blocks with work: ragged, the tokens in whole tiles (the grid's bound gives every
+    // sequence a tile of its own, where most of a mixed batch's may be decodes that the split-K
+    // kernel takes and whose blocks return at once)
+    let blocks = if p.ragged {
+        n_tokens.div_ceil(MMA_BM) * q.ne[2] as usize
+    } else {
+        grid.0 as usize * grid.1 as usize * grid.2 as usize
+    };
     let n_kv = if p.paged { table.ne[0] } else { k.ne[1] } as usize;
     let heads_per_kv = (q.ne[2] / k.ne[2].max(1)) as usize;
     let layout = launch.blocks(blocks, cx.info.multiprocessors, p.ragged, n_kv, heads_per_kv, pair_override());
