@@ -7,9 +7,10 @@
 // (`ft_scores`, `ft_pv`): wgmma on sm_90a, mma.sync elsewhere; each group of 4 warps holds the
 // block's 64 rows (16 a warp). On sm_90a a block may be two such groups (blockDim.x = 256, the
 // host's choice), each walking half of the block's kv tiles with its own K, V and mask tiles,
-// merged at the end (`ft_merge_groups`); or (`fa_mma_pair_*`) two query heads of one kv head,
-// each group the same 64 tokens of its own head, both reading one K, V and mask tile set, copied
-// once for both, two stages deep. A tile's K and V rows (through the block table when paged; each
+// merged at the end (`ft_merge_groups`); or (`fa_mma_pair_*`, 384 threads) two query heads of
+// one kv head, each consumer group the same 64 tokens of its own head, both reading one K, V and
+// mask tile set that a third, producer group copies once for both, two stages deep on mbarriers.
+// A tile's K and V rows (through the block table when paged; each
 // row's offsets looked up once a tile) are copied into shared memory with 16-byte cp.async,
 // overlapping the tensor cores (the schedules are at the loops). An f16 mask with 16-byte aligned
 // rows is staged in shared memory too (FT_BN columns of the block's 64 rows, read by the
@@ -368,7 +369,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     u16* sQ = ft_smem;
 #endif
     // Q, then each tile set's K, V and mask tiles (blockDim.x / 128 groups, at most FT_WG; with
-    // PAIR two, each its own Q tile and both one tile set, whose copies their 256 threads share)
+    // PAIR two consumer groups, each its own Q tile, and the producer group: one tile set, two
+    // stages)
     const int groups = (int)blockDim.x >> 7;
     // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform, and keeps the
     // tiles' addresses and wgmma descriptors in uniform registers
@@ -442,7 +444,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         causal = fa_i32(kv_lens, s) - len - o;  // token t's last position is t + causal
         j_stop = t_end + causal;                // <= kv_lens[s] <= n_kv
     }
-    // (a pair's producer, group 2, takes the second head's kv head: the same, the host)
+    // (a pair's producer, group 2, takes the second head's: both heads read one kv head, the
+    // host's condition)
     const int h = PAIR ? 2 * hb + min(wg, 1) : hb, hk = h / (n_head / n_head_kv);
     const i64 ks = paged ? 0 : s;
     const char* kbase = k.data + hk * k.nb[2] + ks * k.nb[3];
@@ -811,7 +814,7 @@ FA_MMA(fa_mma_f16_d256, DT_F16, 256, false)
 FA_MMA(fa_mma_bf16_d128, DT_BF16, 128, false)
 FA_MMA(fa_mma_bf16_d256, DT_BF16, 256, false)
 #if FT_WG == 2
-// Head pairs (sm_90a only: 256 threads, grid y = heads / 2; the host's choice)
+// Head pairs (sm_90a only: 384 threads, grid y = heads / 2; the host's choice)
 FA_MMA(fa_mma_pair_f16_d128, DT_F16, 128, true)
 FA_MMA(fa_mma_pair_f16_d256, DT_F16, 256, true)
 FA_MMA(fa_mma_pair_bf16_d128, DT_BF16, 128, true)
