@@ -56,25 +56,7 @@ __device__ __forceinline__ float ft_exp2(float x) {
 
 #ifdef FT_WGMMA
 #define FT_WG 2
-// mbarriers (a head pair's stages: full when the producer's copies landed, empty when both
-// consumer groups are done with them) and the warpgroups' register split
-__device__ __forceinline__ void ft_mb_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void ft_mb_arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
-// arrives on `bar` once every cp.async this thread issued so far has landed (counted in the init)
-__device__ __forceinline__ void ft_mb_arrive_copies(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void ft_mb_wait(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "FT_WAIT:\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-        "@!p bra FT_WAIT;\n\t}" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
+// the warpgroups' register split in a head pair (`setmaxnreg`)
 #define FT_PRODUCER_REGS 56
 #define FT_CONSUMER_REGS 224
 // On sm_90a each warpgroup of the block (4 warps) runs both products as wgmma: S = Q K^T as
@@ -522,8 +504,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     if (PAIR && tid == 0) {
 #ifdef FT_WGMMA
         // full: each producer thread's copies (noinc) and its arrival; empty: every consumer thread
-        for (int i = 0; i < 2; i++) ft_mb_init(full0 + 8 * i, 256), ft_mb_init(empty0 + 8 * i, 256);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int i = 0; i < 2; i++) mb_init(full0 + 8 * i, 256), mb_init(empty0 + 8 * i, 256);
+        mb_fence_init();
 #endif
     }
     if (wg == (PAIR ? 2 : 0)) find_cells(0, 0);
@@ -533,7 +515,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
         if (PAIR) copy_rows(sV, vbase, s_off[0] + FT_BN);
         if (mstage) copy_mask(0, sM);
 #ifdef FT_WGMMA
-        if (PAIR) ft_mb_arrive_copies(full0), ft_mb_arrive(full0);
+        if (PAIR) mb_arrive_copies(full0), mb_arrive(full0);
 #endif
     }
     tc_commit();
@@ -737,29 +719,29 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FT_PRODUCER_REGS));
             for (int it = 1; it < n_tiles; it++) {
                 const int b = it & 1;
-                if (it >= 2) ft_mb_wait(empty0 + 8 * b, (u32)((it >> 1) - 1) & 1u);
+                if (it >= 2) mb_wait(empty0 + 8 * b, (u32)((it >> 1) - 1) & 1u);
                 find_cells(it * FT_BN, b);
                 asm volatile("bar.sync 3, 128;" ::: "memory");  // the tile's cells, to every producer thread
                 u16* kb = sK + b * GROUP_HALVES;
                 copy_rows(kb, kbase, s_off[b]);
                 copy_rows(kb + ft_tile_halves(FT_BN, D), vbase, s_off[b] + FT_BN);
                 if (mstage) copy_mask(it * FT_BN, kb + 2 * ft_tile_halves(FT_BN, D));
-                ft_mb_arrive_copies(full0 + 8 * b);
-                ft_mb_arrive(full0 + 8 * b);
+                mb_arrive_copies(full0 + 8 * b);
+                mb_arrive(full0 + 8 * b);
             }
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FT_CONSUMER_REGS));
         for (int it = 0; it < n_tiles; it++) {
             const int b = it & 1, j0 = it * FT_BN;
-            ft_mb_wait(full0 + 8 * b, (u32)(it >> 1) & 1u);
+            mb_wait(full0 + 8 * b, (u32)(it >> 1) & 1u);
             tc_fence_async();  // the producer's copies, before the tensor cores read them
             const FtTiles tb = {tiles.q, tiles.k + b * STAGE, tiles.v + b * STAGE};
             float sc[FT_BN / 8][4];
             ft_scores<DT, D>(sc, tb, warp, lane);
             tile_softmax(sc, j0, s_off[b], s_gap[b], mrow + b * GROUP_HALVES);
             ft_pv<DT, D>(o, sc, tb, lane);
-            ft_mb_arrive(empty0 + 8 * b);
+            mb_arrive(empty0 + 8 * b);
         }
     }
 #endif

@@ -49,6 +49,34 @@ __device__ __forceinline__ void grid_begin() {
 #endif
 }
 
+// sm_90+: mbarriers in shared memory (`bar` a shared::cta address): a ring stage's "full" or
+// "empty" signal between warps, waited on by phase parity.
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mb_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the inits visible to the async proxy (bulk copies) and to the block's other threads.
+__device__ __forceinline__ void mb_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mb_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued so far has landed (one of the arrivals
+// counted at init: noinc).
+__device__ __forceinline__ void mb_arrive_copies(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// Waits until phase `parity` (0 or 1) of `bar` has completed.
+__device__ __forceinline__ void mb_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "MB_WAIT:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+        "@!p bra MB_WAIT;\n\t}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+#endif
+
 // Bytes of a dense row of `ne0` elements of dtype `dt`.
 __device__ __forceinline__ i64 dense_row_bytes(int dt, i64 ne0) {
     switch (dt) {

@@ -72,13 +72,6 @@ GR_DP2A(gr_dp2a_hi_su, "dp2a.hi.s32.u32")
 
 // sm_90+: bulk (TMA) copies global -> shared completing on an mbarrier (one per stage buffer).
 #if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void gr_bar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void gr_bar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void gr_fence_bar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 __device__ __forceinline__ void gr_bar_expect(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -89,15 +82,6 @@ __device__ __forceinline__ void gr_bulk(u32 dst, const void* src, u32 bytes, u32
 // Asks L2 for bytes at src (16-byte aligned, a multiple of 16), completing on nothing.
 __device__ __forceinline__ void gr_prefetch_l2(const void* src, u32 bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void gr_bar_wait(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "GR_WAIT:\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-        "@!p bra GR_WAIT;\n\t}" ::"r"(bar),
-        "r"(parity)
-        : "memory");
 }
 #endif
 
@@ -425,10 +409,10 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
     if (tid == copier) {
 #pragma unroll
         for (int i = 0; i < S; i++) {
-            gr_bar_init(bars + 8 * i, 1);
-            if (P) gr_bar_init(empty + 8 * i, nt - 32);
+            mb_init(bars + 8 * i, 1);
+            if (P) mb_init(empty + 8 * i, nt - 32);
         }
-        gr_fence_bar_init();
+        mb_fence_init();
 #pragma unroll
         for (int s = 0; s < S - 1; s++) issue_bulk(s);
         if constexpr (l2_prefetch) prefetch_l2(S - 1);
@@ -541,7 +525,7 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
                 if (sub == 0 && r < n) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, 0, 0, 0)) = v;
             }
         };
-        auto wait_free = [&](int s) { gr_bar_wait(empty + 8 * (s % S), (u32)(s / S) & 1u); };
+        auto wait_free = [&](int s) { mb_wait(empty + 8 * (s % S), (u32)(s / S) & 1u); };
         for (int s = 0; s < nst; s++) {
             if (producer) {
                 if (s > 0) wait_free(s - 1);
@@ -553,9 +537,9 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
                 __syncwarp();
                 if (s > 0) sum_stage(s - 1);
             } else {
-                gr_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
+                mb_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
                 dots(s, parts + (s % (S + 1)) * rp * nu);
-                gr_bar_arrive(empty + 8 * (s % S));
+                mb_arrive(empty + 8 * (s % S));
             }
         }
         if (producer && nst > 0) {
@@ -575,7 +559,7 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
                 if (l2_prefetch && s > 0) prefetch_l2(s + S - 1);
             }
             if (s > 0) reduce(s - 1);
-            gr_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
+            mb_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
 #else
             tc_wait<S - 2>();
             // stage s landed for every thread; stage s - 1's buffer and partials are free
@@ -711,8 +695,8 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
         __syncwarp();
         if (tid == copier) {
 #pragma unroll
-            for (int i = 0; i < S; i++) gr_bar_init(bars + 8 * i, 1);
-            gr_fence_bar_init();
+            for (int i = 0; i < S; i++) mb_init(bars + 8 * i, 1);
+            mb_fence_init();
 #pragma unroll
             for (int s = 0; s < S - 1; s++) issue(s);
         }
@@ -805,7 +789,7 @@ __device__ __forceinline__ void moe_ring_body(const Tensor& as, const Tensor& as
             issue(s + S - 1);
         }
         if (s > 0) reduce(s - 1);
-        gr_bar_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
+        mb_wait(bars + 8 * (s % S), (u32)(s / S) & 1u);  // stage s landed
         dots(s, parts + (s & 1) * rp * nu);
     }
     __syncthreads();
