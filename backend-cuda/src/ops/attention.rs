@@ -354,6 +354,18 @@ impl MmaLaunch {
     }
 }
 
+/// The one-head blocks of a prefill grid that have work, for the layout rule: dense, the whole
+/// grid; ragged, the tokens in whole tiles times the heads (the grid's bound gives every sequence
+/// a tile of its own, where most of a mixed batch's may be decodes that the split-K kernel takes
+/// and whose blocks return at once).
+fn mma_work_blocks(ragged: bool, n_tokens: usize, grid: (u32, u32, u32)) -> usize {
+    if ragged {
+        n_tokens.div_ceil(MMA_BM) * grid.1 as usize
+    } else {
+        grid.0 as usize * grid.1 as usize * grid.2 as usize
+    }
+}
+
 /// `TESSERA_FA_PAIR`, read once a process: the override of [`MmaLaunch::blocks`]'s head pairs.
 fn pair_override() -> Option<i64> {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
@@ -585,14 +597,7 @@ fn run_mma(
     } else {
         (n_tokens.div_ceil(MMA_BM) as u32, q.ne[2] as u32, q.ne[3] as u32)
     };
-    // the blocks with work: ragged, the tokens in whole tiles (the grid's bound gives every
-    // sequence a tile of its own, where most of a mixed batch's may be decodes that the split-K
-    // kernel takes and whose blocks return at once)
-    let blocks = if p.ragged {
-        n_tokens.div_ceil(MMA_BM) * q.ne[2] as usize
-    } else {
-        grid.0 as usize * grid.1 as usize * grid.2 as usize
-    };
+    let blocks = mma_work_blocks(p.ragged, n_tokens, grid);
     let n_kv = if p.paged { table.ne[0] } else { k.ne[1] } as usize;
     let heads_per_kv = (q.ne[2] / k.ne[2].max(1)) as usize;
     let layout = launch.blocks(blocks, cx.info.multiprocessors, p.ragged, n_kv, heads_per_kv, pair_override());
@@ -726,6 +731,13 @@ mod tests {
         assert_eq!(wgmma.blocks(24, 132, false, 200, 1, Some(1)), SplitKv);
         assert_eq!(wgmma.blocks(192, 132, false, 512, 6, Some(0)), One);
         assert_eq!(wgmma.blocks(128, 132, false, 2048, 8, Some(0)), SplitKv);
+        // a 300-token chunk with 31 decodes at 16 heads: the grid's bound is 37 tiles, the work
+        // 6 tiles (96 blocks: a small grid, kv tiles split)
+        let (n_tokens, n_seq) = (331, 32);
+        let grid = (ragged_mma_tiles(n_tokens, n_seq, MMA_MIN_TOKENS) as u32, 16, 1);
+        assert_eq!((grid.0, mma_work_blocks(true, n_tokens, grid)), (37, 96));
+        assert_eq!(wgmma.blocks(96, 132, true, 4096, 8, None), SplitKv);
+        assert_eq!(mma_work_blocks(false, 512, (8, 24, 1)), 192);
         let portable = MmaLaunch { wgmma: false, ..wgmma };
         assert_eq!(portable.blocks(512, 132, false, 512, 8, Some(1)), One);
         assert_eq!(portable.blocks(128, 132, true, 4096, 8, None), One);
