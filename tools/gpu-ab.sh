@@ -21,7 +21,8 @@
 # Everything is appended to $OUT/ab.log as it finishes (a call cut short by its time limit still
 # brings back what ran: only the files under $OUT come back, and only a few of them), the tables
 # last: the median us a run per perf case and variant, and each bench run's ms a step with their
-# mean.
+# mean. DEADLINE: seconds after the start past which no further perf or bench run starts, so that
+# the tables still come out under an outer `timeout` (set it a minute or two below that limit).
 set -uo pipefail
 BIN=${1:?usage: gpu-ab.sh BIN_DIR}
 OUT=${OUT:-/tmp/out}
@@ -32,6 +33,13 @@ mkdir -p "$OUT"
 LOG="$OUT/ab.log"
 RAW=$(mktemp -d)
 log() { echo "$@" | tee -a "$LOG"; }
+DEADLINE=${DEADLINE:-0}
+# true once DEADLINE (if set) has passed; says so once
+late() {
+    [ "$DEADLINE" -gt 0 ] && [ "$SECONDS" -ge "$DEADLINE" ] || return 1
+    [ -n "${LATE_SAID:-}" ] || log "DEADLINE ${DEADLINE}s reached: the runs left are skipped"
+    LATE_SAID=1
+}
 ENV_SET=""
 use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources, its settings exported
     local dir=${1#*=} e
@@ -77,6 +85,7 @@ for rep in $(seq 1 "$REPS"); do
     for v in $VARIANTS; do
         use "$v"
         for c in "${CASES[@]}"; do
+            late && break 3
             op=${c%% *}
             filter=${c#* }
             "$B/tessera-test-ops" perf --backend "$BACKEND" --op "$op" --filter "$filter" 2>&1 | grep "^$op(" |
@@ -94,6 +103,7 @@ if [ -n "${BENCH:-}" ]; then
         order=$forward
         [ $((rep % 2)) = 0 ] && order=$backward
         for v in $order; do
+            late && break 2
             use "$v"
             # shellcheck disable=SC2086  # BENCH is a list of arguments
             "$B/tessera" bench --backend "$BACKEND" $BENCH 2>&1 | grep -E '^\| (pp|tg)' | sed "s/^/$(name "$v") /" >> "$LOG"
@@ -103,7 +113,7 @@ fi
 
 if [ -s "$RAW/perf" ]; then
     log ""
-    log "median us a run ($REPS runs each)"
+    log "median us a run (up to $REPS runs each)"
     python3 - "$RAW/perf" "$(for v in $VARIANTS; do name "$v"; done | tr '\n' ' ')" <<'EOF' | tee -a "$LOG"
 import statistics, sys
 names = sys.argv[2].split()
