@@ -337,9 +337,10 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
                                             float scale, float softcap, int l_min, u64 err, u32 opcode) {
     extern __shared__ __align__(16) u16 ft_smem[];
-    // per slot (a tile set's two, or a pair's three, one a tile in flight): each position's K row
-    // offset, then its V row offset, in 16-byte units from the head's first row (the host keeps
-    // them below 2^32 - 1), or FT_NO_CELL; and whether warp 0 / 1's 32 cells hold a -1
+    // per slot (two a group's tile set, one a tile in flight; a pair's one a stage): each
+    // position's K row offset, then its V row offset, in 16-byte units from the head's first row
+    // (the host keeps them below 2^32 - 1), or FT_NO_CELL; and whether warp 0 / 1's 32 cells hold
+    // a -1
     __shared__ __align__(8) u32 s_off[2 * FT_WG][2 * FT_BN];
     __shared__ int s_gap[2 * FT_WG][2];
     __shared__ int s_work[3];
@@ -360,8 +361,7 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
               warp = (tid >> 5) & 3;
     const int g = lane >> 2, tq = lane & 3;
     constexpr int GROUP_HALVES = 2 * ft_tile_halves(FT_BN, D) + FT_BM * FT_MLD;
-    constexpr int CT = 128;  // the threads that copy a tile set's tiles (a pair's: its producer warpgroup)
-    const int ts = PAIR ? 0 : wg, ct = gt;  // this group's tile set; the thread's index among CT
+    const int ts = PAIR ? 0 : wg;  // this group's tile set (a pair's one, copied by its producer group)
     __shared__ __align__(8) u64 s_bar[4];  // a pair's full[2], empty[2]
     const u32 full0 = tc_smem(&s_bar[0]), empty0 = tc_smem(&s_bar[2]);
     u16* const sQ0 = sQ;
@@ -460,15 +460,15 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             if (lane == 0) s_gap[slot][gt >> 5] = gap;
         }
     };
-    // copies the tile's rows of K or V (zeros for FT_NO_CELL) into dst with CT threads: a thread
+    // copies the tile's rows of K or V (zeros for FT_NO_CELL) into dst with one group: a thread
     // takes the same two 16-byte pieces (c8 and c8 + D / 16 of the row's D / 8) of every RPP-th
     // row, so that one shared-memory address serves all its rows plus constants, and a row's
     // source address is one offset read and a multiply-add
     auto copy_rows = [&](u16* dst, const char* base, const u32* offs) {
-        constexpr int HALF = D / 16, RPP = CT / HALF;
+        constexpr int HALF = D / 16, RPP = 128 / HALF;
         constexpr int ROW_STEP = 2 * (ft_at<FT_BN, D>(RPP, 0) - ft_at<FT_BN, D>(0, 0));  // bytes, RPP rows on
         constexpr int SECOND = 2 * (ft_at<FT_BN, D>(0, D / 2) - ft_at<FT_BN, D>(0, 0));   // bytes, D / 2 columns on
-        const int c8 = ct % HALF, r0 = ct / HALF;
+        const int c8 = gt % HALF, r0 = gt / HALF;
         const u32 d0 = tc_smem(dst) + 2 * ft_at<FT_BN, D>(r0, c8 * 8);
         const char *src = base + c8 * 16, *src2 = src + D;
         // (whole 64-bit registers, so that a row's address is one multiply-add)
@@ -482,11 +482,11 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
             tc_cp16_at(d0 + i * ROW_STEP + SECOND, src2 + at, ok);
         }
     };
-    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst with CT threads: a
-    // thread takes the same 8 columns of every CT / 8-th row
+    // copies the mask's columns j0 .. j0 + 63 of the block's rows into dst with one group: a
+    // thread takes the same 8 columns of every 16th row
     auto copy_mask = [&](int j0, u16* dst) {
-        constexpr int PIECES = FT_BN / 8, RSTEP = CT / PIECES;
-        const int c = ct % PIECES * 8, r0 = ct / PIECES, j = j0 + c;
+        constexpr int PIECES = FT_BN / 8, RSTEP = 128 / PIECES;
+        const int c = gt % PIECES * 8, r0 = gt / PIECES, j = j0 + c;
         const u32 d0 = tc_smem(dst + r0 * FT_MLD + c);
         const char* p = mask.data + m_seq + (i64)j * 2 + (i64)(t0 + r0) * mask.nb[1];
         const i64 step = (i64)RSTEP * mask.nb[1];
