@@ -7,20 +7,19 @@
 
 For each kernel in the file: its stall samples by reason (the `stall_*` columns summed over its
 instructions, as shares of all samples), the instructions that hold the most samples, each with
-its two largest reasons, and its loops (a backward branch and the instructions from its target to
-it; nested loops each listed) with their shares of the samples and of the executed instructions,
-so that a kernel's time splits into its phases: the loop a tile, the code each warp runs once. `tools/ncu-op.sh` runs the whole sequence for one test-ops perf case
-on the GPU machine. Stall sampling says where warps waited, not why a kernel is slow: read it next
+its two largest reasons, and its loops (found as tools/sass_loops.py finds them; nested loops each
+listed) with their shares of the samples and of the executed instructions, so that a kernel's
+time splits into its phases: the loop a tile, the code each warp runs once. `tools/ncu-op.sh`
+runs the whole sequence for one test-ops perf case on the GPU machine. Stall sampling says where warps waited, not why a kernel is slow: read it next
 to the issue-slot and memory figures of `--page details`.
 """
 
 import argparse
 import csv
-import re
 import sys
 from collections import defaultdict
 
-BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(0x[0-9a-f]+)")
+from sass_loops import backward_branches
 
 
 def sections(rows):
@@ -96,14 +95,11 @@ def loops(lines, total, least=0.02):
         return
     ran_total = sum(line[4] for line in lines) or 1.0
     found = []
-    for i, (_, _, text, _, _) in enumerate(lines):
-        m = BRANCH.search(text)
-        if m and int(m.group(1), 16) <= at[i]:
-            lo, hi = int(m.group(1), 16), at[i]
-            inside = [line for line, a in zip(lines, at) if lo <= a <= hi]
-            samples, ran = sum(x[0] for x in inside), sum(x[4] for x in inside)
-            if samples >= least * total:
-                found.append((lo - at[0], hi - at[0], len(inside), samples, ran))
+    for first, last in backward_branches([(a, line[2]) for a, line in zip(at, lines)]):
+        inside = lines[first : last + 1]
+        samples, ran = sum(x[0] for x in inside), sum(x[4] for x in inside)
+        if samples >= least * total:
+            found.append((at[first] - at[0], at[last] - at[0], len(inside), samples, ran))
     if not found:
         return
     print("| loop (offsets) | instructions | samples | executed |")

@@ -24,14 +24,22 @@ def opcode(text: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
 
 
-def loops(lines):
-    """(start, end, instructions) of every backward branch in a cuobjdump listing."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in map(INSTR.match, lines) if m]
+def backward_branches(ins):
+    """(first, last) indices into `ins`, (address, text) pairs in address order, of every loop:
+    a branch to an instruction of the listing before it, and that target. Shared with
+    tools/ncu_stalls.py."""
     at = {addr: i for i, (addr, _) in enumerate(ins)}
     for i, (addr, text) in enumerate(ins):
         m = BRANCH.search(text)
         if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in at:
-            yield int(m.group(1), 16), addr, ins[at[int(m.group(1), 16)] : i + 1]
+            yield at[int(m.group(1), 16)], i
+
+
+def loops(lines):
+    """(start, end, instructions) of every backward branch in a cuobjdump listing."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in map(INSTR.match, lines) if m]
+    for first, last in backward_branches(ins):
+        yield ins[first][0], ins[last][0], ins[first : last + 1]
 
 
 def main() -> int:
