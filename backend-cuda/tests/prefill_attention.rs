@@ -1,8 +1,8 @@
 //! The tensor-core prefill attention (`fa_mma_*`) at grid sizes eval's small cases never reach,
 //! against the CPU backend: on Hopper the host runs a block as two warp groups where the grid does
 //! not fill the GPU (each taking half of the kv tiles, merged at the end), else as two heads of one
-//! kv head sharing the K/V tiles where those pairs still fill it, else as one group, so all three
-//! shapes below are checked (and eval's cases whose kv heads have an even number of query heads
+//! kv head sharing the K/V tiles where a kv head's query heads pair up, else as one group, so all
+//! three shapes below are checked (and eval's cases whose kv heads have an even number of query heads
 //! take head pairs under `TESSERA_FA_PAIR=1`: tools/gpu-check.sh). Skips with a message when no GPU is usable.
 
 mod common;
@@ -46,12 +46,17 @@ fn prefill(
 #[test]
 fn prefill_attention_matches_the_cpu_with_each_block_layout() {
     let Some(mut cuda) = gpu() else { return };
-    // (d, tokens, heads, kv heads, positions), on an H100 / H200: 192 blocks of 64 tokens (one
-    // group: 96 head pairs would leave SMs idle), 128 blocks over four times the positions (two
-    // groups splitting the kv tiles), 256 blocks at d 128 and d 256 (head pairs)
-    for (d, n_tokens, n_head, n_head_kv, n_kv) in
-        [(256, 512, 24, 4, 512), (256, 512, 16, 2, 2048), (128, 512, 32, 4, 512), (256, 1024, 16, 2, 1024)]
-    {
+    // (d, tokens, heads, kv heads, positions), on an H100 / H200: 192 blocks of 64 tokens (96
+    // head pairs), 128 blocks over four times the positions (two groups splitting the kv tiles),
+    // 256 blocks at d 128 and d 256 (head pairs), and 192 blocks whose kv heads have three query
+    // heads each (one group)
+    for (d, n_tokens, n_head, n_head_kv, n_kv) in [
+        (256, 512, 24, 4, 512),
+        (256, 512, 16, 2, 2048),
+        (128, 512, 32, 4, 512),
+        (256, 1024, 16, 2, 1024),
+        (256, 512, 24, 8, 512),
+    ] {
         let got = prefill(&mut cuda, d, n_tokens, n_head, n_head_kv, n_kv);
         let want = prefill(&mut CpuBackend::new(), d, n_tokens, n_head, n_head_kv, n_kv);
         let e = nmse(&got, &want);
