@@ -16,7 +16,8 @@
 // after the chunk's products), so that no global-memory latency sits on a warp's chunk-to-chunk
 // path. At the end each warp leaves its state in shared memory and warp w merges the head-dim
 // tiles w, w + FD_W, ...: with one split the block writes the output rows, else (max, sum,
-// acc[D]) partials for `fa_combine`. Dynamic
+// acc[D]) partials for `fa_combine`, or, in the cluster entries (`fa_dec_x{2,4,8}_*`, sm_90+),
+// into its shared memory for the cluster's blocks (the splits of one tile) to merge. Dynamic
 // shared memory: FD_W * FD_S * 2 * FD_N * (D + FT_PAD) halves. (The measurements behind the
 // layout: docs/perf-log/kernels-attention.md.)
 //
@@ -37,7 +38,7 @@ __device__ __forceinline__ u32 fd_transpose(u32 x) {
     return r;
 }
 
-template <int DT, int D>
+template <int DT, int D, int C>
 __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets,
                                             Tensor kv_lens, Tensor out, Tensor gate, int mdt, int has_mask, int paged,
                                             float scale, float softcap, int split_len, int hb, int tb, int h_blocks,
@@ -67,8 +68,14 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     // (tb == 1): one token of sequence s in slot 0, seeing its first `vis` positions.
     // (See `fa_ragged_local` for how a ragged block finds its token: s starts as a guess.)
     int s = blockIdx.z, qs = blockIdx.z, t0 = tbi * tb, tn = min(tb, n_tokens - t0);
+    // A block of a cluster never returns early (the others read its shared memory at the end):
+    // one with nothing to do is `dead`, takes no chunk and writes nothing.
+    bool dead = false;
     if (offsets.data) {
-        if (blockIdx.x == 0 && blockIdx.y == 0 && !fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) return;
+        if (blockIdx.x == 0 && blockIdx.y == 0 && !fa_ragged_valid(offsets, kv_lens, n_tokens, n_kv, err, opcode)) {
+            if (C == 1) return;
+            dead = true;
+        }
         s = fa_ragged_guess(tbi, seq_stride, (int)kv_lens.ne[0]);
         qs = 0;
         t0 = tbi;
@@ -160,7 +167,13 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
     if (offsets.data) {
         const int guess = s;
         int vis;
-        if (!fa_ragged_local(offsets, kv_lens, tbi, seq_stride, n_tokens, n_kv, s, t0, vis)) return;
+        if (dead || !fa_ragged_local(offsets, kv_lens, tbi, seq_stride, n_tokens, n_kv, s, t0, vis)) {
+            if (C == 1) return;
+            dead = true;
+            s = guess;
+            t0 = 0;
+            vis = 0;
+        }
         j_end = min(j_end, vis);
         n_chunks = (j_end - j_begin + FD_N - 1) / FD_N;
         my_chunks = n_chunks > warp ? (n_chunks - warp + FD_W - 1) / FD_W : 0;
@@ -319,6 +332,12 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         }
     }
     const i64 n_rows_g = (i64)n_head * n_tokens * out.ne[3];
+    // Where this thread's merged values go: the output (one split), the split's partial rows in
+    // `part` (fa_combine merges them) or, in a cluster, the block's partial rows `cpart` in
+    // shared memory (after warp 0's accumulators), which the cluster merges below.
+    float* cpart = (float*)fd_smem + MT * 128;
+    static_assert(WARP_HALVES * 2 >= (MT * 128 + FD_R * D) * 4, "warp 0's ring holds its accumulators and the block's rows");
+    __shared__ float s_cm[FD_R], s_cl[FD_R];
     float* pr[2] = {nullptr, nullptr};
     int hr[2], tr[2];
 #pragma unroll
@@ -326,7 +345,11 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         const int row = 2 * tq + r;
         hr[r] = h0 + (u32)row / (u32)tn;
         tr[r] = t0 + (u32)row % (u32)tn;
-        if (row < nrows && n_splits > 1) {
+        if (row < nrows && warp == 0 && g == 0 && C > 1) {
+            s_cm[row] = mm[r];
+            s_cl[row] = ll[r];
+        }
+        if (row < nrows && n_splits > 1 && C == 1) {
             pr[r] = part + ((i64)split * n_rows_g + ((i64)qs * n_head + hr[r]) * n_tokens + tr[r]) * (D + 2);
             if (warp == 0 && g == 0) {
                 pr[r][0] = mm[r];
@@ -348,24 +371,72 @@ __device__ __forceinline__ void fa_dec_impl(Tensor q, Tensor k, Tensor v, Tensor
         for (int i = 0; i < 4; i++) {
             const int r = i & 1, e = 16 * n + g + (i >> 1) * 8;
             if (2 * tq + r >= nrows) continue;
-            if (n_splits == 1) fa_store(out, gate, e, hr[r], tr[r], qs, mm[r] == -TS_INF ? 0.0f : a[i] / ll[r]);
+            if (C > 1) cpart[(2 * tq + r) * D + e] = a[i];
+            else if (n_splits == 1) fa_store(out, gate, e, hr[r], tr[r], qs, mm[r] == -TS_INF ? 0.0f : a[i] / ll[r]);
             else pr[r][2 + e] = a[i];
         }
     }
+#if __CUDA_ARCH__ >= 900
+    if (C > 1) {
+        // The cluster's C blocks (the splits of one tile) merge their partial rows through
+        // distributed shared memory: block `rank` writes columns rank * D / C .. of every row,
+        // 16 threads a row, each reading the C blocks' (max, sum) of its row and their values of
+        // its columns. The second barrier keeps every block's shared memory until all are read.
+        cl_sync();
+        const u32 rank = cl_rank();
+        const int row = tid >> 4;
+        if (row < nrows && !dead) {
+            float mc[C], fc[C], mx = -TS_INF, sum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                mc[c] = cl_ld_f32(&s_cm[row], c);
+                mx = fmaxf(mx, mc[c]);
+            }
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                fc[c] = mx == -TS_INF ? 0.0f : expf(mc[c] - mx);
+                sum += cl_ld_f32(&s_cl[row], c) * fc[c];
+            }
+            const int h = h0 + (u32)row / (u32)tn, t = t0 + (u32)row % (u32)tn;
+            for (int e = rank * (D / C) + (tid & 15); e < (rank + 1) * (D / C); e += 16) {
+                float a = 0.0f;
+#pragma unroll
+                for (int c = 0; c < C; c++) a += cl_ld_f32(&cpart[row * D + e], c) * fc[c];
+                fa_store(out, gate, e, h, t, qs, mx == -TS_INF ? 0.0f : a / sum);
+            }
+        }
+        cl_sync_relaxed();
+    }
+#endif
 }
 
-#define FA_DEC(NAME, DT, D)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(FD_W * 32, 1)                                                 \
+#define FA_DEC(NAME, DT, D, C, ATTRS)                                                                           \
+    extern "C" __global__ void __launch_bounds__(FD_W * 32, 1) ATTRS                                           \
         NAME(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor table, Tensor offsets, Tensor kv_lens, Tensor out, \
              Tensor gate,                                                                                        \
              int mdt, int has_mask, int paged, float scale, float softcap, int split_len, int hb, int tb,        \
              int h_blocks, int t_blocks, int seq_stride, float* part, u64 err, u32 opcode) {                     \
         grid_begin();                                                                                            \
-        fa_dec_impl<DT, D>(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged, scale, softcap,  \
-                           split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode);              \
+        fa_dec_impl<DT, D, C>(q, k, v, mask, table, offsets, kv_lens, out, gate, mdt, has_mask, paged, scale,    \
+                              softcap, split_len, hb, tb, h_blocks, t_blocks, seq_stride, part, err, opcode);     \
     }
 
-FA_DEC(fa_dec_f16_d128, DT_F16, 128)
-FA_DEC(fa_dec_f16_d256, DT_F16, 256)
-FA_DEC(fa_dec_bf16_d128, DT_BF16, 128)
-FA_DEC(fa_dec_bf16_d256, DT_BF16, 256)
+FA_DEC(fa_dec_f16_d128, DT_F16, 128, 1, )
+FA_DEC(fa_dec_f16_d256, DT_F16, 256, 1, )
+FA_DEC(fa_dec_bf16_d128, DT_BF16, 128, 1, )
+FA_DEC(fa_dec_bf16_d256, DT_BF16, 256, 1, )
+
+// sm_90+: the splits of a tile as one cluster of C = 2, 4 or 8 blocks along the grid's y, which
+// merge them without `fa_combine` (its launch costs more than the merge where a split's work is
+// small). The cluster shape is part of each entry, so that a CUDA graph never keeps a node's
+// cluster shape for another kernel (see src/graphs.rs).
+#if __CUDA_ARCH__ >= 900
+#define FA_DEC_CLUSTER(C)                                                                        \
+    FA_DEC(fa_dec_x##C##_f16_d128, DT_F16, 128, C, __cluster_dims__(1, C, 1))                    \
+    FA_DEC(fa_dec_x##C##_f16_d256, DT_F16, 256, C, __cluster_dims__(1, C, 1))                    \
+    FA_DEC(fa_dec_x##C##_bf16_d128, DT_BF16, 128, C, __cluster_dims__(1, C, 1))                  \
+    FA_DEC(fa_dec_x##C##_bf16_d256, DT_BF16, 256, C, __cluster_dims__(1, C, 1))
+FA_DEC_CLUSTER(2)
+FA_DEC_CLUSTER(4)
+FA_DEC_CLUSTER(8)
+#endif

@@ -75,6 +75,31 @@ __device__ __forceinline__ void mb_wait(u32 bar, u32 parity) {
         "r"(parity)
         : "memory");
 }
+
+// sm_90+: thread-block clusters. The block's rank in its cluster; a barrier of every thread of
+// the cluster that orders the shared-memory writes before it with the (remote) reads after it
+// (`cl_sync`), or that orders nothing (`cl_sync_relaxed`: e.g. that no block exits while others
+// still read its shared memory, their reads being complete once used); and a load from the
+// shared memory of block `rank` of the cluster at the address where this block has `p`.
+__device__ __forceinline__ u32 cl_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cl_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cl_sync_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float cl_ld_f32(const float* p, u32 rank) {
+    u32 a;
+    float v;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %0, %1;" : "+r"(a) : "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
 #endif
 
 // Bytes of a dense row of `ne0` elements of dtype `dt`.

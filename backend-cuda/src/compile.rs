@@ -20,7 +20,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
 use cudarc::nvrtc::sys as nvrtc_sys;
 use sha2::{Digest, Sha256};
 use tessera_ops::ElemProgram;
@@ -436,14 +436,65 @@ pub(crate) struct Kernels {
     /// The entries of each program's generated module, with their names (leaked once per
     /// program: the step trace holds `&'static str`).
     programs: HashMap<ElemProgram, Vec<(&'static str, CudaFunction)>>,
+    /// [`Kernels::resident_clusters`]'s answers by kernel, block size and shared memory.
+    clusters: HashMap<(Kernel, u32, u32), u64>,
     pub stats: CompileStats,
 }
 
 impl Kernels {
     pub fn new(ctx: Arc<CudaContext>, arch: String, arch_specific: bool, nvrtc: (i32, i32)) -> Kernels {
         let (modules, functions) = (HashMap::new(), HashMap::new());
-        let programs = HashMap::new();
-        Kernels { ctx, arch, arch_specific, nvrtc, modules, functions, programs, stats: CompileStats::default() }
+        let (programs, clusters) = (HashMap::new(), HashMap::new());
+        Kernels {
+            ctx,
+            arch,
+            arch_specific,
+            nvrtc,
+            modules,
+            functions,
+            programs,
+            clusters,
+            stats: CompileStats::default(),
+        }
+    }
+
+    /// How many clusters of `kernel` (a kernel with a compile-time cluster shape of `cluster`
+    /// blocks along y, `threads` a block and `shared` bytes of dynamic shared memory, within the
+    /// limit already raised) the GPU runs at once: a grid of more waits for a second wave. Asked
+    /// of the driver once.
+    pub fn resident_clusters(
+        &mut self,
+        kernel: Kernel,
+        cluster: u32,
+        threads: u32,
+        shared: u32,
+    ) -> Result<u64, CudaError> {
+        if let Some(&n) = self.clusters.get(&(kernel, threads, shared)) {
+            return Ok(n);
+        }
+        let f = self.get(kernel)?.cu_function();
+        let config = sys::CUlaunchConfig {
+            gridDimX: 1,
+            gridDimY: cluster,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            hStream: std::ptr::null_mut(),
+            attrs: std::ptr::null_mut(),
+            numAttrs: 0,
+        };
+        let mut n = 0;
+        // SAFETY: a loaded function and a plain-data config without attributes (the cluster
+        // shape is the function's own); `n` is written by the driver.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &config) }.result().map_err(|e| CudaError::Driver {
+            what: format!("the resident clusters of kernel {}", kernel.name),
+            detail: e.to_string(),
+        })?;
+        let n = n.max(0) as u64;
+        self.clusters.insert((kernel, threads, shared), n);
+        Ok(n)
     }
 
     /// Whether `module` is compiled for the device's architecture-specific target (its sm_90a

@@ -13,7 +13,8 @@
 //! two heads of one kv head, sharing the K/V tiles; elsewhere four warps on mma.sync m16n8k16);
 //! so do decodes and small prefills with such K/V (`fa_dec_*`: a kv group's query rows as the 8
 //! N columns of transposed products, K/V chunks copied to shared memory with cp.async, split-K
-//! merged by `fa_combine`).
+//! merged by `fa_combine`, or on sm_90+, for 2-8 splits, by the splits themselves as one cluster
+//! of blocks: `fa_dec_x{2,4,8}_*`, see [`dec_cluster`]).
 //!
 //! Ragged batches (`params.ragged`) run on the same kernels with other tilings, picked from the
 //! shapes alone (the offsets are device values that change under a replayed CUDA graph; nothing
@@ -44,6 +45,33 @@ const DEC_F16_D128: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d1
 const DEC_F16_D256: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d256");
 const DEC_BF16_D128: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_bf16_d128");
 const DEC_BF16_D256: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_bf16_d256");
+/// The decode entries whose splits merge as one cluster of 2, 4 or 8 blocks (sm_90+), in the
+/// order of [`DEC_ENTRIES`].
+const DEC_CLUSTER_ENTRIES: [[Kernel; 4]; 3] = [
+    [
+        Kernel::new(Module::AttentionDecode, "fa_dec_x2_f16_d128"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x2_f16_d256"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x2_bf16_d128"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x2_bf16_d256"),
+    ],
+    [
+        Kernel::new(Module::AttentionDecode, "fa_dec_x4_f16_d128"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x4_f16_d256"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x4_bf16_d128"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x4_bf16_d256"),
+    ],
+    [
+        Kernel::new(Module::AttentionDecode, "fa_dec_x8_f16_d128"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x8_f16_d256"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x8_bf16_d128"),
+        Kernel::new(Module::AttentionDecode, "fa_dec_x8_bf16_d256"),
+    ],
+];
+const DEC_ENTRIES: [Kernel; 4] = [DEC_F16_D128, DEC_F16_D256, DEC_BF16_D128, DEC_BF16_D256];
+/// Most blocks a decode cluster has (the portable cluster size).
+const DEC_MAX_CLUSTER: usize = 8;
+/// Most positions a split may take in a smaller cluster than its plan's (two chunks a warp).
+const DEC_CLUSTER_MAX_SPLIT: usize = 2 * DEC_WARPS as usize * DEC_CHUNK;
 
 /// TAG(fa-tile): FA_W, FA_R and FA_D in attention.cu.
 const WARPS: u32 = 4;
@@ -396,7 +424,8 @@ fn mma_row_offsets_fit(t: &TensorArg) -> bool {
     t.ne[1] >= 0 && t.nb[1] >= 0 && (t.ne[1] as u128) * (t.nb[1] as u128) < 1 << 36
 }
 
-/// The tensor-core decode kernel for these K/V, if it applies (see [`tensor_core_dims`]).
+/// The tensor-core decode kernel for these K/V, if it applies (see [`tensor_core_dims`]): its
+/// index in [`DEC_ENTRIES`] and its dynamic shared memory.
 fn dec_kernel(
     cx: &Cx<'_>,
     q: &TensorArg,
@@ -404,17 +433,17 @@ fn dec_kernel(
     v: &TensorArg,
     kdt: DType,
     vdt: DType,
-) -> Option<(Kernel, u32)> {
+) -> Option<(usize, u32)> {
     let d = tensor_core_dims(cx, q, k, v, kdt, vdt)?;
     // the kernel's row offsets are 32-bit strides times cell indices
     if k.nb[1] >= 1 << 31 || v.nb[1] >= 1 << 31 {
         return None;
     }
     let kernel = match (kdt, d) {
-        (DType::F16, 128) => DEC_F16_D128,
-        (DType::F16, 256) => DEC_F16_D256,
-        (DType::BF16, 128) => DEC_BF16_D128,
-        _ => DEC_BF16_D256,
+        (DType::F16, 128) => 0,
+        (DType::F16, 256) => 1,
+        (DType::BF16, 128) => 2,
+        _ => 3,
     };
     let row = (d + MMA_PAD) * 2;
     let shared = DEC_WARPS as usize * DEC_STAGES * 2 * DEC_CHUNK * row;
@@ -463,9 +492,9 @@ pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: Tens
         return run_mma(cx, task, ins, out, launch, 0);
     }
     if (q.ne[1] as usize) < MMA_MIN_TOKENS
-        && let Some((kernel, shared)) = dec_kernel(cx, q, k, v, kdt, vdt)
+        && let Some((entry, shared)) = dec_kernel(cx, q, k, v, kdt, vdt)
     {
-        return run_dec(cx, task, ins, out, kernel, shared, Tokens::Dense);
+        return run_dec(cx, task, ins, out, entry, shared, Tokens::Dense);
     }
     run_simt(cx, task, ins, out, Tokens::Dense)
 }
@@ -481,7 +510,7 @@ fn run_ragged(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorAr
     let rp = ragged_plan(q.ne[1] as usize, n_seq, tensor_cores);
     if let Some(tokens) = rp.split {
         match dec {
-            Some((kernel, shared)) if tensor_cores => run_dec(cx, task, ins, out, kernel, shared, tokens)?,
+            Some((entry, shared)) if tensor_cores => run_dec(cx, task, ins, out, entry, shared, tokens)?,
             _ => run_simt(cx, task, ins, out, tokens)?,
         }
     }
@@ -630,14 +659,64 @@ fn run_mma(
     Ok(())
 }
 
+/// `TESSERA_FA_CLUSTER`, read once a process: 0 turns [`dec_cluster`]'s clusters off, 2, 4 or 8
+/// takes that cluster size for every split decode (at most that many splits).
+fn cluster_override() -> Option<i64> {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    crate::launch::env_number(&SET, "TESSERA_FA_CLUSTER")
+}
+
+/// The cluster a split decode's splits merge in, and the plan with its splits, or `pl` and 1 (no
+/// cluster: one split, or `fa_combine` after the launch). A plan of 2 to 8 splits takes a
+/// cluster of the next power of two, each split `n_kv / c` positions rounded up to a block's
+/// chunks (trailing splits may be empty), or a smaller one while the GPU cannot hold all of the
+/// launch's clusters at once (`resident(c)`: clusters of c blocks it holds; a second wave costs
+/// more than `fa_combine`), as long as a split stays within [`DEC_CLUSTER_MAX_SPLIT`] positions
+/// (longer ones, fewer blocks, cost more than the combine saves). `forced` (2, 4 or 8) takes that
+/// size for any plan of more than one split; 0 none.
+fn dec_cluster(
+    pl: Plan,
+    n_kv: usize,
+    forced: Option<i64>,
+    resident: &mut dyn FnMut(usize) -> Result<u64, BackendError>,
+) -> Result<(Plan, usize), BackendError> {
+    let split_len = |c: usize| n_kv.div_ceil(c).div_ceil(DEC_TILING.align).max(1) * DEC_TILING.align;
+    let c = match forced {
+        _ if pl.splits < 2 => 1,
+        Some(f @ (2 | 4 | 8)) => f as usize,
+        Some(_) => 1,
+        None if pl.splits > DEC_MAX_CLUSTER => 1,
+        None => {
+            let clusters = (pl.tiles * pl.n_seq) as u64;
+            let mut c = pl.splits.next_power_of_two();
+            while c >= 2 && clusters > resident(c)? {
+                c /= 2;
+                if split_len(c) > DEC_CLUSTER_MAX_SPLIT.max(pl.split_len) {
+                    c = 1;
+                }
+            }
+            c
+        }
+    };
+    if c < 2 {
+        return Ok((pl, 1));
+    }
+    let split_len = split_len(c);
+    if n_kv.div_ceil(split_len) < 2 {
+        return Ok((Plan { splits: 1, split_len, ..pl }, 1));
+    }
+    Ok((Plan { splits: c, split_len, ..pl }, c))
+}
+
 /// The tensor-core decode: one block per 8-row tile of a kv group, split and sequence (dense),
-/// or per one-token tile and split (ragged).
+/// or per one-token tile and split (ragged); the splits of a tile merged by their cluster
+/// ([`dec_cluster`]) or by `fa_combine`.
 fn run_dec(
     cx: &mut Cx<'_>,
     task: &Task<'_>,
     ins: &[TensorArg],
     out: TensorArg,
-    kernel: Kernel,
+    entry: usize,
     shared: u32,
     tokens: Tokens,
 ) -> Result<(), BackendError> {
@@ -646,6 +725,23 @@ fn run_dec(
     let (q, k, v) = (ins[0], ins[1], ins[2]);
     let Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
     let pl = dec_plan(meta(0), meta(1), meta(2), table_meta, tokens);
+    let n_kv = table_meta.map_or(meta(1).ne[1], |t| t.ne[0]);
+    let kernel_of = |c: usize| match c {
+        2 => DEC_CLUSTER_ENTRIES[0][entry],
+        4 => DEC_CLUSTER_ENTRIES[1][entry],
+        8 => DEC_CLUSTER_ENTRIES[2][entry],
+        _ => DEC_ENTRIES[entry],
+    };
+    let (pl, cluster) = if cx.info.compute_capability.0 >= 9 {
+        let mut resident = |c: usize| {
+            cx.allow_shared(kernel_of(c), shared)?;
+            Ok(cx.kernels.resident_clusters(kernel_of(c), c as u32, DEC_WARPS * 32, shared)?)
+        };
+        dec_cluster(pl, n_kv, cluster_override(), &mut resident)?
+    } else {
+        (pl, 1)
+    };
+    let kernel = kernel_of(cluster);
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap, split_len) = (p.scale, p.softcap, pl.split_len as i32);
     let (hb, tb, h_blocks, t_blocks) = (pl.hb as i32, pl.tb as i32, pl.h_blocks as i32, pl.t_blocks as i32);
@@ -667,9 +763,10 @@ fn run_dec(
     // (hb * tb <= 8); ragged blocks check every offset and kv length before using one and read
     // positions below kv_lens[s] <= n_kv only; table entries are checked against n_cells before
     // any K/V read; with splits > 1 `part` holds splits * rows * (d_v + 2) f32 (`scratch_bytes`
-    // takes the largest plan).
+    // takes the largest plan), unless the splits are one cluster (the kernel's own, grid y =
+    // splits = its cluster size: they merge in shared memory and write the output).
     unsafe { a.launch(cfg) }?;
-    combine(cx, pl, q, offsets, kv_lens, out, gate)
+    if cluster > 1 { Ok(()) } else { combine(cx, pl, q, offsets, kv_lens, out, gate) }
 }
 
 #[cfg(test)]
@@ -683,6 +780,49 @@ mod tests {
         // 2^36 bytes of rows (32 Mi cells of 2 KiB) is one too many
         assert!(mma_row_offsets_fit(&kv((1 << 25) - 1, 2048)));
         assert!(!mma_row_offsets_fit(&kv(1 << 25, 2048)));
+    }
+
+    #[test]
+    fn decode_splits_merge_in_a_cluster_when_there_are_2_to_8() {
+        let meta = |ne: [usize; 4]| TensorMeta::contiguous("flash_attn_ext", DType::F16, ne).unwrap();
+        let kv = |n: usize| meta([256, n, 2, 1]);
+        let (q1, q8) = (meta([256, 1, 16, 1]), meta([256, 1, 16, 8]));
+        // the GPU holds any number of clusters, or 15 of 8, 30 of 4 and 60 of 2 blocks
+        let any = &mut |_| Ok(u64::MAX);
+        let some = &mut |c: usize| Ok(120 / c as u64);
+        let cl = |pl, n_kv, forced, resident: &mut dyn FnMut(usize) -> Result<u64, BackendError>| {
+            let (p, c): (Plan, usize) = dec_cluster(pl, n_kv, forced, resident).unwrap();
+            (c, p.splits, p.split_len)
+        };
+        // one sequence over 256 positions, 2 kv heads: 4 splits of 64, one cluster of 4 a tile
+        let pl = dec_plan(&q1, &kv(256), &kv(256), None, Tokens::Dense);
+        assert_eq!((pl.tiles, pl.splits, pl.split_len), (2, 4, 64));
+        assert_eq!(cl(pl, 256, None, any), (4, 4, 64));
+        // eight sequences: 16 tiles x 4 splits; 16 clusters of 4 fit
+        assert_eq!(cl(dec_plan(&q8, &kv(256), &kv(256), None, Tokens::Dense), 256, None, some), (4, 4, 64));
+        // 8 splits of 64 for 16 tiles: 16 clusters of 8 do not fit, 16 of 4 (128 positions) do
+        let p8 = dec_plan(&q8, &kv(512), &kv(512), None, Tokens::Dense);
+        assert_eq!((p8.splits, p8.split_len), (8, 64));
+        assert_eq!(cl(p8, 512, None, any), (8, 8, 64));
+        assert_eq!(cl(p8, 512, None, some), (4, 4, 128));
+        // ... but splits of 1024 positions would cost more than fa_combine
+        let p8 = dec_plan(&q8, &kv(4096), &kv(4096), None, Tokens::Dense);
+        assert_eq!((p8.splits, p8.split_len), (8, 512));
+        assert_eq!(cl(p8, 4096, None, some).0, 1);
+        // 3 splits take a cluster of 4 (one split empty), or of 2 where 4s do not fit, or none
+        let three = Plan { splits: 3, split_len: 64, ..pl };
+        assert_eq!(cl(three, 192, None, any), (4, 4, 64));
+        assert_eq!(cl(Plan { tiles: 40, ..three }, 192, None, some), (2, 2, 128));
+        assert_eq!(cl(Plan { tiles: 61, ..three }, 192, None, some).0, 1);
+        // long contexts keep fa_combine, unless a size is forced
+        let long = dec_plan(&q1, &kv(4096), &kv(4096), None, Tokens::Dense);
+        assert_eq!(long.splits, 64);
+        assert_eq!(cl(long, 4096, None, any).0, 1);
+        assert_eq!(cl(long, 4096, Some(8), some), (8, 8, 512));
+        assert_eq!(cl(pl, 256, Some(0), any).0, 1);
+        // one split, or too few positions for two after rounding: no cluster
+        assert_eq!(cl(Plan { splits: 1, ..pl }, 256, None, any).0, 1);
+        assert_eq!(cl(Plan { splits: 2, ..pl }, 64, Some(8), any), (1, 1, 64));
     }
 
     #[test]

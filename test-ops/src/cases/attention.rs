@@ -125,6 +125,9 @@ const RAGGED_BAD: [RaggedFa; 9] = [
     RaggedFa::new("kv_long_5", 5, &[0, 1, 4, 5], &[8, 8, 9], 8).bad(),
     RaggedFa::new("bad_cell_5", 5, &[0, 1, 4, 5], &[8, 5, 8], 8).table(&BAD_TABLE).bad(),
 ];
+/// A bad batch over enough positions that the decode kernel splits them (and, on sm_90+, merges
+/// the splits in a cluster whose first block finds the error).
+const RAGGED_BAD_SPLIT: RaggedFa = RaggedFa::new("kv_long_split", 5, &[0, 1, 4, 5], &[200, 200, 201], 200).bad();
 
 /// Perf batches: decodes of 1 to 128 sequences at 512 and 4096 cached positions, one prefill of
 /// 512 and of 2048 tokens, and a 300-token chunk (ending at position 1024) with 31 decode
@@ -383,6 +386,7 @@ fn ragged(out: &mut Vec<Case>) {
         out.push(Fa::ragged(16, 2, 1, r).kv(F32).paged(64).case());
         out.push(Fa::ragged(128, 4, 2, r).paged(64).case());
     }
+    out.push(Fa::ragged(128, 4, 2, RAGGED_BAD_SPLIT).paged(700).case());
 }
 
 /// Tiny and odd sizes: one position, d not a multiple of any SIMD width, d_v != d_k, kv lengths
