@@ -459,9 +459,9 @@ impl Kernels {
     }
 
     /// How many clusters of `kernel` (a kernel with a compile-time cluster shape of `cluster`
-    /// blocks along y, `threads` a block and `shared` bytes of dynamic shared memory, within the
-    /// limit already raised) the GPU runs at once: a grid of more waits for a second wave. Asked
-    /// of the driver once.
+    /// blocks along y, `threads` a block and `shared` bytes of dynamic shared memory) the GPU runs
+    /// at once: a grid of more waits for a second wave. Asked of the driver once, after raising
+    /// the kernel's dynamic shared memory limit to `shared` (the query needs it).
     pub fn resident_clusters(
         &mut self,
         kernel: Kernel,
@@ -472,7 +472,13 @@ impl Kernels {
         if let Some(&n) = self.clusters.get(&(kernel, threads, shared)) {
             return Ok(n);
         }
-        let f = self.get(kernel)?.cu_function();
+        let f = self.get(kernel)?;
+        f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
+            .map_err(|e| CudaError::Driver {
+                what: format!("raising the shared memory of kernel {}", kernel.name),
+                detail: e.to_string(),
+            })?;
+        let f = f.cu_function();
         let config = sys::CUlaunchConfig {
             gridDimX: 1,
             gridDimY: cluster,

@@ -170,10 +170,8 @@ pub(super) fn run_dec(
         _ => DEC_ENTRIES[entry],
     };
     let (pl, cluster) = if cx.info.compute_capability.0 >= 9 {
-        let mut resident = |c: usize| {
-            cx.allow_shared(kernel_of(c), shared)?;
-            Ok(cx.kernels.resident_clusters(kernel_of(c), c as u32, DEC_WARPS * 32, shared)?)
-        };
+        let mut resident =
+            |c: usize| Ok(cx.kernels.resident_clusters(kernel_of(c), c as u32, DEC_WARPS * 32, shared)?);
         dec_cluster(pl, n_kv, cluster_override(), &mut resident)?
     } else {
         (pl, 1)
