@@ -206,13 +206,16 @@ __device__ __forceinline__ void ft_pv(float (&o)[D / 8][4], const float (&sc)[FT
 // `q0 + r * nb1` with element stride nb0 (float4 loads where nb0 == 4 and the rows are 16-byte
 // aligned), or zeros from row `valid` on. A thread keeps one 4-column piece and steps its row
 // pointer (no address arithmetic a value), and issues a batch of loads before it stores
-// any of them, so that one memory latency covers the round.
-template <int DT, int ROWS, int D, int THREADS>
+// any of them, so that one memory latency covers the round; `WHOLE` (a head pair's consumers,
+// whose registers are free until the kv walk) takes the group's rows in one round.
+template <int DT, int ROWS, int D, int THREADS, bool WHOLE>
 __device__ __forceinline__ void ft_load_q(u16* sQ, const char* q0, i64 nb0, i64 nb1, int valid, int first, int rows,
                                           int tid) {
     constexpr int PIECES = D / 4, STEP = THREADS / PIECES;
 #ifdef FT_WGMMA
-    constexpr int BATCH = ROWS / 2 / STEP;  // a two-group share: 16 loads a thread at D = 256, 8 at D = 128
+    // a group's whole tile in one round (a pair's consumers: 32 loads a thread at D = 256), or a
+    // two-group share: 16 loads a thread at D = 256, 8 at D = 128
+    constexpr int BATCH = WHOLE ? ROWS / STEP : ROWS / 2 / STEP;
 #else
     constexpr int BATCH = 8;  // (16 spill on mma.sync's register budget)
 #endif
@@ -537,8 +540,8 @@ __device__ __forceinline__ void fa_mma_impl(Tensor q, Tensor k, Tensor v, Tensor
     // each group loads its share of the query rows (a pair's groups all of their own head's)
     const int q_rows = split ? FT_BM / 2 : FT_BM;
     if (!PAIR || wg < 2) {
-        ft_load_q<DT, FT_BM, D, 128>(sQ, q.data + (i64)t0 * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3], q.nb[0],
-                                     q.nb[1], t_end - t0, split ? wg * q_rows : 0, q_rows, gt);
+        ft_load_q<DT, FT_BM, D, 128, PAIR>(sQ, q.data + (i64)t0 * q.nb[1] + (i64)h * q.nb[2] + (i64)qs * q.nb[3],
+                                           q.nb[0], q.nb[1], t_end - t0, split ? wg * q_rows : 0, q_rows, gt);
     }
 #ifdef FT_WGMMA
     tc_fence_async();
