@@ -5,7 +5,8 @@
 # with settings in the environment ("%NAME=VALUE[,NAME=VALUE]", e.g. narrow=%TESSERA_MMQ_WIDE=0),
 # alternated REPS times, so that every figure of the table was taken in the same call on the same
 # device. "@DIR+KDIR" runs DIR's binaries with the kernel sources of KDIR (a host change measured
-# against an older tree's kernels).
+# against an older tree's kernels). Settings may follow any of these after a "%": "KDIR%NAME=VALUE"
+# runs KDIR's kernels with that setting (e.g. pairs=.gpu/kv/new%TESSERA_FA_PAIR=1).
 #
 #   VARIANTS='old=.gpu/kold new=-' EVAL='mul_mat_id' \
 #   PERF='mul_mat_id b=[2048,1,32,1]|mul_mat_id b=[2048,1,512,1]' \
@@ -45,11 +46,16 @@ late() {
 }
 ENV_SET=""
 use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources, its settings exported
-    local dir=${1#*=} e
+    local dir=${1#*=} e settings=""
     B=$BIN
     unset TESSERA_KERNEL_DIR
     for e in $ENV_SET; do unset "$e"; done
     ENV_SET=""
+    # "SPEC%SETTINGS": the settings apart from the binaries and kernels they go with
+    if [[ "$dir" == ?*%* ]]; then
+        settings=${dir#*%}
+        dir=${dir%%%*}
+    fi
     case "$dir" in
         -) ;;
         @*+*)
@@ -58,15 +64,17 @@ use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources, i
             export TESSERA_KERNEL_DIR=$(realpath "${dir#*+}")
             ;;
         @*) B=${dir#@} ;;
-        %*)
-            IFS=',' read -ra settings <<< "${dir#%}"
-            for e in "${settings[@]}"; do
-                export "${e?}"
-                ENV_SET="$ENV_SET ${e%%=*}"
-            done
-            ;;
+        %*) settings=${dir#%} ;;
         *) export TESSERA_KERNEL_DIR=$(realpath "$dir") ;;
     esac
+    if [ -n "$settings" ]; then
+        local list
+        IFS=',' read -ra list <<< "$settings"
+        for e in "${list[@]}"; do
+            export "${e?}"
+            ENV_SET="$ENV_SET ${e%%=*}"
+        done
+    fi
 }
 name() { echo "${1%%=*}"; }
 
