@@ -33,6 +33,7 @@ const NORM: &str = include_str!("../kernels/norm.cuh");
 const ROPE: &str = include_str!("../kernels/rope.cuh");
 const QUANT_MMA: &str = include_str!("../kernels/quant_mma.cuh");
 const ATTENTION: &str = include_str!("../kernels/attention.cuh");
+const DELTA_NET: &str = include_str!("../kernels/delta_net.cuh");
 
 /// One kernel source file: an op family, or one kernel family of mul_mat / mul_mat_id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,14 +64,17 @@ pub enum Module {
     /// flash_attn_ext's decode on tensor cores.
     AttentionDecode,
     Conv,
+    /// gated_delta_net: the slot check, the serial and tiled kernels, the fused op's input prep.
     DeltaNet,
+    /// gated_delta_net's chunked form on tensor cores (`wgmma` on Hopper), for long sequences.
+    DeltaNetChunked,
     Sample,
     Fused,
 }
 
 impl Module {
     /// Every module, for the compile check.
-    pub const ALL: [Module; 19] = [
+    pub const ALL: [Module; 20] = [
         Module::Elementwise,
         Module::Data,
         Module::Reduce,
@@ -88,6 +92,7 @@ impl Module {
         Module::AttentionDecode,
         Module::Conv,
         Module::DeltaNet,
+        Module::DeltaNetChunked,
         Module::Sample,
         Module::Fused,
     ];
@@ -97,7 +102,7 @@ impl Module {
     /// chunked delta rule's in-order pass on Hopper.
     pub const fn arch_specific_on(self) -> &'static [&'static str] {
         match self {
-            Module::Mmq | Module::AttentionPrefill | Module::DeltaNet => &["sm_90"],
+            Module::Mmq | Module::AttentionPrefill | Module::DeltaNetChunked => &["sm_90"],
             _ => &[],
         }
     }
@@ -122,6 +127,7 @@ impl Module {
             Module::AttentionDecode => "attention_decode",
             Module::Conv => "conv",
             Module::DeltaNet => "delta_net",
+            Module::DeltaNetChunked => "delta_net_chunked",
             Module::Sample => "sample",
             Module::Fused => "fused",
         }
@@ -146,6 +152,7 @@ impl Module {
             Module::AttentionDecode => include_str!("../kernels/attention_decode.cu"),
             Module::Conv => include_str!("../kernels/conv.cu"),
             Module::DeltaNet => include_str!("../kernels/delta_net.cu"),
+            Module::DeltaNetChunked => include_str!("../kernels/delta_net_chunked.cu"),
             Module::Sample => include_str!("../kernels/sample.cu"),
             Module::Fused => include_str!("../kernels/fused.cu"),
         }
@@ -159,7 +166,9 @@ impl Module {
             Module::Pack | Module::Gemv | Module::Moe => &[("matmul.cuh", MATMUL)],
             Module::Mmq | Module::MoeMma => &[("quant_mma.cuh", QUANT_MMA)],
             Module::Attention | Module::AttentionPrefill | Module::AttentionDecode => &[("attention.cuh", ATTENTION)],
-            Module::Reduce | Module::DeltaNet => &[("norm.cuh", NORM)],
+            Module::Reduce => &[("norm.cuh", NORM)],
+            Module::DeltaNet => &[("norm.cuh", NORM), ("delta_net.cuh", DELTA_NET)],
+            Module::DeltaNetChunked => &[("delta_net.cuh", DELTA_NET)],
             Module::Rope => &[("rope.cuh", ROPE)],
             Module::Fused => &[("norm.cuh", NORM), ("rope.cuh", ROPE)],
             _ => &[],

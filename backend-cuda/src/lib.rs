@@ -617,7 +617,7 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn only_mmq_the_prefill_attention_and_the_delta_rule_on_hopper_get_the_arch_specific_target() {
+    fn only_mmq_the_prefill_attention_and_the_chunked_delta_rule_on_hopper_get_the_arch_specific_target() {
         use crate::Module;
         use crate::compile::target;
         assert_eq!(target(Module::Mmq, "sm_90", true), "sm_90a");
@@ -625,8 +625,9 @@ mod tests {
         assert_eq!(target(Module::AttentionPrefill, "sm_80", true), "sm_80");
         assert_eq!(target(Module::AttentionDecode, "sm_90", true), "sm_90");
         assert_eq!(target(Module::Attention, "sm_90", true), "sm_90");
-        assert_eq!(target(Module::DeltaNet, "sm_90", true), "sm_90a");
-        assert_eq!(target(Module::DeltaNet, "sm_90", false), "sm_90");
+        assert_eq!(target(Module::DeltaNetChunked, "sm_90", true), "sm_90a");
+        assert_eq!(target(Module::DeltaNetChunked, "sm_90", false), "sm_90");
+        assert_eq!(target(Module::DeltaNet, "sm_90", true), "sm_90");
         assert_eq!(target(Module::Conv, "sm_90", true), "sm_90");
         assert_eq!(target(Module::Mmq, "sm_90", false), "sm_90");
         assert_eq!(target(Module::Mmq, "sm_80", true), "sm_80");

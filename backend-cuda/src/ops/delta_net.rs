@@ -1,10 +1,11 @@
-//! gated_delta_net: `kernels/delta_net.cu`. A one-block kernel validates the slots, a pre-pass
+//! gated_delta_net: `kernels/delta_net.cu` and `kernels/delta_net_chunked.cu` (what both share:
+//! `delta_net.cuh`). A one-block kernel validates the slots, a pre-pass
 //! writes k, q (times scale) and k . q per token as padded f32 rows to scratch, then one kernel
 //! runs the recurrence with each state column held in registers (read and written once, in place
 //! in its slot); prefills of 128-key heads stage 16-token tiles of k and q in shared memory with
 //! cp.async, double buffered. That exact token-serial form serves the serial algorithm, decode and
 //! chunked shapes the chunked kernels do not cover. Chunked prefills of 128-key, 128-value heads
-//! run the WY / UT-transform form on tensor cores in bf16x3 instead (see the end of the .cu file):
+//! run the WY / UT-transform form on tensor cores in bf16x3 instead (`delta_net_chunked.cu`):
 //! `gdn_cw_prep` builds every 64-token chunk's W, U, masked Q K^T and decays in parallel, then
 //! `gdn_cw_scan*` runs the chunks in order over column blocks of the state, writing the outputs
 //! (on Hopper's sm_90a target `gdn_cw_scan_wg*`, the same pass on warpgroup products).
@@ -24,12 +25,12 @@ const GDN_N4: Kernel = Kernel::new(Module::DeltaNet, "gdn_n4");
 const GDN_N8: Kernel = Kernel::new(Module::DeltaNet, "gdn_n8");
 const GDN_N4_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_n4_vec");
 const GDN_TILED_N4_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_tiled_n4_vec");
-const CW_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep");
-const CW_PREP_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_prep_vec");
-const CW_SCAN: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan");
-const CW_SCAN4: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan4");
-const CW_SCAN_WG: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan_wg");
-const CW_SCAN_WG32: Kernel = Kernel::new(Module::DeltaNet, "gdn_cw_scan_wg32");
+const CW_PREP: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_prep");
+const CW_PREP_VEC: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_prep_vec");
+const CW_SCAN: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan");
+const CW_SCAN4: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan4");
+const CW_SCAN_WG: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan_wg");
+const CW_SCAN_WG32: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan_wg32");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;
@@ -37,7 +38,7 @@ const PREP_THREADS: u32 = 256;
 /// GDN_WARPS * 32 and GDN_COLS in delta_net.cu.
 const THREADS: u32 = 128;
 const COLS: usize = 16;
-/// CW_C and CW_D in delta_net.cu: the chunked kernels' chunk length and head size (S_k = S_v).
+/// CW_C and CW_D in delta_net_chunked.cu: the chunked kernels' chunk length and head size (S_k = S_v).
 const CW_C: usize = 64;
 const CW_D: usize = 128;
 /// CW_PREP_SHARED: gdn_cw_prep's k and q rows (padded to 136), A and T (padded to 72), the
@@ -71,7 +72,7 @@ fn scan_kernel(cx: &mut Cx<'_>, heads_x_seqs: usize) -> (Kernel, usize, u32, u32
     let nt = scan_tiles(heads_x_seqs, cx.info.multiprocessors);
     let (nc, col_blocks) = (8 * nt, CW_D / (8 * nt));
     let wg = crate::launch::env_number(&SET, "TESSERA_GDN_SCAN") != Some(0)
-        && cx.kernels.arch_specific_for(Module::DeltaNet)
+        && cx.kernels.arch_specific_for(Module::DeltaNetChunked)
         && cx.info.max_shared_per_block >= wg_shared(nc) as usize;
     if wg {
         return (if nc == 32 { CW_SCAN_WG32 } else { CW_SCAN_WG }, col_blocks, 256, wg_shared(nc));
