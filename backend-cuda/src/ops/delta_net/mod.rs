@@ -1,92 +1,27 @@
-//! gated_delta_net: `kernels/delta_net.cu` and `kernels/delta_net_chunked.cu` (what both share:
-//! `delta_net.cuh`). A one-block kernel validates the slots, a pre-pass
-//! writes k, q (times scale) and k . q per token as padded f32 rows to scratch, then one kernel
-//! runs the recurrence with each state column held in registers (read and written once, in place
-//! in its slot); prefills of 128-key heads stage 16-token tiles of k and q in shared memory with
-//! cp.async, double buffered. That exact token-serial form serves the serial algorithm, decode and
-//! chunked shapes the chunked kernels do not cover. Chunked prefills of 128-key, 128-value heads
-//! run the WY / UT-transform form on tensor cores in bf16x3 instead (`delta_net_chunked.cu`):
-//! `gdn_cw_prep` builds every 64-token chunk's W, U, masked Q K^T and decays in parallel, then
-//! `gdn_cw_scan*` runs the chunks in order over column blocks of the state, writing the outputs
-//! (on Hopper's sm_90a target `gdn_cw_scan_wg*`, the same pass on warpgroup products).
+//! gated_delta_net and gated_delta_net_fused: which kernels a call runs ([`Plan`], from the
+//! shapes alone), the slot check, the fused op's input preparation, and a file of launches per
+//! kernel module: `serial.rs` (`kernels/delta_net.cu`: the token-serial form, which serves the
+//! serial algorithm, decode and the chunked shapes the chunked kernels do not cover) and
+//! `chunked.rs` (`kernels/delta_net_chunked.cu`: chunked prefills of 128-key, 128-value heads in
+//! the WY / UT-transform form on tensor cores in bf16x3). A ragged call runs its long sequences
+//! on the chunked kernels and its short ones on the serial kernels.
+
+mod chunked;
+mod serial;
 
 use tessera_graph::{BackendError, Task};
 use tessera_ops::{DType, DeltaNetAlgo, GatedDeltaNetFusedParams, GatedDeltaNetParams, HeadMap, Op, TensorMeta};
 
+use self::chunked::{CW_C, CW_D, ChunkScratch, scan_shared};
+use self::serial::prep_bytes;
 use crate::compile::{Kernel, Module};
 use crate::errors::op_code;
 use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 
 const CHECK_SLOTS: Kernel = Kernel::new(Module::DeltaNet, "gdn_check_slots");
-const PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_prep");
-const GDN_N1: Kernel = Kernel::new(Module::DeltaNet, "gdn_n1");
-const GDN_N2: Kernel = Kernel::new(Module::DeltaNet, "gdn_n2");
-const GDN_N4: Kernel = Kernel::new(Module::DeltaNet, "gdn_n4");
-const GDN_N8: Kernel = Kernel::new(Module::DeltaNet, "gdn_n8");
-const GDN_N4_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_n4_vec");
-const GDN_TILED_N4_VEC: Kernel = Kernel::new(Module::DeltaNet, "gdn_tiled_n4_vec");
-const CW_PREP: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_prep");
-const CW_PREP_VEC: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_prep_vec");
-const CW_SCAN: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan");
-const CW_SCAN4: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan4");
-const CW_SCAN_WG: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan_wg");
-const CW_SCAN_WG32: Kernel = Kernel::new(Module::DeltaNetChunked, "gdn_cw_scan_wg32");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;
-
-/// GDN_WARPS * 32 and GDN_COLS in delta_net.cu.
-const THREADS: u32 = 128;
-const COLS: usize = 16;
-/// CW_C and CW_D in delta_net_chunked.cu: the chunked kernels' chunk length and head size (S_k = S_v).
-const CW_C: usize = 64;
-const CW_D: usize = 128;
-/// CW_PREP_SHARED: gdn_cw_prep's k and q rows (padded to 136), A and T (padded to 72), the
-/// solve's partial products and three per-token vectors (two blocks per SM).
-const CW_PREP_SHARED: u32 = (4 * (2 * CW_C * (CW_D + 8) + 2 * CW_C * (CW_C + 8) + 3 * 256 + 3 * CW_C)) as u32;
-/// CW_STAGE_BYTES: both in-order passes' staging of a chunk's A tiles: W and Q (32 tiles of 1 KiB
-/// each), two buffers of K^T (32 tiles) and of P (10 tiles), and two chunks' decays.
-const SCAN_STAGE_BYTES: usize = 1024 * (32 + 32 + 2 * 32 + 2 * 10) + 4 * 2 * 2 * CW_C;
-
-/// gdn_cw_scan's shared memory for NT column tiles a block (8 NT state columns): the staging, then
-/// S, V_new and scaled V_new of the block's columns as pre-split B tiles (213 KiB at NT = 8, 185 at
-/// NT = 4: one block per SM).
-const fn scan_shared(nt: usize) -> u32 {
-    (SCAN_STAGE_BYTES + 512 * nt * (8 + 4 + 4)) as u32
-}
-
-/// CW_WG_SHARED(NC): gdn_cw_scan_wg*'s S, V_new and scaled V_new tiles (hi and lo bf16, NC
-/// columns), the staging, and 1 KiB to align the tiles to 1024 bytes (214 KiB at NC = 64, 185 at
-/// 32).
-const fn wg_shared(nc: usize) -> u32 {
-    (1024 + 4 * (CW_D * nc + 2 * CW_C * nc) + SCAN_STAGE_BYTES) as u32
-}
-
-/// The in-order pass's kernel, its grid's column blocks, threads a block and shared memory. The
-/// columns a block are the mma.sync kernels' choice ([`scan_tiles`]: 64, or 32 where that grid
-/// fits one wave); where the module runs its sm_90a path, the wgmma kernel of the same columns
-/// runs them (`gdn_cw_scan_wg`, `gdn_cw_scan_wg32`), unless `TESSERA_GDN_SCAN=0` asks for the
-/// mma.sync kernels (to measure one against the other).
-fn scan_kernel(cx: &mut Cx<'_>, heads_x_seqs: usize) -> (Kernel, usize, u32, u32) {
-    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    let nt = scan_tiles(heads_x_seqs, cx.info.multiprocessors);
-    let (nc, col_blocks) = (8 * nt, CW_D / (8 * nt));
-    let wg = crate::launch::env_number(&SET, "TESSERA_GDN_SCAN") != Some(0)
-        && cx.kernels.arch_specific_for(Module::DeltaNetChunked)
-        && cx.info.max_shared_per_block >= wg_shared(nc) as usize;
-    if wg {
-        return (if nc == 32 { CW_SCAN_WG32 } else { CW_SCAN_WG }, col_blocks, 256, wg_shared(nc));
-    }
-    (if nt == 4 { CW_SCAN4 } else { CW_SCAN }, col_blocks, 64 * nt as u32, scan_shared(nt))
-}
-
-/// gdn_cw_scan's column tiles a block: 4 (`gdn_cw_scan4`: S_v / 32 blocks a head and sequence,
-/// each with a quarter of the state columns but the whole per-chunk loads) where that grid still
-/// fits one wave (a 32-head prefill: 128 blocks, where NT = 8 left half of 132 multiprocessors
-/// idle), else 8 (`gdn_cw_scan`; a second wave would cost more than the idle ones).
-fn scan_tiles(heads_x_seqs: usize, multiprocessors: usize) -> usize {
-    if (CW_D / 32) * heads_x_seqs <= multiprocessors { 4 } else { 8 }
-}
 
 /// The largest key dimension the kernels hold in registers (32 NC for NC = 8).
 const MAX_S_K: usize = 256;
@@ -116,48 +51,20 @@ pub(crate) fn supports(op: &Op, inputs: &[TensorMeta]) -> bool {
     }
 }
 
-/// Float4 chunks per lane (the kernels' NC): the key dimension padded to 32 NC.
-fn chunks(s_k: usize) -> usize {
-    s_k.div_ceil(32).next_power_of_two().max(1)
-}
-
-/// gdn_prep's rows (one per token, key head and outer index) and their padded length.
-fn prep_rows(q: &TensorMeta) -> (usize, usize) {
-    let [s_k, h_k, n_t, n_outer] = q.ne;
-    (h_k * n_t * n_outer, 32 * chunks(s_k))
-}
-
-/// Bytes of gdn_prep's buffers: k and q rows and k . q for every token, 4 (2 KS + 1) bytes per
-/// row, rounded up to 256.
-fn prep_bytes(q: &TensorMeta) -> usize {
-    let (rows, ks) = prep_rows(q);
-    (4 * rows * (2 * ks + 1)).next_multiple_of(256)
-}
-
-/// The chunked kernels' scratch for `n_chunks` chunks, as byte offsets: per (chunk, value head) W
-/// and P as pre-split A tiles (32 and 16 KiB), U (32 KiB) and the decays (512 B); per (chunk, key
-/// head) Q and K^T as pre-split A tiles (32 KiB each).
-struct ChunkScratch {
-    wf: usize,
-    pf: usize,
-    uf: usize,
-    gm: usize,
-    qf: usize,
-    ktf: usize,
-    end: usize,
-}
-
-impl ChunkScratch {
-    fn new(q: &TensorMeta, v: &TensorMeta, n_chunks: usize) -> Self {
-        let (vch, kch) = (v.ne[1] * n_chunks, q.ne[1] * n_chunks);
-        let wf = 0;
-        let pf = wf + vch * 32768;
-        let uf = pf + vch * 16384;
-        let gm = uf + vch * 32768;
-        let qf = gm + vch * 512;
-        let ktf = qf + kch * 32768;
-        ChunkScratch { wf, pf, uf, gm, qf, ktf, end: ktf + kch * 32768 }
-    }
+/// One call of the delta rule as its kernels take it: `args` = `[q, k, v, g, beta, state, slots]`,
+/// the seq_offsets ([`DENSE`] when not ragged), the descriptors of q, k, v, g and beta and their
+/// dtype codes, the head map, the output, and where a data error goes.
+struct Call<'a> {
+    p: &'a GatedDeltaNetParams,
+    args: [TensorArg; 7],
+    offsets: TensorArg,
+    metas: &'a [TensorMeta; 5],
+    dts: [i32; 5],
+    h_k: i32,
+    grouped: i32,
+    out: TensorArg,
+    err: u64,
+    code: u32,
 }
 
 /// What one call runs, from the shapes alone (the same for every replay of a captured graph).
@@ -227,11 +134,6 @@ pub(crate) fn scratch_bytes(task: &Task<'_>) -> usize {
     with.max(Plan::new(p, &q.meta, &v.meta, n_seq, false).end)
 }
 
-/// True when a q, k or v argument is f32 with 16-byte aligned rows of contiguous floats.
-fn f32_rows(t: &TensorArg, meta: &TensorMeta) -> bool {
-    meta.dtype == DType::F32 && t.nb[0] == 4 && t.data.is_multiple_of(16) && t.nb[1..].iter().all(|b| b % 16 == 0)
-}
-
 pub(crate) fn run(cx: &mut Cx<'_>, task: &Task<'_>, ins: &[TensorArg], out: TensorArg) -> Result<(), BackendError> {
     if let Op::GatedDeltaNetFused(p) = task.op {
         return run_fused(cx, task, p, ins, out);
@@ -262,9 +164,9 @@ fn delta_rule(
     metas: &[TensorMeta; 5],
     out: TensorArg,
 ) -> Result<(), BackendError> {
-    let [q, k, v, g, beta, state, slots] = args;
+    let [_, k, v, _, _, state, slots] = args;
     let s_k = k.ne[0] as usize;
-    let (s_v, h_v, n_t, n_seq) = (v.ne[0], v.ne[1], v.ne[2], slots.ne[0] as usize);
+    let (h_v, n_t, n_seq) = (v.ne[1], v.ne[2], slots.ne[0] as usize);
     if s_k > MAX_S_K || n_seq > 65535 || h_v > 65535 || n_seq == 0 {
         return Err(unsupported(task, "S_k above 256, no sequence, or more than 65535 heads or sequences"));
     }
@@ -285,126 +187,14 @@ fn delta_rule(
         check(cx, slots, offsets, (n_t, state.ne[3]), SHORT, table, (err, code))?;
     }
 
-    if let Some((sc, n_chunks, n_long)) = &plan.chunked {
-        let at = |off: usize| cx.scratch + off as u64;
-        let (wf, pf, uf, gm, qf, ktf) = (at(sc.wf), at(sc.pf), at(sc.uf), at(sc.gm), at(sc.qf), at(sc.ktf));
-        let vec = [(q, 0), (k, 1), (v, 2)].iter().all(|(t, i)| f32_rows(t, &metas[*i]));
-        let prep = if vec { CW_PREP_VEC } else { CW_PREP };
-        cx.allow_shared(prep, CW_PREP_SHARED)?;
-        let mut a = cx.kernel(prep)?;
-        a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&p.scale);
-        a.arg(&h_k).arg(&grouped).arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table);
-        a.arg(&err);
-        // Dense: (H_v, chunks of a sequence, sequences); ragged: (H_v, the chunk bound, 1).
-        let grid = if plan.ragged {
-            (h_v as u32, *n_chunks as u32, 1)
-        } else {
-            (h_v as u32, (*n_chunks / plan.n_seq) as u32, plan.n_seq as u32)
-        };
-        // SAFETY: `gdn_cw_prep*(q, qdt, k, kdt, v, vdt, g, gdt, beta, bdt, scale, h_k, grouped, wf,
-        // pf, uf, gm, qf, ktf, offsets, table, err)`: S_k = S_v = 128 (Plan::new); q, k, v, g and
-        // beta are read within their shape-rule extents (tokens past a chunk's sequence are not
-        // read; ragged offsets are clamped to 0..=n_tokens); the vector kernel runs only on f32 q,
-        // k and v with 16-byte aligned rows of contiguous floats (f32_rows); each block writes only
-        // the entries of its chunk gc < n_chunks (dense: the grid's; ragged: the work list's,
-        // whose total is at most the bound n_chunks the buffers are sized for, blocks past it
-        // return) in the ChunkScratch buffers, sized for n_chunks (scratch_bytes) and 256-byte
-        // aligned (checked above); the work list is gdn_check_slots' (in the scratch, after the
-        // buffers), null dense; the dynamic shared memory is CW_PREP_SHARED, allowed above.
-        unsafe { a.launch(config(grid, (256, 1, 1), CW_PREP_SHARED)) }?;
-
-        let (scan, col_blocks, threads, shared) = scan_kernel(cx, h_v as usize * *n_long);
-        cx.allow_shared(scan, shared)?;
-        let mut a = cx.kernel(scan)?;
-        a.arg(&out).arg(&state).arg(&slots).arg(&h_k).arg(&grouped);
-        a.arg(&wf).arg(&pf).arg(&uf).arg(&gm).arg(&qf).arg(&ktf).arg(&offsets).arg(&table).arg(&err);
-        let grid = (col_blocks as u32, h_v as u32, *n_long as u32);
-        // SAFETY: `gdn_cw_scan{,4,_wg}(out, state, slots, h_k, grouped, wf, pf, uf, gm, qf, ktf,
-        // offsets, table, err)`: out is [128, H_v, n_t, n_outer] and state [128, 128, H_v,
-        // n_slots] (shape rules); the grid covers (column blocks, H_v, sequences: dense all,
-        // ragged the bound on the work list's long ones, blocks past its count return), each block
-        // 128 / col_blocks columns with the threads scan_kernel gives; slots outside [0, n_slots)
-        // are skipped and outputs past a sequence's tokens not written; the chunk buffers are those
-        // gdn_cw_prep filled for every chunk of the block's sequence, 16-byte aligned for its
-        // cp.async copies; the dynamic shared memory is scan_kernel's, allowed just above (the wg
-        // kernel runs only where its module was compiled for sm_90a).
-        unsafe { a.launch(config(grid, (threads, 1, 1), shared)) }?;
+    let call = Call { p, args, offsets, metas, dts: [qdt, kdt, vdt, gdt, bdt], h_k, grouped, out, err, code };
+    if let Some(chunk) = &plan.chunked {
+        chunked::run(cx, &call, &plan, chunk, table)?;
         if !plan.ragged {
             return Ok(());
         }
     }
-
-    // The serial kernels: every sequence (dense, or ragged without the chunked kernels), or the
-    // short ones of a ragged call whose long ones the chunked kernels ran.
-    let serial_max = if plan.chunked.is_some() { SHORT } else { i64::MAX };
-    let (rows, ks) = prep_rows(qm);
-    let kbuf = cx.scratch + plan.prep as u64;
-    let (qbuf, kq) = (kbuf + (4 * rows * ks) as u64, kbuf + (8 * rows * ks) as u64);
-    let ks_len = ks as i32;
-    let mut a = cx.kernel(PREP)?;
-    a.arg(&q).arg(&qdt).arg(&k).arg(&kdt).arg(&p.scale).arg(&ks_len).arg(&kbuf).arg(&qbuf).arg(&kq);
-    let (n_slots, check_here) = (state.ne[3], i32::from(plan.chunked.is_none()));
-    a.arg(&offsets).arg(&serial_max).arg(&out).arg(&slots).arg(&n_slots).arg(&SHORT).arg(&table).arg(&check_here);
-    a.arg(&err).arg(&code);
-    let warps_per_block = THREADS as usize / 32;
-    let cfg = config((rows.div_ceil(warps_per_block).clamp(1, 1 << 20) as u32, 1, 1), (THREADS, 1, 1), 0);
-    // SAFETY: `gdn_prep(q, qdt, k, kdt, scale, ks_len, kbuf, qbuf, kq, offsets, serial_max, out,
-    // slots, n_slots, list_min, table, check, err, op)`: with `check`, block 0 runs the slot check
-    // as `check` below describes it (reads the slots and offsets, writes the error record and the
-    // work list);
-    // q and k are [S_k, H_k, n_t, n_outer] (shape rules), read within those extents; scratch holds
-    // (scratch_bytes, Plan::prep) rows = H_k n_t n_outer rows of ks_len floats for kbuf and for
-    // qbuf, then rows floats for kq; offsets (null dense) are read clamped to 0..=n_t; ragged, it
-    // zeroes the rows of padding tokens of `out`, the op's contiguous f32 [S_v, H_v, n_t, 1]
-    // output (grid-stride, within its n_t rows).
-    unsafe { a.launch(cfg) }?;
-
-    let aligned = state.data.is_multiple_of(16) && state.nb[0] == 4 && state.nb[1..].iter().all(|b| b % 16 == 0);
-    // Prefill of the model head size: tiles of 16 tokens staged in shared memory (double
-    // buffered). Ragged: only for sequences longer than SHORT, the plain kernel taking the rest.
-    let tiled = n_t > 1 && s_k == 128 && aligned && kbuf.is_multiple_of(16) && serial_max > SHORT;
-    let plain = match chunks(s_k) {
-        1 => GDN_N1,
-        2 => GDN_N2,
-        4 if s_k == 128 && aligned => GDN_N4_VEC,
-        4 => GDN_N4,
-        _ => GDN_N8,
-    };
-    // (kernel, sequence lengths it takes, blocks in z, work list): the tiled kernel takes a ragged
-    // call's long sequences through the work list, the plain one every sequence up to its length.
-    let launches: &[(Kernel, i64, i64, usize, u64)] = match (tiled, plan.ragged) {
-        (false, _) => &[(plain, 1, serial_max, n_seq, 0)],
-        (true, false) => &[(GDN_TILED_N4_VEC, 1, i64::MAX, n_seq, 0)],
-        (true, true) => &[(plain, 1, SHORT, n_seq, 0), (GDN_TILED_N4_VEC, SHORT + 1, i64::MAX, plan.n_long, table)],
-    };
-    for &(kernel, len_min, len_max, blocks_z, list) in launches.iter().filter(|l| l.3 > 0) {
-        let grid = ((s_v as usize).div_ceil(COLS) as u32, h_v as u32, blocks_z as u32);
-        let mut a = cx.kernel(kernel)?;
-        a.arg(&out).arg(&v).arg(&vdt).arg(&g).arg(&gdt).arg(&beta).arg(&bdt).arg(&state).arg(&slots);
-        a.arg(&h_k).arg(&grouped).arg(&kbuf).arg(&qbuf).arg(&kq).arg(&offsets);
-        let shared = if kernel == GDN_TILED_N4_VEC {
-            a.arg(&list);
-            let tile_tokens = 64 / chunks(s_k);
-            (2 * 4 * (2 * tile_tokens * 128 + tile_tokens * COLS + 3 * tile_tokens)) as u32
-        } else {
-            0
-        };
-        a.arg(&len_min).arg(&len_max).arg(&err);
-        // SAFETY: `gdn_*(out, v, vdt, g, gdt, beta, bdt, state, slots, h_k, grouped, kbuf, qbuf, kq,
-        // offsets, [table,] len_min, len_max, err)` (the tiled kernel takes the work list). The shape
-        // rules give v and out [S_v, H_v, n_t, n_outer], g, beta [1, H_v, n_t, n_outer], state
-        // [S_k, S_v, H_v, n_slots], slots [n_seq] and offsets [n_seq + 1] (null dense); the grid
-        // covers (S_v / 16, H_v, sequences: n_seq, or the bound on the work list's long ones, blocks
-        // past its count returning) and every access is guarded by those extents (ragged token
-        // ranges clamped to 0..=n_t); slots outside [0, n_slots) are skipped; S_k <= 32 NC = ks
-        // (chosen above) and the prep rows read are those gdn_prep wrote (the same length filter:
-        // serial_max >= len_max); the vector kernels run only on a 16-byte aligned state with
-        // S_k = 128. The tiled kernel stages 64 / NC tokens per buffer from 16-byte aligned prep
-        // buffers (checked above) into two buffers of the shared memory given here; its work
-        // list is gdn_check_slots' (in the scratch), null dense.
-        unsafe { a.launch(config(grid, (THREADS, 1, 1), shared)) }?;
-    }
-    Ok(())
+    serial::run(cx, &call, &plan, table)
 }
 
 /// gated_delta_net_fused's preparation buffers at the start of the scratch (each 256-byte
@@ -680,24 +470,6 @@ mod tests {
             let pad = &o_gpu[o_gpu.len() - 3 * 128 * 32..];
             assert!(pad.iter().all(|&x| x == 0.0), "padding outputs 0");
         }
-    }
-
-    #[test]
-    fn scan_shared_memory_is_what_the_kernels_lay_out() {
-        // gdn_cw_scan{,4}: 152576 bytes of staging and 32 NT B tiles of 512 bytes; the wg
-        // kernels: 1 KiB of alignment and NC-column hi / lo tiles of S, V_new and scaled V_new.
-        assert_eq!(super::scan_shared(8), 152576 + 65536);
-        assert_eq!(super::scan_shared(4), 152576 + 32768);
-        assert_eq!(super::wg_shared(64), 1024 + 65536 + 152576);
-        assert_eq!(super::wg_shared(32), 1024 + 32768 + 152576);
-    }
-
-    #[test]
-    fn scan_blocks_halve_where_the_grid_fits_a_wave() {
-        assert_eq!(super::scan_tiles(32, 132), 4); // 128 blocks of 32 columns
-        assert_eq!(super::scan_tiles(33, 132), 4); // 132 blocks
-        assert_eq!(super::scan_tiles(34, 132), 8);
-        assert_eq!(super::scan_tiles(48, 132), 8); // 96 blocks of 64 columns, not 192
     }
 
     #[test]
