@@ -347,12 +347,10 @@ mod tests {
         if err == 0.0 { 0.0 } else { err / norm }
     }
 
-    /// Runs one gated_delta_net on `backend`; returns the output and the whole state after.
-    fn run(backend: &mut dyn Backend, (dims, map, chunk): Shape, seed: u64) -> (Vec<f32>, Vec<f32>) {
-        let [d, h_k, h_v, n_t, n_seq] = dims;
-        let n_slots = n_seq + 1;
+    /// n values uniform in [lo, hi) a call, from an xorshift stream seeded by `seed`.
+    fn uniform_draws(seed: u64) -> impl FnMut(usize, f32, f32) -> Vec<f32> {
         let mut x = seed;
-        let mut uniform = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        move |n, lo, hi| {
             (0..n)
                 .map(|_| {
                     x ^= x << 13;
@@ -361,7 +359,14 @@ mod tests {
                     lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
                 })
                 .collect()
-        };
+        }
+    }
+
+    /// Runs one gated_delta_net on `backend`; returns the output and the whole state after.
+    fn run(backend: &mut dyn Backend, (dims, map, chunk): Shape, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let [d, h_k, h_v, n_t, n_seq] = dims;
+        let n_slots = n_seq + 1;
+        let mut uniform = uniform_draws(seed);
         let kr = (1.5 / d as f32).sqrt();
         let mut g = Graph::new();
         let p = GatedDeltaNetParams {
@@ -408,17 +413,7 @@ mod tests {
         let n_seq = lens.len();
         let n_t = lens.iter().sum::<usize>() + pad;
         let n_slots = n_seq + 1;
-        let mut x = seed;
-        let mut uniform = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
-                })
-                .collect()
-        };
+        let mut uniform = uniform_draws(seed);
         let kr = (1.5 / d as f32).sqrt();
         let mut g = Graph::new();
         let p = GatedDeltaNetParams { scale: 1.0 / (d as f32).sqrt(), head_map: HeadMap::Tiled, algo, ragged: true };
