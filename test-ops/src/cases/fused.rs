@@ -1024,20 +1024,23 @@ pub(super) fn perf_cases() -> Vec<Case> {
     out
 }
 
-/// The gate-and-up perf cases of [`perf_cases`], fused and unfused.
+/// The gate-and-up perf cases of [`perf_cases`], fused and unfused: the 35B-A3B's experts (256
+/// of 512 x 2048, top-8) at 1-16 tokens and its shared expert, and the qwen3moe 30B-A3B's (128 of
+/// 768 x 2048, top-8) at one token.
 fn gate_up_perf_cases() -> Vec<Case> {
     const E: usize = 2048;
     const FF: usize = 512;
     let mut out = Vec::new();
     for type_a in QUANTS {
-        let routed = |n: usize| {
+        let routed_of = |experts: usize, ff: usize, n: usize| {
             vec![
-                In::new("wg", type_a, [E, FF, 256, 1]),
-                In::new("wu", type_a, [E, FF, 256, 1]),
+                In::new("wg", type_a, [E, ff, experts, 1]),
+                In::new("wu", type_a, [E, ff, experts, 1]),
                 In::new("x", F32, [E, 1, n, 1]),
-                In::new("ids", I32, [8, n, 1, 1]).init(Init::Ids { rows: 256, unique: true }),
+                In::new("ids", I32, [8, n, 1, 1]).init(Init::Ids { rows: experts, unique: true }),
             ]
         };
+        let routed = |n: usize| routed_of(256, FF, n);
         let dense = |n: usize| {
             vec![
                 In::new("wg", type_a, [E, FF, 1, 1]),
@@ -1051,7 +1054,20 @@ fn gate_up_perf_cases() -> Vec<Case> {
         // the shared expert at decode widths and a prefill micro-batch
         let shared = [1, 8, 512].map(|n| ("mul_mat_swiglu", "", n, dense(n), FF, E));
         let combine = [1, 2, 4, 8, 16].map(|n| ("mul_mat_id_weighted_sum", "n_mats=256,n_used=8,", n, down(n), E, FF));
-        for (op, what, n, inputs, m, k) in specs.into_iter().chain(shared).chain(combine) {
+        // the qwen3moe 30B-A3B's routed experts at one token (decode of one sequence)
+        const FF3: usize = 768;
+        let qwen3 = [
+            ("mul_mat_id_swiglu", "n_mats=128,n_used=8,", 1, routed_of(128, FF3, 1), FF3, E),
+            (
+                "mul_mat_id_weighted_sum",
+                "n_mats=128,n_used=8,",
+                1,
+                weighted_sum_inputs(&weighted_sum(type_a, 128, 8, 8, E, FF3, 1)),
+                E,
+                FF3,
+            ),
+        ];
+        for (op, what, n, inputs, m, k) in specs.into_iter().chain(shared).chain(combine).chain(qwen3) {
             for is_fused in [true, false] {
                 let kind = if is_fused { "fused" } else { "unfused" };
                 let build = move |g: &mut Graph, x: &[Tensor]| {
