@@ -26,7 +26,8 @@
 # the tables still come out under an outer `timeout` (set it a minute or two below that limit).
 # On a machine just started, the first run of each binary compiles the kernel modules it uses
 # (NVRTC, a minute or more for a model's bench; cached in $TESSERA_KERNEL_CACHE afterwards): leave
-# room for it in the first call's limits, or warm the cache first with a short eval.
+# room for it in the first call's limits, or warm the cache first with a short eval, or carry
+# CUBINs compiled here (docs/GPU.md, "Compilation": tessera-nvrtc-check --cache-dir).
 set -uo pipefail
 BIN=${1:?usage: gpu-ab.sh BIN_DIR}
 OUT=${OUT:-/tmp/out}

@@ -393,6 +393,11 @@ pub fn cache_key(module: Module, target: &str, nvrtc: (i32, i32)) -> String {
     source_key(&module.source(), target, nvrtc)
 }
 
+/// The file in [`cache_dir`] that holds `module`'s CUBIN for `target` under NVRTC `nvrtc`.
+pub fn cache_file_name(module: Module, target: &str, nvrtc: (i32, i32)) -> String {
+    format!("{}-{target}-{}.cubin", module.name(), cache_key(module, target, nvrtc))
+}
+
 /// [`cache_key`] of a whole translation unit.
 pub fn source_key(source: &str, target: &str, nvrtc: (i32, i32)) -> String {
     let mut h = Sha256::new();
@@ -595,8 +600,7 @@ impl Kernels {
             return Ok(m.clone());
         }
         let target = target(kernel.module, &self.arch, self.arch_specific);
-        let key = cache_key(kernel.module, &target, self.nvrtc);
-        let path = cache_dir().join(format!("{}-{target}-{key}.cubin", kernel.module.name()));
+        let path = cache_dir().join(cache_file_name(kernel.module, &target, self.nvrtc));
         let module = self.load_cubin(&path, kernel.module.name(), || {
             compile(kernel.module, &target).map_err(|e| match e {
                 CudaError::Compile { module, arch, log } => {

@@ -1,6 +1,6 @@
 //! Compiles every kernel module with NVRTC for the architectures we support, without a GPU.
 //!
-//! `tessera-nvrtc-check [--resources] [--cubin-dir DIR] [--module NAME] [ARCH...]` (default archs:
+//! `tessera-nvrtc-check [--resources] [--cubin-dir DIR] [--cache-dir DIR] [--module NAME] [ARCH...]` (default archs:
 //! sm_80 sm_90 sm_100). Needs libnvrtc on the loader path; `.ci/run` installs the
 //! `nvidia-cuda-nvrtc` wheel and points `LD_LIBRARY_PATH` at it. Exits non-zero, printing NVRTC's
 //! log, when any module fails to compile.
@@ -10,6 +10,12 @@
 //! ptxas's performance warnings, such as serialized wgmma, under the kernel they name),
 //! `--cubin-dir DIR` writes each CUBIN as `DIR/<module>.<target>.cubin` (for `cuobjdump -sass`),
 //! and `--module NAME` (repeatable) limits the run to those modules.
+//!
+//! `--cache-dir DIR` writes each CUBIN under the name the backend's disk cache looks for
+//! (`compile::cache_file_name`: the source, options, target and NVRTC version), so that a GPU
+//! machine whose NVRTC has the same major.minor version loads them instead of compiling every
+//! module on its first use: point `TESSERA_KERNEL_CACHE` at a copy of DIR there. The CUBINs are
+//! only found by binaries whose built-in kernels are the sources compiled here.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,15 +29,17 @@ struct Args {
     modules: Vec<Module>,
     resources: bool,
     cubin_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { archs: Vec::new(), modules: Vec::new(), resources: false, cubin_dir: None };
+    let mut args = Args { archs: Vec::new(), modules: Vec::new(), resources: false, cubin_dir: None, cache_dir: None };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--resources" => args.resources = true,
             "--cubin-dir" => args.cubin_dir = Some(it.next().ok_or("--cubin-dir needs a directory")?.into()),
+            "--cache-dir" => args.cache_dir = Some(it.next().ok_or("--cache-dir needs a directory")?.into()),
             "--module" => {
                 let name = it.next().ok_or("--module needs a module name")?;
                 let m = Module::ALL.into_iter().find(|m| m.name() == name).ok_or_else(|| {
@@ -78,11 +86,11 @@ fn run() -> std::io::Result<ExitCode> {
         }
     };
     writeln!(out, "NVRTC {major}.{minor}")?;
-    if let Some(dir) = &args.cubin_dir
-        && let Err(e) = std::fs::create_dir_all(dir)
-    {
-        eprintln!("tessera-nvrtc-check: cannot create {}: {e}", dir.display());
-        return Ok(ExitCode::FAILURE);
+    for dir in [&args.cubin_dir, &args.cache_dir].into_iter().flatten() {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("tessera-nvrtc-check: cannot create {}: {e}", dir.display());
+            return Ok(ExitCode::FAILURE);
+        }
     }
     let mut failed = 0;
     for arch in &args.archs {
@@ -118,8 +126,11 @@ fn run() -> std::io::Result<ExitCode> {
                             writeln!(out, "            ptxas: {w}")?;
                         }
                     }
-                    if let Some(dir) = &args.cubin_dir {
-                        let path = dir.join(format!("{}.{target}.cubin", m.name()));
+                    let named = [
+                        args.cubin_dir.as_ref().map(|d| d.join(format!("{}.{target}.cubin", m.name()))),
+                        args.cache_dir.as_ref().map(|d| d.join(compile::cache_file_name(m, &target, (major, minor)))),
+                    ];
+                    for path in named.into_iter().flatten() {
                         if let Err(e) = tessera_files::write_atomic(&path, &cubin) {
                             failed += 1;
                             writeln!(out, "FAIL  writing {}: {e}", path.display())?;
