@@ -557,21 +557,24 @@ impl Kernels {
         label: &str,
         compile: impl FnOnce() -> Result<Vec<u8>, CudaError>,
     ) -> Result<Arc<CudaModule>, CudaError> {
-        let cubin = match std::fs::read(path) {
-            Ok(bytes) if !bytes.is_empty() => {
-                self.stats.cache_hits += 1;
-                bytes
-            }
-            _ => {
-                let bytes = compile()?;
-                self.stats.compiled += 1;
-                store_in_cache(path, &bytes);
-                bytes
-            }
+        let load = |cubin: Vec<u8>| {
+            self.ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                .map_err(|e| CudaError::Driver { what: format!("loading module {label}.cu"), detail: e.to_string() })
         };
-        self.ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(|e| CudaError::Driver { what: format!("loading module {label}.cu"), detail: e.to_string() })
+        // A cached CUBIN the driver will not load (damaged, or carried from elsewhere: see
+        // tessera-nvrtc-check --cache-dir) is compiled again and replaced, not an error.
+        if let Ok(bytes) = std::fs::read(path)
+            && !bytes.is_empty()
+            && let Ok(module) = load(bytes)
+        {
+            self.stats.cache_hits += 1;
+            return Ok(module);
+        }
+        let bytes = compile()?;
+        self.stats.compiled += 1;
+        store_in_cache(path, &bytes);
+        load(bytes)
     }
 
     /// The function for `kernel`, compiling or loading its module first if needed.
