@@ -2,12 +2,12 @@
 //! by `fa_combine` or, on sm_90+, by a cluster of their blocks (`fa_dec_x{2,4,8}_*`).
 
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{DType, Op, TensorMeta};
+use tessera_ops::{DType, TensorMeta};
 
 use super::simt::combine;
-use super::{Optional, Plan, ROW_PAD, Tiling, Tokens, optional_operands, tensor_core_dims, tile_plan};
+use super::{Optional, Plan, ROW_PAD, Tiling, Tokens, operands, tensor_core_dims, tile_plan};
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, config, unsupported};
+use crate::launch::{Cx, TensorArg, config};
 
 const DEC_F16_D128: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d128");
 const DEC_F16_D256: Kernel = Kernel::new(Module::AttentionDecode, "fa_dec_f16_d256");
@@ -157,10 +157,9 @@ pub(super) fn run_dec(
     shared: u32,
     tokens: Tokens,
 ) -> Result<(), BackendError> {
-    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let meta = |i: usize| &task.inputs[i].meta;
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
+    let (p, Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, table_meta }) = operands(task, ins)?;
     let pl = dec_plan(meta(0), meta(1), meta(2), table_meta, tokens);
     let n_kv = table_meta.map_or(meta(1).ne[1], |t| t.ne[0]);
     let kernel_of = |c: usize| match c {

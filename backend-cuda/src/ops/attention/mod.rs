@@ -222,7 +222,7 @@ fn tensor_core_dims(cx: &Cx<'_>, q: &TensorArg, k: &TensorArg, v: &TensorArg, kd
 /// The optional operands of a flash_attn_ext task as every kernel takes them: the mask, the
 /// block table, the ragged offsets and kv lengths and the gate (an empty descriptor, null data,
 /// when absent: the kernels' dense, ungated layout), the mask's dtype code, and the table's
-/// descriptor for planning.
+/// descriptor for planning; with the op's params (`operands`).
 struct Optional<'t> {
     mask: TensorArg,
     table: TensorArg,
@@ -231,6 +231,12 @@ struct Optional<'t> {
     gate: TensorArg,
     mask_dt: i32,
     table_meta: Option<&'t TensorMeta>,
+}
+
+/// A flash_attn_ext task's params and [`Optional`] operands: every launch's first step.
+fn operands<'t>(task: &'t Task<'_>, ins: &[TensorArg]) -> Result<(&'t FlashAttnParams, Optional<'t>), BackendError> {
+    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
+    Ok((p, optional_operands(p, task, ins)))
 }
 
 fn optional_operands<'t>(p: &FlashAttnParams, task: &'t Task<'_>, ins: &[TensorArg]) -> Optional<'t> {

@@ -1,11 +1,11 @@
 //! flash_attn_ext's tensor-core prefill (`fa_mma_*`, `fa_mma_pair_*`: kernels/attention_prefill.cu).
 
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{DType, Op};
+use tessera_ops::DType;
 
-use super::{Optional, ROW_PAD, optional_operands, tensor_core_dims};
+use super::{Optional, ROW_PAD, operands, tensor_core_dims};
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, config, unsupported};
+use crate::launch::{Cx, TensorArg, config};
 
 const MMA_F16_D128: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d128");
 const MMA_F16_D256: Kernel = Kernel::new(Module::AttentionPrefill, "fa_mma_f16_d256");
@@ -162,9 +162,8 @@ pub(super) fn run_mma(
     launch: MmaLaunch,
     min_len: usize,
 ) -> Result<(), BackendError> {
-    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, .. } = optional_operands(p, task, ins);
+    let (p, Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, .. }) = operands(task, ins)?;
     let (has_mask, paged) = (i32::from(p.mask), i32::from(p.paged));
     let (scale, softcap, l_min) = (p.scale, p.softcap, min_len as i32);
     let (err, opcode) = (cx.errors, crate::errors::op_code("flash_attn_ext"));

@@ -2,12 +2,12 @@
 //! which merges the split partials of it and of the decode kernel.
 
 use tessera_graph::{BackendError, Task};
-use tessera_ops::{DType, Op, TensorMeta};
+use tessera_ops::{DType, TensorMeta};
 
 use super::decode::DEC_TARGET_BLOCKS;
-use super::{Optional, Plan, Tiling, Tokens, optional_operands, rows_aligned, tile_plan};
+use super::{Optional, Plan, Tiling, Tokens, operands, rows_aligned, tile_plan};
 use crate::compile::{Kernel, Module};
-use crate::launch::{Cx, TensorArg, config, dt, unsupported};
+use crate::launch::{Cx, TensorArg, config, dt};
 
 const PARTIAL_ANY: Kernel = Kernel::new(Module::Attention, "fa_partial_any");
 const PARTIAL_F32: Kernel = Kernel::new(Module::Attention, "fa_partial_f32");
@@ -46,10 +46,9 @@ pub(super) fn run_simt(
     out: TensorArg,
     tokens: Tokens,
 ) -> Result<(), BackendError> {
-    let Op::FlashAttnExt(p) = task.op else { return Err(unsupported(task, "not flash_attn_ext")) };
     let meta = |i: usize| &task.inputs[i].meta;
     let (q, k, v) = (ins[0], ins[1], ins[2]);
-    let Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, table_meta } = optional_operands(p, task, ins);
+    let (p, Optional { mask, table, offsets, kv_lens, gate, mask_dt: mdt, table_meta }) = operands(task, ins)?;
     let pl = plan(meta(0), meta(1), meta(2), table_meta, tokens);
     let (kdt, vdt) = (meta(1).dtype, meta(2).dtype);
     let vec = kdt == vdt && q.ne[0] % 8 == 0 && v.ne[0] % 8 == 0 && rows_aligned(&k) && rows_aligned(&v);
