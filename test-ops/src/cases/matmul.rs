@@ -120,8 +120,9 @@ const ALIGNED_WINDOW: Layout = Layout::Window { pad: [4, 1, 0, 0], at: [4, 1, 0,
 
 /// q8_0 / nvfp4 weights: odd sizes, slices of the 2048- and 5120-wide projections at 1, 2, 5
 /// and 17 tokens (GEMV and GEMM paths), 1-token products of rows 4 to 272 blocks of 64 values
-/// long, batch broadcast, windowed weights, strided activations, and products of 12 to 200
-/// tokens with partial tiles, and two of more tiles than a GPU holds.
+/// long, batch broadcast, windowed weights, strided activations, 13 and 24 tokens over thousands
+/// of rows, and products of 12 to 200 tokens with partial tiles, and two of more tiles than a
+/// GPU holds.
 fn quantized(out: &mut Vec<Case>) {
     for type_a in QUANTS {
         for (m, n, k) in [(1, 1, 64), (7, 3, 64), (33, 7, 128), (19, 4, 192), (5, 9, 320)] {
@@ -159,9 +160,13 @@ fn quantized(out: &mut Vec<Case>) {
         out.push(MulMat::new(type_a, 64, 20, 64).case());
         out.push(MulMat::new(type_a, 16, 12, 128).batched([2, 1], [4, 1]).case());
         out.push(MulMat::new(type_a, 40, 24, 128).layouts(BLOCK_WINDOW, Layout::TRANSPOSED).case());
+        // 9 to 32 tokens over enough rows for a backend to read each row once for all of them on
+        // tensor cores (a short last 32-row group; 13 and 24 tokens: partial column tiles).
+        out.push(MulMat::new(type_a, 6400 + 8, 13, 512).case());
+        out.push(MulMat::new(type_a, 8448 + 8, 24, 256).case());
         // More 128 x 128 tiles than a GPU holds at once (150 on a 132-multiprocessor GPU), so
         // that the last ones may be split along k (a block each, then split blocks, in one grid).
-        out.push(MulMat::new(type_a, 150 * 128 - 40, 9, 512).case());
+        out.push(MulMat::new(type_a, 150 * 128 - 40, 40, 512).case());
         // A grid of 256-column tiles where a backend takes them for large grids (160 row tiles
         // of 200 tokens): partial rows, columns and k-steps, rows of 3 k-steps whose start moves
         // by 4 bytes mod 16 from row to row, and a last wave split along k.
@@ -260,8 +265,8 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     for type_a in QUANTS {
         out.push(MulMat::new(type_a, 17408, 1, 5120).case());
         out.push(MulMat::new(type_a, 17408, 4, 5120).case());
-        // The 35B-A3B's dense projections at an 8- and a 2-sequence decode step.
-        for n in [2, 8] {
+        // The 35B-A3B's dense projections at a 2- to 32-sequence decode step.
+        for n in [2, 8, 16, 32] {
             out.push(MulMat::new(type_a, 8192, n, 2048).case());
             out.push(MulMat::new(type_a, 2048, n, 4096).case());
             out.push(MulMat::new(type_a, 512, n, 2048).case());
@@ -281,6 +286,8 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     for (m, k) in [(12352, 2048), (9216, 2048), (2048, 4096), (2048, 512)] {
         out.push(MulMat::new(QUANTS[1], m, 512, k).case());
     }
+    // The 35B-A3B's output projection (its 151936-token vocabulary) at a 32-sequence decode step.
+    out.push(MulMat::new(QUANTS[1], 151936, 32, 2048).case());
     // bf16 at the same prefill (cuBLAS); its decode shapes are in perf.rs.
     out.push(MulMat::new(BF16, 17408, 512, 5120).case());
     // The 35B-A3B's router logits (256 f32 rows) and shared-expert gate (one f32 row) over a

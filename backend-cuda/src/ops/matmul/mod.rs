@@ -34,10 +34,12 @@
 //!   its activations quantized in the kernel and kept in registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
 //!   takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a
 //!   thread. Both come closer to the copy bandwidth at one token than the GEMVs before them
-//!   (docs/perf-log/kernels-matmul.md). 5-8 tokens against contiguous q8_0 / nvfp4 matrices of
-//!   at least 2 32-row items a multiprocessor take `moe_mma::dense_mma` instead: the matrix as one
-//!   expert of `moe_mma_*` (rows streamed through shared memory, tensor cores), where `gemv_fast`'s
-//!   dp4a work, growing with the tokens, would bound the step (`dense_mma_limits`).
+//!   (docs/perf-log/kernels-matmul.md).
+//! - **Tensor cores over rows read once** (5-32 tokens against contiguous q8_0 / nvfp4 matrices
+//!   of enough 32-row items: 1.5 a multiprocessor up to 16 tokens, 2 beyond): `moe_mma::dense_mma`,
+//!   the matrix as one expert of `moe_mma_*` (rows streamed through shared memory, each row read
+//!   once for every token), where `gemv_fast`'s dp4a work grows with the tokens and mmq's
+//!   128-column tiles would multiply mostly padding (`dense_mma_limits`).
 //! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes; one f32 weight matrix of
 //!   16-byte aligned rows against such columns (K % 4 == 0) `gemm_f32`: tensor cores in split
 //!   tf32 (3xTF32, about 21 significant bits a product), 64 x 64 tiles, K split over the blocks
@@ -158,16 +160,21 @@ fn half_blas_tokens() -> i64 {
     crate::launch::env_number(&SET, "TESSERA_HALF_BLAS_TOKENS").unwrap_or(2).max(2)
 }
 
-/// When `moe_mma::dense_mma` takes a quantized mul_mat of a few tokens, on `sms` multiprocessors: (the
-/// least 32-row items of weight rows, the fewest tokens). Default
-/// `moe_mma::DENSE_MMA_MIN_ITEMS_PER_SM` items each and `moe_mma::DENSE_MMA_MIN_TOKENS` tokens;
+/// When `moe_mma::dense_mma` takes a quantized mul_mat of `n` tokens, on `sms` multiprocessors:
+/// (the least 32-row items of weight rows, the fewest tokens, the most tokens). Default
+/// `moe_mma::dense_mma_min_items` and `moe_mma::DENSE_MMA_MIN_TOKENS` ..= `DensePairs::MAX`;
 /// `TESSERA_DENSE_MMA=N`, read once a process, sets N items in all and 2 tokens (1: every shape,
-/// to test it), 0 turns the path off.
-fn dense_mma_limits(sms: usize) -> (i64, i64) {
+/// to test it), 0 turns the path off; `TESSERA_DENSE_MMA_MAX=T` sets the most tokens (8 keeps
+/// mmq's tiles from 9 tokens, as before 2026-11-28).
+fn dense_mma_limits(sms: usize, n: i64) -> (i64, i64, i64) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    static MAX: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    let max = crate::launch::env_number(&MAX, "TESSERA_DENSE_MMA_MAX")
+        .unwrap_or(moe_mma::DensePairs::MAX as i64)
+        .min(moe_mma::DensePairs::MAX as i64);
     match crate::launch::env_number(&SET, "TESSERA_DENSE_MMA") {
-        Some(items) => (items, 2),
-        None => (moe_mma::DENSE_MMA_MIN_ITEMS_PER_SM * sms as i64, moe_mma::DENSE_MMA_MIN_TOKENS),
+        Some(items) => (items, 2, max),
+        None => (moe_mma::dense_mma_min_items(sms as i64, n), moe_mma::DENSE_MMA_MIN_TOKENS, max),
     }
 }
 
@@ -261,6 +268,15 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     }
     let n = b.ne[1];
     let x = cx.scratch;
+    // a few tokens against q8_0 / nvfp4 weights of enough rows: tensor cores over rows read once
+    // (mmq's 128-column tiles would multiply mostly padding, `gemv_fast` re-decode each unit a token)
+    let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n);
+    if (min_tokens..=max_tokens).contains(&n)
+        && min_items > 0
+        && let Some(done) = moe_mma::dense_mma(cx, a, d, b, out, min_items, min_tokens)
+    {
+        return done;
+    }
     if n > GEMV_MAX_N
         && mmq::weights_fit(&a, d)
         && let Some(done) = mmq::mul_mat(cx, a, d, b, out, x, None)
@@ -282,13 +298,6 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
         && blas_fits(&a, d, &b, &out)
     {
         return mul_mat_blas(cx, a, d, b, out);
-    }
-    let (min_items, min_tokens) = dense_mma_limits(cx.info.multiprocessors);
-    if n >= min_tokens
-        && min_items > 0
-        && let Some(done) = moe_mma::dense_mma(cx, a, d, b, out, min_items, min_tokens)
-    {
-        return done;
     }
     let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
     let bulk = cx.info.compute_capability.0 >= 9;

@@ -90,7 +90,7 @@ pub(super) fn moe_fits(cx: &Cx<'_>, w: &TensorArg, d: DType, n_pairs: i64) -> bo
 pub(crate) struct DensePairs;
 
 impl DensePairs {
-    pub const MAX: usize = 8;
+    pub const MAX: usize = 32;
     /// Offset of the listed-expert entries for n tokens (two `MeExpert`s: the count, then expert
     /// 0 with its n pairs from list entry 0).
     fn listed_at(n: usize) -> usize {
@@ -159,9 +159,14 @@ pub(super) fn dense_mma(
     Some(run(cx))
 }
 
-/// `dense_mma`'s default least 32-row items a multiprocessor (fewer leave the device waiting on a
-/// few warps' streams).
-pub(super) const DENSE_MMA_MIN_ITEMS_PER_SM: i64 = 2;
+/// `dense_mma`'s default least 32-row items for `n` tokens on `sms` multiprocessors: fewer leave
+/// the device waiting on a few warps' streams. 1.5 a multiprocessor up to 16 tokens (8192 rows,
+/// 256 items, beat `gemv_fast` at 8 tokens and mmq at 16 on 132), 2 beyond (the 17-32-token
+/// passes do twice the products a row: there 256 items lost to mmq;
+/// docs/perf-log/kernels-matmul.md).
+pub(super) fn dense_mma_min_items(sms: i64, n: i64) -> i64 {
+    if n <= 16 { (3 * sms + 1) / 2 } else { 2 * sms }
+}
 /// `dense_mma`'s fewest tokens: from 5 the GEMV's integer dot products, which grow with the tokens,
 /// bound it more than the weight read; at 2-4 the GEMV was as fast or faster
 /// (docs/perf-log/kernels-matmul.md).
@@ -258,13 +263,25 @@ mod tests {
     fn the_dense_pair_lists_name_one_expert_with_n_pairs() {
         let t = DensePairs::table();
         let int = |at: usize| i32::from_le_bytes(t[at..at + 4].try_into().unwrap());
-        assert_eq!((0..8).map(|i| int(4 * i)).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
+        assert_eq!(
+            (0..DensePairs::MAX).map(|i| int(4 * i)).collect::<Vec<_>>(),
+            (0..DensePairs::MAX as i32).collect::<Vec<_>>()
+        );
         for n in 1..=DensePairs::MAX {
             let g = DensePairs::groups(1 << 20, n);
             let at = (g.listed - (1 << 20)) as usize;
             assert_eq!(at % 16, 0);
             assert_eq!([int(at), int(at + 16), int(at + 20), int(at + 24)], [1, 0, 0, n as i32]);
         }
+    }
+
+    #[test]
+    fn dense_mma_takes_fewer_items_a_multiprocessor_up_to_16_tokens() {
+        // 132 multiprocessors: 8192 rows (256 items) at 8 and 16 tokens, not at 32; the
+        // 151936-row output projection (4748 items) at 32
+        assert!(dense_mma_min_items(132, 8) <= 256 && dense_mma_min_items(132, 16) <= 256);
+        assert!(dense_mma_min_items(132, 32) > 256 && dense_mma_min_items(132, 32) <= 4748);
+        assert!(dense_mma_min_items(132, 17) > dense_mma_min_items(132, 16));
     }
 
     #[test]
