@@ -320,12 +320,15 @@ pub(crate) fn cases(out: &mut Vec<Case>) {
 
 /// gated_delta_net_fused (the delta rule with its input preparation): the Qwen3.5 heads (h_k 16,
 /// h_v 32 as the 35B-A3B, 48 as the 27B; S_k = S_v = 128) over decode and mixed batches, small
-/// heads over every eval batch, both algorithms.
+/// heads over every eval batch, both algorithms; 128-wide small heads over the eval batches of at
+/// most 16 tokens and every bad batch (a backend's one-launch decode path, which checks the
+/// batch in every block), and dense single tokens.
 fn fused(out: &mut Vec<Case>) {
     let decode = RAGGED_EVAL[2];
     let mut shapes = vec![(128, 16, 32, RAGGED_QWEN), (128, 16, 48, RAGGED_QWEN), (128, 16, 32, decode)];
     shapes.push((128, 16, 48, decode));
     shapes.extend(RAGGED_EVAL.iter().map(|&r| (16, 2, 4, r)));
+    shapes.extend(RAGGED_EVAL.iter().filter(|r| r.n_tokens <= 16).map(|&r| (128, 2, 4, r)));
     shapes.push((128, 2, 4, RAGGED_LONG));
     for (s_k, h_k, h_v, r) in shapes {
         for algo in [SERIAL, chunk(64)] {
@@ -333,6 +336,35 @@ fn fused(out: &mut Vec<Case>) {
         }
     }
     out.push(RAGGED_BAD[3].finish(fused_case(8, 1, 2, RAGGED_BAD[3], SERIAL)));
+    for r in RAGGED_BAD {
+        out.push(r.finish(fused_case(128, 1, 2, r, SERIAL)));
+    }
+    for (h_k, h_v, slots) in [(2, 4, &[2][..]), (2, 4, &[4, 0, 2][..]), (1, 3, &[3, 0][..])] {
+        out.push(fused_dense_case(h_k, h_v, slots));
+    }
+}
+
+/// Dense single tokens of one sequence per slot in `slots` (two spare slots), 128-wide heads,
+/// the grouped head map.
+fn fused_dense_case(h_k: usize, h_v: usize, slots: &'static [i32]) -> Case {
+    let k_range = (1.5 / 128.0f32).sqrt();
+    let n_seq = slots.len();
+    let inputs = vec![
+        In::new("qk", F32, [128, 2 * h_k, 1, n_seq]),
+        In::new("v", F32, [128, h_v, 1, n_seq]),
+        In::new("alpha", F32, [h_v, 1, n_seq, 1]),
+        In::new("dt_bias", F32, [h_v, 1, 1, 1]),
+        In::new("a", F32, [h_v, 1, 1, 1]).init(Init::Uniform { lo: -1.0, hi: -0.1 }),
+        In::new("beta", F32, [h_v, 1, n_seq, 1]),
+        In::new("state", F32, [128, 128, h_v, n_seq + 2]).state().init(Init::Uniform { lo: -k_range, hi: k_range }),
+        In::new("slots", I32, [n_seq, 1, 1, 1]).init(Init::Fixed(slots)),
+    ];
+    let p =
+        GatedDeltaNetParams { scale: 1.0 / 128.0f32.sqrt(), head_map: HeadMap::Grouped, algo: SERIAL, ragged: false };
+    let label = format!("s_k=128,h_k={h_k},h_v={h_v},n_t=1,n_seq={n_seq},Serial,dense");
+    Case::new("gated_delta_net_fused", label, inputs, move |g, x| {
+        g.gated_delta_net_fused(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], None, 1e-6, p)
+    })
 }
 
 fn fused_case(s_k: usize, h_k: usize, h_v: usize, r: Ragged, algo: DeltaNetAlgo) -> Case {
@@ -445,7 +477,8 @@ fn qwen(out: &mut Vec<Case>) {
 
 /// Model-sized runs (for the perf catalogue, `cases/perf.rs`): 27B decode of 128 sequences (the
 /// state of the 128 slots is 400 MB) and a 2048-token prefill of one sequence, chunked (serial
-/// over 512 tokens for comparison).
+/// over 512 tokens for comparison); the 35B-A3B layer dense and ragged, and its fused op at
+/// decode.
 pub(super) fn perf_cases() -> Vec<Case> {
     let mut out = vec![
         Gdn::new(128, 16, 48, 1, 128).slots(128).case(),
@@ -464,5 +497,9 @@ pub(super) fn perf_cases() -> Vec<Case> {
     }
     // A decode batch under the chunked algorithm (a ragged step graph built for mixed batches).
     out.push(Gdn::ragged(128, 16, 32, RAGGED_PERF[3]).algo(chunk(64)).case());
+    // gated_delta_net_fused (as the model runs the layer) at decode of 1, 8 and 32 sequences.
+    for r in &RAGGED_PERF[..3] {
+        out.push(fused_case(128, 16, 32, *r, SERIAL));
+    }
     out
 }
