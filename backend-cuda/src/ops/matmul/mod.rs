@@ -269,7 +269,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     let n = b.ne[1];
     let x = cx.scratch;
     // a few tokens against q8_0 / nvfp4 weights of enough rows: tensor cores over rows read once
-    // (mmq's 128-column tiles would multiply mostly padding, `gemv_fast` re-decode each unit a token)
+    // (mmq's 128-column tiles would multiply mostly padding, and `gemv_fast` decode each unit once
+    // a token)
     let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n);
     if (min_tokens..=max_tokens).contains(&n)
         && min_items > 0
