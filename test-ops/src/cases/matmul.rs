@@ -287,10 +287,11 @@ pub(crate) fn perf_cases() -> Vec<Case> {
         out.push(MulMat::new(QUANTS[1], m, 512, k).case());
     }
     // The 35B-A3B's output projection (its 151936-token vocabulary) at 2-, 4- and 32-sequence
-    // decode steps.
+    // decode steps (q8_0 too at 32).
     for n in [2, 4, 32] {
         out.push(MulMat::new(QUANTS[1], 151936, n, 2048).case());
     }
+    out.push(MulMat::new(QUANTS[0], 151936, 32, 2048).case());
     // bf16 at the same prefill (cuBLAS); its decode shapes are in perf.rs.
     out.push(MulMat::new(BF16, 17408, 512, 5120).case());
     // The 35B-A3B's router logits (256 f32 rows) and shared-expert gate (one f32 row) over a
