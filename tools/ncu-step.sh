@@ -14,7 +14,8 @@
 # times the kernels a graph would replay, one by one) under ncu, writes $OUT/NAME.csv (a row a
 # kernel launch, after the program's own output), then tools/ncu_step.py splits the launches into
 # steps after each run of kernels matching BOUNDARY (default: the sampler's) and prints the last STEPS
-# (default 2) steps' kernels: launches, us a step and share, and the step's sum. Then the same
+# (default 2) steps' kernels: launches, us a step and share, and the step's sum (NAME.md also lists
+# the last step's launches with their grids). Then the same
 # bench without ncu, with graphs, for the step time to set beside that sum. BIN: the folder with
 # `tessera` (default .gpu/bin); NCU: the ncu binary (default: on PATH, else the newest under
 # /opt/nvidia). Kernels compile on first use: warm the cache first on a fresh machine.
@@ -32,6 +33,7 @@ TESSERA_CUDA_GRAPHS=0 "$NCU" --clock-control none --cache-control none --metrics
     --csv --page raw --print-units base \
     "$BIN/tessera" bench "$@" --prefill 16 --n-gen 4 -r 1 > "$OUT/$NAME.csv" 2> "$OUT/$NAME.bench.err"
 echo "== $NAME: ncu rc=$? ($(grep -c '"gpu__time_duration.sum"' "$OUT/$NAME.csv") header rows)"
-python3 "$HERE/ncu_step.py" "$OUT/$NAME.csv" --boundary "${BOUNDARY:-sample}" --steps "${STEPS:-2}" | tee "$OUT/$NAME.md"
+python3 "$HERE/ncu_step.py" "$OUT/$NAME.csv" --boundary "${BOUNDARY:-sample}" --steps "${STEPS:-2}" --launches > "$OUT/$NAME.md"
+sed -n '/^$/q;p' "$OUT/$NAME.md"  # the per-kernel table (the launch list stays in the file)
 echo "== $NAME: the same bench with graphs (ms a step)"
 "$BIN/tessera" bench "$@" --prefill 16 --n-gen 32 -r 2 2>&1 | grep -E '^\| (tg|pp)' | tee -a "$OUT/$NAME.md"
