@@ -31,6 +31,7 @@ def launches(path):
     col = {h: i for i, h in enumerate(rows[head])}
     name, dur = col["Kernel Name"], col["gpu__time_duration.sum"]
     grid, block = col.get("Grid Size"), col.get("Block Size")
+    cell = lambda r, c: r[c] if c is not None and c < len(r) else "?"  # noqa: E731
     out = []
     for r in rows[head + 1 :]:
         if len(r) <= max(name, dur):
@@ -39,8 +40,7 @@ def launches(path):
             ns = float(r[dur].replace(",", ""))
         except ValueError:
             continue  # the units row, or a launch ncu could not time
-        shape = lambda c: r[c] if c is not None and c < len(r) else "?"
-        out.append((r[name], ns, shape(grid), shape(block)))
+        out.append((r[name], ns, cell(r, grid), cell(r, block)))
     return out
 
 
@@ -51,7 +51,7 @@ def steps(runs, boundary):
     pattern = re.compile(boundary)
     out, cur = [], []
     for i, run in enumerate(runs):
-        k = run[0]
+        k = run[0]  # (name, ns, grid, block)
         cur.append(run)
         last_of_run = pattern.search(k) and (i + 1 == len(runs) or not pattern.search(runs[i + 1][0]))
         if last_of_run:
