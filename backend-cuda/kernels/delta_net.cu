@@ -85,6 +85,15 @@ __device__ __forceinline__ void group_sum2(float& a, float& b) {
     }
 }
 
+// Zeroes the op's output rows of a ragged batch's padding tokens (before seq_offsets[0], from
+// seq_offsets[n_seq] on; `out` contiguous [S_v, H_v, n_t, 1]), element i = first, first + step, ..
+__device__ __forceinline__ void gdn_zero_padding(const Tensor& out, const Tensor& offsets, i64 n_t, i64 first, i64 step) {
+    const i64 row = out.ne[0] * out.ne[1], n_seq = offsets.ne[0] - 1;
+    const i64 lead = seq_offset(offsets, 0, n_t) * row, tail = seq_offset(offsets, n_seq, n_t) * row;
+    float* o = (float*)out.data;
+    for (i64 i = first; i < lead + n_t * row - tail; i += step) o[i < lead ? i : tail + (i - lead)] = 0.0f;
+}
+
 // Pre-pass: k and q (times scale) of every (token, key head, outer index) as f32 rows of KS floats
 // (zero padded past S_k), and k . q, in scratch: kbuf, qbuf [n_outer][H_k][n_t][KS], kq
 // [n_outer][H_k][n_t]. One warp per row; grid-stride over rows. Ragged: only the rows of
@@ -130,12 +139,7 @@ extern "C" __global__ void gdn_prep(Tensor q, int qdt, Tensor k, int kdt, float 
         acc = warp_sum(acc);
         if (lane == 0) kq[row] = acc;
     }
-    if (offsets.data == nullptr) return;
-    const i64 row = out.ne[0] * out.ne[1], n_seq = offsets.ne[0] - 1;
-    const i64 lead = seq_offset(offsets, 0, n_t) * row, tail = seq_offset(offsets, n_seq, n_t) * row;
-    float* o = (float*)out.data;
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < lead + n_t * row - tail; i += (i64)gridDim.x * blockDim.x)
-        o[i < lead ? i : tail + (i - lead)] = 0.0f;
+    if (offsets.data != nullptr) gdn_zero_padding(out, offsets, n_t, blockIdx.x * (i64)blockDim.x + threadIdx.x, (i64)gridDim.x * blockDim.x);
 }
 
 // A group's column of the state, to and from registers (chunk r of lane l: keys (r * GROUP + l) * 4
@@ -282,6 +286,145 @@ GDN_KERNEL(gdn_n2, 2, false)
 GDN_KERNEL(gdn_n4, 4, false)
 GDN_KERNEL(gdn_n8, 8, false)
 GDN_KERNEL(gdn_n4_vec, 4, true)
+
+// ---- gated_delta_net_fused at decode: the preparation inside the recurrence ----
+//
+// `gdn_decode_fused`: gated_delta_net_fused in one launch where every sequence is short (a decode
+// step: dense single tokens, or a ragged batch of a few tokens in all, few sequences: the host's choice),
+// S_k = 128 and a 16-byte aligned state. The grid and the recurrence are gdn_n4_vec's; what
+// gdn_input_prep and gdn_prep write to scratch for it is computed per token by each group from
+// qk, alpha, dt_bias, a and beta: its key head's q and k (lane chunks as gdn_body holds them)
+// scaled by 1 / max(||x||, eps) (l2_norm's rule, the f64 sum where the f32 one leaves the normal
+// range), q times the op's scale, k . q over the scaled values, g = softplus(alpha + dt_bias) a
+// and sigmoid(beta), by the same device code as gdn_input_prep. Each block checks the offsets and
+// slots itself (the same checks and reports as gdn_check) and writes nothing unless they pass;
+// the blocks also zero the outputs of padding tokens, as gdn_prep does. Saves two launches and
+// the prep buffers' round trip a decode step.
+
+// Sum of x over a group's 8 lanes, in f64 (the l2 norm's fallback).
+__device__ __forceinline__ double group_sum_f64_8(double x) {
+#pragma unroll
+    for (int o = GDN_GROUP / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// 1 / max(||x||, eps) of the group's NC chunks a lane (norm.cuh's norm_scale for NORM_L2).
+template <int NC>
+__device__ __forceinline__ float gdn_l2_scale(const float4 (&x)[NC], float ss, float eps) {
+    float norm;
+    if (ss >= 1.17549435e-38f && ss <= 3.40282347e38f) {
+        norm = sqrtf(ss);
+    } else {
+        double acc = 0.0;
+#pragma unroll
+        for (int r = 0; r < NC; r++) {
+            acc += (double)x[r].x * x[r].x + (double)x[r].y * x[r].y;
+            acc += (double)x[r].z * x[r].z + (double)x[r].w * x[r].w;
+        }
+        norm = (float)sqrt(group_sum_f64_8(acc));
+    }
+    return 1.0f / fmaxf(norm, eps);
+}
+
+__device__ __forceinline__ float4 gdn_mul4(float4 x, float s) { return make_float4(x.x * s, x.y * s, x.z * s, x.w * s); }
+
+template <int NC>
+__device__ __forceinline__ void gdn_decode_fused_body(Tensor out, Tensor qk, Tensor v, Tensor alpha, Tensor dt_bias,
+                                                      Tensor a, Tensor beta, Tensor state, Tensor slots, int h_k,
+                                                      int grouped, float eps, float scale, Tensor offsets, u64 err,
+                                                      u32 op) {
+    if (((volatile ErrorRecord*)err)->code != 0u) return;
+    const i64 s_v = v.ne[0], h_v = v.ne[1], n_t = v.ne[2], n_slots = state.ne[3];
+    const i64 h = blockIdx.y, s = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lig = lane & (GDN_GROUP - 1);
+    const i64 col = (i64)blockIdx.x * GDN_COLS + warp * (32 / GDN_GROUP) + lane / GDN_GROUP;
+    const bool has_col = col < s_v;
+    const i64 vcol = has_col ? col : 0;
+    // The state is read before the checks (clamped into range: reading it is harmless), so that
+    // its latency and theirs overlap; nothing is written before they pass.
+    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+    const GdnSpan sp = gdn_span(offsets, s, n_t);
+    const i64 slot_in = slot < 0 ? 0 : (slot >= n_slots ? n_slots - 1 : slot);
+    char* sbase = state.data + col * state.nb[1] + h * state.nb[2] + slot_in * state.nb[3];
+    float st[NC][4];
+    gdn_load_state<NC, true>(st, sbase, has_col, lig, 128, 4);
+    // (block-uniform: every thread takes part in the checks' barriers)
+    bool ok;
+    if (offsets.data == nullptr) {
+        ok = check_state_slots(slots, n_slots, err, op);
+    } else {
+        ok = check_seq_offsets(offsets, n_t, err, op);
+        if (ok) ok = check_ragged_state_slots(slots, offsets, n_slots, err, op);
+    }
+    if (!ok) return;
+    if (offsets.data != nullptr) {
+        const i64 block = ((i64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        gdn_zero_padding(out, offsets, n_t, block * blockDim.x + threadIdx.x, (i64)gridDim.x * gridDim.y * gridDim.z * blockDim.x);
+    }
+    // (a sequence without tokens keeps its slot unchecked and untouched)
+    if (sp.end <= sp.begin) return;
+    const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
+
+    const i64 so = sp.outer;
+    GdnTok<NC> nx;
+    auto load_tok = [&](i64 t) {
+        const char* qr = qk.data + kh * qk.nb[1] + t * qk.nb[2] + so * qk.nb[3];
+        const char* kr = qr + h_k * qk.nb[1];
+        float4 qv[NC], kv[NC];
+#pragma unroll
+        for (int r = 0; r < NC; r++) {
+            const int i0 = (r * GDN_GROUP + lig) * 4;
+            qv[r] = *(const float4*)(qr + 4 * i0);
+            kv[r] = *(const float4*)(kr + 4 * i0);
+        }
+        nx.v = *(const float*)(v.data + offset_of(v, vcol, h, t, so));
+        const float x = *(const float*)(alpha.data + offset_of(alpha, h, t, so, 0));
+        const float d = *(const float*)(dt_bias.data + offset_of(dt_bias, h % dt_bias.ne[0], t % dt_bias.ne[1],
+                                                                 so % dt_bias.ne[2], 0));
+        const float sa = *(const float*)(a.data + offset_of(a, h % a.ne[0], t % a.ne[1], so % a.ne[2], 0));
+        nx.g = __fmul_rn(unary_f(4, __fadd_rn(x, d)), sa);
+        nx.b = unary_f(3, *(const float*)(beta.data + offset_of(beta, h, t, so, 0)));
+        float ssq = 0.0f, ssk = 0.0f;
+#pragma unroll
+        for (int r = 0; r < NC; r++) {
+            ssq += qv[r].x * qv[r].x + qv[r].y * qv[r].y + qv[r].z * qv[r].z + qv[r].w * qv[r].w;
+            ssk += kv[r].x * kv[r].x + kv[r].y * kv[r].y + kv[r].z * kv[r].z + kv[r].w * kv[r].w;
+        }
+        group_sum2(ssq, ssk);
+        const float iq = gdn_l2_scale<NC>(qv, ssq, eps), ik = gdn_l2_scale<NC>(kv, ssk, eps);
+        float kq = 0.0f, unused = 0.0f;
+#pragma unroll
+        for (int r = 0; r < NC; r++) {
+            nx.q[r] = gdn_mul4(gdn_mul4(qv[r], iq), scale);
+            nx.k[r] = gdn_mul4(kv[r], ik);
+            kq = fmaf(nx.k[r].x, nx.q[r].x, kq);
+            kq = fmaf(nx.k[r].y, nx.q[r].y, kq);
+            kq = fmaf(nx.k[r].z, nx.q[r].z, kq);
+            kq = fmaf(nx.k[r].w, nx.q[r].w, kq);
+        }
+        group_sum2(kq, unused);
+        nx.kq = kq;
+    };
+    // (no next-token prefetch as in gdn_body: a decode sequence has one token, and the second
+    // token set's registers made ptxas spill)
+    for (i64 t = sp.begin; t < sp.end; t++) {
+        load_tok(t);
+        const float o = gdn_step<NC>(st, nx.k, nx.q, nx.v, expf(nx.g), nx.b, nx.kq);
+        if (lig == 0 && has_col) *(float*)(out.data + offset_of(out, col, h, t, so)) = o;
+    }
+    if (has_col) gdn_store_state<NC, true>(st, sbase, lig, 128, 4);
+}
+
+// Grid (ceil(S_v / COLS), H_v, n_seq), block 128 threads (GDN_WARPS * 32).
+extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32, 4)
+    gdn_decode_fused(Tensor out, Tensor qk, Tensor v, Tensor alpha, Tensor dt_bias, Tensor a, Tensor beta,
+                     Tensor state, Tensor slots, int h_k, int grouped, float eps, float scale, Tensor offsets,
+                     u64 err, u32 op) {
+    grid_begin();
+    gdn_decode_fused_body<4>(out, qk, v, alpha, dt_bias, a, beta, state, slots, h_k, grouped, eps, scale, offsets,
+                             err, op);
+}
 
 // Prefill: as gdn_body (grid z: the sequences, or ragged the bound on the work list's long ones),
 // but the block stages TT = 64 / NC tokens at a time in shared memory,

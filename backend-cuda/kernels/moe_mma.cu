@@ -263,7 +263,7 @@ struct MeItem {
 
 // Item i of a launch: the listed experts' 32-row tiles of `as`, then (with `as_up`, `n_half`
 // items each) the same tiles of the up experts, whose shape and strides are as's.
-__device__ __forceinline__ MeItem me_item(const Tensor& as, const char* as_up, i64 n_half, const MeExpert* listed, i64 i, int tiles, int chunks) {
+__device__ __forceinline__ MeItem me_item(const Tensor& as, const char* as_up, i64 n_half, const MeExpert* listed, i64 i, int tiles, int chunks, int nt_max) {
     MeItem it;
     it.up = i >= n_half;
     if (it.up) i -= n_half;
@@ -272,22 +272,22 @@ __device__ __forceinline__ MeItem me_item(const Tensor& as, const char* as_up, i
     it.w = (it.up ? as_up : as.data) + ex.x * as.nb[2] + it.m0 * as.nb[1];
     it.rows = (int)min((i64)ME_ROWS, as.ne[1] - it.m0);
     it.first = ex.y, it.count = ex.z;
-    it.nt = ex.z <= 8 ? 1 : ex.z <= 16 ? 2 : 4;
+    it.nt = min(nt_max, ex.z <= 8 ? 1 : ex.z <= 16 ? 2 : 4);
     it.units = (ex.z + 8 * it.nt - 1) / (8 * it.nt) * chunks;
     return it;
 }
 
 // A warp's copies: the k-chunks of its items in the order the warp multiplies them, chunk n into
-// stage n mod ME_STAGES of the warp's ring, one cp.async commit group a chunk. Four lanes copy a
+// stage n mod S of the warp's ring (S stages: ME_STAGES, or 2 in the narrow entries), one cp.async commit group a chunk. Four lanes copy a
 // row's chunk, 64 contiguous bytes an instruction (eight rows at once): a lane's addresses are its
 // row's plus constants (a few instructions a piece), and an instruction still reads whole runs of
 // sectors. Rows past the item's are zero-filled.
-template <int QT>
+template <int QT, int S>
 struct MeLoader {
     MeItem it;
     const char* as_up;
     i64 i, n_items, n_half, step;
-    int tiles, chunks, q;
+    int tiles, chunks, nt_max, q;
     // the shared address of the warp's ring
     u32 ring;
 
@@ -313,7 +313,7 @@ struct MeLoader {
             if (++q == it.units) {
                 q = 0;
                 i += step;
-                if (i < n_items) it = me_item(as, as_up, n_half, listed, i, tiles, chunks);
+                if (i < n_items) it = me_item(as, as_up, n_half, listed, i, tiles, chunks, nt_max);
             }
         }
         tc_commit();
@@ -321,7 +321,7 @@ struct MeLoader {
 
     // Waits until this lane's copies of the oldest chunk in flight have landed (the caller's warp
     // barrier makes that every lane's).
-    __device__ __forceinline__ void wait() { tc_wait<ME_STAGES - 2>(); }
+    __device__ __forceinline__ void wait() { tc_wait<S - 2>(); }
 };
 
 // Where a pass writes: `out`, or `out_up` for the up experts' items, selected field by field (a
@@ -388,8 +388,8 @@ __device__ __forceinline__ void me_load_b(u32 (&B)[NT][8], const char* const (&x
 // the warp stalled on them); with NT = 1 and nvfp4 the unit's staged weight words too. The wider
 // passes keep fewer sets: every path of the kernel shares its register count, which with 168
 // still allows three blocks a multiprocessor.
-template <int QT, int NT>
-__device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, const Tensor& as, const MeExpert* listed, char* ring, int& slot, const char* x, const float* xs, u32 n_used, u32 n_b, const int* list, const MeOut& out) {
+template <int QT, int NT, int S>
+__device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT, S>& ld, const Tensor& as, const MeExpert* listed, char* ring, int& slot, const char* x, const float* xs, u32 n_used, u32 n_b, const int* list, const MeOut& out) {
     constexpr int STAGE = me_stage_bytes(QT);
     constexpr bool AHEAD = NT <= 2, AHEAD_A = NT == 1 && QT == DT_NVFP4;
     static_assert(ME_UNITS % 2 == 0, "units go in pairs");
@@ -417,7 +417,7 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
             // with the stage the next copies refill
             ld.wait();
             __syncwarp();
-            ld.issue(as, listed, slot == 0 ? ME_STAGES - 1 : slot - 1);
+            ld.issue(as, listed, slot == 0 ? S - 1 : slot - 1);
             const char* st = ring + slot * STAGE;
             // two units an iteration, ping-ponging B0 / B1 and U0 / U1 (not unrolled further:
             // unrolled, the loads of all four units were hoisted into 240 registers)
@@ -434,7 +434,7 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
                 else if (ub + 2 < ME_UNITS) me_load_unit<QT>(U0, st, ub + 2);
                 me_mma_unit<QT, NT>(acc, AHEAD ? B1 : B0, U1);
             }
-            slot = slot + 1 == ME_STAGES ? 0 : slot + 1;
+            slot = slot + 1 == S ? 0 : slot + 1;
         }
         // accumulator (i, j) of an n8 tile: row g + 8 (i / 2), column 2c + i % 2
 #pragma unroll
@@ -463,14 +463,16 @@ __device__ __forceinline__ void me_run_item(const MeItem& it, MeLoader<QT>& ld, 
 // x, xs the packed rows of b. as: [K, N, E] q8_0 / nvfp4, K % 256 == 0, 16-byte aligned rows and
 // experts. With `as_up` (not null: experts of as's shape and strides, mul_mat_id_swiglu's up
 // experts) the same products of those go to `out_up`, in the same launch over the same grouping.
-// Grid: any number of blocks of ME_WARPS warps (the host: one wave); dynamic shared memory
-// ME_WARPS * ME_STAGES * me_stage_bytes.
-template <int QT>
+// S stages a warp's ring; N1: one n8 tile a pass (experts of more than 8 pairs take more
+// passes). Grid: any number of blocks of ME_WARPS warps (the host: one wave); dynamic shared
+// memory ME_WARPS * S * me_stage_bytes.
+template <int QT, int S, bool N1>
 __device__ __forceinline__ void moe_mma_body(Tensor as, const char* as_up, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out, Tensor out_up) {
     extern __shared__ __align__(16) char me_smem[];
     constexpr int STAGE = me_stage_bytes(QT);
     const int warp = threadIdx.x >> 5;
-    MeLoader<QT> ld;
+    MeLoader<QT, S> ld;
+    ld.nt_max = N1 ? 1 : 4;
     ld.chunks = (int)(as.ne[0] / (64 * ME_UNITS));
     ld.tiles = (int)((as.ne[1] + ME_ROWS - 1) / ME_ROWS);
     ld.as_up = as_up;
@@ -480,33 +482,49 @@ __device__ __forceinline__ void moe_mma_body(Tensor as, const char* as_up, const
     ld.i = (i64)blockIdx.x * ME_WARPS + warp;
     ld.q = 0;
     if (ld.i >= ld.n_items) return;
-    ld.it = me_item(as, as_up, ld.n_half, listed, ld.i, ld.tiles, ld.chunks);
-    char* ring = me_smem + warp * ME_STAGES * STAGE;
+    ld.it = me_item(as, as_up, ld.n_half, listed, ld.i, ld.tiles, ld.chunks, ld.nt_max);
+    char* ring = me_smem + warp * S * STAGE;
     ld.ring = tc_smem(ring);
 #pragma unroll
-    for (int s = 0; s < ME_STAGES - 1; s++) ld.issue(as, listed, s);
+    for (int s = 0; s < S - 1; s++) ld.issue(as, listed, s);
     int slot = 0;
     for (i64 i = (i64)blockIdx.x * ME_WARPS + warp; i < ld.n_items; i += ld.step) {
-        const MeItem it = me_item(as, as_up, ld.n_half, listed, i, ld.tiles, ld.chunks);
+        const MeItem it = me_item(as, as_up, ld.n_half, listed, i, ld.tiles, ld.chunks, ld.nt_max);
         const bool up = it.up;
         const MeOut o{up ? out_up.data : out.data, up ? out_up.nb[0] : out.nb[0], up ? out_up.nb[1] : out.nb[1],
                       up ? out_up.nb[2] : out.nb[2]};
-        if (it.nt == 1) {
-            me_run_item<QT, 1>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
+        if (N1 || it.nt == 1) {
+            me_run_item<QT, 1, S>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
         } else if (it.nt == 2) {
-            me_run_item<QT, 2>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
+            me_run_item<QT, 2, S>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
         } else {
-            me_run_item<QT, 4>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
+            me_run_item<QT, 4, S>(it, ld, as, listed, ring, slot, x, xs, (u32)n_used, (u32)n_b, list, o);
         }
     }
     tc_wait<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_q8_0(Tensor as, const char* as_up, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out, Tensor out_up) {
+// The entries: any pair counts (three stages a warp, 168 registers: three blocks a
+// multiprocessor by registers and shared memory alike), and `_n1` for launches whose experts
+// have at most 8 pairs (at most 8 tokens): one n8 tile a pass and two stages, so that four blocks
+// fit (the host picks; both are correct for any pairs).
+#define ME_PARAMS                                                                                            \
+    Tensor as, const char *as_up, const char *x, const float *xs, i64 n_used, i64 n_b, const int *list,      \
+        const MeExpert *listed, Tensor out, Tensor out_up
+#define ME_ARGS as, as_up, x, xs, n_used, n_b, list, listed, out, out_up
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_q8_0(ME_PARAMS) {
     grid_begin();
-    moe_mma_body<DT_Q8_0>(as, as_up, x, xs, n_used, n_b, list, listed, out, out_up);
+    moe_mma_body<DT_Q8_0, ME_STAGES, false>(ME_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_nvfp4(Tensor as, const char* as_up, const char* x, const float* xs, i64 n_used, i64 n_b, const int* list, const MeExpert* listed, Tensor out, Tensor out_up) {
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32) moe_mma_nvfp4(ME_PARAMS) {
     grid_begin();
-    moe_mma_body<DT_NVFP4>(as, as_up, x, xs, n_used, n_b, list, listed, out, out_up);
+    moe_mma_body<DT_NVFP4, ME_STAGES, false>(ME_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32, 4) moe_mma_q8_0_n1(ME_PARAMS) {
+    grid_begin();
+    moe_mma_body<DT_Q8_0, 2, true>(ME_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(ME_WARPS * 32, 4) moe_mma_nvfp4_n1(ME_PARAMS) {
+    grid_begin();
+    moe_mma_body<DT_NVFP4, 2, true>(ME_ARGS);
 }

@@ -124,19 +124,22 @@ const RAGGED_LONG: Ragged =
 /// A Qwen-sized mix: decode tokens around a 17-token chunk, an empty sequence, padding.
 pub(super) const RAGGED_QWEN: Ragged = Ragged::new("qwen_mix", 23, &[0, 1, 2, 19, 20, 20, 21], &[5, 2, 0, 1, 5, 3], 6);
 
-/// Perf batches: decode of 1, 8, 32 and 128 sequences, one prefill of 512 and of 2048 tokens, and
+/// Perf batches: decode of 1, 4, 8, 32 and 128 sequences, one prefill of 512 and of 2048 tokens, and
 /// a 300-token chunk with 31 decode tokens.
 const DECODE_1: [i32; 2] = iota();
+const DECODE_4: [i32; 5] = iota();
 const DECODE_8: [i32; 9] = iota();
 const DECODE_32: [i32; 33] = iota();
 const DECODE_128: [i32; 129] = iota();
 const SLOTS_1: [i32; 1] = iota();
+const SLOTS_4: [i32; 4] = iota();
 const SLOTS_8: [i32; 8] = iota();
 const SLOTS_32: [i32; 32] = iota();
 const SLOTS_128: [i32; 128] = iota();
 const MIX_300_31: [i32; 33] = chunk_then_decode(300);
-pub(super) const RAGGED_PERF: [Ragged; 7] = [
+pub(super) const RAGGED_PERF: [Ragged; 8] = [
     Ragged::new("decode1", 1, &DECODE_1, &SLOTS_1, 128),
+    Ragged::new("decode4", 4, &DECODE_4, &SLOTS_4, 128),
     Ragged::new("decode8", 8, &DECODE_8, &SLOTS_8, 128),
     Ragged::new("decode32", 32, &DECODE_32, &SLOTS_32, 128),
     Ragged::new("decode128", 128, &DECODE_128, &SLOTS_128, 128),
@@ -495,11 +498,15 @@ pub(super) fn perf_cases() -> Vec<Case> {
         }
         out.push(Gdn::ragged(128, 16, 32, r).algo(algo).case());
     }
+    let decodes = || RAGGED_PERF.into_iter().filter(|r| r.n_tokens == r.n_seq());
     // A decode batch under the chunked algorithm (a ragged step graph built for mixed batches).
-    out.push(Gdn::ragged(128, 16, 32, RAGGED_PERF[3]).algo(chunk(64)).case());
-    // gated_delta_net_fused (as the model runs the layer) at decode of 1, 8 and 32 sequences.
-    for r in &RAGGED_PERF[..3] {
-        out.push(fused_case(128, 16, 32, *r, SERIAL));
+    for r in decodes().filter(|r| r.n_seq() == 128) {
+        out.push(Gdn::ragged(128, 16, 32, r).algo(chunk(64)).case());
+    }
+    // gated_delta_net_fused (as the model runs the layer) at decode of 1 to 32 sequences (one
+    // launch up to 4 of them, three beyond).
+    for r in decodes().filter(|r| r.n_seq() <= 32) {
+        out.push(fused_case(128, 16, 32, r, SERIAL));
     }
     out
 }

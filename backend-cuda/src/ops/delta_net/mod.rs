@@ -20,6 +20,9 @@ use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 
 const CHECK_SLOTS: Kernel = Kernel::new(Module::DeltaNet, "gdn_check_slots");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
+const DECODE_FUSED: Kernel = Kernel::new(Module::DeltaNet, "gdn_decode_fused");
+/// The most sequences (and ragged tokens) `gdn_decode_fused` takes (`decode_fused_fits`).
+const DECODE_FUSED_SEQS: i64 = 4;
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;
 
@@ -253,6 +256,9 @@ fn run_fused(
     let (qk, v, alpha, dt_bias, a, beta, state, slots) =
         (ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], ins[6], ins[7]);
     let offsets = if p.net.ragged { ins[8] } else { DENSE };
+    if decode_fused_fits(p, &qk, &state, &slots) {
+        return decode_fused(cx, task, p, [qk, v, alpha, dt_bias, a, beta, state, slots], offsets, out);
+    }
     let (qk_meta, alpha_meta) = (&task.inputs[0].meta, &task.inputs[2].meta);
     let lay = PrepLayout::new(qk_meta, alpha_meta);
     let base = cx.scratch;
@@ -300,6 +306,59 @@ fn run_fused(
     let r = delta_rule(cx, task, &p.net, [q, k, v, gr, br, state, slots], offsets, &metas, out);
     cx.scratch = base;
     r
+}
+
+/// Whether gated_delta_net_fused runs as the one `gdn_decode_fused` launch: at most
+/// [`DECODE_FUSED_SEQS`] sequences, each short (dense single tokens, or a ragged batch of at most
+/// that many tokens), 128-key heads, a 16-byte aligned state and qk rows as gdn_n4_vec and its
+/// float4 loads need. Every block checks all the offsets and slots itself, so the launch gains
+/// only while there are few (one sequence: 11.0 -> 5.9 us on an H200; eight lost 6%:
+/// docs/perf-log/delta-net.md). `TESSERA_GDN_DECODE_FUSED=0` keeps the three launches (input
+/// preparation, gdn_prep, the recurrence).
+fn decode_fused_fits(p: &GatedDeltaNetFusedParams, qk: &TensorArg, state: &TensorArg, slots: &TensorArg) -> bool {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    let aligned = |t: &TensorArg| t.data.is_multiple_of(16) && t.nb[0] == 4 && t.nb[1..].iter().all(|b| b % 16 == 0);
+    let n_t = qk.ne[2];
+    crate::launch::env_number(&SET, "TESSERA_GDN_DECODE_FUSED") != Some(0)
+        && (1..=DECODE_FUSED_SEQS).contains(&slots.ne[0])
+        && if p.net.ragged { (1..=DECODE_FUSED_SEQS).contains(&n_t) } else { n_t == 1 }
+        && qk.ne[0] == 128
+        && state.ne[0] == 128
+        && aligned(qk)
+        && aligned(state)
+}
+
+/// gated_delta_net_fused as one launch (`decode_fused_fits`): `[qk, v, alpha, dt_bias, a, beta,
+/// state, slots]` and the offsets ([`DENSE`] when not ragged).
+fn decode_fused(
+    cx: &mut Cx<'_>,
+    task: &Task<'_>,
+    p: &GatedDeltaNetFusedParams,
+    [qk, v, alpha, dt_bias, a, beta, state, slots]: [TensorArg; 8],
+    offsets: TensorArg,
+    out: TensorArg,
+) -> Result<(), BackendError> {
+    let (s_v, h_v, n_seq) = (v.ne[0], v.ne[1], slots.ne[0]);
+    if h_v > 65535 || qk.ne[1] % 2 != 0 {
+        return Err(unsupported(task, "more than 65535 value heads, or qk without its two halves"));
+    }
+    let (err, code) = (cx.errors, op_code(task.op.name()));
+    let (h_k, grouped) = ((qk.ne[1] / 2) as i32, i32::from(p.net.head_map == HeadMap::Grouped));
+    let mut l = cx.kernel(DECODE_FUSED)?;
+    l.arg(&out).arg(&qk).arg(&v).arg(&alpha).arg(&dt_bias).arg(&a).arg(&beta).arg(&state).arg(&slots);
+    l.arg(&h_k).arg(&grouped).arg(&p.eps).arg(&p.net.scale).arg(&offsets).arg(&err).arg(&code);
+    let grid = (crate::launch::tiles(s_v, 16) as u32, h_v as u32, n_seq as u32);
+    // SAFETY: `gdn_decode_fused(out, qk, v, alpha, dt_bias, a, beta, state, slots, h_k, grouped, eps,
+    // scale, offsets, err, op)`: the shape rules give qk f32 [128, 2 H_k, n_t, n_outer] (rows
+    // 16-byte aligned, checked: float4 loads of whole rows), v and out [S_v, H_v, n_t, n_outer],
+    // alpha and beta [H_v, n_t, n_outer, 1] with dt_bias and a broadcasting to them (read at the
+    // indices modulo their extents), state [128, S_v, H_v, n_slots] 16-byte aligned (checked),
+    // slots [n_seq] and offsets [n_seq + 1] (null dense); every block checks the offsets and slots
+    // before it writes anything (returning on a bad one), reads tokens within its sequence's
+    // clamped span, columns below S_v and its own slot's state, and zeroes only rows of `out`'s
+    // n_t tokens (ragged padding); the grid (S_v / 16, H_v, n_seq) is within limits (checked).
+    unsafe { l.launch(config(grid, (128, 1, 1), 0)) }?;
+    Ok(())
 }
 
 /// Records the first bad offset or slot (in order) before any state is written (the main kernels

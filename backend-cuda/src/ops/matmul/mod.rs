@@ -28,15 +28,16 @@
 //!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
-//!   0), and each of 2-4 tokens in turn (`RING_PER_TOKEN_MAX`), takes the ring GEMV
+//!   0), and each of 2-4 tokens in turn where `dense_mma` does not take them (`RING_PER_TOKEN_MAX`), takes the ring GEMV
 //!   `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (`gemv_ring_plan`): rows streamed through a ring
 //!   of shared-memory stages (bulk copies on sm_90+), a thread per 64-value unit of the row with
 //!   its activations quantized in the kernel and kept in registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
 //!   takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a
 //!   thread. Both come closer to the copy bandwidth at one token than the GEMVs before them
 //!   (docs/perf-log/kernels-matmul.md).
-//! - **Tensor cores over rows read once** (5-32 tokens against contiguous q8_0 / nvfp4 matrices
-//!   of enough 32-row items: 1.5 a multiprocessor up to 16 tokens, 2 beyond): `moe_mma::dense_mma`,
+//! - **Tensor cores over rows read once** (2-32 tokens against contiguous q8_0 / nvfp4 matrices
+//!   of enough 32-row items: 16 a multiprocessor at 2 tokens, 1.5 at 3-16, 2 beyond; the
+//!   `_n1` entries up to 8 tokens): `moe_mma::dense_mma`,
 //!   the matrix as one expert of `moe_mma_*` (rows streamed through shared memory, each row read
 //!   once for every token), where `gemv_fast`'s dp4a work grows with the tokens and mmq's
 //!   128-column tiles would multiply mostly padding (`dense_mma_limits`).
@@ -165,16 +166,21 @@ fn half_blas_tokens() -> i64 {
 /// `moe_mma::dense_mma_min_items` and `moe_mma::DENSE_MMA_MIN_TOKENS` ..= `DensePairs::MAX`;
 /// `TESSERA_DENSE_MMA=N`, read once a process, sets N items in all and 2 tokens (1: every shape,
 /// to test it), 0 turns the path off; `TESSERA_DENSE_MMA_MAX=T` sets the most tokens (8 keeps
-/// mmq's tiles from 9 tokens, as before 2026-11-28).
+/// mmq's tiles from 9 tokens, as before 2026-11-28) and `TESSERA_DENSE_MMA_MIN=T` the fewest (5
+/// keeps the ring GEMV once a token at 2-4 tokens, as before 2026-11-28's second change).
 fn dense_mma_limits(sms: usize, n: i64) -> (i64, i64, i64) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     static MAX: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    static MIN: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     let max = crate::launch::env_number(&MAX, "TESSERA_DENSE_MMA_MAX")
         .unwrap_or(moe_mma::DensePairs::MAX as i64)
         .min(moe_mma::DensePairs::MAX as i64);
     match crate::launch::env_number(&SET, "TESSERA_DENSE_MMA") {
         Some(items) => (items, 2, max),
-        None => (moe_mma::dense_mma_min_items(sms as i64, n), moe_mma::DENSE_MMA_MIN_TOKENS, max),
+        None => {
+            let min = crate::launch::env_number(&MIN, "TESSERA_DENSE_MMA_MIN").unwrap_or(moe_mma::DENSE_MMA_MIN_TOKENS);
+            (moe_mma::dense_mma_min_items(sms as i64, n), min.max(moe_mma::DENSE_MMA_MIN_TOKENS), max)
+        }
     }
 }
 
@@ -305,9 +311,9 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     if let Some(plan) = gemv_ring_plan(&a, d, &b, cx.info.max_shared_per_block, stages, bulk) {
         return gemv_ring(cx, a, d, b, out, plan);
     }
-    // 2-4 tokens against a matrix the ring GEMV takes: the ring GEMV once per token. It reads
-    // the matrix once a token, yet beats `gemv_fast_2` / `_4`, whose loads of the activations for
-    // each 16-value unit bound them (docs/perf-log/kernels-matmul.md).
+    // 2-4 tokens against a matrix the ring GEMV takes (and `dense_mma` did not): the ring GEMV
+    // once per token. It reads the matrix once a token, yet beats `gemv_fast_2` / `_4`, whose
+    // loads of the activations for each 16-value unit bound them (docs/perf-log/kernels-matmul.md).
     if (2..=RING_PER_TOKEN_MAX).contains(&n) && b.ne[2] * b.ne[3] == 1 && out.ne[2] * out.ne[3] == 1 {
         let column =
             |t: &TensorArg, i: i64| TensorArg { data: t.data + (i * t.nb[1]) as u64, ne: [t.ne[0], 1, 1, 1], nb: t.nb };

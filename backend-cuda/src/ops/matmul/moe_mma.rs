@@ -16,6 +16,12 @@ const MOE_PREP: Kernel = Kernel::new(Module::MoeMma, "moe_prep");
 /// `[weights q8_0, nvfp4]`.
 const MOE_MMA: [Kernel; 2] =
     [Kernel::new(Module::MoeMma, "moe_mma_q8_0"), Kernel::new(Module::MoeMma, "moe_mma_nvfp4")];
+/// The narrow entries (one n8 tile a pass, `NARROW_STAGES` stages, four blocks a multiprocessor),
+/// for launches of at most `NARROW_PAIRS` pairs an expert.
+const MOE_MMA_N1: [Kernel; 2] =
+    [Kernel::new(Module::MoeMma, "moe_mma_q8_0_n1"), Kernel::new(Module::MoeMma, "moe_mma_nvfp4_n1")];
+const NARROW_STAGES: usize = 2;
+const NARROW_PAIRS: i64 = 8;
 /// `moe_mma_*`: warps a block, weight rows a work item, stages of a warp's ring, values a k-chunk
 /// (`ME_WARPS`, `ME_ROWS`, `ME_STAGES`, 64 `ME_UNITS` in moe_mma.cu). TAG(moe-mma-smem)
 const ME_WARPS: u32 = 4;
@@ -33,10 +39,20 @@ fn unit_bytes(d: DType) -> usize {
 }
 
 /// Dynamic shared memory of a `moe_mma_*` block: TAG(moe-mma-smem), each warp's ring of
-/// `ME_STAGES` stages of `ME_ROWS` rows of a k-chunk, 16 bytes of padding a row.
-fn moe_shared_bytes(d: DType) -> usize {
+/// `ME_STAGES` stages (the narrow entries: `NARROW_STAGES`) of `ME_ROWS` rows of a k-chunk, 16
+/// bytes of padding a row.
+fn moe_shared_bytes(d: DType, narrow: bool) -> usize {
     let row = (ME_CHUNK / 64) as usize * unit_bytes(d) + 16;
-    ME_WARPS as usize * ME_STAGES * ME_ROWS as usize * row
+    ME_WARPS as usize * if narrow { NARROW_STAGES } else { ME_STAGES } * ME_ROWS as usize * row
+}
+
+/// The `moe_mma_*` entry for experts of `d` and at most `max_pairs` pairs an expert (the narrow
+/// one up to `NARROW_PAIRS`, unless `TESSERA_MOE_NARROW=0`), and whether it is the narrow one.
+fn moe_kernel(d: DType, max_pairs: i64) -> (Kernel, bool) {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    let narrow = max_pairs <= NARROW_PAIRS && crate::launch::env_number(&SET, "TESSERA_MOE_NARROW") != Some(0);
+    let i = usize::from(d == DType::NvFp4);
+    (if narrow { MOE_MMA_N1[i] } else { MOE_MMA[i] }, narrow)
 }
 
 /// Where mul_mat_id's pairs, grouped by expert, live in scratch (written by `moe_prep`).
@@ -79,7 +95,7 @@ pub(super) fn moe_fits(cx: &Cx<'_>, w: &TensorArg, d: DType, n_pairs: i64) -> bo
         && w.data.is_multiple_of(16)
         && w.nb[1] % 16 == 0
         && w.nb[2] % 16 == 0
-        && moe_shared_bytes(d) <= cx.info.max_shared_per_block
+        && moe_shared_bytes(d, false) <= cx.info.max_shared_per_block
         && n_pairs <= i64::from(i32::MAX)
         && items <= i64::from(i32::MAX)
 }
@@ -160,17 +176,23 @@ pub(super) fn dense_mma(
 }
 
 /// `dense_mma`'s default least 32-row items for `n` tokens on `sms` multiprocessors: fewer leave
-/// the device waiting on a few warps' streams. 1.5 a multiprocessor up to 16 tokens (8192 rows,
-/// 256 items, beat `gemv_fast` at 8 tokens and mmq at 16 on 132), 2 beyond (the 17-32-token
+/// the device waiting on a few warps' streams. At 2 tokens 16 a multiprocessor: it must beat the
+/// ring GEMV run twice, which only wide matrices' many warps let it do (the 151936-row output
+/// projection, 36 a multiprocessor, by 18%; 17408 x 5120, 4 a multiprocessor, lost). At 3-16
+/// tokens 1.5 a multiprocessor (17408 x 5120 beat the ring GEMV thrice and four times, and 8192
+/// rows, 256 items, `gemv_fast` at 8 tokens and mmq at 16 on 132), 2 beyond (the 17-32-token
 /// passes do twice the products a row: there 256 items lost to mmq;
 /// docs/perf-log/kernels-matmul.md).
 pub(super) fn dense_mma_min_items(sms: i64, n: i64) -> i64 {
-    if n <= 16 { (3 * sms + 1) / 2 } else { 2 * sms }
+    match n {
+        ..=2 => 16 * sms,
+        3..=16 => (3 * sms + 1) / 2,
+        _ => 2 * sms,
+    }
 }
-/// `dense_mma`'s fewest tokens: from 5 the GEMV's integer dot products, which grow with the tokens,
-/// bound it more than the weight read; at 2-4 the GEMV was as fast or faster
-/// (docs/perf-log/kernels-matmul.md).
-pub(super) const DENSE_MMA_MIN_TOKENS: i64 = 5;
+/// `dense_mma`'s fewest tokens: one token takes the ring GEMV, which reads a row nearer the copy
+/// rate than a warp's stream of 32-row items.
+pub(super) const DENSE_MMA_MIN_TOKENS: i64 = 2;
 
 /// Groups the pairs of `ids` [n_used, T] by expert into `g` (every id checked; a bad one is
 /// reported and its pair dropped), listing for `moe_mma_*` the experts with 1 ..= `max_pairs`
@@ -232,8 +254,10 @@ pub(super) fn moe_mma(
             detail: "moe_mma: the up experts or their output differ in shape from the gate's".into(),
         });
     }
-    let kernel = MOE_MMA[usize::from(d == DType::NvFp4)];
-    let shared = moe_shared_bytes(d) as u32;
+    // at most one pair a token an expert with distinct routing: the narrow entry up to 8 tokens
+    // (correct for any pairs: more than 8 take more passes)
+    let (kernel, narrow) = moe_kernel(d, n_pairs / n_used.max(1));
+    let shared = moe_shared_bytes(d, narrow) as u32;
     cx.allow_shared(kernel, shared)?;
     let resident = cx.resident_blocks(kernel, ME_WARPS * 32, shared)?;
     let sets = if up.is_some() { 2 } else { 1 };
@@ -276,12 +300,21 @@ mod tests {
     }
 
     #[test]
-    fn dense_mma_takes_fewer_items_a_multiprocessor_up_to_16_tokens() {
-        // 132 multiprocessors: 8192 rows (256 items) at 8 and 16 tokens, not at 32; the
-        // 151936-row output projection (4748 items) at 32
-        assert!(dense_mma_min_items(132, 8) <= 256 && dense_mma_min_items(132, 16) <= 256);
+    fn dense_mma_takes_fewer_items_a_multiprocessor_from_3_to_16_tokens() {
+        // 132 multiprocessors: the 151936-row output projection (4748 items) from 2 tokens;
+        // 17408 rows (544 items) from 3; 8192 rows (256 items) at 3-16 tokens, not at 2 or 32
+        assert!(dense_mma_min_items(132, 2) <= 4748 && dense_mma_min_items(132, 2) > 544);
+        assert!(dense_mma_min_items(132, 3) <= 256 && dense_mma_min_items(132, 16) <= 256);
         assert!(dense_mma_min_items(132, 32) > 256 && dense_mma_min_items(132, 32) <= 4748);
         assert!(dense_mma_min_items(132, 17) > dense_mma_min_items(132, 16));
+    }
+
+    #[test]
+    fn the_narrow_entries_take_at_most_8_pairs_an_expert() {
+        for d in [DType::Q8_0, DType::NvFp4] {
+            assert_eq!(moe_kernel(d, 8), (MOE_MMA_N1[usize::from(d == DType::NvFp4)], true));
+            assert_eq!(moe_kernel(d, 9), (MOE_MMA[usize::from(d == DType::NvFp4)], false));
+        }
     }
 
     #[test]
@@ -298,7 +331,7 @@ mod tests {
 
     #[test]
     fn every_kernel_is_defined_in_its_module() {
-        for k in [MOE_PREP].into_iter().chain(MOE_MMA) {
+        for k in [MOE_PREP].into_iter().chain(MOE_MMA).chain(MOE_MMA_N1) {
             assert!(super::super::defined_in_its_module(k), "{k:?}");
         }
     }
@@ -307,9 +340,11 @@ mod tests {
     fn moe_mma_blocks_fit_hopper_and_ampere() {
         // three nvfp4 blocks an SM on Hopper (227 KiB a block, 228 an SM), one q8_0 block even on
         // an A100 (163 KiB)
-        assert_eq!(moe_shared_bytes(DType::NvFp4), 4 * 3 * 32 * 160);
-        assert_eq!(moe_shared_bytes(DType::Q8_0), 4 * 3 * 32 * 288);
-        assert!(3 * moe_shared_bytes(DType::NvFp4) <= 228 * 1024);
-        assert!(moe_shared_bytes(DType::Q8_0) <= 163 * 1024);
+        assert_eq!(moe_shared_bytes(DType::NvFp4, false), 4 * 3 * 32 * 160);
+        assert_eq!(moe_shared_bytes(DType::Q8_0, false), 4 * 3 * 32 * 288);
+        assert!(3 * moe_shared_bytes(DType::NvFp4, false) <= 228 * 1024);
+        assert!(moe_shared_bytes(DType::Q8_0, false) <= 163 * 1024);
+        // the narrow nvfp4 entry: four blocks a Hopper multiprocessor (its register bound)
+        assert!(4 * moe_shared_bytes(DType::NvFp4, true) <= 228 * 1024);
     }
 }
