@@ -303,7 +303,7 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     // All 256 experts of the MoE, top-8, gate/up (2048 -> 512) and down (512 -> 2048): decode
     // batches of 1 to 128 sequences (at 32, 256 routed pairs over 256 experts: most read once),
     // a 512-token prefill (the mul_mat_id floor shape) and a 2048-token one.
-    for n_tokens in [1, 8, 16, 17, 32, 64, 128, 512, 2048] {
+    for n_tokens in [1, 2, 3, 4, 8, 16, 17, 32, 64, 128, 512, 2048] {
         out.push(MulMatId::new(QUANTS[1], 256, 8, 1, 512, 2048, n_tokens).case());
         out.push(MulMatId::new(QUANTS[1], 256, 8, 8, 2048, 512, n_tokens).case());
     }
