@@ -47,10 +47,18 @@ fn moe_shared_bytes(d: DType, narrow: bool) -> usize {
 }
 
 /// The `moe_mma_*` entry for experts of `d` and at most `max_pairs` pairs an expert (the narrow
-/// one up to `NARROW_PAIRS`, unless `TESSERA_MOE_NARROW=0`), and whether it is the narrow one.
-fn moe_kernel(d: DType, max_pairs: i64) -> (Kernel, bool) {
+/// one up to `NARROW_PAIRS`), and whether it is the narrow one. `TESSERA_MOE_NARROW=0` (read once
+/// a process) turns the narrow entries off; `=N` takes them for routed experts (`routed`: more
+/// than one slot a token) of up to N pairs, to measure them where experts have more pairs than
+/// one n8 tile holds at most but few on average (a dense product keeps `NARROW_PAIRS`).
+fn moe_kernel(d: DType, max_pairs: i64, routed: bool) -> (Kernel, bool) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    let narrow = max_pairs <= NARROW_PAIRS && crate::launch::env_number(&SET, "TESSERA_MOE_NARROW") != Some(0);
+    let limit = match crate::launch::env_number(&SET, "TESSERA_MOE_NARROW") {
+        Some(n) if n <= 0 => 0,
+        Some(n) if routed => n,
+        _ => NARROW_PAIRS,
+    };
+    let narrow = max_pairs <= limit;
     let i = usize::from(d == DType::NvFp4);
     (if narrow { MOE_MMA_N1[i] } else { MOE_MMA[i] }, narrow)
 }
@@ -256,7 +264,7 @@ pub(super) fn moe_mma(
     }
     // at most one pair a token an expert with distinct routing: the narrow entry up to 8 tokens
     // (correct for any pairs: more than 8 take more passes)
-    let (kernel, narrow) = moe_kernel(d, n_pairs / n_used.max(1));
+    let (kernel, narrow) = moe_kernel(d, n_pairs / n_used.max(1), n_used > 1);
     let shared = moe_shared_bytes(d, narrow) as u32;
     cx.allow_shared(kernel, shared)?;
     let resident = cx.resident_blocks(kernel, ME_WARPS * 32, shared)?;
@@ -312,8 +320,10 @@ mod tests {
     #[test]
     fn the_narrow_entries_take_at_most_8_pairs_an_expert() {
         for d in [DType::Q8_0, DType::NvFp4] {
-            assert_eq!(moe_kernel(d, 8), (MOE_MMA_N1[usize::from(d == DType::NvFp4)], true));
-            assert_eq!(moe_kernel(d, 9), (MOE_MMA[usize::from(d == DType::NvFp4)], false));
+            for routed in [false, true] {
+                assert_eq!(moe_kernel(d, 8, routed), (MOE_MMA_N1[usize::from(d == DType::NvFp4)], true));
+                assert_eq!(moe_kernel(d, 9, routed), (MOE_MMA[usize::from(d == DType::NvFp4)], false));
+            }
         }
     }
 
