@@ -11,8 +11,8 @@ pub struct FusionArgs {
     /// does the same.
     #[arg(long = "no-pass", value_name = "NAME")]
     pub no_pass: Vec<String>,
-    /// Print what each fusion pass did to a decode step's graph, and the ops the step runs with
-    /// the passes and without.
+    /// Print what each fusion pass did to a decode step's graph, the ops the step runs with the
+    /// passes and without, and those it runs with them by kind.
     #[arg(long = "fusion-report")]
     pub report: bool,
 }
@@ -88,6 +88,8 @@ pub fn print((on, s): &(Vec<&'static str>, FusionSummary)) {
         s.ops_before,
         s.ops_after
     );
+    let kinds: Vec<String> = s.kinds_after.iter().map(|(name, n)| format!("{name} {n}")).collect();
+    outln!("ops the step runs, by kind: {}", kinds.join(", "));
     if !s.reports.is_empty() {
         outln!("| pass | found | applied | skipped | ops removed | MiB not written/read |");
         outln!("| --- | --- | --- | --- | --- | --- |");

@@ -292,13 +292,32 @@ pub struct FusionSummary {
     pub ops_before: usize,
     /// The same after the passes.
     pub ops_after: usize,
+    /// The ops that run after the passes by kind (op name, count), most first (ties by name):
+    /// where the next fusion would save the most launches.
+    pub kinds_after: Vec<(&'static str, usize)>,
     /// One report per enabled pass, in order.
     pub reports: Vec<PassReport>,
 }
 
-/// Live op nodes that compute (views cost nothing at run time).
+/// The names of the live op nodes that compute (views cost nothing at run time).
+fn running_op_names(g: &Graph) -> impl Iterator<Item = &'static str> + '_ {
+    g.live_nodes().into_iter().filter_map(|id| g.node(id).op().filter(|op| !op.is_view()).map(|op| op.name()))
+}
+
+/// Live op nodes that compute.
 fn running_ops(g: &Graph) -> usize {
-    g.live_nodes().into_iter().filter(|&id| g.node(id).op().is_some_and(|op| !op.is_view())).count()
+    running_op_names(g).count()
+}
+
+/// [`running_op_names`] counted by name, most first (ties by name).
+fn running_op_kinds(g: &Graph) -> Vec<(&'static str, usize)> {
+    let mut counts = std::collections::BTreeMap::new();
+    for name in running_op_names(g) {
+        *counts.entry(name).or_insert(0) += 1;
+    }
+    let mut kinds: Vec<_> = counts.into_iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    kinds
 }
 
 /// A step graph's inputs and output.
@@ -836,7 +855,12 @@ impl Model {
         let (g, _) = b.finish();
         let ops_before = running_ops(&g);
         let run = self.passes.run(g, &|op, inputs| backend.supports(op, inputs))?;
-        Ok(FusionSummary { ops_before, ops_after: running_ops(&run.graph), reports: run.reports })
+        Ok(FusionSummary {
+            ops_before,
+            ops_after: running_ops(&run.graph),
+            kinds_after: running_op_kinds(&run.graph),
+            reports: run.reports,
+        })
     }
 
     /// Builds the step graph of `bucket`, runs the fusion passes on it (a fusion whose op the

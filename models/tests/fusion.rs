@@ -48,6 +48,11 @@ fn the_passes_fire_on_the_model_and_keep_its_logits() {
         let bucket = Bucket { n_tokens: 1, n_seq: 1, n_kv: 32, all_logits: false, sample: true };
         let s = m.fusion_summary(&be, bucket).unwrap();
         assert!(s.ops_after < s.ops_before, "{p}: {s:?}");
+        // the kinds add up to the ops, most first
+        assert_eq!(s.kinds_after.iter().map(|k| k.1).sum::<usize>(), s.ops_after, "{p}");
+        assert!(s.kinds_after.windows(2).all(|w| w[0].1 >= w[1].1), "{p}: {:?}", s.kinds_after);
+        let kind = |name: &str| s.kinds_after.iter().find(|k| k.0 == name).map_or(0, |k| k.1);
+        assert_eq!(kind("add"), 0, "{p}: every residual add goes into a norm: {:?}", s.kinds_after);
         let applied = |name: &str| s.reports.iter().find(|r| r.pass == name).map_or(0, |r| r.applied);
         let layers = c.n_main_layers();
         let attn =
