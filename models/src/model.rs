@@ -855,12 +855,9 @@ impl Model {
         let (g, _) = b.finish();
         let ops_before = running_ops(&g);
         let run = self.passes.run(g, &|op, inputs| backend.supports(op, inputs))?;
-        Ok(FusionSummary {
-            ops_before,
-            ops_after: running_ops(&run.graph),
-            kinds_after: running_op_kinds(&run.graph),
-            reports: run.reports,
-        })
+        let kinds_after = running_op_kinds(&run.graph);
+        let ops_after = kinds_after.iter().map(|k| k.1).sum();
+        Ok(FusionSummary { ops_before, ops_after, kinds_after, reports: run.reports })
     }
 
     /// Builds the step graph of `bucket`, runs the fusion passes on it (a fusion whose op the
