@@ -28,19 +28,20 @@
 //!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
-//!   0), and each of 2-4 tokens in turn where `dense_mma` does not take them (`RING_PER_TOKEN_MAX`), takes the ring GEMV
-//!   `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` (`gemv_ring_plan`): rows streamed through a ring
-//!   of shared-memory stages (bulk copies on sm_90+), a thread per 64-value unit of the row with
-//!   its activations quantized in the kernel and kept in registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words
-//!   takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5 words a
-//!   thread. Both come closer to the copy bandwidth at one token than the GEMVs before them
-//!   (docs/perf-log/kernels-matmul.md).
+//!   0), and each of 2-4 tokens in turn where `dense_mma` does not take them
+//!   (`RING_PER_TOKEN_MAX`), takes the ring GEMV `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*`
+//!   (`gemv_ring_plan`): rows streamed through a ring of shared-memory stages (bulk copies on
+//!   sm_90+), a thread per 64-value unit of the row with its activations quantized in the kernel
+//!   and kept in registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of
+//!   16-byte words takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5
+//!   words a thread. Both come closer to the copy bandwidth at one token than the GEMVs before
+//!   them (docs/perf-log/kernels-matmul.md).
 //! - **Tensor cores over rows read once** (2-32 tokens against contiguous q8_0 / nvfp4 matrices
-//!   of enough 32-row items: 16 a multiprocessor at 2 tokens, 1.5 at 3-16, 2 beyond; the
-//!   `_n1` entries up to 8 tokens): `moe_mma::dense_mma`,
-//!   the matrix as one expert of `moe_mma_*` (rows streamed through shared memory, each row read
-//!   once for every token), where `gemv_fast`'s dp4a work grows with the tokens and mmq's
-//!   128-column tiles would multiply mostly padding (`dense_mma_limits`).
+//!   of enough 32-row items: 16 a multiprocessor at 2 tokens, 1.5 at 3-16, 2 beyond; the `_n1`
+//!   entries up to 8 tokens): `moe_mma::dense_mma`, the matrix as one expert of `moe_mma_*` (rows
+//!   streamed through shared memory, each row read once for every token), where `gemv_fast`'s
+//!   dp4a work grows with the tokens and mmq's 128-column tiles would multiply mostly padding
+//!   (`dense_mma_limits`).
 //! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes; one f32 weight matrix of
 //!   16-byte aligned rows against such columns (K % 4 == 0) `gemm_f32`: tensor cores in split
 //!   tf32 (3xTF32, about 21 significant bits a product), 64 x 64 tiles, K split over the blocks
@@ -59,14 +60,14 @@
 //!   weight row over the routed (slot, token) pairs only, with `gemv_fast`'s units (for q8_0 /
 //!   nvfp4 experts only where it beats `moe_mma_*`: long rows, a few tokens, `moe_decode_wins`).
 //!   Beyond, `moe_mma::moe_prep` groups the (slot, token) pairs by expert on the device (no host
-//!   sync). q8_0 / nvfp4 experts that `moe_mma::moe_fits` then take `moe_mma_*` (moe_mma.cu): each routed
-//!   expert's rows are read once and multiplied by all its pairs on tensor cores; when experts
-//!   average more than `MOE_TILED_AVG` pairs, those with more than `MOE_MMA_MAX` go to the tiled
-//!   `mmq_*_id` instead. Other experts: `moe_gemv` runs the rows of experts with few pairs over
-//!   them 8 at a time (the last few through a dot just wide enough), and `mmq_*_id` or `moe_gemm`
-//!   (shared-memory tiles) the experts with many. `TESSERA_MOE_PATH=decode|mma|grouped` (read
-//!   once a process) forces one of these where it can take the shapes, to measure them against
-//!   each other.
+//!   sync). q8_0 / nvfp4 experts that `moe_mma::moe_fits` then take `moe_mma_*` (moe_mma.cu):
+//!   each routed expert's rows are read once and multiplied by all its pairs on tensor cores; when
+//!   experts average more than `MOE_TILED_AVG` pairs, those with more than `MOE_MMA_MAX` go to the
+//!   tiled `mmq_*_id` instead. Other experts: `moe_gemv` runs the rows of experts with few pairs
+//!   over them 8 at a time (the last few through a dot just wide enough), and `mmq_*_id` or
+//!   `moe_gemm` (shared-memory tiles) the experts with many. `TESSERA_MOE_PATH=decode|mma|grouped`
+//!   (read once a process) forces one of these where it can take the shapes, to measure them
+//!   against each other.
 
 mod blas;
 mod gemm_f32;
