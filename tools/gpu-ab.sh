@@ -4,8 +4,8 @@
 # binaries ("@DIR": a host-side change, with the kernels built into them), or the same binaries
 # with settings in the environment ("%NAME=VALUE[,NAME=VALUE]", e.g. narrow=%TESSERA_MMQ_WIDE=0),
 # alternated REPS times, so that every figure of the table was taken in the same call on the same
-# device. "@DIR+KDIR" runs DIR's binaries with the kernel sources of KDIR (a host change measured
-# against an older tree's kernels). Settings may follow any of these after a "%": "KDIR%NAME=VALUE"
+# device (variant names: letters, digits, "_" and "-"). "@DIR+KDIR" runs DIR's binaries with the
+# kernel sources of KDIR (a host change measured against an older tree's kernels). Settings may follow any of these after a "%": "KDIR%NAME=VALUE"
 # runs KDIR's kernels with that setting (e.g. pairs=.gpu/kv/new%TESSERA_FA_PAIR=1).
 #
 #   VARIANTS='old=.gpu/kold new=-' EVAL='mul_mat_id' \
@@ -140,11 +140,11 @@ for case, by in runs.items():
     print(f"| `{case}` | " + " | ".join(cells) + " |")
 EOF
 fi
-if grep -qE '^[a-z]+ \| (pp|tg)' "$LOG"; then
+if grep -qE '^[a-z0-9_-]+ \| (pp|tg)' "$LOG"; then
     # the bench rows: every run's ms a step, then their mean, per case and variant
     log ""
     log "tessera bench, ms a step (each run; mean)"
-    grep -E '^[a-z]+ \| (pp|tg)' "$LOG" | python3 -c '
+    grep -E '^[a-z0-9_-]+ \| (pp|tg)' "$LOG" | python3 -c '
 import statistics, sys
 names = sys.argv[1].split()
 runs = {}

@@ -290,14 +290,16 @@ GDN_KERNEL(gdn_n4_vec, 4, true)
 // ---- gated_delta_net_fused at decode: the preparation inside the recurrence ----
 //
 // `gdn_decode_fused`: gated_delta_net_fused in one launch where every sequence is short (a decode
-// step: dense single tokens, or a ragged batch of a few tokens in all, few sequences: the host's choice),
-// S_k = 128 and a 16-byte aligned state. The grid and the recurrence are gdn_n4_vec's; what
+// step: dense single tokens, or a ragged batch of as many tokens as sequences: the host's choice),
+// S_k = 128 and a 16-byte aligned state. The recurrence is gdn_n4_vec's, and so is the grid but
+// for z: a block takes sequences blockIdx.z, + gridDim.z, .. (the host bounds the grid by the
+// blocks the device holds at once), so that its checks below run once for all of them; what
 // gdn_input_prep and gdn_prep write to scratch for it is computed per token by each group from
 // qk, alpha, dt_bias, a and beta: its key head's q and k (lane chunks as gdn_body holds them)
 // scaled by 1 / max(||x||, eps) (l2_norm's rule, the f64 sum where the f32 one leaves the normal
 // range), q times the op's scale, k . q over the scaled values, g = softplus(alpha + dt_bias) a
-// and sigmoid(beta), by the same device code as gdn_input_prep. Each block checks the offsets and
-// slots itself (the same checks and reports as gdn_check) and writes nothing unless they pass;
+// and sigmoid(beta), by the same device code as gdn_input_prep. Each block checks all the offsets
+// and slots itself (the same checks and reports as gdn_check) and writes nothing unless they pass;
 // the blocks also zero the outputs of padding tokens, as gdn_prep does. Saves two launches and
 // the prep buffers' round trip a decode step.
 
@@ -308,22 +310,19 @@ __device__ __forceinline__ double group_sum_f64_8(double x) {
     return x;
 }
 
-// 1 / max(||x||, eps) of the group's NC chunks a lane (norm.cuh's norm_scale for NORM_L2).
+// 1 / max(||x||, eps) of the group's NC chunks a lane (norm.cuh's `l2_scale`, the f64 sum over
+// the chunks in registers).
 template <int NC>
 __device__ __forceinline__ float gdn_l2_scale(const float4 (&x)[NC], float ss, float eps) {
-    float norm;
-    if (ss >= 1.17549435e-38f && ss <= 3.40282347e38f) {
-        norm = sqrtf(ss);
-    } else {
+    return l2_scale(ss, eps, [&] {
         double acc = 0.0;
 #pragma unroll
         for (int r = 0; r < NC; r++) {
             acc += (double)x[r].x * x[r].x + (double)x[r].y * x[r].y;
             acc += (double)x[r].z * x[r].z + (double)x[r].w * x[r].w;
         }
-        norm = (float)sqrt(group_sum_f64_8(acc));
-    }
-    return 1.0f / fmaxf(norm, eps);
+        return group_sum_f64_8(acc);
+    });
 }
 
 __device__ __forceinline__ float4 gdn_mul4(float4 x, float s) { return make_float4(x.x * s, x.y * s, x.z * s, x.w * s); }
@@ -334,19 +333,24 @@ __device__ __forceinline__ void gdn_decode_fused_body(Tensor out, Tensor qk, Ten
                                                       int grouped, float eps, float scale, Tensor offsets, u64 err,
                                                       u32 op) {
     if (((volatile ErrorRecord*)err)->code != 0u) return;
-    const i64 s_v = v.ne[0], h_v = v.ne[1], n_t = v.ne[2], n_slots = state.ne[3];
-    const i64 h = blockIdx.y, s = blockIdx.z;
+    const i64 s_v = v.ne[0], h_v = v.ne[1], n_t = v.ne[2], n_slots = state.ne[3], n_seq = slots.ne[0];
+    const i64 h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int lig = lane & (GDN_GROUP - 1);
     const i64 col = (i64)blockIdx.x * GDN_COLS + warp * (32 / GDN_GROUP) + lane / GDN_GROUP;
     const bool has_col = col < s_v;
     const i64 vcol = has_col ? col : 0;
-    // The state is read before the checks (clamped into range: reading it is harmless), so that
-    // its latency and theirs overlap; nothing is written before they pass.
-    const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
-    const GdnSpan sp = gdn_span(offsets, s, n_t);
-    const i64 slot_in = slot < 0 ? 0 : (slot >= n_slots ? n_slots - 1 : slot);
-    char* sbase = state.data + col * state.nb[1] + h * state.nb[2] + slot_in * state.nb[3];
+    // sequence s's state of this block's columns (its slot clamped into range: reading it is
+    // harmless before the checks)
+    auto state_at = [&](i64 s) {
+        const i64 slot = *(const int*)(slots.data + s * slots.nb[0]);
+        const i64 slot_in = slot < 0 ? 0 : (slot >= n_slots ? n_slots - 1 : slot);
+        return state.data + col * state.nb[1] + h * state.nb[2] + slot_in * state.nb[3];
+    };
+    // The first sequence's state is read before the checks, so that its latency and theirs
+    // overlap; nothing is written before they pass.
+    i64 s = blockIdx.z;
+    char* sbase = state_at(s);
     float st[NC][4];
     gdn_load_state<NC, true>(st, sbase, has_col, lig, 128, 4);
     // (block-uniform: every thread takes part in the checks' barriers)
@@ -362,13 +366,10 @@ __device__ __forceinline__ void gdn_decode_fused_body(Tensor out, Tensor qk, Ten
         const i64 block = ((i64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
         gdn_zero_padding(out, offsets, n_t, block * blockDim.x + threadIdx.x, (i64)gridDim.x * gridDim.y * gridDim.z * blockDim.x);
     }
-    // (a sequence without tokens keeps its slot unchecked and untouched)
-    if (sp.end <= sp.begin) return;
     const i64 kh = grouped ? h / (h_v / h_k) : h % h_k;
 
-    const i64 so = sp.outer;
     GdnTok<NC> nx;
-    auto load_tok = [&](i64 t) {
+    auto load_tok = [&](i64 t, i64 so) {
         const char* qr = qk.data + kh * qk.nb[1] + t * qk.nb[2] + so * qk.nb[3];
         const char* kr = qr + h_k * qk.nb[1];
         float4 qv[NC], kv[NC];
@@ -406,17 +407,29 @@ __device__ __forceinline__ void gdn_decode_fused_body(Tensor out, Tensor qk, Ten
         group_sum2(kq, unused);
         nx.kq = kq;
     };
-    // (no next-token prefetch as in gdn_body: a decode sequence has one token, and the second
-    // token set's registers made ptxas spill)
-    for (i64 t = sp.begin; t < sp.end; t++) {
-        load_tok(t);
-        const float o = gdn_step<NC>(st, nx.k, nx.q, nx.v, expf(nx.g), nx.b, nx.kq);
-        if (lig == 0 && has_col) *(float*)(out.data + offset_of(out, col, h, t, so)) = o;
+    // The block's sequences blockIdx.z, + gridDim.z, ..: the checks above once for all of them.
+    // (No next-token prefetch as in gdn_body: a decode sequence has one token, and the second
+    // token set's registers made ptxas spill.)
+    for (;;) {
+        const GdnSpan sp = gdn_span(offsets, s, n_t);
+        // (a sequence without tokens keeps its slot unchecked and untouched)
+        if (sp.end > sp.begin) {
+            for (i64 t = sp.begin; t < sp.end; t++) {
+                load_tok(t, sp.outer);
+                const float o = gdn_step<NC>(st, nx.k, nx.q, nx.v, expf(nx.g), nx.b, nx.kq);
+                if (lig == 0 && has_col) *(float*)(out.data + offset_of(out, col, h, t, sp.outer)) = o;
+            }
+            if (has_col) gdn_store_state<NC, true>(st, sbase, lig, 128, 4);
+        }
+        s += gridDim.z;
+        if (s >= n_seq) break;
+        sbase = state_at(s);
+        gdn_load_state<NC, true>(st, sbase, has_col, lig, 128, 4);
     }
-    if (has_col) gdn_store_state<NC, true>(st, sbase, lig, 128, 4);
 }
 
-// Grid (ceil(S_v / COLS), H_v, n_seq), block 128 threads (GDN_WARPS * 32).
+// Grid (ceil(S_v / COLS), H_v, at most n_seq: the host's choice), block 128 threads (GDN_WARPS *
+// 32).
 extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32, 4)
     gdn_decode_fused(Tensor out, Tensor qk, Tensor v, Tensor alpha, Tensor dt_bias, Tensor a, Tensor beta,
                      Tensor state, Tensor slots, int h_k, int grouped, float eps, float scale, Tensor offsets,

@@ -6,9 +6,11 @@
 //
 // - `gemv_ring_{q8_0,nvfp4}_s{3,4}`, `gemv_ring_nvfp4_producer_s4`: contiguous q8_0 / nvfp4 rows
 //   streamed through a ring of 3 or 4 shared-memory stages (bulk copies on sm_90+, cp.async on
-//   sm_80), a thread per 64-value unit of the row with its activations quantized in the kernel.
-// - `gemv_f16w` / `gemv_bf16w[_long]`: f16 / bf16 rows of 16-byte words, a thread per 2 or 5
-//   words of every row with their activations (packed by `pack_b`) in registers.
+//   sm_80), a thread per 64-value unit of the row with its activations quantized in the kernel;
+//   `gemv_ring_{q8_0,nvfp4}_t2_s{3,4}` the same for two tokens, each row read once for both.
+// - `gemv_f16w` / `gemv_bf16w[_long]` / `gemv_f32w[_long]`: f16 / bf16 / f32 rows of 16-byte
+//   words, a thread per 2 or 5 words of every row with their activations (packed by `pack_b`) in
+//   registers.
 
 // ---------------------------------------------------------------------------------------------
 // The ring GEMV over q8_0 / nvfp4 weights (`gemv_ring_q8_0_s*`, `gemv_ring_nvfp4_s*`): one
@@ -36,11 +38,13 @@
 // as unsigned bytes, 4 dp2a per word (the +128 is taken back by a per-sub-block constant folded
 // into the dot's start), 4 UE4M3 scales decoded as f16.
 
-// TAG(gemv-ring-consts): GR_MAX_THREADS, GR_MAX_THREADS_NVFP4 and GR_XSTRIDE are mirrored in
+// TAG(gemv-ring-consts): GR_MAX_THREADS, GR_MAX_THREADS_NVFP4, GR_MAX_THREADS_T2 and GR_XSTRIDE are mirrored in
 // src/ops/matmul/gemv_one.rs. nvfp4, bound by its arithmetic, takes more warps (96 registers fit
 // 640 threads): 8 groups of 80 units instead of 7 at k = 5120.
 #define GR_MAX_THREADS 576
 #define GR_MAX_THREADS_NVFP4 640
+// The two-token entries' (`_t2_`): their second token's 37 words of activations take registers.
+#define GR_MAX_THREADS_T2 512
 // Bytes of staged f32 activations per 64-value unit: 256 and 16 of padding, so that the
 // threads' 16-byte reads of their own units spread over all banks.
 #define GR_XSTRIDE 272
@@ -109,12 +113,13 @@ __device__ __forceinline__ void gr_ue4m3x4(u32 sw, float* ws) {
     ws[3] = f16_to_f32((u16)(h23 >> 16));
 }
 
-// R nvfp4 blocks (9 words at w + i * stride each, i < R) . the same 64 activations, in lockstep
-// so that the R independent chains interleave: x[8 s + 4 h + i] holds the int16 pair of values
-// 16 s + 4 h + i and + 8 (code word 1 + 2 s + h, bytes i), cs[s] = -128 * (sum of the int16
-// activations of sub-block s); lo = GR_E2M1_LO. out[i] = sum_s scale_s / 256 * dot_s (E2M1
-// values times 2).
-template <int R>
+// R nvfp4 blocks (9 words at w + i * stride each, i < R) . the same 64 activations of each of NT
+// tokens, in lockstep so that the R x NT independent chains interleave (each code word decoded
+// once for the NT tokens): x[32 t + 8 s + 4 h + i] holds token t's int16 pair of values
+// 16 s + 4 h + i and + 8 (code word 1 + 2 s + h, bytes i), cs[4 t + s] = -128 * (sum of its int16
+// activations of sub-block s); lo = GR_E2M1_LO. out[NT i + t] = sum_s scale_s / 256 * dot_s
+// (E2M1 values times 2).
+template <int R, int NT = 1>
 __device__ __forceinline__ void gr_units_nvfp4(const u32* w, int stride, const u32* x, const int* cs, u32 lo, float* out) {
     u32 u[R][9];
 #pragma unroll
@@ -126,37 +131,44 @@ __device__ __forceinline__ void gr_units_nvfp4(const u32* w, int stride, const u
 #pragma unroll
     for (int r = 0; r < R; r++) {
         gr_ue4m3x4(u[r][0], ws[r]);
-        out[r] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) out[NT * r + t] = 0.0f;
     }
 #pragma unroll
     for (int s = 0; s < 4; s++) {
-        int dot[R];
+        int dot[R][NT];
 #pragma unroll
-        for (int r = 0; r < R; r++) dot[r] = cs[s];
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) dot[r][t] = cs[4 * t + s];
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const u32* xp = x + 8 * s + 4 * h;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const u32 q = u[r][1 + 2 * s + h], n = q ^ 0x88888888u;
                 const u32 d0 = gr_e2m1x4(lo, q, n), d1 = gr_e2m1x4(lo, q >> 16, n >> 16);
-                dot[r] = gr_dp2a_lo_su(xp[0], d0, dot[r]);
-                dot[r] = gr_dp2a_hi_su(xp[1], d0, dot[r]);
-                dot[r] = gr_dp2a_lo_su(xp[2], d1, dot[r]);
-                dot[r] = gr_dp2a_hi_su(xp[3], d1, dot[r]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const u32* xp = x + 32 * t + 8 * s + 4 * h;
+                    dot[r][t] = gr_dp2a_lo_su(xp[0], d0, dot[r][t]);
+                    dot[r][t] = gr_dp2a_hi_su(xp[1], d0, dot[r][t]);
+                    dot[r][t] = gr_dp2a_lo_su(xp[2], d1, dot[r][t]);
+                    dot[r][t] = gr_dp2a_hi_su(xp[3], d1, dot[r][t]);
+                }
             }
         }
 #pragma unroll
-        for (int r = 0; r < R; r++) out[r] = fmaf((float)dot[r], ws[r][s], out[r]);
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) out[NT * r + t] = fmaf((float)dot[r][t], ws[r][s], out[NT * r + t]);
+        }
     }
 }
 
-// Two q8_0 blocks (17 words at w: f16 scale, 32 quants, f16 scale, 32 quants) . their 64
+// Two q8_0 blocks (17 words u: f16 scale, 32 quants, f16 scale, 32 quants) . their 64
 // activations, x[p] the int16 pair of values 2 p and 2 p + 1. Two dp2a chains per block.
-__device__ __forceinline__ float gr_unit_q8_0(const u32* w, const u32* x) {
-    u32 u[17];
-#pragma unroll
-    for (int i = 0; i < 17; i++) u[i] = w[i];
+__device__ __forceinline__ float gr_dot_q8_0(const u32 (&u)[17], const u32* x) {
     // block 0: quants at bytes 2 .. 33 (words 0 hi, 1 .. 7, 8 lo); block 1 at bytes 36 .. 67
     int a0 = gr_dp2a_hi_ss(x[0], u[0], 0), a1 = 0;
 #pragma unroll
@@ -172,6 +184,14 @@ __device__ __forceinline__ float gr_unit_q8_0(const u32* w, const u32* x) {
         b1 = gr_dp2a_hi_ss(x[17 + 2 * i], u[9 + i], b1);
     }
     return fmaf((float)(a0 + a1), f16_to_f32((u16)u[0]), (float)(b0 + b1) * f16_to_f32((u16)(u[8] >> 16)));
+}
+
+// The same for the two q8_0 blocks at w (17 words).
+__device__ __forceinline__ float gr_unit_q8_0(const u32* w, const u32* x) {
+    u32 u[17];
+#pragma unroll
+    for (int i = 0; i < 17; i++) u[i] = w[i];
+    return gr_dot_q8_0(u, x);
 }
 
 // Quantizes one unit of 64 staged f32 activations (16-byte aligned, GR_XSTRIDE bytes) in place
@@ -322,20 +342,25 @@ __device__ __forceinline__ void gr_stage_x(char* xa, float4 (&xv)[V], int n4, Lo
     }
 }
 
-// out[m] = a row m . b for the rows [m0, m1) of this block (an even split over the grid); see
-// above. `groups` groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage`
-// rows a stage (a multiple of groups). P (sm_90+ only): the block's last warp, beyond the
-// groups' threads, copies and adds up instead. Dynamic shared memory: S stages of rows_stage
-// rows, then 2 (P: S + 1) x rp x nu partials (rp = rows_stage | 1: an odd stride between a row's
-// partials keeps their stores and sums free of bank conflicts); the f32 activations are staged
-// over the last stage and the partials before the loop (the host sizes it for the larger of the
-// two).
-template <int DT, int S, bool P>
+// out[m, t] = a row m . b[:, t] for the rows [m0, m1) of this block (an even split over the grid)
+// and the NT tokens t (columns of b: each row read once for all of them); see above. `groups`
+// groups of nu = k / 64 threads (the rest idle in the arithmetic), `rows_stage` rows a stage (a
+// multiple of groups). A thread holds its unit's activations of every token; with NT > 1 each
+// nvfp4 code word is decoded once for the tokens, one row at a time. P (sm_90+ only, NT = 1):
+// the block's last warp, beyond the groups' threads, copies and adds up instead. Dynamic shared
+// memory: S stages of rows_stage rows, then 2 (P: S + 1) x NT x rp x nu partials (rp =
+// rows_stage | 1: an odd stride between a row's partials keeps their stores and sums free of bank
+// conflicts); the NT tokens' f32 activations are staged over the last stage and the partials
+// before the loop (the host sizes it for the larger of the two).
+template <int DT, int S, bool P, int NT>
 __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b, const Tensor& out, int groups, int rows_stage) {
+    static_assert(!P || NT == 1, "the producer entry takes one token");
     constexpr int UB = DT == DT_NVFP4 ? NVFP4_BYTES : 2 * Q8_0_BYTES;
     extern __shared__ __align__(16) char gr_shared[];
     const int tid = threadIdx.x, nt = blockDim.x;
     const int nu = (int)(a.ne[0] / 64), row_bytes = nu * UB, stage_bytes = rows_stage * row_bytes, rp = rows_stage | 1;
+    // floats of a stage's partials: token t's at t * rp * nu
+    const int pb = NT * rp * nu;
     const i64 rows = a.ne[1];
     const i64 m0 = (i64)blockIdx.x * rows / gridDim.x, m1 = ((i64)blockIdx.x + 1) * rows / gridDim.x;
     const int nst = (int)((m1 - m0 + rows_stage - 1) / rows_stage);
@@ -391,19 +416,21 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
     };
 #endif
 
-    // The activations as f32, unit j at xf + GR_XSTRIDE j: the first loads go out before the
-    // first stages' copies (they are L2 hits that should not queue behind them).
-    const bool vec = b.nb[0] == 4 && ((u64)b.data & 15) == 0;
-    const int n4 = nu * 16;
+    // The activations as f32, token t's unit j at xf + GR_XSTRIDE (t nu + j): the first loads go
+    // out before the first stages' copies (they are L2 hits that should not queue behind them).
+    const bool vec = b.nb[0] == 4 && ((u64)b.data & 15) == 0 && (NT == 1 || b.nb[1] % 16 == 0);
+    const int n4 = nu * 16;  // float4 a token
     auto load_x = [&](int c) {
-        if (vec) return ((const float4*)b.data)[c];
-        const char* p = b.data + 4 * (i64)c * b.nb[0];
+        const int t = NT == 1 ? 0 : c / n4, e = c - t * n4;
+        const char* row = b.data + (i64)t * b.nb[1];
+        if (vec) return ((const float4*)row)[e];
+        const char* p = row + 4 * (i64)e * b.nb[0];
         return make_float4(*(const float*)p, *(const float*)(p + b.nb[0]), *(const float*)(p + 2 * b.nb[0]), *(const float*)(p + 3 * b.nb[0]));
     };
     float4 xv[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        if (tid + i * nt < n4) xv[i] = load_x(tid + i * nt);
+        if (tid + i * nt < NT * n4) xv[i] = load_x(tid + i * nt);
     }
 #if __CUDA_ARCH__ >= 900
     if (tid == copier) {
@@ -421,20 +448,31 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
 #pragma unroll
     for (int s = 0; s < S - 1; s++) issue(s);
 #endif
-    gr_stage_x(xf, xv, n4, load_x);
+    gr_stage_x(xf, xv, NT * n4, load_x);
     __syncthreads();
     const int g = tid / nu, j = tid - g * nu;
     const bool worker = g < groups;
     // 0, but opaque and per thread: or-ed into values that the compiler would otherwise copy from
     // a uniform register or negate before every use.
     const u32 zero = (u32)(rows_stage + tid) & 0x80000000u;
-    // Group 0 quantizes each unit once, in place; then every group reads its unit's words.
-    if (g == 0) gr_quantize_unit<DT>((u32*)(xf + GR_XSTRIDE * j));
+    // Group t quantizes token t's units (each once, in place; groups 0 .. groups - 1 take the
+    // tokens in turn); then every group reads its unit's words of every token. (One token keeps
+    // its own form: the loop made ptxas spill the sm_80 nvfp4 entries.)
+    if (NT == 1) {
+        if (g == 0) gr_quantize_unit<DT>((u32*)(xf + GR_XSTRIDE * j));
+    } else if (worker) {
+        for (int t = g; t < NT; t += groups) gr_quantize_unit<DT>((u32*)(xf + GR_XSTRIDE * (t * nu + j)));
+    }
     __syncthreads();
-    u32 x[32];
-    int cs[4] = {0, 0, 0, 0};
-    float dx = 0.0f;
-    if (worker) gr_unit_words<DT>((const uint4*)(xf + GR_XSTRIDE * j), x, cs, dx);
+    u32 x[NT][32];
+    int cs[NT][4];
+    float dx[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        cs[t][0] = cs[t][1] = cs[t][2] = cs[t][3] = 0;
+        dx[t] = 0.0f;
+        if (worker) gr_unit_words<DT>((const uint4*)(xf + GR_XSTRIDE * (t * nu + j)), x[t], cs[t], dx[t]);
+    }
 
     // Row r of stage s: its nu partials at parts[(s & 1) rp nu + i rp + r], unit i. L
     // consecutive threads add up a row (every L-th partial each, then shuffles). nvfp4 takes L
@@ -445,12 +483,14 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
     const int lg = DT == DT_Q8_0 ? 5 : nu <= 40 ? 2 : nu <= 80 ? 3 : nu <= 160 ? 4 : 5, L = 1 << lg, sub = tid & (L - 1);
     const int row_step = nt >> lg, warp_rows = 32 >> lg;
     auto reduce = [&](int s) {
-        const float* p = parts + (s & 1) * rp * nu;
-        const int n = stage_rows(s), n_warps = (n + warp_rows - 1) & -warp_rows;
+        // row r of token t is item t n + r of the stage's NT n
+        const int n = stage_rows(s), items = NT * n, n_warps = (items + warp_rows - 1) & -warp_rows;
         // whole warps take part in the shuffles
-        for (int r = tid >> lg; r < n_warps; r += row_step) {
+        for (int it = tid >> lg; it < n_warps; it += row_step) {
+            const int t = NT == 1 ? 0 : min(it / n, NT - 1), r = it - t * n;
+            const float* p = parts + (s & 1) * pb + t * rp * nu;
             float v0 = 0.0f, v1 = 0.0f;
-            if (r < n) {
+            if (it < items) {
                 int i = sub;
                 for (; i + L < nu; i += 2 * L) {
                     v0 += p[i * rp + r];
@@ -463,7 +503,7 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
             for (int o = 16; o > 0; o >>= 1) {
                 if (o < L) v += __shfl_xor_sync(0xffffffffu, v, o);
             }
-            if (sub == 0 && r < n) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, 0, 0, 0)) = v;
+            if (sub == 0 && it < items) *(float*)(out.data + offset_of(out, m0 + (i64)s * rows_stage + r, t, 0, 0)) = v;
         }
     };
     const u32 e2m1_lo = GR_E2M1_LO | zero;
@@ -472,21 +512,36 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
         if (!worker) return;
         const char* sb = gr_shared + (s % S) * stage_bytes;
         const int n = stage_rows(s);
-        if (DT == DT_NVFP4) {
+        if (DT == DT_NVFP4 && NT > 1) {
+            // a row at a time: its NT tokens' chains interleave
+            for (int r = g; r < n; r += groups) {
+                float v[NT];
+                gr_units_nvfp4<1, NT>((const u32*)(sb + r * row_bytes + UB * j), 0, x[0], cs[0], e2m1_lo, v);
+#pragma unroll
+                for (int t = 0; t < NT; t++) p[t * rp * nu + j * rp + r] = dx[t] * v[t];
+            }
+        } else if (DT == DT_NVFP4) {
             // two rows at a time: two independent units for the scheduler to interleave
             for (int r = g; r < n; r += 2 * groups) {
                 const u32* w = (const u32*)(sb + r * row_bytes + UB * j);
                 float v[2];
                 if (r + groups < n) {
-                    gr_units_nvfp4<2>(w, groups * row_bytes / 4, x, cs, e2m1_lo, v);
-                    p[j * rp + r + groups] = dx * v[1];
+                    gr_units_nvfp4<2>(w, groups * row_bytes / 4, x[0], cs[0], e2m1_lo, v);
+                    p[j * rp + r + groups] = dx[0] * v[1];
                 } else {
-                    gr_units_nvfp4<1>(w, 0, x, cs, e2m1_lo, v);
+                    gr_units_nvfp4<1>(w, 0, x[0], cs[0], e2m1_lo, v);
                 }
-                p[j * rp + r] = dx * v[0];
+                p[j * rp + r] = dx[0] * v[0];
             }
         } else {
-            for (int r = g; r < n; r += groups) p[j * rp + r] = dx * gr_unit_q8_0((const u32*)(sb + r * row_bytes + UB * j), x);
+            for (int r = g; r < n; r += groups) {
+                u32 u[17];
+                const u32* w = (const u32*)(sb + r * row_bytes + UB * j);
+#pragma unroll
+                for (int i = 0; i < 17; i++) u[i] = w[i];
+#pragma unroll
+                for (int t = 0; t < NT; t++) p[t * rp * nu + j * rp + r] = dx[t] * gr_dot_q8_0(u, x[t]);
+            }
         }
     };
 #if __CUDA_ARCH__ >= 900
@@ -567,26 +622,31 @@ __device__ __forceinline__ void gemv_ring_body(const Tensor& a, const Tensor& b,
             issue(s + S - 1);
             if (s > 0) reduce(s - 1);
 #endif
-            dots(s, parts + (s & 1) * rp * nu);
+            dots(s, parts + (s & 1) * pb);
         }
         __syncthreads();
         if (nst > 0) reduce(nst - 1);
     }
 }
 
-#define GR_ENTRY(NAME, DT, S, P, THREADS)                                                              \
+#define GR_ENTRY(NAME, DT, S, P, NT, THREADS)                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(Tensor a, Tensor b, Tensor out, int groups, \
                                                                 int rows_stage) {                        \
         l2_prefetch_rows(a, DT, (i64)blockIdx.x * a.ne[1] / gridDim.x, a.ne[1] / gridDim.x + 1);         \
         grid_begin();                                                                                    \
-        gemv_ring_body<DT, S, P>(a, b, out, groups, rows_stage);                                         \
+        gemv_ring_body<DT, S, P, NT>(a, b, out, groups, rows_stage);                                     \
     }
-GR_ENTRY(gemv_ring_q8_0_s3, DT_Q8_0, 3, false, GR_MAX_THREADS)
-GR_ENTRY(gemv_ring_q8_0_s4, DT_Q8_0, 4, false, GR_MAX_THREADS)
-GR_ENTRY(gemv_ring_nvfp4_s3, DT_NVFP4, 3, false, GR_MAX_THREADS_NVFP4)
-GR_ENTRY(gemv_ring_nvfp4_s4, DT_NVFP4, 4, false, GR_MAX_THREADS_NVFP4)
+GR_ENTRY(gemv_ring_q8_0_s3, DT_Q8_0, 3, false, 1, GR_MAX_THREADS)
+GR_ENTRY(gemv_ring_q8_0_s4, DT_Q8_0, 4, false, 1, GR_MAX_THREADS)
+GR_ENTRY(gemv_ring_nvfp4_s3, DT_NVFP4, 3, false, 1, GR_MAX_THREADS_NVFP4)
+GR_ENTRY(gemv_ring_nvfp4_s4, DT_NVFP4, 4, false, 1, GR_MAX_THREADS_NVFP4)
 // taken on sm_90+ with the ring of 4 only (before sm_90 it is the entry above)
-GR_ENTRY(gemv_ring_nvfp4_producer_s4, DT_NVFP4, 4, true, GR_MAX_THREADS_NVFP4)
+GR_ENTRY(gemv_ring_nvfp4_producer_s4, DT_NVFP4, 4, true, 1, GR_MAX_THREADS_NVFP4)
+// two tokens (each row read once for both): fewer threads, for the second token's registers
+GR_ENTRY(gemv_ring_q8_0_t2_s3, DT_Q8_0, 3, false, 2, GR_MAX_THREADS_T2)
+GR_ENTRY(gemv_ring_q8_0_t2_s4, DT_Q8_0, 4, false, 2, GR_MAX_THREADS_T2)
+GR_ENTRY(gemv_ring_nvfp4_t2_s3, DT_NVFP4, 3, false, 2, GR_MAX_THREADS_T2)
+GR_ENTRY(gemv_ring_nvfp4_t2_s4, DT_NVFP4, 4, false, 2, GR_MAX_THREADS_T2)
 
 // ---------------------------------------------------------------------------------------------
 // One token against the experts it was routed to (`moe_ring_{q8_0,nvfp4}_{id,glu,sum}`):
@@ -812,12 +872,13 @@ MR_ENTRY(moe_ring_nvfp4_glu, DT_NVFP4, MR_GLU, GR_MAX_THREADS_NVFP4)
 MR_ENTRY(moe_ring_nvfp4_sum, DT_NVFP4, MR_SUM, GR_MAX_THREADS_NVFP4)
 
 // ---------------------------------------------------------------------------------------------
-// Word GEMVs for f16 / bf16 rows (1 token, one weight matrix, rows of 16-byte aligned whole
-// words of 8 values, at most WORDS words a thread): thread t owns words t + blockDim.x j of every
-// row and their 8 f32 activations (packed by `pack_b`) in registers; a step takes R rows, the
-// next step's loads issued before this step's arithmetic and reduction. `gemv_*w`: 2 words a
-// thread, GW_R rows a step, up to GW_MAX_THREADS threads; `gemv_*w_long`: 5 words, 2 rows, up to
-// GH_LONG_THREADS threads (the register budget of 40 activations and 2 x 10 words in flight).
+// Word GEMVs for f16 / bf16 / f32 rows (1 token, one weight matrix, rows of 16-byte aligned
+// whole words of 8 halves or 4 floats, at most WORDS words a thread): thread t owns words t +
+// blockDim.x j of every row and their f32 activations (packed by `pack_b`) in registers; a step
+// takes R rows, the next step's loads issued before this step's arithmetic and reduction.
+// `gemv_*w`: 2 words a thread, GW_R rows a step, up to GW_MAX_THREADS threads; `gemv_*w_long`: 5
+// words, 2 rows, up to GH_LONG_THREADS threads (the register budget of 40 activations and 2 x 10
+// words in flight).
 #define GW_R 4
 #define GW_MAX_THREADS 512
 #define GH_LONG_THREADS 448
@@ -828,34 +889,44 @@ __device__ __forceinline__ uint4 ldg_nc_v4(const void* p) {
     return v;
 }
 
-// w's 8 halves (type DT) . x[0..7].
+// Values a 16-byte word of DT holds: 4 f32, else 8 halves.
 template <int DT>
-__device__ __forceinline__ float dot_half8(uint4 w, const float* x) {
+__device__ __forceinline__ constexpr int word_values() { return DT == DT_F32 ? 4 : 8; }
+
+// w's values (type DT) . x[0 .. word_values).
+template <int DT>
+__device__ __forceinline__ float dot_word(uint4 w, const float* x) {
     const u32 q[4] = {w.x, w.y, w.z, w.w};
     float v = 0.0f;
+    if constexpr (DT == DT_F32) {
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
-        const float lo = DT == DT_F16 ? f16_to_f32((u16)(q[c] & 0xffff)) : __uint_as_float(q[c] << 16);
-        const float hi = DT == DT_F16 ? f16_to_f32((u16)(q[c] >> 16)) : __uint_as_float(q[c] & 0xffff0000u);
-        v = fmaf(lo, x[2 * c], fmaf(hi, x[2 * c + 1], v));
+        for (int c = 0; c < 4; c++) v = fmaf(__uint_as_float(q[c]), x[c], v);
+    } else {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float lo = DT == DT_F16 ? f16_to_f32((u16)(q[c] & 0xffff)) : __uint_as_float(q[c] << 16);
+            const float hi = DT == DT_F16 ? f16_to_f32((u16)(q[c] >> 16)) : __uint_as_float(q[c] & 0xffff0000u);
+            v = fmaf(lo, x[2 * c], fmaf(hi, x[2 * c + 1], v));
+        }
     }
     return v;
 }
 
 template <int DT, int WORDS, int R>
-__device__ __forceinline__ void gemv_half_words(Tensor a, const float* x, Tensor out) {
+__device__ __forceinline__ void gemv_word_rows(Tensor a, const float* x, Tensor out) {
+    constexpr int V = word_values<DT>();
     __shared__ float red[GW_MAX_THREADS / 32][R];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = (int)blockDim.x;
     const i64 rows = a.ne[1];
-    const int words = (int)(a.ne[0] / 8);
-    float xr[WORDS][8];
+    const int words = (int)(a.ne[0] / V);
+    float xr[WORDS][V];
     bool live[WORDS];
 #pragma unroll
     for (int j = 0; j < WORDS; j++) {
         const int w = tid + nt * j;
         live[j] = w < words;
 #pragma unroll
-        for (int e = 0; e < 8; e++) xr[j][e] = live[j] ? x[8 * w + e] : 0.0f;
+        for (int e = 0; e < V; e++) xr[j][e] = live[j] ? x[V * w + e] : 0.0f;
     }
     const i64 stride = (i64)gridDim.x * R;
     i64 m0 = (i64)blockIdx.x * R;
@@ -881,7 +952,7 @@ __device__ __forceinline__ void gemv_half_words(Tensor a, const float* x, Tensor
         for (int r = 0; r < R; r++) {
             float v = 0.0f;
 #pragma unroll
-            for (int j = 0; j < WORDS; j++) v += dot_half8<DT>(cur[r][j], xr[j]);
+            for (int j = 0; j < WORDS; j++) v += dot_word<DT>(cur[r][j], xr[j]);
             v = warp_sum(v);
             if (lane == 0) red[warp][r] = v;
         }
@@ -897,18 +968,26 @@ __device__ __forceinline__ void gemv_half_words(Tensor a, const float* x, Tensor
 
 extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f16w(Tensor a, const float* x, Tensor out) {
     grid_begin();
-    gemv_half_words<DT_F16, 2, GW_R>(a, x, out);
+    gemv_word_rows<DT_F16, 2, GW_R>(a, x, out);
 }
 extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_bf16w(Tensor a, const float* x, Tensor out) {
     grid_begin();
-    gemv_half_words<DT_BF16, 2, GW_R>(a, x, out);
+    gemv_word_rows<DT_BF16, 2, GW_R>(a, x, out);
 }
 extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_f16w_long(Tensor a, const float* x, Tensor out) {
     grid_begin();
-    gemv_half_words<DT_F16, 5, 2>(a, x, out);
+    gemv_word_rows<DT_F16, 5, 2>(a, x, out);
 }
 extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_bf16w_long(Tensor a, const float* x, Tensor out) {
     grid_begin();
-    gemv_half_words<DT_BF16, 5, 2>(a, x, out);
+    gemv_word_rows<DT_BF16, 5, 2>(a, x, out);
+}
+extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f32w(Tensor a, const float* x, Tensor out) {
+    grid_begin();
+    gemv_word_rows<DT_F32, 2, GW_R>(a, x, out);
+}
+extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_f32w_long(Tensor a, const float* x, Tensor out) {
+    grid_begin();
+    gemv_word_rows<DT_F32, 5, 2>(a, x, out);
 }
 

@@ -60,23 +60,28 @@ __device__ __forceinline__ double group_sum_f64(double v, double* sh) {
 #define NORM_RMS 0
 #define NORM_L2 1
 
-// The scale of a row from its sum of squares; l2 redoes an f32 sum that over/underflowed in f64
-// (the CPU's rule), which every lane of the group takes together (ss is group-uniform).
+// l2_norm's scale 1 / max(||x||, eps) from the row's f32 sum of squares ss, redone in f64 by
+// `ss_f64()` where ss over/underflowed (the CPU's rule); every lane of the group takes the same
+// branch (ss is group-uniform).
+template <typename SsF64>
+__device__ __forceinline__ float l2_scale(float ss, float eps, SsF64 ss_f64) {
+    const float norm = ss >= 1.17549435e-38f && ss <= 3.40282347e38f ? sqrtf(ss) : (float)sqrt(ss_f64());
+    return 1.0f / fmaxf(norm, eps);
+}
+
+// The scale of a row from its sum of squares (rms_norm's, or l2_norm's by `l2_scale`, the f64
+// sum read back from the row).
 template <bool WARP>
 __device__ __forceinline__ float norm_scale(int mode, float ss, float eps, i64 n, const char* row, int dt, i64 nb0, int lane, int size, double* shd) {
     if (mode == NORM_RMS) return 1.0f / sqrtf(ss / (float)n + eps);
-    float norm;
-    if (ss >= 1.17549435e-38f && ss <= 3.40282347e38f) {
-        norm = sqrtf(ss);
-    } else {
+    return l2_scale(ss, eps, [&] {
         double acc = 0.0;
         for (i64 i = lane; i < n; i += size) {
             double v = (double)load_f32(row + i * nb0, dt);
             acc += v * v;
         }
-        norm = (float)sqrt(group_sum_f64<WARP>(acc, shd));
-    }
-    return 1.0f / fmaxf(norm, eps);
+        return group_sum_f64<WARP>(acc, shd);
+    });
 }
 
 // Any dtype and strides.

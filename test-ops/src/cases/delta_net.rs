@@ -325,7 +325,8 @@ pub(crate) fn cases(out: &mut Vec<Case>) {
 /// h_v 32 as the 35B-A3B, 48 as the 27B; S_k = S_v = 128) over decode and mixed batches, small
 /// heads over every eval batch, both algorithms; 128-wide small heads over the eval batches of at
 /// most 16 tokens and every bad batch (a backend's one-launch decode path, which checks the
-/// batch in every block), and dense single tokens.
+/// batch in every block), the Qwen heads over a padded decode step, and dense single tokens (up
+/// to five sequences of the Qwen heads).
 fn fused(out: &mut Vec<Case>) {
     let decode = RAGGED_EVAL[2];
     let mut shapes = vec![(128, 16, 32, RAGGED_QWEN), (128, 16, 48, RAGGED_QWEN), (128, 16, 32, decode)];
@@ -333,6 +334,9 @@ fn fused(out: &mut Vec<Case>) {
     shapes.extend(RAGGED_EVAL.iter().map(|&r| (16, 2, 4, r)));
     shapes.extend(RAGGED_EVAL.iter().filter(|r| r.n_tokens <= 16).map(|&r| (128, 2, 4, r)));
     shapes.push((128, 2, 4, RAGGED_LONG));
+    // the 35B-A3B's heads over a padded decode step of five sequences: more sequences than a
+    // backend's one-launch decode grid may hold (its blocks then take several each)
+    shapes.push((128, 16, 32, RAGGED_EVAL[6]));
     for (s_k, h_k, h_v, r) in shapes {
         for algo in [SERIAL, chunk(64)] {
             out.push(r.finish(fused_case(s_k, h_k, h_v, r, algo)));
@@ -342,7 +346,9 @@ fn fused(out: &mut Vec<Case>) {
     for r in RAGGED_BAD {
         out.push(r.finish(fused_case(128, 1, 2, r, SERIAL)));
     }
-    for (h_k, h_v, slots) in [(2, 4, &[2][..]), (2, 4, &[4, 0, 2][..]), (1, 3, &[3, 0][..])] {
+    for (h_k, h_v, slots) in
+        [(2, 4, &[2][..]), (2, 4, &[4, 0, 2][..]), (1, 3, &[3, 0][..]), (16, 32, &[4, 0, 6, 2, 5][..])]
+    {
         out.push(fused_dense_case(h_k, h_v, slots));
     }
 }

@@ -84,6 +84,10 @@ pub(super) fn cases(out: &mut Vec<Case>) {
         for n in [1, 5] {
             out.push(MulMat::new(type_a, 256, n, 2048).case());
         }
+        // One token against a stacked router's 257 rows (a short last group of rows a block) and
+        // rows of 1024 values.
+        out.push(MulMat::new(type_a, 257, 1, 2048).case());
+        out.push(MulMat::new(type_a, 33, 1, 1024).case());
     }
     // Batch broadcast: each weight matrix serves bs_b / bs_a consecutive activation batches.
     let batches = [([1, 1], [2, 1]), ([2, 1], [2, 1]), ([2, 1], [4, 1]), ([1, 2], [3, 2]), ([2, 2], [4, 2])];
@@ -144,6 +148,12 @@ fn quantized(out: &mut Vec<Case>) {
         out.push(MulMat::new(type_a, 300, 2, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
         out.push(MulMat::new(type_a, 300, 2, 512).layouts(Layout::Contiguous, Layout::TRANSPOSED).case());
         out.push(MulMat::new(type_a, 700, 4, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
+        // Two and three tokens over rows enough for several stages of a 1-token GEMV's ring a
+        // block (a backend may read each row once for two tokens, the third alone), and two
+        // tokens against rows of 272 units.
+        for (m, n, k) in [(8200, 2, 2048), (5000, 3, 1024), (150, 2, 17408)] {
+            out.push(MulMat::new(type_a, m, n, k).case());
+        }
         // 2 to 8 tokens over enough rows for a backend to share each activation load among
         // several rows a block, with row counts that leave a short last block, and batches.
         for (m, n, k) in [(1058, 5, 256), (1100, 2, 512), (601, 8, 1024), (2049, 3, 256)] {
@@ -300,6 +310,10 @@ pub(crate) fn perf_cases() -> Vec<Case> {
     // 512-token micro-batch.
     out.push(MulMat::new(F32, 256, 512, 2048).case());
     out.push(MulMat::new(F32, 1, 512, 2048).case());
+    // The stacked router (256 experts' rows and the shared gate's, padded to 260) at decode.
+    for n in [1, 2, 8] {
+        out.push(MulMat::new(F32, 260, n, 2048).case());
+    }
     // All 256 experts of the MoE, top-8, gate/up (2048 -> 512) and down (512 -> 2048): decode
     // batches of 1 to 128 sequences (at 32, 256 routed pairs over 256 experts: most read once),
     // a 512-token prefill (the mul_mat_id floor shape) and a 2048-token one.

@@ -21,8 +21,10 @@ use crate::launch::{Cx, TensorArg, blocks_for, config, dt, unsupported};
 const CHECK_SLOTS: Kernel = Kernel::new(Module::DeltaNet, "gdn_check_slots");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
 const DECODE_FUSED: Kernel = Kernel::new(Module::DeltaNet, "gdn_decode_fused");
-/// The most sequences (and ragged tokens) `gdn_decode_fused` takes (`decode_fused_fits`).
-const DECODE_FUSED_SEQS: i64 = 4;
+/// The most sequences (and ragged tokens) `gdn_decode_fused` takes by default
+/// (`decode_fused_max`): it gained at 8 sequences and lost 11% to the three launches at 32 on an
+/// H200 (docs/perf-log/delta-net.md).
+const DECODE_FUSED_SEQS: i64 = 8;
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;
 
@@ -308,20 +310,27 @@ fn run_fused(
     r
 }
 
-/// Whether gated_delta_net_fused runs as the one `gdn_decode_fused` launch: at most
-/// [`DECODE_FUSED_SEQS`] sequences, each short (dense single tokens, or a ragged batch of at most
-/// that many tokens), 128-key heads, a 16-byte aligned state and qk rows as gdn_n4_vec and its
-/// float4 loads need. Every block checks all the offsets and slots itself, so the launch gains
-/// only while there are few (one sequence: 11.0 -> 5.9 us on an H200; eight lost 6%:
-/// docs/perf-log/delta-net.md). `TESSERA_GDN_DECODE_FUSED=0` keeps the three launches (input
+/// The most sequences `gdn_decode_fused` takes: [`DECODE_FUSED_SEQS`], or
+/// `TESSERA_GDN_DECODE_FUSED=N` (read once a process; 0 keeps the three launches: input
 /// preparation, gdn_prep, the recurrence).
-fn decode_fused_fits(p: &GatedDeltaNetFusedParams, qk: &TensorArg, state: &TensorArg, slots: &TensorArg) -> bool {
+fn decode_fused_max() -> i64 {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    crate::launch::env_number(&SET, "TESSERA_GDN_DECODE_FUSED").unwrap_or(DECODE_FUSED_SEQS)
+}
+
+/// Whether gated_delta_net_fused runs as the one `gdn_decode_fused` launch: at most
+/// `decode_fused_max` sequences, each short (dense single tokens, or a ragged batch of no more
+/// tokens than that, nor than its sequences or 4: a decode step's bucket, never a prompt's
+/// chunk beyond 4 tokens, which would run token by token in one block), 128-key heads, a 16-byte aligned state and qk rows as gdn_n4_vec and its
+/// float4 loads need. Each block checks all the offsets and slots, once for the sequences it
+/// takes (`decode_fused`: a grid of at most the blocks the device holds at once); with a block a
+/// sequence, eight sequences lost 6% to the three launches (one sequence: 11.0 -> 5.9 us on an
+/// H200; docs/perf-log/delta-net.md).
+fn decode_fused_fits(p: &GatedDeltaNetFusedParams, qk: &TensorArg, state: &TensorArg, slots: &TensorArg) -> bool {
     let aligned = |t: &TensorArg| t.data.is_multiple_of(16) && t.nb[0] == 4 && t.nb[1..].iter().all(|b| b % 16 == 0);
-    let n_t = qk.ne[2];
-    crate::launch::env_number(&SET, "TESSERA_GDN_DECODE_FUSED") != Some(0)
-        && (1..=DECODE_FUSED_SEQS).contains(&slots.ne[0])
-        && if p.net.ragged { (1..=DECODE_FUSED_SEQS).contains(&n_t) } else { n_t == 1 }
+    let (n_t, max) = (qk.ne[2], decode_fused_max());
+    (1..=max).contains(&slots.ne[0])
+        && if p.net.ragged { (1..=max.min(slots.ne[0].max(4))).contains(&n_t) } else { n_t == 1 }
         && qk.ne[0] == 128
         && state.ne[0] == 128
         && aligned(qk)
@@ -347,16 +356,22 @@ fn decode_fused(
     let mut l = cx.kernel(DECODE_FUSED)?;
     l.arg(&out).arg(&qk).arg(&v).arg(&alpha).arg(&dt_bias).arg(&a).arg(&beta).arg(&state).arg(&slots);
     l.arg(&h_k).arg(&grouped).arg(&p.eps).arg(&p.net.scale).arg(&offsets).arg(&err).arg(&code);
-    let grid = (crate::launch::tiles(s_v, 16) as u32, h_v as u32, n_seq as u32);
+    // as many sequences' blocks as the device holds at once; each block takes every gridDim.z-th
+    // sequence from its own (one pass of checks for all of them)
+    let blocks = crate::launch::tiles(s_v, 16) as u64 * h_v as u64;
+    let resident = cx.resident_blocks(DECODE_FUSED, 128, 0)?;
+    let z = (resident / blocks.max(1)).clamp(1, 65535).min(n_seq as u64);
+    let grid = (crate::launch::tiles(s_v, 16) as u32, h_v as u32, z as u32);
     // SAFETY: `gdn_decode_fused(out, qk, v, alpha, dt_bias, a, beta, state, slots, h_k, grouped, eps,
     // scale, offsets, err, op)`: the shape rules give qk f32 [128, 2 H_k, n_t, n_outer] (rows
     // 16-byte aligned, checked: float4 loads of whole rows), v and out [S_v, H_v, n_t, n_outer],
     // alpha and beta [H_v, n_t, n_outer, 1] with dt_bias and a broadcasting to them (read at the
     // indices modulo their extents), state [128, S_v, H_v, n_slots] 16-byte aligned (checked),
     // slots [n_seq] and offsets [n_seq + 1] (null dense); every block checks the offsets and slots
-    // before it writes anything (returning on a bad one), reads tokens within its sequence's
-    // clamped span, columns below S_v and its own slot's state, and zeroes only rows of `out`'s
-    // n_t tokens (ragged padding); the grid (S_v / 16, H_v, n_seq) is within limits (checked).
+    // before it writes anything (returning on a bad one), reads tokens within its sequences'
+    // clamped spans (sequences z, z + grid z, .. < n_seq), columns below S_v and its own slots'
+    // state, and zeroes only rows of `out`'s n_t tokens (ragged padding); the grid (S_v / 16, H_v,
+    // 1 ..= min(n_seq, 65535)) is within limits (H_v checked).
     unsafe { l.launch(config(grid, (128, 1, 1), 0)) }?;
     Ok(())
 }

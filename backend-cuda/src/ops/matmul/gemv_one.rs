@@ -9,7 +9,7 @@
 use tessera_graph::BackendError;
 use tessera_ops::DType;
 
-use super::pack::{pack_b, packed_len};
+use super::pack::{pack_b, packed_already, packed_len};
 use super::rows_vectorizable;
 use crate::compile::{Kernel, Module};
 use crate::device::DeviceInfo;
@@ -35,10 +35,28 @@ const GEMV_RING: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s4")],
 ];
 const GEMV_RING_NVFP4_PRODUCER: Kernel = Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_producer_s4");
+/// The two-token entries (each row read once for both tokens): `[q8_0, nvfp4][3 stages, 4]`.
+const GEMV_RING_T2: [[Kernel; 2]; 2] = [
+    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s4")],
+    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s4")],
+];
 const GEMV_F16W: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w");
 const GEMV_BF16W: Kernel = Kernel::new(Module::GemvOne, "gemv_bf16w");
 const GEMV_F16W_LONG: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w_long");
 const GEMV_BF16W_LONG: Kernel = Kernel::new(Module::GemvOne, "gemv_bf16w_long");
+const GEMV_F32W: Kernel = Kernel::new(Module::GemvOne, "gemv_f32w");
+const GEMV_F32W_LONG: Kernel = Kernel::new(Module::GemvOne, "gemv_f32w_long");
+
+/// The fewest values a row of f32 weights needs for the word GEMV: shorter rows (small models'
+/// matrices) stay on `gemv_warp`, a warp a row.
+const F32W_MIN_K: i64 = 1024;
+
+/// Whether f32 weights may take the word GEMV: yes unless `TESSERA_F32_WORDS=0` (read once a
+/// process), which keeps them on `gemv_warp`, to measure one against the other.
+fn f32_words() -> bool {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    crate::launch::env_number(&SET, "TESSERA_F32_WORDS") != Some(0)
+}
 
 /// 16-byte words of a weight row per `gemv_f16w` / `gemv_bf16w` thread (gemv_one.cu).
 const GH_WORDS: u64 = 2;
@@ -55,10 +73,11 @@ const GW_MAX_THREADS: u64 = 512;
 const GW_R: u64 = 4;
 
 /// `gemv_ring_*` (gemv_one.cu): most threads a block (`GR_MAX_THREADS`, nvfp4's
-/// `GR_MAX_THREADS_NVFP4`), staged f32 activation bytes per 64-value unit (`GR_XSTRIDE`).
-/// TAG(gemv-ring-consts)
+/// `GR_MAX_THREADS_NVFP4`, the two-token entries' `GR_MAX_THREADS_T2`), staged f32 activation
+/// bytes per 64-value unit (`GR_XSTRIDE`). TAG(gemv-ring-consts)
 const GR_MAX_THREADS: usize = 576;
 const GR_MAX_THREADS_NVFP4: usize = 640;
+const GR_MAX_THREADS_T2: usize = 512;
 const GR_XSTRIDE: usize = 272;
 
 /// Bytes of weight rows a `gemv_ring_*` stage aims at: nvfp4 gets two rows a thread a stage
@@ -86,12 +105,13 @@ pub(super) fn gemv_ring_stages(bandwidth: u64) -> usize {
     if bandwidth >= GR_DEEP_BANDWIDTH { 4 } else { 3 }
 }
 
-/// How `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` run one product: ring stages
-/// (`gemv_ring_stages`), threads a block, thread groups (each takes every row of a stage once),
-/// rows a stage, whether a warp of its own copies and adds up (`producer`), dynamic shared memory
-/// bytes.
+/// How `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` run one product: tokens (1, or 2 on the `_t2_`
+/// entries), ring stages (`gemv_ring_stages`), threads a block, thread groups (each takes every
+/// row of a stage once), rows a stage, whether a warp of its own copies and adds up (`producer`),
+/// dynamic shared memory bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct RingPlan {
+    tokens: usize,
     stages: usize,
     threads: u32,
     groups: i32,
@@ -100,15 +120,16 @@ pub(super) struct RingPlan {
     shared: u32,
 }
 
-/// The `gemv_ring_*` plan when one takes the product: one token against one q8_0 / nvfp4 matrix
-/// of contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256 == 0 (rows of
-/// whole 16-byte pieces), at most `GR_MAX_THREADS` (nvfp4: `GR_MAX_THREADS_NVFP4`) 64-value units
-/// a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer groups, until
-/// they do). Groups: as many as those threads hold; rows a stage: about `GR_STAGE_BYTES`, a
+/// The `gemv_ring_*` plan when one takes the product: one token (or two, on the `_t2_` entries:
+/// `GR_MAX_THREADS_T2` threads, twice the partials and staged activations) against one q8_0 /
+/// nvfp4 matrix of contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256
+/// == 0 (rows of whole 16-byte pieces), at most `GR_MAX_THREADS` (nvfp4: `GR_MAX_THREADS_NVFP4`)
+/// 64-value units a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer
+/// groups, until they do). Groups: as many as those threads hold; rows a stage: about `GR_STAGE_BYTES`, a
 /// multiple of groups. With bulk copies (`bulk`, sm_90+) and 3 stages in flight (`stages` 4, the
 /// H200) nvfp4 takes a producer warp where the threads have a warp to spare beside the groups:
-/// long rows. Taking a group for it, giving one to q8_0, or one with 2 stages in flight (the H100)
-/// were slower (docs/perf-log/kernels-matmul.md).
+/// long rows (one token only). Taking a group for it, giving one to q8_0, or one with 2 stages in
+/// flight (the H100) were slower (docs/perf-log/kernels-matmul.md).
 pub(super) fn gemv_ring_plan(
     a: &TensorArg,
     d: DType,
@@ -117,12 +138,14 @@ pub(super) fn gemv_ring_plan(
     stages: usize,
     bulk: bool,
 ) -> Option<RingPlan> {
-    let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
+    let tokens = usize::try_from(b.ne[1]).ok()?;
+    let single = (1..=2).contains(&tokens) && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     let (unit_bytes, max_threads) = match d {
         DType::Q8_0 => (2 * d.block_bytes(), GR_MAX_THREADS),
         DType::NvFp4 => (d.block_bytes(), GR_MAX_THREADS_NVFP4),
         _ => return None,
     };
+    let max_threads = if tokens == 2 { GR_MAX_THREADS_T2 } else { max_threads };
     let k = usize::try_from(a.ne[0]).ok()?;
     let nu = k / 64;
     let row_bytes = nu * unit_bytes;
@@ -130,16 +153,20 @@ pub(super) fn gemv_ring_plan(
     if !single || !contiguous || k % 256 != 0 || nu == 0 || nu > max_threads {
         return None;
     }
-    let producer =
-        bulk && stages == 4 && d == DType::NvFp4 && (max_threads / nu * nu).next_multiple_of(32) + 32 <= max_threads;
+    let producer = tokens == 1
+        && bulk
+        && stages == 4
+        && d == DType::NvFp4
+        && (max_threads / nu * nu).next_multiple_of(32) + 32 <= max_threads;
     for groups in (1..=max_threads / nu).rev() {
         for per_group in (1..=(GR_STAGE_BYTES / (groups * row_bytes)).max(1)).rev() {
             let rows_stage = groups * per_group;
             let stage = rows_stage * row_bytes;
-            let partials = if producer { stages + 1 } else { 2 } * (rows_stage | 1) * nu * 4;
-            let shared = (stages - 1) * stage + (stage + partials).max(nu * GR_XSTRIDE);
+            let partials = if producer { stages + 1 } else { 2 } * tokens * (rows_stage | 1) * nu * 4;
+            let shared = (stages - 1) * stage + (stage + partials).max(tokens * nu * GR_XSTRIDE);
             if shared + GR_STATIC_SHARED <= max_shared {
                 return Some(RingPlan {
+                    tokens,
                     stages,
                     threads: ((groups * nu).next_multiple_of(32) + if producer { 32 } else { 0 }) as u32,
                     groups: groups as i32,
@@ -166,6 +193,8 @@ pub(super) fn gemv_ring(
 ) -> Result<(), BackendError> {
     let kernel = if plan.producer {
         GEMV_RING_NVFP4_PRODUCER
+    } else if plan.tokens == 2 {
+        GEMV_RING_T2[usize::from(d == DType::NvFp4)][plan.stages - 3]
     } else {
         GEMV_RING[usize::from(d == DType::NvFp4)][plan.stages - 3]
     };
@@ -176,14 +205,15 @@ pub(super) fn gemv_ring(
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
     // SAFETY: `gemv_ring_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
-    // threads <= GR_MAX_THREADS or GR_MAX_THREADS_NVFP4, the entry point's launch bound, with a
-    // whole warp beyond the groups' threads for the producer entry points (taken on sm_90+ only)
-    // (`gemv_ring_plan`); block i copies (and on sm_90+ prefetches into L2) whole 16-byte pieces
-    // of its rows [i M / grid, (i + 1) M / grid) only; `shared` holds plan.stages stages of rows_stage
-    // rows plus 2 (producer: stages + 1) x (rows_stage | 1) x k / 64 f32 partials, or the staged
-    // activations (k / 64 * GR_XSTRIDE bytes) if larger, and is within the device limit (raised
-    // above); b is one f32 row of k values read through its strides; out is [M, 1, 1, 1] f32,
-    // written at rows < M.
+    // threads <= GR_MAX_THREADS, GR_MAX_THREADS_NVFP4 or (two tokens) GR_MAX_THREADS_T2, the entry
+    // point's launch bound, with a whole warp beyond the groups' threads for the producer entry
+    // points (taken on sm_90+ only, one token) (`gemv_ring_plan`); block i copies (and on sm_90+
+    // prefetches into L2) whole 16-byte pieces of its rows [i M / grid, (i + 1) M / grid) only;
+    // `shared` holds plan.stages stages of rows_stage rows plus 2 (producer: stages + 1) x tokens x
+    // (rows_stage | 1) x k / 64 f32 partials, or the staged activations (tokens x k / 64 x
+    // GR_XSTRIDE bytes) if larger, and is within the device limit (raised above); b is the entry's
+    // 1 or 2 f32 columns of k values (plan.tokens == b.ne[1]) read through their strides (16-byte
+    // loads only where the kernel finds them aligned); out is [M, tokens] f32, written at rows < M.
     unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }?;
     Ok(())
 }
@@ -349,30 +379,37 @@ pub(super) fn moe_rings(
 }
 
 /// The word GEMV kernel and its threads, when one takes the product: one token, one f16 / bf16
-/// weight matrix whose rows are 16-byte aligned whole words. `gemv_f16w` / `gemv_bf16w`:
-/// `GH_WORDS` words a thread, at most `GW_MAX_THREADS` threads; longer rows `gemv_f16w_long` /
-/// `gemv_bf16w_long` (`GH_LONG_WORDS` words, at most `GH_LONG_THREADS` threads). Threads are
-/// rounded up to whole warps.
+/// weight matrix (or f32 of rows of at least `F32W_MIN_K` values: the MoE router's logits)
+/// whose rows are 16-byte aligned whole words. `gemv_f16w` / `gemv_bf16w` / `gemv_f32w`:
+/// `GH_WORDS` words a thread, at most `GW_MAX_THREADS` threads; longer rows `gemv_*w_long`
+/// (`GH_LONG_WORDS` words, at most `GH_LONG_THREADS` threads). Threads are rounded up to whole
+/// warps.
 pub(super) fn word_gemv(a: &TensorArg, d: DType, b: &TensorArg) -> Option<(Kernel, u32)> {
     let single = b.ne[1] == 1 && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     if !single || !rows_vectorizable(a, d) {
         return None;
     }
-    let words = d.row_bytes(a.ne[0] as usize)? as u64 / 16;
-    let (kernel, threads) = match d {
-        DType::F16 | DType::BF16 if words.div_ceil(GH_WORDS) <= GW_MAX_THREADS => {
-            (if d == DType::F16 { GEMV_F16W } else { GEMV_BF16W }, words.div_ceil(GH_WORDS))
-        }
-        DType::F16 | DType::BF16 if words.div_ceil(GH_LONG_WORDS).next_multiple_of(32) <= GH_LONG_THREADS => {
-            (if d == DType::F16 { GEMV_F16W_LONG } else { GEMV_BF16W_LONG }, words.div_ceil(GH_LONG_WORDS))
-        }
+    // [short rows, long rows]
+    let kernels = match d {
+        DType::F16 => [GEMV_F16W, GEMV_F16W_LONG],
+        DType::BF16 => [GEMV_BF16W, GEMV_BF16W_LONG],
+        DType::F32 if a.ne[0] >= F32W_MIN_K && f32_words() => [GEMV_F32W, GEMV_F32W_LONG],
         _ => return None,
+    };
+    let words = d.row_bytes(a.ne[0] as usize)? as u64 / 16;
+    let (kernel, threads) = if words.div_ceil(GH_WORDS) <= GW_MAX_THREADS {
+        (kernels[0], words.div_ceil(GH_WORDS))
+    } else if words.div_ceil(GH_LONG_WORDS).next_multiple_of(32) <= GH_LONG_THREADS {
+        (kernels[1], words.div_ceil(GH_LONG_WORDS))
+    } else {
+        return None;
     };
     Some((kernel, threads.next_multiple_of(32) as u32))
 }
 
-/// The decode GEMV over whole words: `gemv_f16w` / `gemv_bf16w[_long]` after `pack_b`, on a grid
-/// of the blocks that fit the GPU at once.
+/// The decode GEMV over whole words: `gemv_f16w` / `gemv_bf16w` / `gemv_f32w` (`[_long]`) on a
+/// grid of the blocks that fit the GPU at once, reading the activations where they are when
+/// they are one dense row already (`packed_already`), else after `pack_b` (a launch more).
 pub(super) fn gemv_words(
     cx: &mut Cx<'_>,
     a: TensorArg,
@@ -380,15 +417,21 @@ pub(super) fn gemv_words(
     out: TensorArg,
     (kernel, threads): (Kernel, u32),
 ) -> Result<(), BackendError> {
-    let x = cx.scratch;
-    pack_b(cx, b, x, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
+    let x = match packed_already(&b) {
+        Some(_) => b.data,
+        None => {
+            pack_b(cx, b, cx.scratch, 0, 0, 0, packed_len(b.ne[0] as usize) as i64)?;
+            cx.scratch
+        }
+    };
     let resident = cx.resident_blocks(kernel, threads, 0)?;
     let grid = ((a.ne[1] as u64).div_ceil(GW_R).min(resident).max(1) as u32, 1, 1);
     let mut args = cx.kernel(kernel)?;
     args.arg(&a).arg(&x).arg(&out);
-    // SAFETY: `gemv_f16w` / `gemv_bf16w[_long](a, x, out)`: a is one [k, M] f16 / bf16 matrix of
-    // 16-byte aligned rows of whole words, row_bytes / 16 <= words a thread * threads, threads <=
-    // the kernel's launch bound (`word_gemv`); x holds one `pack_b` f32 row of k values in scratch
+    // SAFETY: `gemv_f16w` / `gemv_bf16w` / `gemv_f32w[_long](a, x, out)`: a is one [k, M] f16 /
+    // bf16 / f32 matrix (the kernel's type) of 16-byte aligned rows of whole words, row_bytes /
+    // 16 <= words a thread * threads, threads <= the kernel's launch bound (`word_gemv`); x is one
+    // dense f32 row of k values: b itself (`packed_already`) or its `pack_b` copy in scratch
     // (scratch_bytes). Row reads are clamped to row M - 1; out is [M, 1, 1, 1] f32.
     unsafe { args.launch(config(grid, (threads, 1, 1), 0)) }?;
     Ok(())
@@ -400,8 +443,17 @@ mod tests {
 
     #[test]
     fn its_kernels_are_entry_points_of_gemv_one_cu() {
-        let words = [GEMV_F16W, GEMV_BF16W, GEMV_F16W_LONG, GEMV_BF16W_LONG, GEMV_RING_NVFP4_PRODUCER];
-        for &k in GEMV_RING.iter().flatten().chain(MOE_RING.iter().flatten()).chain(&words) {
+        let words = [
+            GEMV_F16W,
+            GEMV_BF16W,
+            GEMV_F16W_LONG,
+            GEMV_BF16W_LONG,
+            GEMV_F32W,
+            GEMV_F32W_LONG,
+            GEMV_RING_NVFP4_PRODUCER,
+        ];
+        let rings = GEMV_RING.iter().chain(&GEMV_RING_T2).flatten();
+        for &k in rings.chain(MOE_RING.iter().flatten()).chain(&words) {
             assert!(super::super::defined_in_its_module(k), "{k:?}");
         }
     }
@@ -415,6 +467,34 @@ mod tests {
     /// One f32 activation row of k values.
     fn activations(k: usize) -> TensorArg {
         TensorArg { data: 1 << 30, ne: [k as i64, 1, 1, 1], nb: [4, 4 * k as i64, 4 * k as i64, 4 * k as i64] }
+    }
+
+    #[test]
+    fn word_gemvs_take_half_rows_and_long_f32_rows() {
+        let plain = |d: DType, k: usize, m: usize| {
+            let row = d.row_bytes(k).unwrap() as i64;
+            TensorArg {
+                data: 1 << 20,
+                ne: [k as i64, m as i64, 1, 1],
+                nb: [d.block_bytes() as i64, row, row * m as i64, row * m as i64],
+            }
+        };
+        // the stacked router: 512 words of 4 floats, 2 a thread
+        assert_eq!(word_gemv(&plain(DType::F32, 2048, 260), DType::F32, &activations(2048)), Some((GEMV_F32W, 256)));
+        // 1280 words: 5 a thread
+        assert_eq!(
+            word_gemv(&plain(DType::F32, 5120, 512), DType::F32, &activations(5120)),
+            Some((GEMV_F32W_LONG, 256))
+        );
+        // short f32 rows stay on gemv_warp; f16 as before
+        assert_eq!(word_gemv(&plain(DType::F32, 512, 64), DType::F32, &activations(512)), None);
+        assert_eq!(word_gemv(&plain(DType::F16, 2048, 64), DType::F16, &activations(2048)), Some((GEMV_F16W, 128)));
+        assert_eq!(
+            word_gemv(&plain(DType::BF16, 17408, 64), DType::BF16, &activations(17408)),
+            Some((GEMV_BF16W_LONG, 448))
+        );
+        assert_eq!(word_gemv(&plain(DType::F16, 32768, 64), DType::F16, &activations(32768)), None);
+        assert_eq!(word_gemv(&plain(DType::BF16, 5120, 64), DType::BF16, &activations(5120)), Some((GEMV_BF16W, 320)));
     }
 
     #[test]
@@ -457,13 +537,34 @@ mod tests {
                 }
             }
         }
-        // not one token, or rows that are not contiguous: no plan
-        let mut two = activations(5120);
-        two.ne[1] = 2;
-        assert!(gemv_ring_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &two, 232_448, 3, true).is_none());
+        // more than two tokens, or rows that are not contiguous: no plan
+        let mut three = activations(5120);
+        three.ne[1] = 3;
+        assert!(gemv_ring_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &three, 232_448, 3, true).is_none());
         let mut strided = weights(DType::Q8_0, 5120, 64);
         strided.nb[1] += 16;
         assert!(gemv_ring_plan(&strided, DType::Q8_0, &activations(5120), 232_448, 3, true).is_none());
+    }
+
+    #[test]
+    fn two_token_ring_plans_fit_without_a_producer_and_stage_both_tokens() {
+        for (stages, max_shared, bulk) in [(3, 232_448, true), (4, 232_448, true), (3, 166_912, false)] {
+            for d in [DType::Q8_0, DType::NvFp4] {
+                for (k, m) in [(2048, 8192), (4096, 2048), (5120, 17408), (2048, 512)] {
+                    let mut b = activations(k);
+                    b.ne[1] = 2;
+                    let plan = gemv_ring_plan(&weights(d, k, m), d, &b, max_shared, stages, bulk)
+                        .unwrap_or_else(|| panic!("no plan for {d:?} k={k} stages={stages}"));
+                    assert_eq!((plan.tokens, plan.producer), (2, false), "{plan:?}");
+                    assert!(plan.threads as usize <= GR_MAX_THREADS_T2, "{plan:?}");
+                    assert!(plan.groups as usize * k / 64 <= plan.threads as usize, "{plan:?}");
+                    assert!(plan.shared as usize + GR_STATIC_SHARED <= max_shared, "{plan:?}");
+                    // both tokens' staged activations fit over the last stage and the partials
+                    let stage = plan.rows_stage as usize * k / 64 * if d == DType::Q8_0 { 68 } else { 36 };
+                    assert!(2 * k / 64 * GR_XSTRIDE <= plan.shared as usize - (stages - 1) * stage, "{plan:?}");
+                }
+            }
+        }
     }
 
     #[test]

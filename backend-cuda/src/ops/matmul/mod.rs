@@ -28,14 +28,16 @@
 //!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
-//!   0), and each of 2-4 tokens in turn where `dense_mma` does not take them
-//!   (`RING_PER_TOKEN_MAX`), takes the ring GEMV `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*`
-//!   (`gemv_ring_plan`): rows streamed through a ring of shared-memory stages (bulk copies on
-//!   sm_90+), a thread per 64-value unit of the row with its activations quantized in the kernel
-//!   and kept in registers, int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of
-//!   16-byte words takes `gemv_f16w` / `gemv_bf16w[_long]` the same way (after `pack_b`), 2 or 5
-//!   words a thread. Both come closer to the copy bandwidth at one token than the GEMVs before
-//!   them (docs/perf-log/kernels-matmul.md).
+//!   0), and 2-4 tokens where `dense_mma` does not take them, two a launch
+//!   (`gemv_ring_columns`), take the ring GEMV `gemv_ring_q8_0[_t2]_s*` /
+//!   `gemv_ring_nvfp4[_t2]_s*` (`gemv_ring_plan`): rows streamed through a ring of shared-memory
+//!   stages (bulk copies on sm_90+), a thread per 64-value unit of the row with its activations
+//!   (of both tokens, `_t2_`) quantized in the kernel and kept in registers, int16 x int8
+//!   `dp2a`. One token against one f16 / bf16 matrix of 16-byte words (or f32 of rows of at least
+//!   1024 values: the MoE router) takes `gemv_f16w` / `gemv_bf16w` / `gemv_f32w` (`[_long]`) the
+//!   same way (the activations read in place when they are one dense row, else after `pack_b`),
+//!   2 or 5 words a thread. Both come closer to the copy bandwidth at one token than the GEMVs
+//!   before them (docs/perf-log/kernels-matmul.md).
 //! - **Tensor cores over rows read once** (2-32 tokens against contiguous q8_0 / nvfp4 matrices
 //!   of enough 32-row items: 16 a multiprocessor at 2 tokens, 1.5 at 3-16, 2 beyond; the `_n1`
 //!   entries up to 8 tokens): `moe_mma::dense_mma`, the matrix as one expert of `moe_mma_*` (rows
@@ -262,9 +264,57 @@ fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
     a.data.is_multiple_of(16) && row_bytes.is_multiple_of(16) && strides_ok
 }
 
-/// Most tokens for which mul_mat runs the one-token ring GEMV once per token (from 2) instead of
-/// `gemv_fast`.
-const RING_PER_TOKEN_MAX: i64 = 4;
+/// Most tokens for which mul_mat runs the ring GEMV (`gemv_ring_columns`: pairs of tokens, an
+/// odd last one alone) instead of `gemv_fast`.
+const RING_MAX_TOKENS: i64 = 4;
+
+/// Whether the ring GEMV takes tokens in pairs (the `_t2_` entries, each row read once for both):
+/// yes unless `TESSERA_RING_PAIRS=0` (read once a process), which runs every token alone, as
+/// before 2026-11-28.
+fn ring_pairs() -> bool {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    crate::launch::env_number(&SET, "TESSERA_RING_PAIRS") != Some(0)
+}
+
+/// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: pairs of tokens on its
+/// two-token entries, an odd last token (or every token, without `ring_pairs`) on the one-token
+/// ones; `None` where the ring does not take the matrix.
+fn gemv_ring_columns(
+    cx: &mut Cx<'_>,
+    a: TensorArg,
+    d: DType,
+    b: TensorArg,
+    out: TensorArg,
+) -> Option<Result<(), BackendError>> {
+    let n = b.ne[1];
+    if !(1..=RING_MAX_TOKENS).contains(&n) || b.ne[2] * b.ne[3] != 1 || out.ne[2] * out.ne[3] != 1 {
+        return None;
+    }
+    // columns i .. i + w of t
+    let cols = |t: &TensorArg, i: i64, w: i64| TensorArg {
+        data: t.data + (i * t.nb[1]) as u64,
+        ne: [t.ne[0], w, 1, 1],
+        nb: t.nb,
+    };
+    let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
+    let (bulk, shared) = (cx.info.compute_capability.0 >= 9, cx.info.max_shared_per_block);
+    let plan = |w: i64| gemv_ring_plan(&a, d, &cols(&b, 0, w), shared, stages, bulk);
+    let one = plan(1)?;
+    let two = if n >= 2 && ring_pairs() { plan(2) } else { None };
+    let mut run = || {
+        let mut i = 0;
+        while i < n {
+            let (w, p) = match two {
+                Some(p) if n - i >= 2 => (2, p),
+                _ => (1, one),
+            };
+            gemv_ring(cx, a, d, cols(&b, i, w), cols(&out, i, w), p)?;
+            i += w;
+        }
+        Ok(())
+    };
+    Some(run())
+}
 
 fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg) -> Result<(), BackendError> {
     if let Some((a, b, out)) = one_row_swapped(&a, d, &b, &out) {
@@ -307,23 +357,11 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     {
         return mul_mat_blas(cx, a, d, b, out);
     }
-    let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
-    let bulk = cx.info.compute_capability.0 >= 9;
-    if let Some(plan) = gemv_ring_plan(&a, d, &b, cx.info.max_shared_per_block, stages, bulk) {
-        return gemv_ring(cx, a, d, b, out, plan);
-    }
-    // 2-4 tokens against a matrix the ring GEMV takes (and `dense_mma` did not): the ring GEMV
-    // once per token. It reads the matrix once a token, yet beats `gemv_fast_2` / `_4`, whose
-    // loads of the activations for each 16-value unit bound them (docs/perf-log/kernels-matmul.md).
-    if (2..=RING_PER_TOKEN_MAX).contains(&n) && b.ne[2] * b.ne[3] == 1 && out.ne[2] * out.ne[3] == 1 {
-        let column =
-            |t: &TensorArg, i: i64| TensorArg { data: t.data + (i * t.nb[1]) as u64, ne: [t.ne[0], 1, 1, 1], nb: t.nb };
-        if let Some(plan) = gemv_ring_plan(&a, d, &column(&b, 0), cx.info.max_shared_per_block, stages, bulk) {
-            for i in 0..n {
-                gemv_ring(cx, a, d, column(&b, i), column(&out, i), plan)?;
-            }
-            return Ok(());
-        }
+    // 1-4 tokens against a matrix the ring GEMV takes (and, from 2, `dense_mma` did not): the
+    // ring GEMV, two tokens a launch. Even once a token it beat `gemv_fast_2` / `_4`, whose loads
+    // of the activations for each 16-value unit bound them (docs/perf-log/kernels-matmul.md).
+    if let Some(done) = gemv_ring_columns(cx, a, d, b, out) {
+        return done;
     }
     if let Some(kernel) = word_gemv(&a, d, &b) {
         return gemv_words(cx, a, b, out, kernel);
