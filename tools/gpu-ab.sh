@@ -2,11 +2,13 @@
 # Kernel variants against each other in one GPU-machine call: the same binaries run with each
 # variant's kernel sources (TESSERA_KERNEL_DIR; "-" for the sources built in), or a variant's own
 # binaries ("@DIR": a host-side change, with the kernels built into them), or the same binaries
-# with settings in the environment ("%NAME=VALUE[,NAME=VALUE]", e.g. narrow=%TESSERA_MMQ_WIDE=0),
+# with settings in the environment ("%NAME=VALUE[,NAME=VALUE]", e.g. narrow=%TESSERA_MMQ_WIDE=0; a
+# value may hold commas: a comma starts the next setting only before NAME=),
 # alternated REPS times, so that every figure of the table was taken in the same call on the same
 # device (variant names: letters, digits, "_" and "-"). "@DIR+KDIR" runs DIR's binaries with the
-# kernel sources of KDIR (a host change measured against an older tree's kernels). Settings may follow any of these after a "%": "KDIR%NAME=VALUE"
-# runs KDIR's kernels with that setting (e.g. pairs=.gpu/kv/new%TESSERA_FA_PAIR=1).
+# kernel sources of KDIR (a host change measured against an older tree's kernels). Settings may
+# follow any of these after a "%": "KDIR%NAME=VALUE" runs KDIR's kernels with that setting (e.g.
+# pairs=.gpu/kv/new%TESSERA_FA_PAIR=1).
 #
 #   VARIANTS='old=.gpu/kold new=-' EVAL='mul_mat_id' \
 #   PERF='mul_mat_id b=[2048,1,32,1]|mul_mat_id b=[2048,1,512,1]' \
@@ -70,7 +72,9 @@ use() {  # use VARIANT: its binaries in $B, TESSERA_KERNEL_DIR at its sources, i
     esac
     if [ -n "$settings" ]; then
         local list
-        IFS=',' read -ra list <<< "$settings"
+        # split at the commas that start the next NAME=: a value may hold commas
+        # (TESSERA_DISABLE_PASSES=a,b)
+        mapfile -t list < <(printf '%s\n' "$settings" | sed -E 's/,([A-Z_][A-Z0-9_]*=)/\n\1/g')
         for e in "${list[@]}"; do
             export "${e?}"
             ENV_SET="$ENV_SET ${e%%=*}"
