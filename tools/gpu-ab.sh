@@ -147,7 +147,7 @@ fi
 if grep -qE '^[a-z0-9_-]+ \| (pp|tg)' "$LOG"; then
     # the bench rows: every run's ms a step, then their mean, per case and variant
     log ""
-    log "tessera bench, ms a step (each run; mean)"
+    log "tessera bench, ms a step (each run; mean; after the first variant, its mean over the first's)"
     grep -E '^[a-z0-9_-]+ \| (pp|tg)' "$LOG" | python3 -c '
 import statistics, sys
 names = sys.argv[1].split()
@@ -158,8 +158,14 @@ for line in sys.stdin:
 print("| case | " + " | ".join(names) + " |")
 print("| --- |" + " ---: |" * len(names))
 for case, by in runs.items():
-    row = [" / ".join(f"{x:.3f}" for x in by[n]) + f" ({statistics.mean(by[n]):.3f})" if n in by else "" for n in names]
-    print(f"| {case} | " + " | ".join(row) + " |")
+    base = statistics.mean(by[names[0]]) if names[0] in by else None
+    def cell(n):
+        if n not in by:
+            return ""
+        mean = statistics.mean(by[n])
+        ratio = f", {mean / base:.3f}x" if base and n != names[0] else ""
+        return " / ".join(f"{x:.3f}" for x in by[n]) + f" ({mean:.3f}{ratio})"
+    print(f"| {case} | " + " | ".join(cell(n) for n in names) + " |")
 ' "$(for v in $VARIANTS; do name "$v"; done | tr '\n' ' ')" | tee -a "$LOG"
 fi
 rm -rf "$RAW"
