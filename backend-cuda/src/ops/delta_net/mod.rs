@@ -321,11 +321,11 @@ fn decode_fused_max() -> i64 {
 /// Whether gated_delta_net_fused runs as the one `gdn_decode_fused` launch: at most
 /// `decode_fused_max` sequences, each short (dense single tokens, or a ragged batch of no more
 /// tokens than that, nor than its sequences or 4: a decode step's bucket, never a prompt's
-/// chunk beyond 4 tokens, which would run token by token in one block), 128-key heads, a 16-byte aligned state and qk rows as gdn_n4_vec and its
-/// float4 loads need. Each block checks all the offsets and slots, once for the sequences it
-/// takes (`decode_fused`: a grid of at most the blocks the device holds at once); with a block a
-/// sequence, eight sequences lost 6% to the three launches (one sequence: 11.0 -> 5.9 us on an
-/// H200; docs/perf-log/delta-net.md).
+/// chunk beyond 4 tokens, which would run token by token in one block), 128-key heads, a
+/// 16-byte aligned state and qk rows as gdn_n4_vec and its float4 loads need. Each block checks
+/// all the offsets and slots once for the sequences it takes (`decode_fused`: a grid of at most
+/// the blocks the device holds at once), which is what limits it to a few sequences
+/// (docs/perf-log/delta-net.md).
 fn decode_fused_fits(p: &GatedDeltaNetFusedParams, qk: &TensorArg, state: &TensorArg, slots: &TensorArg) -> bool {
     let aligned = |t: &TensorArg| t.data.is_multiple_of(16) && t.nb[0] == 4 && t.nb[1..].iter().all(|b| b % 16 == 0);
     let (n_t, max) = (qk.ne[2], decode_fused_max());
