@@ -38,9 +38,9 @@
 // as unsigned bytes, 4 dp2a per word (the +128 is taken back by a per-sub-block constant folded
 // into the dot's start), 4 UE4M3 scales decoded as f16.
 
-// TAG(gemv-ring-consts): GR_MAX_THREADS, GR_MAX_THREADS_NVFP4, GR_MAX_THREADS_T2 and GR_XSTRIDE are mirrored in
-// src/ops/matmul/gemv_one.rs. nvfp4, bound by its arithmetic, takes more warps (96 registers fit
-// 640 threads): 8 groups of 80 units instead of 7 at k = 5120.
+// TAG(gemv-ring-consts): GR_MAX_THREADS, GR_MAX_THREADS_NVFP4, GR_MAX_THREADS_T2 and GR_XSTRIDE
+// are mirrored in src/ops/matmul/gemv_one.rs. nvfp4, bound by its arithmetic, takes more warps
+// (96 registers fit 640 threads): 8 groups of 80 units instead of 7 at k = 5120.
 #define GR_MAX_THREADS 576
 #define GR_MAX_THREADS_NVFP4 640
 // The two-token entries' (`_t2_`): their second token's 37 words of activations take registers.
