@@ -966,28 +966,16 @@ __device__ __forceinline__ void gemv_word_rows(Tensor a, const float* x, Tensor 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f16w(Tensor a, const float* x, Tensor out) {
-    grid_begin();
-    gemv_word_rows<DT_F16, 2, GW_R>(a, x, out);
-}
-extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_bf16w(Tensor a, const float* x, Tensor out) {
-    grid_begin();
-    gemv_word_rows<DT_BF16, 2, GW_R>(a, x, out);
-}
-extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_f16w_long(Tensor a, const float* x, Tensor out) {
-    grid_begin();
-    gemv_word_rows<DT_F16, 5, 2>(a, x, out);
-}
-extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_bf16w_long(Tensor a, const float* x, Tensor out) {
-    grid_begin();
-    gemv_word_rows<DT_BF16, 5, 2>(a, x, out);
-}
-extern "C" __global__ void __launch_bounds__(GW_MAX_THREADS) gemv_f32w(Tensor a, const float* x, Tensor out) {
-    grid_begin();
-    gemv_word_rows<DT_F32, 2, GW_R>(a, x, out);
-}
-extern "C" __global__ void __launch_bounds__(GH_LONG_THREADS) gemv_f32w_long(Tensor a, const float* x, Tensor out) {
-    grid_begin();
-    gemv_word_rows<DT_F32, 5, 2>(a, x, out);
-}
+// The entry points: WORDS words a thread (2, or 5 for long rows), R rows a step.
+#define GW_ENTRY(NAME, DT, WORDS, R, THREADS)                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(Tensor a, const float* x, Tensor out) { \
+        grid_begin();                                                                                \
+        gemv_word_rows<DT, WORDS, R>(a, x, out);                                                     \
+    }
+GW_ENTRY(gemv_f16w, DT_F16, 2, GW_R, GW_MAX_THREADS)
+GW_ENTRY(gemv_bf16w, DT_BF16, 2, GW_R, GW_MAX_THREADS)
+GW_ENTRY(gemv_f16w_long, DT_F16, 5, 2, GH_LONG_THREADS)
+GW_ENTRY(gemv_bf16w_long, DT_BF16, 5, 2, GH_LONG_THREADS)
+GW_ENTRY(gemv_f32w, DT_F32, 2, GW_R, GW_MAX_THREADS)
+GW_ENTRY(gemv_f32w_long, DT_F32, 5, 2, GH_LONG_THREADS)
 

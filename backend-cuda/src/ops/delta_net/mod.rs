@@ -22,8 +22,8 @@ const CHECK_SLOTS: Kernel = Kernel::new(Module::DeltaNet, "gdn_check_slots");
 const INPUT_PREP: Kernel = Kernel::new(Module::DeltaNet, "gdn_input_prep");
 const DECODE_FUSED: Kernel = Kernel::new(Module::DeltaNet, "gdn_decode_fused");
 /// The most sequences (and ragged tokens) `gdn_decode_fused` takes by default
-/// (`decode_fused_max`): it gained at 8 sequences and lost 11% to the three launches at 32 on an
-/// H200 (docs/perf-log/delta-net.md).
+/// (`decode_fused_max`): as far as it measured faster than the three launches
+/// (docs/perf-log/delta-net.md).
 const DECODE_FUSED_SEQS: i64 = 8;
 /// gdn_input_prep's block size (norm.cuh's sub-row walk assumes 256).
 const PREP_THREADS: u32 = 256;

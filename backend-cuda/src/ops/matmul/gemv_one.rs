@@ -126,10 +126,10 @@ pub(super) struct RingPlan {
 /// == 0 (rows of whole 16-byte pieces), at most `GR_MAX_THREADS` (nvfp4: `GR_MAX_THREADS_NVFP4`)
 /// 64-value units a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer
 /// groups, until they do). Groups: as many as those threads hold; rows a stage: about
-/// `GR_STAGE_BYTES`, a multiple of groups. With bulk copies (`bulk`, sm_90+) and 3 stages in flight (`stages` 4, the
-/// H200) nvfp4 takes a producer warp where the threads have a warp to spare beside the groups:
-/// long rows (one token only). Taking a group for it, giving one to q8_0, or one with 2 stages in
-/// flight (the H100) were slower (docs/perf-log/kernels-matmul.md).
+/// `GR_STAGE_BYTES`, a multiple of groups. With bulk copies (`bulk`, sm_90+) and 3 stages in
+/// flight (`stages` 4, the H200) nvfp4 takes a producer warp where the threads have a warp to
+/// spare beside the groups: long rows (one token only). Taking a group for it, giving one to
+/// q8_0, or one with 2 stages in flight (the H100) were slower (docs/perf-log/kernels-matmul.md).
 pub(super) fn gemv_ring_plan(
     a: &TensorArg,
     d: DType,
