@@ -40,6 +40,11 @@ const GEMV_RING_T2: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s4")],
     [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s4")],
 ];
+/// The four-token entries: `[q8_0, nvfp4][3 stages, 4]`.
+const GEMV_RING_T4: [[Kernel; 2]; 2] = [
+    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s4")],
+    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s4")],
+];
 const GEMV_F16W: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w");
 const GEMV_BF16W: Kernel = Kernel::new(Module::GemvOne, "gemv_bf16w");
 const GEMV_F16W_LONG: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w_long");
@@ -73,11 +78,13 @@ const GW_MAX_THREADS: u64 = 512;
 const GW_R: u64 = 4;
 
 /// `gemv_ring_*` (gemv_one.cu): most threads a block (`GR_MAX_THREADS`, nvfp4's
-/// `GR_MAX_THREADS_NVFP4`, the two-token entries' `GR_MAX_THREADS_T2`), staged f32 activation
+/// `GR_MAX_THREADS_NVFP4`, the two- and four-token entries' `GR_MAX_THREADS_T2` and
+/// `GR_MAX_THREADS_T4`), staged f32 activation
 /// bytes per 64-value unit (`GR_XSTRIDE`). TAG(gemv-ring-consts)
 const GR_MAX_THREADS: usize = 576;
 const GR_MAX_THREADS_NVFP4: usize = 640;
 const GR_MAX_THREADS_T2: usize = 512;
+const GR_MAX_THREADS_T4: usize = 256;
 const GR_XSTRIDE: usize = 272;
 
 /// Bytes of weight rows a `gemv_ring_*` stage aims at: nvfp4 gets two rows a thread a stage
@@ -105,8 +112,8 @@ pub(super) fn gemv_ring_stages(bandwidth: u64) -> usize {
     if bandwidth >= GR_DEEP_BANDWIDTH { 4 } else { 3 }
 }
 
-/// How `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` run one product: tokens (1, or 2 on the `_t2_`
-/// entries), ring stages (`gemv_ring_stages`), threads a block, thread groups (each takes every
+/// How `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` run one product: tokens (1, or 2 / 4 on the
+/// `_t2_` / `_t4_` entries), ring stages (`gemv_ring_stages`), threads a block, thread groups (each takes every
 /// row of a stage once), rows a stage, whether a warp of its own copies and adds up (`producer`),
 /// dynamic shared memory bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,8 +127,9 @@ pub(super) struct RingPlan {
     shared: u32,
 }
 
-/// The `gemv_ring_*` plan when one takes the product: one token (or two, on the `_t2_` entries:
-/// `GR_MAX_THREADS_T2` threads, twice the partials and staged activations) against one q8_0 /
+/// The `gemv_ring_*` plan when one takes the product: one token (or two / four, on the `_t2_` /
+/// `_t4_` entries: at most `GR_MAX_THREADS_T2` / `GR_MAX_THREADS_T4` threads, every token's
+/// partials and staged activations) against one q8_0 /
 /// nvfp4 matrix of contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256
 /// == 0 (rows of whole 16-byte pieces), at most `GR_MAX_THREADS` (nvfp4: `GR_MAX_THREADS_NVFP4`)
 /// 64-value units a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer
@@ -139,13 +147,17 @@ pub(super) fn gemv_ring_plan(
     bulk: bool,
 ) -> Option<RingPlan> {
     let tokens = usize::try_from(b.ne[1]).ok()?;
-    let single = (1..=2).contains(&tokens) && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
+    let single = matches!(tokens, 1 | 2 | 4) && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     let (unit_bytes, max_threads) = match d {
         DType::Q8_0 => (2 * d.block_bytes(), GR_MAX_THREADS),
         DType::NvFp4 => (d.block_bytes(), GR_MAX_THREADS_NVFP4),
         _ => return None,
     };
-    let max_threads = if tokens == 2 { GR_MAX_THREADS_T2 } else { max_threads };
+    let max_threads = match tokens {
+        2 => GR_MAX_THREADS_T2,
+        4 => GR_MAX_THREADS_T4,
+        _ => max_threads,
+    };
     let k = usize::try_from(a.ne[0]).ok()?;
     let nu = k / 64;
     let row_bytes = nu * unit_bytes;
@@ -195,6 +207,8 @@ pub(super) fn gemv_ring(
         GEMV_RING_NVFP4_PRODUCER
     } else if plan.tokens == 2 {
         GEMV_RING_T2[usize::from(d == DType::NvFp4)][plan.stages - 3]
+    } else if plan.tokens == 4 {
+        GEMV_RING_T4[usize::from(d == DType::NvFp4)][plan.stages - 3]
     } else {
         GEMV_RING[usize::from(d == DType::NvFp4)][plan.stages - 3]
     };
@@ -205,15 +219,16 @@ pub(super) fn gemv_ring(
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
     // SAFETY: `gemv_ring_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
-    // threads <= GR_MAX_THREADS, GR_MAX_THREADS_NVFP4 or (two tokens) GR_MAX_THREADS_T2, the entry
-    // point's launch bound, with a whole warp beyond the groups' threads for the producer entry
-    // points (taken on sm_90+ only, one token) (`gemv_ring_plan`); block i copies (and on sm_90+
-    // prefetches into L2) whole 16-byte pieces of its rows [i M / grid, (i + 1) M / grid) only;
-    // `shared` holds plan.stages stages of rows_stage rows plus 2 (producer: stages + 1) x tokens x
-    // (rows_stage | 1) x k / 64 f32 partials, or the staged activations (tokens x k / 64 x
-    // GR_XSTRIDE bytes) if larger, and is within the device limit (raised above); b is the entry's
-    // 1 or 2 f32 columns of k values (plan.tokens == b.ne[1]) read through their strides (16-byte
-    // loads only where the kernel finds them aligned); out is [M, tokens] f32, written at rows < M.
+    // threads <= GR_MAX_THREADS, GR_MAX_THREADS_NVFP4 or (two / four tokens) GR_MAX_THREADS_T2 /
+    // GR_MAX_THREADS_T4, the entry point's launch bound, with a whole warp beyond the groups'
+    // threads for the producer entry points (taken on sm_90+ only, one token)
+    // (`gemv_ring_plan`); block i copies (and on sm_90+ prefetches into L2) whole 16-byte pieces
+    // of its rows [i M / grid, (i + 1) M / grid) only; `shared` holds plan.stages stages of
+    // rows_stage rows plus 2 (producer: stages + 1) x tokens x (rows_stage | 1) x k / 64 f32
+    // partials, or the staged activations (tokens x k / 64 x GR_XSTRIDE bytes) if larger, and is
+    // within the device limit (raised above); b is the entry's 1, 2 or 4 f32 columns of k values
+    // (plan.tokens == b.ne[1]) read through their strides (16-byte loads only where the kernel
+    // finds them aligned); out is [M, tokens] f32, written at rows < M.
     unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }?;
     Ok(())
 }
@@ -452,7 +467,7 @@ mod tests {
             GEMV_F32W_LONG,
             GEMV_RING_NVFP4_PRODUCER,
         ];
-        let rings = GEMV_RING.iter().chain(&GEMV_RING_T2).flatten();
+        let rings = GEMV_RING.iter().chain(&GEMV_RING_T2).chain(&GEMV_RING_T4).flatten();
         for &k in rings.chain(MOE_RING.iter().flatten()).chain(&words) {
             assert!(super::super::defined_in_its_module(k), "{k:?}");
         }
@@ -537,7 +552,7 @@ mod tests {
                 }
             }
         }
-        // more than two tokens, or rows that are not contiguous: no plan
+        // three tokens, or rows that are not contiguous: no plan
         let mut three = activations(5120);
         three.ne[1] = 3;
         assert!(gemv_ring_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &three, 232_448, 3, true).is_none());
@@ -563,6 +578,31 @@ mod tests {
                     let stage = plan.rows_stage as usize * k / 64 * if d == DType::Q8_0 { 68 } else { 36 };
                     assert!(2 * k / 64 * GR_XSTRIDE <= plan.shared as usize - (stages - 1) * stage, "{plan:?}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn four_token_ring_plans_fit_the_model_shapes_but_not_the_longest_rows() {
+        for (stages, max_shared, bulk) in [(3, 232_448, true), (4, 232_448, true), (3, 166_912, false)] {
+            for d in [DType::Q8_0, DType::NvFp4] {
+                for (k, m) in [(2048, 8192), (4096, 2048), (5120, 17408), (2048, 512)] {
+                    let mut b = activations(k);
+                    b.ne[1] = 4;
+                    let plan = gemv_ring_plan(&weights(d, k, m), d, &b, max_shared, stages, bulk)
+                        .unwrap_or_else(|| panic!("no plan for {d:?} k={k} stages={stages}"));
+                    assert_eq!((plan.tokens, plan.producer), (4, false), "{plan:?}");
+                    assert!(plan.threads as usize <= GR_MAX_THREADS_T4, "{plan:?}");
+                    assert!(plan.groups as usize * k / 64 <= plan.threads as usize, "{plan:?}");
+                    assert!(plan.shared as usize + GR_STATIC_SHARED <= max_shared, "{plan:?}");
+                    let stage = plan.rows_stage as usize * k / 64 * if d == DType::Q8_0 { 68 } else { 36 };
+                    assert!(4 * k / 64 * GR_XSTRIDE <= plan.shared as usize - (stages - 1) * stage, "{plan:?}");
+                }
+                // four tokens' staged activations of 272 units (296 KB) fit no device: the caller
+                // takes pairs
+                let mut b = activations(17408);
+                b.ne[1] = 4;
+                assert!(gemv_ring_plan(&weights(d, 17408, 5120), d, &b, 232_448, stages, bulk).is_none());
             }
         }
     }

@@ -28,12 +28,12 @@
 //!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
-//!   0), and 2-4 tokens where `dense_mma` does not take them, two a launch
-//!   (`gemv_ring_columns`), take the ring GEMV `gemv_ring_q8_0[_t2]_s*` /
-//!   `gemv_ring_nvfp4[_t2]_s*` (`gemv_ring_plan`): rows streamed through a ring of shared-memory
-//!   stages (bulk copies on sm_90+), a thread per 64-value unit of the row with its activations
-//!   (of both tokens, `_t2_`) quantized in the kernel and kept in registers, int16 x int8
-//!   `dp2a`. One token against one f16 / bf16 matrix of 16-byte words (or f32 of rows of at least
+//!   0), and 2-4 tokens where `dense_mma` does not take them, four or two a launch
+//!   (`gemv_ring_columns`), take the ring GEMV `gemv_ring_q8_0[_t2|_t4]_s*` /
+//!   `gemv_ring_nvfp4[_t2|_t4]_s*` (`gemv_ring_plan`): rows streamed through a ring of
+//!   shared-memory stages (bulk copies on sm_90+), a thread per 64-value unit of the row with its
+//!   activations (of every token of the launch) quantized in the kernel and kept in registers,
+//!   int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words (or f32 of rows of at least
 //!   1024 values: the MoE router) takes `gemv_f16w` / `gemv_bf16w` / `gemv_f32w` (`[_long]`) the
 //!   same way (the activations read in place when they are one dense row, else after `pack_b`),
 //!   2 or 5 words a thread. Both come closer to the copy bandwidth at one token than the GEMVs
@@ -264,8 +264,8 @@ fn rows_vectorizable(a: &TensorArg, d: DType) -> bool {
     a.data.is_multiple_of(16) && row_bytes.is_multiple_of(16) && strides_ok
 }
 
-/// Most tokens for which mul_mat runs the ring GEMV (`gemv_ring_columns`: pairs of tokens, an
-/// odd last one alone) instead of `gemv_fast`.
+/// Most tokens for which mul_mat runs the ring GEMV (`gemv_ring_columns`) instead of
+/// `gemv_fast`.
 const RING_MAX_TOKENS: i64 = 4;
 
 /// Whether the ring GEMV takes tokens in pairs (the `_t2_` entries, each row read once for both):
@@ -276,9 +276,19 @@ fn ring_pairs() -> bool {
     crate::launch::env_number(&SET, "TESSERA_RING_PAIRS") != Some(0)
 }
 
-/// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: pairs of tokens on its
-/// two-token entries, an odd last token (or every token, without `ring_pairs`) on the one-token
-/// ones; `None` where the ring does not take the matrix.
+/// Whether the ring GEMV takes four tokens in one launch (the `_t4_` entries) where it has a
+/// plan for them: yes unless `TESSERA_RING_QUADS=0` (read once a process), which runs them as
+/// two pairs.
+fn ring_quads() -> bool {
+    static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    crate::launch::env_number(&SET, "TESSERA_RING_QUADS") != Some(0)
+}
+
+/// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: four tokens on its
+/// four-token entries where they have a plan (not the longest rows: four tokens' staged
+/// activations must fit shared memory), else pairs of tokens on the two-token entries and an odd
+/// last token (or every token, without `ring_pairs`) on the one-token ones; `None` where the ring
+/// does not take the matrix.
 fn gemv_ring_columns(
     cx: &mut Cx<'_>,
     a: TensorArg,
@@ -300,8 +310,12 @@ fn gemv_ring_columns(
     let (bulk, shared) = (cx.info.compute_capability.0 >= 9, cx.info.max_shared_per_block);
     let plan = |w: i64| gemv_ring_plan(&a, d, &cols(&b, 0, w), shared, stages, bulk);
     let one = plan(1)?;
+    let four = if n == 4 && ring_quads() { plan(4) } else { None };
     let two = if n >= 2 && ring_pairs() { plan(2) } else { None };
     let mut run = || {
+        if let Some(p) = four {
+            return gemv_ring(cx, a, d, b, out, p);
+        }
         let mut i = 0;
         while i < n {
             let (w, p) = match two {
