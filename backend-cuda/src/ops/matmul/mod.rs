@@ -39,11 +39,11 @@
 //!   2 or 5 words a thread. Both come closer to the copy bandwidth at one token than the GEMVs
 //!   before them (docs/perf-log/kernels-matmul.md).
 //! - **Tensor cores over rows read once** (2-32 tokens against contiguous q8_0 / nvfp4 matrices
-//!   of enough 32-row items: 16 a multiprocessor at 2 tokens, 1.5 at 3-16, 2 beyond; the `_n1`
-//!   entries up to 8 tokens): `moe_mma::dense_mma`, the matrix as one expert of `moe_mma_*` (rows
-//!   streamed through shared memory, each row read once for every token), where `gemv_fast`'s
-//!   dp4a work grows with the tokens and mmq's 128-column tiles would multiply mostly padding
-//!   (`dense_mma_limits`).
+//!   of enough 32-row items: 16 a multiprocessor at 2 tokens (and at 4 where the ring GEMV's
+//!   `_t4_` entries take the matrix), 1.5 at 3-16, 2 beyond; the `_n1` entries up to 8 tokens):
+//!   `moe_mma::dense_mma`, the matrix as one expert of `moe_mma_*` (rows streamed through shared
+//!   memory, each row read once for every token), where `gemv_fast`'s dp4a work grows with the
+//!   tokens and mmq's 128-column tiles would multiply mostly padding (`dense_mma_limits`).
 //! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes; one f32 weight matrix of
 //!   16-byte aligned rows against such columns (K % 4 == 0) `gemm_f32`: tensor cores in split
 //!   tf32 (3xTF32, about 21 significant bits a product), 64 x 64 tiles, K split over the blocks
@@ -86,7 +86,9 @@ use tessera_ops::{DType, Op, TensorMeta};
 use self::blas::{blas_fits, blas_scratch, mul_mat_blas};
 use self::gemm_f32::{gemm_f32, gemm_f32_fits, gemm_f32_scratch};
 use self::gemv::{fast_gemv_fits, fast_rows, gemv_fast, gemv_fast_glu, gemv_warp, glu_gemv_fits, quant_x_bytes};
-use self::gemv_one::{MoeRingMode, gemv_ring, gemv_ring_plan, gemv_ring_stages, gemv_words, moe_rings, word_gemv};
+use self::gemv_one::{
+    MoeRingMode, RingPlan, gemv_ring, gemv_ring_plan, gemv_ring_stages, gemv_words, moe_rings, word_gemv,
+};
 use self::moe::{
     moe_decode, moe_decode_sum, moe_decode_taken, moe_mma_fits, moe_scratch, mul_mat_id, ring_tokens,
     weighted_decode_taken, weighted_slot_sum,
@@ -171,7 +173,11 @@ fn half_blas_tokens() -> i64 {
 /// to test it), 0 turns the path off; `TESSERA_DENSE_MMA_MAX=T` sets the most tokens (8 keeps
 /// mmq's tiles from 9 tokens, as before 2026-11-28) and `TESSERA_DENSE_MMA_MIN=T` the fewest (5
 /// keeps the ring GEMV once a token at 2-4 tokens, as before 2026-11-28's second change).
-fn dense_mma_limits(sms: usize, n: i64) -> (i64, i64, i64) {
+/// `quad_ring`: the product is 4 tokens that the ring GEMV's `_t4_` entries take; by default
+/// they then need as many items as 2 tokens do (only the widest matrices, such as the output
+/// projection, stay on `dense_mma`): one `_t4_` launch beat `dense_mma` at 8192 x 2048 and
+/// 17408 x 5120 (docs/perf-log/kernels-matmul.md).
+fn dense_mma_limits(sms: usize, n: i64, quad_ring: bool) -> (i64, i64, i64) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     static MAX: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     static MIN: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
@@ -182,7 +188,8 @@ fn dense_mma_limits(sms: usize, n: i64) -> (i64, i64, i64) {
         Some(items) => (items, 2, max),
         None => {
             let min = crate::launch::env_number(&MIN, "TESSERA_DENSE_MMA_MIN").unwrap_or(moe_mma::DENSE_MMA_MIN_TOKENS);
-            (moe_mma::dense_mma_min_items(sms as i64, n), min.max(moe_mma::DENSE_MMA_MIN_TOKENS), max)
+            let items = moe_mma::dense_mma_min_items(sms as i64, if quad_ring { 2 } else { n });
+            (items, min.max(moe_mma::DENSE_MMA_MIN_TOKENS), max)
         }
     }
 }
@@ -284,6 +291,12 @@ fn ring_quads() -> bool {
     crate::launch::env_number(&SET, "TESSERA_RING_QUADS") != Some(0)
 }
 
+/// The ring GEMV's plan for `a` against the columns `b` (1, 2 or 4) on this device.
+fn ring_plan(cx: &Cx<'_>, a: &TensorArg, d: DType, b: &TensorArg) -> Option<RingPlan> {
+    let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
+    gemv_ring_plan(a, d, b, cx.info.max_shared_per_block, stages, cx.info.compute_capability.0 >= 9)
+}
+
 /// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: four tokens on its
 /// four-token entries where they have a plan (not the longest rows: four tokens' staged
 /// activations must fit shared memory), else pairs of tokens on the two-token entries and an odd
@@ -306,9 +319,7 @@ fn gemv_ring_columns(
         ne: [t.ne[0], w, 1, 1],
         nb: t.nb,
     };
-    let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
-    let (bulk, shared) = (cx.info.compute_capability.0 >= 9, cx.info.max_shared_per_block);
-    let plan = |w: i64| gemv_ring_plan(&a, d, &cols(&b, 0, w), shared, stages, bulk);
+    let plan = |w: i64| ring_plan(cx, &a, d, &cols(&b, 0, w));
     let one = plan(1)?;
     let four = if n == 4 && ring_quads() { plan(4) } else { None };
     let two = if n >= 2 && ring_pairs() { plan(2) } else { None };
@@ -342,7 +353,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     // a few tokens against q8_0 / nvfp4 weights of enough rows: tensor cores over rows read once
     // (mmq's 128-column tiles would multiply mostly padding, and `gemv_fast` decode each unit once
     // a token)
-    let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n);
+    let quad_ring = n == 4 && ring_quads() && ring_plan(cx, &a, d, &b).is_some();
+    let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n, quad_ring);
     if (min_tokens..=max_tokens).contains(&n)
         && min_items > 0
         && let Some(done) = moe_mma::dense_mma(cx, a, d, b, out, min_items, min_tokens)
