@@ -39,14 +39,15 @@
 // into the dot's start), 4 UE4M3 scales decoded as f16.
 
 // TAG(gemv-ring-consts): GR_MAX_THREADS, GR_MAX_THREADS_NVFP4, GR_MAX_THREADS_T2,
-// GR_MAX_THREADS_T4 and GR_XSTRIDE are mirrored in src/ops/matmul/gemv_one.rs. nvfp4, bound by its arithmetic, takes more warps
-// (96 registers fit 640 threads): 8 groups of 80 units instead of 7 at k = 5120.
+// GR_MAX_THREADS_T4 and GR_XSTRIDE are mirrored in src/ops/matmul/gemv_one.rs. nvfp4, bound by
+// its arithmetic, takes more warps (96 registers fit 640 threads): 8 groups of 80 units instead
+// of 7 at k = 5120.
 #define GR_MAX_THREADS 576
 #define GR_MAX_THREADS_NVFP4 640
 // The two-token entries' (`_t2_`): their second token's 37 words of activations take registers.
 #define GR_MAX_THREADS_T2 512
-// The four-token entries' (`_t4_`): 4 x 37 words of activations a thread (at 288 threads or more
-// ptxas held them to 168 registers and spilled).
+// The three- and four-token entries' (`_t3_`, `_t4_`): 3 or 4 x 37 words of activations a thread
+// (at 288 threads or more ptxas held the four-token ones to 168 registers and spilled).
 #define GR_MAX_THREADS_T4 256
 // Bytes of staged f32 activations per 64-value unit: 256 and 16 of padding, so that the
 // threads' 16-byte reads of their own units spread over all banks.
@@ -650,7 +651,11 @@ GR_ENTRY(gemv_ring_q8_0_t2_s3, DT_Q8_0, 3, false, 2, GR_MAX_THREADS_T2)
 GR_ENTRY(gemv_ring_q8_0_t2_s4, DT_Q8_0, 4, false, 2, GR_MAX_THREADS_T2)
 GR_ENTRY(gemv_ring_nvfp4_t2_s3, DT_NVFP4, 3, false, 2, GR_MAX_THREADS_T2)
 GR_ENTRY(gemv_ring_nvfp4_t2_s4, DT_NVFP4, 4, false, 2, GR_MAX_THREADS_T2)
-// four tokens (each row read once for all four)
+// three and four tokens (each row read once for all of them)
+GR_ENTRY(gemv_ring_q8_0_t3_s3, DT_Q8_0, 3, false, 3, GR_MAX_THREADS_T4)
+GR_ENTRY(gemv_ring_q8_0_t3_s4, DT_Q8_0, 4, false, 3, GR_MAX_THREADS_T4)
+GR_ENTRY(gemv_ring_nvfp4_t3_s3, DT_NVFP4, 3, false, 3, GR_MAX_THREADS_T4)
+GR_ENTRY(gemv_ring_nvfp4_t3_s4, DT_NVFP4, 4, false, 3, GR_MAX_THREADS_T4)
 GR_ENTRY(gemv_ring_q8_0_t4_s3, DT_Q8_0, 3, false, 4, GR_MAX_THREADS_T4)
 GR_ENTRY(gemv_ring_q8_0_t4_s4, DT_Q8_0, 4, false, 4, GR_MAX_THREADS_T4)
 GR_ENTRY(gemv_ring_nvfp4_t4_s3, DT_NVFP4, 3, false, 4, GR_MAX_THREADS_T4)

@@ -148,12 +148,18 @@ fn quantized(out: &mut Vec<Case>) {
         out.push(MulMat::new(type_a, 300, 2, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
         out.push(MulMat::new(type_a, 300, 2, 512).layouts(Layout::Contiguous, Layout::TRANSPOSED).case());
         out.push(MulMat::new(type_a, 700, 4, 1024).layouts(Layout::Contiguous, Layout::WINDOW).case());
-        // Two, three and four tokens over rows enough for several stages of a 1-token GEMV's
-        // ring a block (a backend may read each row once for two or four tokens, a third alone),
-        // and two and four tokens against rows of 272 units.
-        for (m, n, k) in
-            [(8200, 2, 2048), (5000, 3, 1024), (8200, 4, 2048), (2050, 4, 4096), (150, 2, 17408), (150, 4, 17408)]
-        {
+        // Two to four tokens over rows enough for several stages of a 1-token GEMV's ring a block
+        // (a backend may read each row once for all of them), and against rows of 272 units.
+        for (m, n, k) in [
+            (8200, 2, 2048),
+            (5000, 3, 1024),
+            (2050, 3, 4096),
+            (8200, 4, 2048),
+            (2050, 4, 4096),
+            (150, 2, 17408),
+            (150, 3, 17408),
+            (150, 4, 17408),
+        ] {
             out.push(MulMat::new(type_a, m, n, k).case());
         }
         // 2 to 8 tokens over enough rows for a backend to share each activation load among

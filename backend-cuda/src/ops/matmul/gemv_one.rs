@@ -40,7 +40,11 @@ const GEMV_RING_T2: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s4")],
     [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s4")],
 ];
-/// The four-token entries: `[q8_0, nvfp4][3 stages, 4]`.
+/// The three- and four-token entries: `[q8_0, nvfp4][3 stages, 4]`.
+const GEMV_RING_T3: [[Kernel; 2]; 2] = [
+    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t3_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t3_s4")],
+    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t3_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t3_s4")],
+];
 const GEMV_RING_T4: [[Kernel; 2]; 2] = [
     [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s4")],
     [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s4")],
@@ -112,10 +116,10 @@ pub(super) fn gemv_ring_stages(bandwidth: u64) -> usize {
     if bandwidth >= GR_DEEP_BANDWIDTH { 4 } else { 3 }
 }
 
-/// How `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` run one product: tokens (1, or 2 / 4 on the
-/// `_t2_` / `_t4_` entries), ring stages (`gemv_ring_stages`), threads a block, thread groups (each takes every
-/// row of a stage once), rows a stage, whether a warp of its own copies and adds up (`producer`),
-/// dynamic shared memory bytes.
+/// How `gemv_ring_q8_0_s*` / `gemv_ring_nvfp4_s*` run one product: tokens (1, or 2-4 on the
+/// `_t2_` / `_t3_` / `_t4_` entries), ring stages (`gemv_ring_stages`), threads a block, thread
+/// groups (each takes every row of a stage once), rows a stage, whether a warp of its own copies
+/// and adds up (`producer`), dynamic shared memory bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct RingPlan {
     tokens: usize,
@@ -127,7 +131,7 @@ pub(super) struct RingPlan {
     shared: u32,
 }
 
-/// The `gemv_ring_*` plan when one takes the product: one token (or two / four, on the `_t2_` /
+/// The `gemv_ring_*` plan when one takes the product: one token (or 2-4, on the `_t2_` / `_t3_` /
 /// `_t4_` entries: at most `GR_MAX_THREADS_T2` / `GR_MAX_THREADS_T4` threads, every token's
 /// partials and staged activations) against one q8_0 /
 /// nvfp4 matrix of contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256
@@ -147,7 +151,7 @@ pub(super) fn gemv_ring_plan(
     bulk: bool,
 ) -> Option<RingPlan> {
     let tokens = usize::try_from(b.ne[1]).ok()?;
-    let single = matches!(tokens, 1 | 2 | 4) && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
+    let single = (1..=4).contains(&tokens) && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     let (unit_bytes, max_threads) = match d {
         DType::Q8_0 => (2 * d.block_bytes(), GR_MAX_THREADS),
         DType::NvFp4 => (d.block_bytes(), GR_MAX_THREADS_NVFP4),
@@ -155,7 +159,7 @@ pub(super) fn gemv_ring_plan(
     };
     let max_threads = match tokens {
         2 => GR_MAX_THREADS_T2,
-        4 => GR_MAX_THREADS_T4,
+        3 | 4 => GR_MAX_THREADS_T4,
         _ => max_threads,
     };
     let k = usize::try_from(a.ne[0]).ok()?;
@@ -207,6 +211,8 @@ pub(super) fn gemv_ring(
         GEMV_RING_NVFP4_PRODUCER
     } else if plan.tokens == 2 {
         GEMV_RING_T2[usize::from(d == DType::NvFp4)][plan.stages - 3]
+    } else if plan.tokens == 3 {
+        GEMV_RING_T3[usize::from(d == DType::NvFp4)][plan.stages - 3]
     } else if plan.tokens == 4 {
         GEMV_RING_T4[usize::from(d == DType::NvFp4)][plan.stages - 3]
     } else {
@@ -219,14 +225,14 @@ pub(super) fn gemv_ring(
     args.arg(&a).arg(&b).arg(&out).arg(&plan.groups).arg(&plan.rows_stage);
     // SAFETY: `gemv_ring_*(a, b, out, groups, rows_stage)`: a is one [k, M] q8_0 / nvfp4 matrix of
     // contiguous rows from a 16-byte aligned start, k % 256 == 0, k / 64 <= groups * (k / 64) <=
-    // threads <= GR_MAX_THREADS, GR_MAX_THREADS_NVFP4 or (two / four tokens) GR_MAX_THREADS_T2 /
-    // GR_MAX_THREADS_T4, the entry point's launch bound, with a whole warp beyond the groups'
-    // threads for the producer entry points (taken on sm_90+ only, one token)
+    // threads <= GR_MAX_THREADS, GR_MAX_THREADS_NVFP4 or (two / three or four tokens)
+    // GR_MAX_THREADS_T2 / GR_MAX_THREADS_T4, the entry point's launch bound, with a whole warp
+    // beyond the groups' threads for the producer entry points (taken on sm_90+ only, one token)
     // (`gemv_ring_plan`); block i copies (and on sm_90+ prefetches into L2) whole 16-byte pieces
     // of its rows [i M / grid, (i + 1) M / grid) only; `shared` holds plan.stages stages of
     // rows_stage rows plus 2 (producer: stages + 1) x tokens x (rows_stage | 1) x k / 64 f32
     // partials, or the staged activations (tokens x k / 64 x GR_XSTRIDE bytes) if larger, and is
-    // within the device limit (raised above); b is the entry's 1, 2 or 4 f32 columns of k values
+    // within the device limit (raised above); b is the entry's 1-4 f32 columns of k values
     // (plan.tokens == b.ne[1]) read through their strides (16-byte loads only where the kernel
     // finds them aligned); out is [M, tokens] f32, written at rows < M.
     unsafe { args.launch(config(grid, (plan.threads, 1, 1), plan.shared)) }?;
@@ -467,7 +473,7 @@ mod tests {
             GEMV_F32W_LONG,
             GEMV_RING_NVFP4_PRODUCER,
         ];
-        let rings = GEMV_RING.iter().chain(&GEMV_RING_T2).chain(&GEMV_RING_T4).flatten();
+        let rings = GEMV_RING.iter().chain(&GEMV_RING_T2).chain(&GEMV_RING_T3).chain(&GEMV_RING_T4).flatten();
         for &k in rings.chain(MOE_RING.iter().flatten()).chain(&words) {
             assert!(super::super::defined_in_its_module(k), "{k:?}");
         }
@@ -552,10 +558,10 @@ mod tests {
                 }
             }
         }
-        // three tokens, or rows that are not contiguous: no plan
-        let mut three = activations(5120);
-        three.ne[1] = 3;
-        assert!(gemv_ring_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &three, 232_448, 3, true).is_none());
+        // five tokens, or rows that are not contiguous: no plan
+        let mut five = activations(5120);
+        five.ne[1] = 5;
+        assert!(gemv_ring_plan(&weights(DType::Q8_0, 5120, 64), DType::Q8_0, &five, 232_448, 3, true).is_none());
         let mut strided = weights(DType::Q8_0, 5120, 64);
         strided.nb[1] += 16;
         assert!(gemv_ring_plan(&strided, DType::Q8_0, &activations(5120), 232_448, 3, true).is_none());
@@ -583,26 +589,30 @@ mod tests {
     }
 
     #[test]
-    fn four_token_ring_plans_fit_the_model_shapes_but_not_the_longest_rows() {
+    fn three_and_four_token_ring_plans_fit_the_model_shapes_but_not_the_longest_rows() {
         for (stages, max_shared, bulk) in [(3, 232_448, true), (4, 232_448, true), (3, 166_912, false)] {
             for d in [DType::Q8_0, DType::NvFp4] {
                 for (k, m) in [(2048, 8192), (4096, 2048), (5120, 17408), (2048, 512)] {
-                    let mut b = activations(k);
-                    b.ne[1] = 4;
-                    let plan = gemv_ring_plan(&weights(d, k, m), d, &b, max_shared, stages, bulk)
-                        .unwrap_or_else(|| panic!("no plan for {d:?} k={k} stages={stages}"));
-                    assert_eq!((plan.tokens, plan.producer), (4, false), "{plan:?}");
-                    assert!(plan.threads as usize <= GR_MAX_THREADS_T4, "{plan:?}");
-                    assert!(plan.groups as usize * k / 64 <= plan.threads as usize, "{plan:?}");
-                    assert!(plan.shared as usize + GR_STATIC_SHARED <= max_shared, "{plan:?}");
-                    let stage = plan.rows_stage as usize * k / 64 * if d == DType::Q8_0 { 68 } else { 36 };
-                    assert!(4 * k / 64 * GR_XSTRIDE <= plan.shared as usize - (stages - 1) * stage, "{plan:?}");
+                    for n in [3, 4] {
+                        let mut b = activations(k);
+                        b.ne[1] = n as i64;
+                        let plan = gemv_ring_plan(&weights(d, k, m), d, &b, max_shared, stages, bulk)
+                            .unwrap_or_else(|| panic!("no plan for {d:?} k={k} n={n} stages={stages}"));
+                        assert_eq!((plan.tokens, plan.producer), (n, false), "{plan:?}");
+                        assert!(plan.threads as usize <= GR_MAX_THREADS_T4, "{plan:?}");
+                        assert!(plan.groups as usize * k / 64 <= plan.threads as usize, "{plan:?}");
+                        assert!(plan.shared as usize + GR_STATIC_SHARED <= max_shared, "{plan:?}");
+                        let stage = plan.rows_stage as usize * k / 64 * if d == DType::Q8_0 { 68 } else { 36 };
+                        assert!(n * k / 64 * GR_XSTRIDE <= plan.shared as usize - (stages - 1) * stage, "{plan:?}");
+                    }
                 }
-                // four tokens' staged activations of 272 units (296 KB) fit no device: the caller
-                // takes pairs
-                let mut b = activations(17408);
-                b.ne[1] = 4;
-                assert!(gemv_ring_plan(&weights(d, 17408, 5120), d, &b, 232_448, stages, bulk).is_none());
+                // three or four tokens' staged activations of 272 units (222 / 296 KB) fit no
+                // device: the caller takes pairs
+                for n in [3, 4] {
+                    let mut b = activations(17408);
+                    b.ne[1] = n;
+                    assert!(gemv_ring_plan(&weights(d, 17408, 5120), d, &b, 232_448, stages, bulk).is_none());
+                }
             }
         }
     }

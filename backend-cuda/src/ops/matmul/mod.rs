@@ -28,22 +28,24 @@
 //!   activation load serves several rows) reading 16-value units straight from global memory;
 //!   quantized weights against activations quantized once per call to int16 (two int8 halves,
 //!   `quant_x`) with `dp4a`. One token against one contiguous q8_0 / nvfp4 matrix (k % 256 ==
-//!   0), and 2-4 tokens where `dense_mma` does not take them, four or two a launch
-//!   (`gemv_ring_columns`), take the ring GEMV `gemv_ring_q8_0[_t2|_t4]_s*` /
-//!   `gemv_ring_nvfp4[_t2|_t4]_s*` (`gemv_ring_plan`): rows streamed through a ring of
-//!   shared-memory stages (bulk copies on sm_90+), a thread per 64-value unit of the row with its
-//!   activations (of every token of the launch) quantized in the kernel and kept in registers,
-//!   int16 x int8 `dp2a`. One token against one f16 / bf16 matrix of 16-byte words (or f32 of rows of at least
-//!   1024 values: the MoE router) takes `gemv_f16w` / `gemv_bf16w` / `gemv_f32w` (`[_long]`) the
-//!   same way (the activations read in place when they are one dense row, else after `pack_b`),
-//!   2 or 5 words a thread. Both come closer to the copy bandwidth at one token than the GEMVs
-//!   before them (docs/perf-log/kernels-matmul.md).
+//!   0), and 2-4 tokens where `dense_mma` does not take them, in one launch (two pairs, or a pair
+//!   and one, where the rows are too long) (`gemv_ring_columns`), take the ring GEMV
+//!   `gemv_ring_q8_0[_t2|_t3|_t4]_s*` / `gemv_ring_nvfp4[_t2|_t3|_t4]_s*` (`gemv_ring_plan`):
+//!   rows streamed through a ring of shared-memory stages (bulk copies on sm_90+), a thread per
+//!   64-value unit of the row with its activations (of every token of the launch) quantized in
+//!   the kernel and kept in registers, int16 x int8 `dp2a`. One token against one f16 / bf16
+//!   matrix of 16-byte words (or f32 of rows of at least 1024 values: the MoE router) takes
+//!   `gemv_f16w` / `gemv_bf16w` / `gemv_f32w` (`[_long]`) the same way (the activations read in
+//!   place when they are one dense row, else after `pack_b`), 2 or 5 words a thread. Both come
+//!   closer to the copy bandwidth at one token than the GEMVs before them
+//!   (docs/perf-log/kernels-matmul.md).
 //! - **Tensor cores over rows read once** (2-32 tokens against contiguous q8_0 / nvfp4 matrices
-//!   of enough 32-row items: 16 a multiprocessor at 2 tokens (and at 4 where the ring GEMV's
-//!   `_t4_` entries take the matrix), 1.5 at 3-16, 2 beyond; the `_n1` entries up to 8 tokens):
-//!   `moe_mma::dense_mma`, the matrix as one expert of `moe_mma_*` (rows streamed through shared
-//!   memory, each row read once for every token), where `gemv_fast`'s dp4a work grows with the
-//!   tokens and mmq's 128-column tiles would multiply mostly padding (`dense_mma_limits`).
+//!   of enough 32-row items: 16 a multiprocessor at 2 tokens (and at 3-4 where the ring GEMV's
+//!   `_t3_` / `_t4_` entries take the matrix), 1.5 at 3-16, 2 beyond; the `_n1` entries up to 8
+//!   tokens): `moe_mma::dense_mma`, the matrix as one expert of `moe_mma_*` (rows streamed
+//!   through shared memory, each row read once for every token), where `gemv_fast`'s dp4a work
+//!   grows with the tokens and mmq's 128-column tiles would multiply mostly padding
+//!   (`dense_mma_limits`).
 //! - **GEMM** (`n > GEMV_MAX_N`): `mmq` for the weights it takes; one f32 weight matrix of
 //!   16-byte aligned rows against such columns (K % 4 == 0) `gemm_f32`: tensor cores in split
 //!   tf32 (3xTF32, about 21 significant bits a product), 64 x 64 tiles, K split over the blocks
@@ -173,11 +175,11 @@ fn half_blas_tokens() -> i64 {
 /// to test it), 0 turns the path off; `TESSERA_DENSE_MMA_MAX=T` sets the most tokens (8 keeps
 /// mmq's tiles from 9 tokens, as before 2026-11-28) and `TESSERA_DENSE_MMA_MIN=T` the fewest (5
 /// keeps the ring GEMV once a token at 2-4 tokens, as before 2026-11-28's second change).
-/// `quad_ring`: the product is 4 tokens that the ring GEMV's `_t4_` entries take; by default
-/// they then need as many items as 2 tokens do (only the widest matrices, such as the output
-/// projection, stay on `dense_mma`): one `_t4_` launch beat `dense_mma` at 8192 x 2048 and
+/// `wide_ring`: the product is 3 or 4 tokens that the ring GEMV's `_t3_` / `_t4_` entries take;
+/// by default they then need as many items as 2 tokens do (only the widest matrices, such as the
+/// output projection, stay on `dense_mma`): one `_t4_` launch beat `dense_mma` at 8192 x 2048 and
 /// 17408 x 5120 (docs/perf-log/kernels-matmul.md).
-fn dense_mma_limits(sms: usize, n: i64, quad_ring: bool) -> (i64, i64, i64) {
+fn dense_mma_limits(sms: usize, n: i64, wide_ring: bool) -> (i64, i64, i64) {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     static MAX: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     static MIN: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
@@ -188,7 +190,7 @@ fn dense_mma_limits(sms: usize, n: i64, quad_ring: bool) -> (i64, i64, i64) {
         Some(items) => (items, 2, max),
         None => {
             let min = crate::launch::env_number(&MIN, "TESSERA_DENSE_MMA_MIN").unwrap_or(moe_mma::DENSE_MMA_MIN_TOKENS);
-            let items = moe_mma::dense_mma_min_items(sms as i64, if quad_ring { 2 } else { n });
+            let items = moe_mma::dense_mma_min_items(sms as i64, if wide_ring { 2 } else { n });
             (items, min.max(moe_mma::DENSE_MMA_MIN_TOKENS), max)
         }
     }
@@ -283,9 +285,9 @@ fn ring_pairs() -> bool {
     crate::launch::env_number(&SET, "TESSERA_RING_PAIRS") != Some(0)
 }
 
-/// Whether the ring GEMV takes four tokens in one launch (the `_t4_` entries) where it has a
-/// plan for them: yes unless `TESSERA_RING_QUADS=0` (read once a process), which runs them as
-/// two pairs.
+/// Whether the ring GEMV takes three or four tokens in one launch (the `_t3_` / `_t4_` entries)
+/// where it has a plan for them: yes unless `TESSERA_RING_QUADS=0` (read once a process), which
+/// runs them as a pair and one token, or two pairs.
 fn ring_quads() -> bool {
     static SET: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     crate::launch::env_number(&SET, "TESSERA_RING_QUADS") != Some(0)
@@ -297,8 +299,8 @@ fn ring_plan(cx: &Cx<'_>, a: &TensorArg, d: DType, b: &TensorArg) -> Option<Ring
     gemv_ring_plan(a, d, b, cx.info.max_shared_per_block, stages, cx.info.compute_capability.0 >= 9)
 }
 
-/// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: four tokens on its
-/// four-token entries where they have a plan (not the longest rows: four tokens' staged
+/// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: three or four tokens on
+/// its `_t3_` / `_t4_` entries where they have a plan (not the longest rows: every token's staged
 /// activations must fit shared memory), else pairs of tokens on the two-token entries and an odd
 /// last token (or every token, without `ring_pairs`) on the one-token ones; `None` where the ring
 /// does not take the matrix.
@@ -321,10 +323,10 @@ fn gemv_ring_columns(
     };
     let plan = |w: i64| ring_plan(cx, &a, d, &cols(&b, 0, w));
     let one = plan(1)?;
-    let four = if n == 4 && ring_quads() { plan(4) } else { None };
+    let wide = if n >= 3 && ring_quads() { plan(n) } else { None };
     let two = if n >= 2 && ring_pairs() { plan(2) } else { None };
     let mut run = || {
-        if let Some(p) = four {
+        if let Some(p) = wide {
             return gemv_ring(cx, a, d, b, out, p);
         }
         let mut i = 0;
@@ -353,8 +355,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     // a few tokens against q8_0 / nvfp4 weights of enough rows: tensor cores over rows read once
     // (mmq's 128-column tiles would multiply mostly padding, and `gemv_fast` decode each unit once
     // a token)
-    let quad_ring = n == 4 && ring_quads() && ring_plan(cx, &a, d, &b).is_some();
-    let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n, quad_ring);
+    let wide_ring = (3..=4).contains(&n) && ring_quads() && ring_plan(cx, &a, d, &b).is_some();
+    let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n, wide_ring);
     if (min_tokens..=max_tokens).contains(&n)
         && min_items > 0
         && let Some(done) = moe_mma::dense_mma(cx, a, d, b, out, min_items, min_tokens)
