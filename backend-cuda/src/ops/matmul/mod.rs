@@ -293,7 +293,7 @@ fn ring_quads() -> bool {
     crate::launch::env_number(&SET, "TESSERA_RING_QUADS") != Some(0)
 }
 
-/// The ring GEMV's plan for `a` against the columns `b` (1, 2 or 4) on this device.
+/// The ring GEMV's plan for `a` against the columns `b` (1-4) on this device.
 fn ring_plan(cx: &Cx<'_>, a: &TensorArg, d: DType, b: &TensorArg) -> Option<RingPlan> {
     let stages = gemv_ring_stages(cx.info.peak_memory_bandwidth);
     gemv_ring_plan(a, d, b, cx.info.max_shared_per_block, stages, cx.info.compute_capability.0 >= 9)
