@@ -12,7 +12,7 @@
 #   $STAGE/bin/tessera-test-ops eval --backend cuda;  for t in $STAGE/test/*; do $t; done
 #   VARIANTS='a=@/path/other/bin b=-' bash $STAGE/gpu-ab.sh $STAGE/bin
 # Extra kernel folders for TESSERA_KERNEL_DIR variants: KDIRS="dir ..." compiles their CUBINs
-# into the same cache. Set CARGO_TARGET_DIR to reuse a build; NVRTC_DIR to a folder holding
+# into the same cache and packs the folders as $STAGE/kdir/NAME. Set CARGO_TARGET_DIR to reuse a build; NVRTC_DIR to a folder holding
 # libnvrtc.so.13 (else the nvidia-cuda-nvrtc 13.0 wheel is installed under /tmp).
 set -euo pipefail
 name=${1:?usage: tools/stage-gpu.sh NAME [PATCH ...]}
@@ -63,6 +63,11 @@ strip "$out"/stage/bin/* "$out"/stage/test/* 2>/dev/null || true
 for k in "$src/backend-cuda/kernels" ${KDIRS:-}; do
     LD_LIBRARY_PATH=$nvrtc TESSERA_KERNEL_DIR=$(realpath "$k") "$CARGO_TARGET_DIR/release/tessera-nvrtc-check" \
         --cache-dir "$out/stage/kcache" sm_90 | tail -1 >&2
+done
+# the extra kernel folders travel too: $STAGE/kdir/NAME for TESSERA_KERNEL_DIR (gpu-ab.sh's KDIR)
+for k in ${KDIRS:-}; do
+    mkdir -p "$out/stage/kdir"
+    cp -r "$(realpath "$k")" "$out/stage/kdir/$(basename "$k")"
 done
 cp "$top/tools/gpu-ab.sh" "$out/stage/"
 tar czf "$out/pack.tgz" -C "$out/stage" .
