@@ -80,4 +80,9 @@ export STAGE
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export TESSERA_KERNEL_CACHE=$STAGE/kcache RUST_BACKTRACE=1
 ENV
+# the patched worktree (and a build inside it) is no longer needed
+if [ "$src" != "$top" ]; then
+    cd "$top"
+    git worktree remove --force "$src"
+fi
 echo "stage-gpu: $(du -sh "$out/pack.tgz" | cut -f1) in $out (carry \".gpu/$name\")" >&2
