@@ -29,26 +29,27 @@ const MOE_RING: [[Kernel; 3]; 2] = [
     ],
 ];
 
-/// `gemv_ring_*` entry points: `[q8_0, nvfp4][3 stages, 4]`, and nvfp4's with a producer warp.
-const GEMV_RING: [[Kernel; 2]; 2] = [
-    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_s4")],
-    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s4")],
+/// `gemv_ring_*` entry points: `[tokens - 1][q8_0, nvfp4][3 stages, 4]` (from two tokens the
+/// `_tN_` entries, each row read once for all N), and nvfp4's one-token entry with a producer warp.
+const GEMV_RING: [[[Kernel; 2]; 2]; 4] = [
+    [
+        [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_s4")],
+        [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_s4")],
+    ],
+    [
+        [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s4")],
+        [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s4")],
+    ],
+    [
+        [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t3_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t3_s4")],
+        [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t3_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t3_s4")],
+    ],
+    [
+        [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s4")],
+        [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s4")],
+    ],
 ];
 const GEMV_RING_NVFP4_PRODUCER: Kernel = Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_producer_s4");
-/// The two-token entries (each row read once for both tokens): `[q8_0, nvfp4][3 stages, 4]`.
-const GEMV_RING_T2: [[Kernel; 2]; 2] = [
-    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t2_s4")],
-    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t2_s4")],
-];
-/// The three- and four-token entries: `[q8_0, nvfp4][3 stages, 4]`.
-const GEMV_RING_T3: [[Kernel; 2]; 2] = [
-    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t3_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t3_s4")],
-    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t3_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t3_s4")],
-];
-const GEMV_RING_T4: [[Kernel; 2]; 2] = [
-    [Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_q8_0_t4_s4")],
-    [Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s3"), Kernel::new(Module::GemvOne, "gemv_ring_nvfp4_t4_s4")],
-];
 const GEMV_F16W: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w");
 const GEMV_BF16W: Kernel = Kernel::new(Module::GemvOne, "gemv_bf16w");
 const GEMV_F16W_LONG: Kernel = Kernel::new(Module::GemvOne, "gemv_f16w_long");
@@ -82,9 +83,9 @@ const GW_MAX_THREADS: u64 = 512;
 const GW_R: u64 = 4;
 
 /// `gemv_ring_*` (gemv_one.cu): most threads a block (`GR_MAX_THREADS`, nvfp4's
-/// `GR_MAX_THREADS_NVFP4`, the two- and four-token entries' `GR_MAX_THREADS_T2` and
-/// `GR_MAX_THREADS_T4`), staged f32 activation
-/// bytes per 64-value unit (`GR_XSTRIDE`). TAG(gemv-ring-consts)
+/// `GR_MAX_THREADS_NVFP4`, the two-token entries' `GR_MAX_THREADS_T2`, the three- and four-token
+/// ones' `GR_MAX_THREADS_T4`), staged f32 activation bytes per 64-value unit (`GR_XSTRIDE`).
+/// TAG(gemv-ring-consts)
 const GR_MAX_THREADS: usize = 576;
 const GR_MAX_THREADS_NVFP4: usize = 640;
 const GR_MAX_THREADS_T2: usize = 512;
@@ -133,11 +134,10 @@ pub(super) struct RingPlan {
 
 /// The `gemv_ring_*` plan when one takes the product: one token (or 2-4, on the `_t2_` / `_t3_` /
 /// `_t4_` entries: at most `GR_MAX_THREADS_T2` / `GR_MAX_THREADS_T4` threads, every token's
-/// partials and staged activations) against one q8_0 /
-/// nvfp4 matrix of contiguous rows (row r at r * row_bytes from a 16-byte aligned start), k % 256
-/// == 0 (rows of whole 16-byte pieces), at most `GR_MAX_THREADS` (nvfp4: `GR_MAX_THREADS_NVFP4`)
-/// 64-value units a row, and a plan whose stages fit `max_shared` (fewer rows a stage, then fewer
-/// groups, until they do). Groups: as many as those threads hold; rows a stage: about
+/// partials and staged activations) against one q8_0 / nvfp4 matrix of contiguous rows (row r at
+/// r * row_bytes from a 16-byte aligned start), k % 256 == 0 (rows of whole 16-byte pieces), at
+/// most `GR_MAX_THREADS` (nvfp4: `GR_MAX_THREADS_NVFP4`) 64-value units a row, and a plan whose
+/// stages fit `max_shared` (fewer rows a stage, then fewer groups, until they do). Groups: as many as those threads hold; rows a stage: about
 /// `GR_STAGE_BYTES`, a multiple of groups. With bulk copies (`bulk`, sm_90+) and 3 stages in
 /// flight (`stages` 4, the H200) nvfp4 takes a producer warp where the threads have a warp to
 /// spare beside the groups: long rows (one token only). Taking a group for it, giving one to
@@ -151,7 +151,7 @@ pub(super) fn gemv_ring_plan(
     bulk: bool,
 ) -> Option<RingPlan> {
     let tokens = usize::try_from(b.ne[1]).ok()?;
-    let single = (1..=4).contains(&tokens) && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
+    let single = (1..=GEMV_RING.len()).contains(&tokens) && b.ne[2] * b.ne[3] == 1 && a.ne[2] * a.ne[3] == 1;
     let (unit_bytes, max_threads) = match d {
         DType::Q8_0 => (2 * d.block_bytes(), GR_MAX_THREADS),
         DType::NvFp4 => (d.block_bytes(), GR_MAX_THREADS_NVFP4),
@@ -209,14 +209,8 @@ pub(super) fn gemv_ring(
 ) -> Result<(), BackendError> {
     let kernel = if plan.producer {
         GEMV_RING_NVFP4_PRODUCER
-    } else if plan.tokens == 2 {
-        GEMV_RING_T2[usize::from(d == DType::NvFp4)][plan.stages - 3]
-    } else if plan.tokens == 3 {
-        GEMV_RING_T3[usize::from(d == DType::NvFp4)][plan.stages - 3]
-    } else if plan.tokens == 4 {
-        GEMV_RING_T4[usize::from(d == DType::NvFp4)][plan.stages - 3]
     } else {
-        GEMV_RING[usize::from(d == DType::NvFp4)][plan.stages - 3]
+        GEMV_RING[plan.tokens - 1][usize::from(d == DType::NvFp4)][plan.stages - 3]
     };
     cx.allow_shared(kernel, plan.shared)?;
     let resident = cx.resident_blocks(kernel, plan.threads, plan.shared)?;
@@ -473,7 +467,7 @@ mod tests {
             GEMV_F32W_LONG,
             GEMV_RING_NVFP4_PRODUCER,
         ];
-        let rings = GEMV_RING.iter().chain(&GEMV_RING_T2).chain(&GEMV_RING_T3).chain(&GEMV_RING_T4).flatten();
+        let rings = GEMV_RING.iter().flatten().flatten();
         for &k in rings.chain(MOE_RING.iter().flatten()).chain(&words) {
             assert!(super::super::defined_in_its_module(k), "{k:?}");
         }
