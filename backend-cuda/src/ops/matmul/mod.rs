@@ -299,21 +299,31 @@ fn ring_plan(cx: &Cx<'_>, a: &TensorArg, d: DType, b: &TensorArg) -> Option<Ring
     gemv_ring_plan(a, d, b, cx.info.max_shared_per_block, stages, cx.info.compute_capability.0 >= 9)
 }
 
-/// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: three or four tokens on
-/// its `_t3_` / `_t4_` entries where they have a plan (not the longest rows: every token's staged
-/// activations must fit shared memory), else pairs of tokens on the two-token entries and an odd
-/// last token (or every token, without `ring_pairs`) on the one-token ones; `None` where the ring
-/// does not take the matrix.
+/// The ring GEMV's plan for three or four tokens in one launch (its `_t3_` / `_t4_` entries):
+/// `None` for other token counts, without `ring_quads`, or where the rows are too long for every
+/// token's staged activations.
+fn wide_ring_plan(cx: &Cx<'_>, a: &TensorArg, d: DType, b: &TensorArg) -> Option<RingPlan> {
+    if (3..=RING_MAX_TOKENS).contains(&b.ne[1]) && ring_quads() { ring_plan(cx, a, d, b) } else { None }
+}
+
+/// mul_mat of 1-`RING_MAX_TOKENS` tokens (one batch) on the ring GEMV: three or four tokens in
+/// one launch with `wide` (`wide_ring_plan`), else pairs of tokens on the two-token entries and an
+/// odd last token (or every token, without `ring_pairs`) on the one-token ones; `None` where the
+/// ring does not take the matrix.
 fn gemv_ring_columns(
     cx: &mut Cx<'_>,
     a: TensorArg,
     d: DType,
     b: TensorArg,
     out: TensorArg,
+    wide: Option<RingPlan>,
 ) -> Option<Result<(), BackendError>> {
     let n = b.ne[1];
     if !(1..=RING_MAX_TOKENS).contains(&n) || b.ne[2] * b.ne[3] != 1 || out.ne[2] * out.ne[3] != 1 {
         return None;
+    }
+    if let Some(p) = wide {
+        return Some(gemv_ring(cx, a, d, b, out, p));
     }
     // columns i .. i + w of t
     let cols = |t: &TensorArg, i: i64, w: i64| TensorArg {
@@ -323,12 +333,8 @@ fn gemv_ring_columns(
     };
     let plan = |w: i64| ring_plan(cx, &a, d, &cols(&b, 0, w));
     let one = plan(1)?;
-    let wide = if n >= 3 && ring_quads() { plan(n) } else { None };
     let two = if n >= 2 && ring_pairs() { plan(2) } else { None };
     let mut run = || {
-        if let Some(p) = wide {
-            return gemv_ring(cx, a, d, b, out, p);
-        }
         let mut i = 0;
         while i < n {
             let (w, p) = match two {
@@ -355,8 +361,8 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
     // a few tokens against q8_0 / nvfp4 weights of enough rows: tensor cores over rows read once
     // (mmq's 128-column tiles would multiply mostly padding, and `gemv_fast` decode each unit once
     // a token)
-    let wide_ring = (3..=4).contains(&n) && ring_quads() && ring_plan(cx, &a, d, &b).is_some();
-    let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n, wide_ring);
+    let wide = wide_ring_plan(cx, &a, d, &b);
+    let (min_items, min_tokens, max_tokens) = dense_mma_limits(cx.info.multiprocessors, n, wide.is_some());
     if (min_tokens..=max_tokens).contains(&n)
         && min_items > 0
         && let Some(done) = moe_mma::dense_mma(cx, a, d, b, out, min_items, min_tokens)
@@ -386,9 +392,9 @@ fn mul_mat(cx: &mut Cx<'_>, a: TensorArg, d: DType, b: TensorArg, out: TensorArg
         return mul_mat_blas(cx, a, d, b, out);
     }
     // 1-4 tokens against a matrix the ring GEMV takes (and, from 2, `dense_mma` did not): the
-    // ring GEMV, two tokens a launch. Even once a token it beat `gemv_fast_2` / `_4`, whose loads
-    // of the activations for each 16-value unit bound them (docs/perf-log/kernels-matmul.md).
-    if let Some(done) = gemv_ring_columns(cx, a, d, b, out) {
+    // ring GEMV, up to four tokens a launch. Even once a token it beat `gemv_fast_2` / `_4`, whose
+    // loads of the activations for each 16-value unit bound them (docs/perf-log/kernels-matmul.md).
+    if let Some(done) = gemv_ring_columns(cx, a, d, b, out, wide) {
         return done;
     }
     if let Some(kernel) = word_gemv(&a, d, &b) {
