@@ -2,7 +2,9 @@
 # Stages one tree's binaries for a GPU-machine call, packed to fit the carry limit: tessera and
 # tessera-test-ops (with CUDA), the GPU test binaries (tessera-cuda's unit and integration tests,
 # the models' cuda_backend), NVRTC 13.0 CUBINs of its kernels for sm_90 (the lent machines' NVRTC:
-# no compile minute on a fresh machine), and tools/gpu-ab.sh.
+# no compile minute on a fresh machine), and tools/gpu-ab.sh. (../shared/tools/gpu-stage stages
+# every test binary of some cargo arguments, unpacked and without CUBINs, into .gpu/ itself: this
+# one keeps several trees side by side, such as main and a patched worktree, for one A/B call.)
 #
 #   tools/stage-gpu.sh NAME [PATCH ...]
 #
